@@ -1,0 +1,161 @@
+"""The catalog: Parquet tables in the workdir, DuckDB views over them.
+
+Writes are atomic: a table is written next to its final name and renamed over it, so
+a crash leaves either the old table or the new one, never half of one. Features are
+written in parts, so an interrupted extraction resumes after the last complete part.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .schemas import TABLES, features_schema
+from .workdir import Workdir
+
+VIEWS = ("images", "captions", "rejects", "word_vectors", "features")
+
+
+class CatalogError(RuntimeError):
+    pass
+
+
+def write_parquet_atomic(table: pa.Table, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        pq.write_table(table, tmp, compression="zstd")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_json_atomic(data: Any, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str))
+    os.replace(tmp, path)
+
+
+class Catalog:
+    def __init__(self, workdir: Workdir):
+        self.workdir = workdir
+
+    # -- views ----------------------------------------------------------------------
+    def _globs(self) -> dict[str, str]:
+        base = self.workdir.catalog_dir
+        globs = {name: str(base / name / "*.parquet") for name in TABLES}
+        globs["features"] = str(base / "features" / "*" / "*" / "*.parquet")
+        return globs
+
+    def refresh_views(self) -> None:
+        """(Re)creates one view per table that has files; safe to call any time."""
+        with duckdb.connect(str(self.workdir.duckdb_path)) as con:
+            for name, pattern in self._globs().items():
+                if glob.glob(pattern):
+                    con.execute(
+                        f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM read_parquet('{pattern}', union_by_name = true)"
+                    )
+                else:
+                    con.execute(f"DROP VIEW IF EXISTS {name}")
+
+    def query(self, sql: str, params: list | None = None) -> pa.Table:
+        if not self.workdir.duckdb_path.exists():
+            self.refresh_views()
+        with duckdb.connect(str(self.workdir.duckdb_path), read_only=True) as con:
+            try:
+                relation = con.sql(sql, params=params or None)
+                # DuckDB 2 renamed arrow() to to_arrow_table().
+                return relation.to_arrow_table() if hasattr(relation, "to_arrow_table") else relation.arrow()
+            except duckdb.CatalogException as error:
+                raise CatalogError(
+                    f"{error}. The catalog in {self.workdir.root} lacks a table this stage needs: "
+                    "run the stages before it first (mule run ingest ...)."
+                ) from None
+
+    # -- tables ---------------------------------------------------------------------
+    def write_table(self, name: str, dataset: str, table: pa.Table) -> Path:
+        schema = TABLES[name]
+        table = table.select(schema.names).cast(schema)
+        path = self.workdir.table_path(name, dataset)
+        write_parquet_atomic(table, path)
+        self.refresh_views()
+        return path
+
+    def has_table(self, name: str, dataset: str) -> bool:
+        return self.workdir.table_path(name, dataset).exists()
+
+    def read_table(self, name: str, dataset: str) -> pa.Table:
+        path = self.workdir.table_path(name, dataset)
+        if not path.exists():
+            raise CatalogError(
+                f"no {name} table for dataset {dataset!r} in {self.workdir.root} ({path} is missing); "
+                f"run the stage that writes it first"
+            )
+        return pq.read_table(path)
+
+    def datasets(self) -> list[str]:
+        return sorted(p.stem for p in (self.workdir.catalog_dir / "images").glob("*.parquet"))
+
+    # -- features -------------------------------------------------------------------
+    def feature_parts(self, dataset: str, extractor: str) -> list[Path]:
+        return sorted(self.workdir.features_dir(dataset, extractor).glob("part-*.parquet"))
+
+    def extracted_image_ids(self, dataset: str, extractor: str) -> set[str]:
+        done: set[str] = set()
+        for part in self.feature_parts(dataset, extractor):
+            done.update(pq.read_table(part, columns=["image_id"]).column("image_id").to_pylist())
+        return done
+
+    def write_feature_part(self, dataset: str, extractor: str, image_ids: list[str], vectors: np.ndarray) -> Path:
+        parts = self.feature_parts(dataset, extractor)
+        number = int(parts[-1].stem.split("-")[1]) + 1 if parts else 0
+        dim = vectors.shape[1]
+        table = pa.table(
+            {
+                "dataset": pa.array([dataset] * len(image_ids), pa.string()),
+                "image_id": pa.array(image_ids, pa.string()),
+                "extractor": pa.array([extractor] * len(image_ids), pa.string()),
+                "vector": pa.FixedSizeListArray.from_arrays(pa.array(vectors.astype(np.float32).ravel()), dim),
+            },
+            schema=features_schema(dim),
+        )
+        path = self.workdir.features_dir(dataset, extractor) / f"part-{number:05d}.parquet"
+        write_parquet_atomic(table, path)
+        return path
+
+    def write_extractor_info(self, dataset: str, extractor: str, info: dict) -> None:
+        write_json_atomic(info, self.workdir.features_dir(dataset, extractor) / "extractor.json")
+
+    def extractor_info(self, dataset: str, extractor: str) -> dict | None:
+        path = self.workdir.features_dir(dataset, extractor) / "extractor.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def read_features(self, dataset: str, extractor: str, image_ids: list[str]) -> np.ndarray:
+        """Vectors in the order of image_ids; error naming the first missing image."""
+        parts = self.feature_parts(dataset, extractor)
+        if not parts:
+            raise CatalogError(
+                f"no features for dataset {dataset!r} from extractor {extractor} in {self.workdir.root}; "
+                "run the features stage first (mule run features)"
+            )
+        table = pa.concat_tables(pq.read_table(p, columns=["image_id", "vector"]) for p in parts)
+        row_of = {image_id: row for row, image_id in enumerate(table.column("image_id").to_pylist())}
+        missing = [i for i in image_ids if i not in row_of]
+        if missing:
+            raise CatalogError(
+                f"{len(missing)} images of {dataset!r} have no features from {extractor} "
+                f"(first: {missing[0]}); rerun the features stage"
+            )
+        vectors = table.column("vector").combine_chunks()
+        dim = vectors.type.list_size
+        flat = vectors.flatten().to_numpy(zero_copy_only=False).reshape(-1, dim)
+        return flat[[row_of[i] for i in image_ids]]

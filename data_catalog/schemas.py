@@ -1,0 +1,75 @@
+"""Schemas of the catalog tables. Every writer goes through these, so a table's columns
+and types are the same whichever reader filled it."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+IMAGES = pa.schema(
+    [
+        ("dataset", pa.string()),
+        ("image_id", pa.string()),
+        ("file_name", pa.string()),
+        ("path", pa.string()),  # where the file is (or would be) on this machine
+        ("split", pa.string()),  # official split name: train, val, test_2016, ...
+        ("role", pa.string()),  # train | val | test | extra
+        ("exists", pa.bool_()),
+        ("sha256", pa.string()),  # null when the file is missing
+        ("width", pa.int32()),
+        ("height", pa.int32()),
+    ]
+)
+
+CAPTIONS = pa.schema(
+    [
+        ("caption_id", pa.string()),  # <source file>:<line>
+        ("dataset", pa.string()),
+        ("image_id", pa.string()),
+        ("split", pa.string()),
+        ("role", pa.string()),
+        ("lang", pa.string()),
+        ("text", pa.string()),
+        ("tokens", pa.list_(pa.string())),
+        ("source", pa.string()),  # multi30k/task2, multi30k/task1, mt:<backend>, ...
+        ("source_file", pa.string()),  # relative to the dataset root
+        ("line", pa.int32()),  # 1-based
+        ("origin_caption_id", pa.string()),  # the caption this one translates, if any
+        ("also_in", pa.string()),  # file:line of an identical line merged into this row
+    ]
+)
+
+REJECTS = pa.schema(
+    [
+        ("dataset", pa.string()),
+        ("source_file", pa.string()),
+        ("line", pa.int32()),
+        ("reason", pa.string()),
+        ("raw", pa.string()),
+    ]
+)
+
+WORD_VECTORS = pa.schema(
+    [
+        ("dataset", pa.string()),
+        ("lang", pa.string()),
+        ("index", pa.int32()),  # row in the model's embedding matrix; 0 = <pad>, 1 = <unk>
+        ("token", pa.string()),
+        ("train_count", pa.int64()),
+        ("vector", pa.list_(pa.float32())),
+        ("source", pa.string()),  # fasttext:trained | file:<path>
+    ]
+)
+
+
+def features_schema(dim: int) -> pa.Schema:
+    return pa.schema(
+        [
+            ("dataset", pa.string()),
+            ("image_id", pa.string()),
+            ("extractor", pa.string()),
+            ("vector", pa.list_(pa.float32(), dim)),
+        ]
+    )
+
+
+TABLES = {"images": IMAGES, "captions": CAPTIONS, "rejects": REJECTS, "word_vectors": WORD_VECTORS}

@@ -1,0 +1,184 @@
+"""The `mule` command.
+
+    mule demo [--workdir DIR] [--train-images N ...]     the whole pipeline on the embedded dataset
+    mule run STAGE... [--dataset NAME --source PATH]     some stages (or `all`)
+    mule ui [--workdir DIR]                              MLflow UI on the workdir's store
+    mule config [--preset P] [--set K=V ...]             the resolved config
+    mule catalog [--workdir DIR]                         what the catalog holds
+
+The workdir is --workdir, else $MULE_HOME, else ./mule-work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from data_catalog.workdir import Workdir
+from mule_core.config import PRESETS, ConfigError, parse_assignments, resolve, to_dict
+
+STAGE_NAMES = ("ingest", "features", "text", "pretrain", "train", "evaluate")
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workdir", help="where everything is written (default: $MULE_HOME or ./mule-work)")
+    parser.add_argument("--preset", default="demo", choices=sorted(PRESETS), help="named config (default: demo)")
+    parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config option, e.g. --set train.epochs=5 (repeatable)")  # fmt: skip
+
+
+def _data_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dataset", help="dataset name in the catalog (default: embedded)")
+    parser.add_argument("--source", help="folder with the raw dataset files (official Multi30K layout)")
+    parser.add_argument("--images", help="folder with the image files (default: <source>/images)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mule", description="Multilingual image-sentence retrieval (MULE).")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="generate the embedded dataset and run the whole pipeline on it")
+    _common(demo)
+    for name, default in (("train-images", 3000), ("val-images", 500), ("test-images", 1000)):
+        demo.add_argument(f"--{name}", type=int, default=default, help=f"embedded dataset size (default: {default})")
+    demo.add_argument("--seed", type=int, default=0, help="embedded dataset seed (default: 0)")
+
+    run = sub.add_parser("run", help="run some stages: " + ", ".join(STAGE_NAMES) + " (or all)")
+    run.add_argument("stages", nargs="+", metavar="STAGE")
+    _common(run)
+    _data_options(run)
+
+    ui = sub.add_parser("ui", help="start the MLflow UI on the workdir's tracking store")
+    ui.add_argument("--workdir")
+    ui.add_argument("--host", default="127.0.0.1")
+    ui.add_argument("--port", type=int, default=5000)
+
+    config = sub.add_parser("config", help="print the resolved config")
+    _common(config)
+    _data_options(config)
+
+    catalog = sub.add_parser("catalog", help="list the catalog's datasets and tables")
+    catalog.add_argument("--workdir")
+    return parser
+
+
+def overrides_from(args: argparse.Namespace) -> dict[str, str]:
+    overrides = parse_assignments(args.assignments)
+    for option, key in (("dataset", "data.dataset"), ("source", "data.source"), ("images", "data.images")):
+        value = getattr(args, option, None)
+        if value:
+            overrides[key] = value
+    return overrides
+
+
+def _prefect_ready(workdir: Workdir) -> None:
+    from .runtime import prepare_environment
+
+    prepare_environment(workdir.root)
+
+
+def _print_results(results: dict, workdir: Workdir, started: float) -> None:
+    evaluation = results.get("evaluate")
+    if evaluation:
+        print(f"\nTest recalls per language ({evaluation['split']}):\n")
+        print(evaluation["markdown"])
+        print(f"\nmean mR over languages: {evaluation['mean_mR']:.1f}   (best epoch {evaluation['best_epoch']})")
+        print(f"figures and tables: {evaluation['results_dir']}")
+    print(f"MLflow run {results.get('mlflow_run_id')}: browse with `mule ui --workdir {workdir.root}`")
+    print(f"wall time: {time.perf_counter() - started:.0f}s")
+
+
+def cmd_run(args: argparse.Namespace, stages: list[str], overrides: dict) -> int:
+    workdir = Workdir.at(args.workdir)
+    resolve(args.preset, overrides)  # config errors before Prefect starts
+    _prefect_ready(workdir)
+    from .stages import rebuild_flow
+
+    started = time.perf_counter()
+    results = rebuild_flow(workdir=str(workdir.root), preset=args.preset, overrides=overrides, stages=stages)
+    _print_results(results, workdir, started)
+    return 0
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    workdir = Workdir.at(args.workdir)
+    workdir.artifacts_dir.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", workdir.mlflow_uri,
+               "--default-artifact-root", workdir.artifacts_dir.as_uri(), "--host", args.host, "--port", str(args.port)]  # fmt: skip
+    print(f"MLflow UI for {workdir.root} at http://{args.host}:{args.port}", flush=True)
+    os.execv(sys.executable, command)
+    return 0  # pragma: no cover - execv does not return
+
+
+def cmd_catalog(args: argparse.Namespace) -> int:
+    from data_catalog.catalog import Catalog
+
+    workdir = Workdir.at(args.workdir)
+    catalog = Catalog(workdir)
+    if not catalog.datasets():
+        print(f"the catalog in {workdir.root} is empty: run `mule demo` or `mule run ingest ...`")
+        return 0
+    catalog.refresh_views()
+    print(f"catalog: {workdir.duckdb_path}")
+    for row in catalog.query(
+        """SELECT dataset, split, count(*) AS images, sum(CASE WHEN "exists" THEN 1 ELSE 0 END) AS with_file
+           FROM images GROUP BY ALL ORDER BY dataset, split"""
+    ).to_pylist():
+        print(
+            f"  images    {row['dataset']:<12} {row['split']:<18} {row['images']:>7}  ({row['with_file']} with a file)"
+        )
+    for row in catalog.query(
+        "SELECT dataset, split, lang, count(*) AS n FROM captions GROUP BY ALL ORDER BY dataset, split, lang"
+    ).to_pylist():
+        print(f"  captions  {row['dataset']:<12} {row['split']:<18} {row['lang']:<4} {row['n']:>7}")
+    for row in catalog.query("SELECT dataset, count(*) AS n FROM rejects GROUP BY ALL").to_pylist() if (
+        workdir.catalog_dir / "rejects").exists() else []:  # fmt: skip
+        print(f"  rejects   {row['dataset']:<12} {row['n']:>7}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "demo":
+            overrides = parse_assignments(args.assignments)
+            overrides.update({"data.dataset": "embedded", "data.train_images": args.train_images,
+                              "data.val_images": args.val_images, "data.test_images": args.test_images,
+                              "data.seed": args.seed})  # fmt: skip
+            return cmd_run(args, list(STAGE_NAMES), overrides)
+        if args.command == "run":
+            stages = list(STAGE_NAMES) if args.stages == ["all"] else args.stages
+            unknown = [s for s in stages if s not in STAGE_NAMES]
+            if unknown:
+                raise ConfigError(f"unknown stage(s) {', '.join(unknown)}; stages are: {', '.join(STAGE_NAMES)}, all")
+            return cmd_run(args, stages, overrides_from(args))
+        if args.command == "ui":
+            return cmd_ui(args)
+        if args.command == "config":
+            print(json.dumps(to_dict(resolve(args.preset, overrides_from(args))), indent=2))
+            return 0
+        if args.command == "catalog":
+            return cmd_catalog(args)
+    except KeyboardInterrupt:
+        print("interrupted; rerun the same command to resume", file=sys.stderr)
+        return 130
+    except Exception as error:  # noqa: BLE001 - one clear line for the errors users can fix
+        if type(error).__name__ in USER_ERRORS:
+            print(f"mule: error: {error}", file=sys.stderr)
+            return 2
+        raise
+    return 0
+
+
+# Errors that describe a problem with the input, not a bug: shown without a traceback.
+USER_ERRORS = {
+    "ConfigError", "DatasetError", "Multi30kError", "NoImagesError", "PretrainedUnavailable", "CatalogError",
+    "MissingPretrainError", "FileNotFoundError",
+}  # fmt: skip
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""One Prefect flow per stage, and `rebuild`, which chains them.
+
+Stages talk only through the catalog and the workdir, so each flow runs alone: rerun
+`train` after changing a loss weight, or `features` after adding images. Every flow
+takes the same parameters: workdir, preset, overrides (dotted config options), and,
+when called by `rebuild`, the MLflow run to nest under.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+
+from data_catalog.datasets import EMBEDDED
+from data_catalog.workdir import Workdir
+from mule_core.config import MuleConfig, resolve, to_dict
+from tasks import tracking
+from tasks.evaluate import evaluate_model
+from tasks.features import extract_features
+from tasks.ingest import generate_embedded, ingest_captions
+from tasks.pretrain import pretrain_mule
+from tasks.text import build_word_vectors
+from tasks.train import train_model
+
+STAGES = ("ingest", "features", "text", "pretrain", "train", "evaluate")
+
+
+def _setup(workdir: str | None, preset: str, overrides: dict[str, Any] | None) -> tuple[Workdir, MuleConfig, dict]:
+    wd = Workdir.at(workdir)
+    cfg = resolve(preset, overrides)
+    return wd, cfg, to_dict(cfg)
+
+
+@flow(name="ingest")
+def ingest_flow(workdir: str | None = None, preset: str = "demo", overrides: dict[str, Any] | None = None,
+                parent_run_id: str | None = None) -> dict:  # fmt: skip
+    """Raw files -> images, captions, rejects (generating the embedded dataset if needed)."""
+    wd, cfg, config = _setup(workdir, preset, overrides)
+    with tracking.run(wd, cfg, "ingest", parent_run_id) as run_id:
+        if cfg.data.dataset == EMBEDDED and not cfg.data.source:
+            generate_embedded(str(wd.root), config)
+        return ingest_captions(str(wd.root), config, run_id)
+
+
+@flow(name="features")
+def features_flow(workdir: str | None = None, preset: str = "demo", overrides: dict[str, Any] | None = None,
+                  parent_run_id: str | None = None) -> dict:  # fmt: skip
+    """Image files -> ResNet features (resumes after the last written part)."""
+    wd, cfg, config = _setup(workdir, preset, overrides)
+    with tracking.run(wd, cfg, "features", parent_run_id) as run_id:
+        return extract_features(str(wd.root), config, run_id)
+
+
+@flow(name="text")
+def text_flow(workdir: str | None = None, preset: str = "demo", overrides: dict[str, Any] | None = None,
+              parent_run_id: str | None = None) -> dict:  # fmt: skip
+    """Captions -> vocabulary and word vectors per language."""
+    wd, cfg, config = _setup(workdir, preset, overrides)
+    with tracking.run(wd, cfg, "text", parent_run_id) as run_id:
+        return build_word_vectors(str(wd.root), config, run_id)
+
+
+@flow(name="pretrain")
+def pretrain_flow(workdir: str | None = None, preset: str = "demo", overrides: dict[str, Any] | None = None,
+                  parent_run_id: str | None = None) -> dict:  # fmt: skip
+    """LP: the MULE layers on sentences of the same image across languages."""
+    wd, cfg, config = _setup(workdir, preset, overrides)
+    with tracking.run(wd, cfg, "pretrain", parent_run_id) as run_id:
+        return pretrain_mule(str(wd.root), config, run_id)
+
+
+@flow(name="train")
+def train_flow(workdir: str | None = None, preset: str = "demo", overrides: dict[str, Any] | None = None,
+               parent_run_id: str | None = None) -> dict:  # fmt: skip
+    """Joint training (triplet + NC + LC), best epoch on validation mR."""
+    wd, cfg, config = _setup(workdir, preset, overrides)
+    with tracking.run(wd, cfg, "train", parent_run_id) as run_id:
+        return train_model(str(wd.root), config, run_id)
+
+
+@flow(name="evaluate")
+def evaluate_flow(workdir: str | None = None, preset: str = "demo", overrides: dict[str, Any] | None = None,
+                  parent_run_id: str | None = None) -> dict:  # fmt: skip
+    """Recall table per language on the test split, cross-lingual retrieval, figures."""
+    wd, cfg, config = _setup(workdir, preset, overrides)
+    with tracking.run(wd, cfg, "evaluate", parent_run_id) as run_id:
+        return evaluate_model(str(wd.root), config, run_id)
+
+
+STAGE_FLOWS = {
+    "ingest": ingest_flow,
+    "features": features_flow,
+    "text": text_flow,
+    "pretrain": pretrain_flow,
+    "train": train_flow,
+    "evaluate": evaluate_flow,
+}
+
+
+def check_stages(stages: list[str] | None) -> list[str]:
+    stages = list(stages or STAGES)
+    unknown = [s for s in stages if s not in STAGE_FLOWS]
+    if unknown:
+        raise ValueError(f"unknown stage(s) {', '.join(unknown)}; stages are: {', '.join(STAGES)}")
+    return sorted(set(stages), key=STAGES.index)  # always in pipeline order
+
+
+@flow(name="rebuild")
+def rebuild_flow(workdir: str | None = None, preset: str = "demo", overrides: dict[str, Any] | None = None,
+                 stages: list[str] | None = None) -> dict:  # fmt: skip
+    """The pipeline: every stage in order (or the ones named), under one parent MLflow run."""
+    stages = check_stages(stages)
+    wd, cfg, _ = _setup(workdir, preset, overrides)
+    name = "rebuild" if stages == list(STAGES) else "run: " + " ".join(stages)
+    results: dict[str, Any] = {}
+    with tracking.run(wd, cfg, name) as run_id:
+        for stage in stages:
+            results[stage] = STAGE_FLOWS[stage](workdir=str(wd.root), preset=preset, overrides=overrides,
+                                                parent_run_id=run_id)  # fmt: skip
+        if "evaluate" in results:
+            tracking.Tracker(wd, run_id).metrics({"test.mean_mR": results["evaluate"]["mean_mR"]})
+            for name in ("recalls.md", "recalls.csv", "recalls.png"):
+                tracking.Tracker(wd, run_id).artifact(wd.results_dir(cfg.data.dataset) / name)
+    results["mlflow_run_id"] = run_id
+    return results

@@ -1,0 +1,306 @@
+"""One typed configuration for the whole pipeline, with named presets.
+
+    cfg = resolve("demo", {"train.epochs": 3, "loss.lc": "false"})
+
+Every option has a dotted name (section.field). Overrides come from the CLI
+(`--set train.epochs=3`) or from flow parameters (a dict); strings are converted to
+the field's type, and an unknown name is an error that lists the valid ones.
+`flatten(cfg)` is what MLflow records as the run's params.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class DataConfig:
+    dataset: str = "embedded"  # catalog name; "embedded" is generated when no source is given
+    format: str = "multi30k"  # layout of the raw files (the official Multi30K repository)
+    source: str = ""  # raw dataset folder; empty: <workdir>/raw/embedded for the embedded dataset
+    images: str = ""  # image folder; empty: <source>/images
+    languages: tuple[str, ...] = ("en", "de", "fr", "cs")
+    # Embedded dataset generator
+    train_images: int = 3000
+    val_images: int = 500
+    test_images: int = 1000
+    seed: int = 0
+    image_size: int = 128
+
+
+@dataclass
+class FeaturesConfig:
+    arch: str = "resnet18"  # any torchvision ResNet: resnet18/34/50/101/152
+    weights: str = "random"  # "imagenet" (cached or downloaded) or "random" (seeded)
+    input_size: int = 96  # crop size fed to the CNN
+    resize: int = 0  # shorter side before cropping; 0: input_size * 8 / 7 (256/224)
+    crops: int = 1  # 1 (centre), 5 (FiveCrop) or 10 (TenCrop); features are averaged
+    batch_size: int = 64
+    loader_workers: int = 0
+    shard_images: int = 2048  # images per Parquet part; a rerun resumes after the last part
+    seed: int = 0  # for random weights
+    device: str = "auto"
+
+
+@dataclass
+class TextConfig:
+    word_dim: int = 64
+    vectors: dict[str, str] = field(default_factory=dict)  # lang -> .bin/.vec file; others are trained
+    fasttext_model: str = "skipgram"
+    fasttext_epochs: int = 20
+    fasttext_min_count: int = 1
+    fasttext_threads: int = 1  # 1 keeps trained vectors reproducible
+    max_tokens: int = 32
+
+
+@dataclass
+class ModelConfig:
+    mule_dim: int = 128
+    lstm_dim: int = 128
+    joint_dim: int = 128
+    image_hidden: int = 256
+    finetune_words: bool = True
+
+
+@dataclass
+class LossConfig:
+    margin: float = 0.2
+    top_k: int = 50  # most violated constraints kept per anchor (paper: 10)
+    # Epochs that use every negative before mining the top k: hardest-negative mining from
+    # a cold start collapses the text encoder (all sentences map to one point).
+    warmup_epochs: int = 3
+    match_weight: float = 1.0  # lambda3: image-sentence triplet loss
+    nc: bool = True
+    nc_weight: float = 1.0  # lambda1: neighborhood constraints at the MULE and multimodal layers
+    lc: bool = True
+    lc_weight: float = 0.1  # lambda2: adversarial language classifier (paper: 1e-6)
+    word_l2: float = 5e-7  # pull of fine-tuned word vectors toward their initial values
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 16
+    batch_images: int = 64
+    lr: float = 1e-3
+    lr_decay: float = 0.9  # exponential, per epoch
+    # Word embeddings learn at lr * word_lr_scale: vectors trained on a small caption corpus
+    # barely separate words used in the same contexts (red / blue) until fine-tuned.
+    word_lr_scale: float = 10.0
+    grad_clip: float = 2.0
+    # lang -> sentences per image in a batch; languages left out: 2 if they have several
+    # captions per image, else 1 (Multi30K: en/de 2, fr/cs 1).
+    sentences_per_image: dict[str, int] = field(default_factory=dict)
+    seed: int = 0
+    device: str = "auto"
+
+
+@dataclass
+class PretrainConfig:
+    enabled: bool = True  # LP: pretrain the MULE layers on sentences of the same image
+    epochs: int = 5
+    lr: float = 1e-3
+    batch_images: int = 256
+
+
+@dataclass
+class EvalConfig:
+    split: str = "test"  # a split name (test_2016) or role (test, val)
+    ks: tuple[int, ...] = (1, 5, 10)
+    examples: int = 3  # queries per language in the retrieved-images figure
+
+
+@dataclass
+class MuleConfig:
+    preset: str = "demo"
+    data: DataConfig = field(default_factory=DataConfig)
+    features: FeaturesConfig = field(default_factory=FeaturesConfig)
+    text: TextConfig = field(default_factory=TextConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+SECTIONS = tuple(f.name for f in dataclasses.fields(MuleConfig) if f.name != "preset")
+
+# Presets are overrides on the defaults (which are the demo's).
+PRESETS: dict[str, dict[str, Any]] = {
+    "demo": {},
+    "paper": {
+        "features.arch": "resnet152",
+        "features.weights": "imagenet",
+        "features.input_size": 448,
+        "features.resize": 512,
+        "features.crops": 10,
+        "features.batch_size": 32,
+        "features.loader_workers": 8,
+        "text.word_dim": 300,
+        "text.fasttext_threads": 8,
+        "model.mule_dim": 512,
+        "model.lstm_dim": 1024,
+        "model.joint_dim": 512,
+        "model.image_hidden": 2048,
+        "loss.margin": 0.05,
+        "loss.top_k": 10,
+        "loss.lc_weight": 1e-6,
+        "train.epochs": 20,
+        "train.batch_images": 450,
+        "train.lr": 1e-4,
+        "train.lr_decay": 0.9,
+        "train.word_lr_scale": 1.0,
+        "loss.warmup_epochs": 1,
+        "pretrain.epochs": 10,
+        "pretrain.lr": 1e-4,
+        "pretrain.batch_images": 450,
+    },
+}
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _field_types(section_cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(section_cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(section_cls)}
+
+
+def _coerce(value: Any, annotation: Any, key: str) -> Any:
+    """Converts a CLI string (or a JSON value from a flow parameter) to the field's type."""
+    origin = typing.get_origin(annotation)
+    try:
+        if annotation is bool:
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(f"expected true or false, got {value!r}")
+        if annotation is int:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError(f"expected an integer, got {value!r}")
+            return int(value)
+        if annotation is float:
+            return float(value)
+        if annotation is str:
+            return str(value)
+        if origin is tuple:
+            (item_type, _) = typing.get_args(annotation)
+            items = value if isinstance(value, (list, tuple)) else [v for v in str(value).split(",") if v.strip()]
+            return tuple(_coerce(v.strip() if isinstance(v, str) else v, item_type, key) for v in items)
+        if origin is dict:
+            _, value_type = typing.get_args(annotation)
+            if isinstance(value, dict):
+                pairs = value.items()
+            else:
+                pairs = []
+                for part in (p for p in str(value).split(",") if p.strip()):
+                    if "=" not in part:
+                        raise ValueError(f"expected lang=value pairs separated by commas, got {part!r}")
+                    k, v = part.split("=", 1)
+                    pairs.append((k.strip(), v.strip()))
+            return {str(k): _coerce(v, value_type, key) for k, v in pairs}
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"config option {key}: {error}") from None
+    raise ConfigError(f"config option {key}: unsupported type {annotation}")  # pragma: no cover
+
+
+def option_names() -> list[str]:
+    return [f"{s}.{name}" for s in SECTIONS for name in _field_types(type(getattr(MuleConfig(), s)))]
+
+
+def apply_overrides(cfg: MuleConfig, overrides: dict[str, Any] | None) -> MuleConfig:
+    cfg = dataclasses.replace(cfg, **{s: dataclasses.replace(getattr(cfg, s)) for s in SECTIONS})
+    for key, value in (overrides or {}).items():
+        section, _, name = key.partition(".")
+        if section not in SECTIONS or not name:
+            raise ConfigError(f"unknown config option {key!r}; options are: {', '.join(option_names())}")
+        section_obj = getattr(cfg, section)
+        types_ = _field_types(type(section_obj))
+        if name not in types_:
+            raise ConfigError(f"unknown config option {key!r}; options are: {', '.join(option_names())}")
+        setattr(section_obj, name, _coerce(value, types_[name], key))
+    validate(cfg)
+    return cfg
+
+
+def resolve(preset: str = "demo", overrides: dict[str, Any] | None = None) -> MuleConfig:
+    if preset not in PRESETS:
+        raise ConfigError(f"unknown preset {preset!r}; presets are: {', '.join(PRESETS)}")
+    cfg = apply_overrides(MuleConfig(preset=preset), PRESETS[preset])
+    return apply_overrides(cfg, overrides)
+
+
+def parse_assignments(assignments: list[str]) -> dict[str, str]:
+    """['train.epochs=3', ...] from the CLI -> {'train.epochs': '3'}."""
+    out = {}
+    for item in assignments:
+        if "=" not in item:
+            raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
+        key, value = item.split("=", 1)
+        out[key.strip()] = value
+    return out
+
+
+def validate(cfg: MuleConfig) -> None:
+    f = cfg.features
+    if f.weights not in ("imagenet", "random"):
+        raise ConfigError(f"features.weights must be 'imagenet' or 'random', got {f.weights!r}")
+    if f.crops not in (1, 5, 10):
+        raise ConfigError(f"features.crops must be 1, 5 or 10, got {f.crops}")
+    if not f.arch.startswith("resnet"):
+        raise ConfigError(f"features.arch must be a torchvision ResNet (resnet18 ... resnet152), got {f.arch!r}")
+    if f.resize and f.resize < f.input_size:
+        raise ConfigError(f"features.resize ({f.resize}) must be at least features.input_size ({f.input_size})")
+    if cfg.data.format != "multi30k":
+        raise ConfigError(f"data.format must be 'multi30k' (the only reader so far), got {cfg.data.format!r}")
+    if not cfg.data.languages:
+        raise ConfigError("data.languages must name at least one language")
+    for key, value in (
+        ("loss.top_k", cfg.loss.top_k),
+        ("train.epochs", cfg.train.epochs),
+        ("train.batch_images", cfg.train.batch_images),
+        ("text.word_dim", cfg.text.word_dim),
+    ):
+        if value < 1:
+            raise ConfigError(f"{key} must be at least 1, got {value}")
+    for lang, n in cfg.train.sentences_per_image.items():
+        if n < 1:
+            raise ConfigError(f"train.sentences_per_image.{lang} must be at least 1, got {n}")
+
+
+def to_dict(cfg: MuleConfig) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(data: dict[str, Any]) -> MuleConfig:
+    """Inverse of to_dict (for configs stored next to models)."""
+    preset = data.get("preset", "demo")
+    overrides = {f"{s}.{k}": v for s in SECTIONS for k, v in data.get(s, {}).items()}
+    return apply_overrides(MuleConfig(preset=preset), overrides)
+
+
+def flatten(cfg: MuleConfig) -> dict[str, str]:
+    out = {"preset": cfg.preset}
+    for section in SECTIONS:
+        for name, value in dataclasses.asdict(getattr(cfg, section)).items():
+            if isinstance(value, (tuple, list)):
+                value = ",".join(map(str, value))
+            elif isinstance(value, dict):
+                value = ",".join(f"{k}={v}" for k, v in sorted(value.items()))
+            out[f"{section}.{name}"] = str(value)
+    return out
+
+
+def fingerprint(*parts: Any) -> str:
+    """Short stable hash of JSON-able parts (config sections, versions)."""
+    blob = json.dumps([dataclasses.asdict(p) if dataclasses.is_dataclass(p) else p for p in parts], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]

@@ -1,0 +1,82 @@
+"""Losses over the most violated constraints in a minibatch.
+
+Every loss here is a triplet loss on cosine similarities s (higher = closer):
+
+    for each positive pair (a, p), and each of the k negatives n of a with the highest s(a, n):
+        [margin - s(a, p) + s(a, n)]_+
+
+averaged over the pairs and their k constraints. The k hardest negatives of an anchor
+do not depend on the positive, so they are found once per anchor with one top-k.
+Positives are never negatives: a candidate that shares the anchor's group (its image)
+is masked out of the negatives, whatever its language.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+def triplet_topk(
+    sim: torch.Tensor,
+    positive: torch.Tensor,
+    pairs: tuple[torch.Tensor, torch.Tensor],
+    margin: float,
+    k: int,
+) -> torch.Tensor:
+    """sim: A x C similarities; positive: A x C, True where a candidate is a positive of the
+    anchor (or the anchor itself); pairs: (anchor rows, candidate columns) of the positive
+    pairs to enforce. Returns the mean hinge over pairs x k hardest negatives."""
+    anchors, candidates = pairs
+    if anchors.numel() == 0:
+        return sim.new_zeros(())
+    negatives = sim.masked_fill(positive, float("-inf"))
+    hardest = negatives.topk(min(k, sim.shape[1]), dim=1).values  # A x k, -inf where too few negatives
+    violation = (margin - sim[anchors, candidates]).unsqueeze(1) + hardest[anchors]
+    return violation.clamp(min=0).mean()
+
+
+def image_sentence_loss(
+    images: torch.Tensor, sentences: torch.Tensor, sentence_image: torch.Tensor, margin: float, k: int
+) -> torch.Tensor:
+    """Bidirectional: image anchors against sentences, sentence anchors against images.
+
+    images: I x D, sentences: S x D (both L2-normalised); sentence_image: S, the row of
+    each sentence's image in `images`.
+    """
+    sim = images @ sentences.T  # I x S
+    rows = torch.arange(images.shape[0], device=images.device)
+    cols = torch.arange(sentences.shape[0], device=images.device)
+    positive = rows[:, None] == sentence_image[None, :]
+    image_anchored = triplet_topk(sim, positive, (sentence_image, cols), margin, k)
+    sentence_anchored = triplet_topk(sim.T, positive.T, (cols, sentence_image), margin, k)
+    return image_anchored + sentence_anchored
+
+
+def neighborhood_loss(
+    sentences: torch.Tensor,
+    sentence_image: torch.Tensor,
+    pairs: tuple[torch.Tensor, torch.Tensor],
+    margin: float,
+    k: int,
+) -> torch.Tensor:
+    """Neighborhood constraints: sentences of the same image (any language) closer than
+    sentences of other images. sentences: S x D, L2-normalised; pairs: same-image pairs
+    (a != p) in both orders."""
+    sim = sentences @ sentences.T
+    positive = sentence_image[:, None] == sentence_image[None, :]  # includes the anchor itself
+    return triplet_topk(sim, positive, pairs, margin, k)
+
+
+def language_classifier_loss(logits: torch.Tensor, language: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits, language)
+
+
+@dataclass
+class LossTerms:
+    """The weighted parts of one step's loss, for logging."""
+
+    total: torch.Tensor
+    parts: dict[str, torch.Tensor]

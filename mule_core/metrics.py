@@ -1,0 +1,118 @@
+"""Retrieval metrics, VSE++-style, with ties counted against the model.
+
+image -> sentence: an image's queries hit at K if any of its sentences is among the K
+    highest-scoring sentences; its rank is the number of *other images'* sentences
+    scoring at least as high as its best sentence.
+sentence -> image: one query per sentence; its rank is the number of other images
+    scoring at least as high as its own image.
+R@K = 100 * fraction of queries with rank < K. mR = mean of the six recalls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+KS = (1, 5, 10)
+
+
+def grouped_ranks(
+    sim: torch.Tensor, query_group: torch.Tensor, candidate_group: torch.Tensor, chunk: int = 4096
+) -> torch.Tensor:
+    """Rank of each query's best positive: how many candidates of *other* groups score at
+    least as high as the best candidate of its own group. sim: Q x C. Every query must
+    have at least one candidate of its group."""
+    best = torch.full((sim.shape[0],), float("-inf"), device=sim.device, dtype=sim.dtype)
+    for start in range(0, sim.shape[1], chunk):
+        positive = query_group[:, None] == candidate_group[None, start : start + chunk]
+        best = torch.maximum(best, sim[:, start : start + chunk].masked_fill(~positive, float("-inf")).max(1).values)
+    ranks = torch.zeros(sim.shape[0], dtype=torch.long, device=sim.device)
+    for start in range(0, sim.shape[1], chunk):
+        negative = query_group[:, None] != candidate_group[None, start : start + chunk]
+        ranks += ((sim[:, start : start + chunk] >= best[:, None]) & negative).sum(1)
+    return ranks
+
+
+def image_to_sentence_ranks(sim: torch.Tensor, sentence_image: torch.Tensor) -> torch.Tensor:
+    """sim: I x S; sentence_image: S, image row of each sentence. Returns I ranks (0 = top)."""
+    return grouped_ranks(sim, torch.arange(sim.shape[0], device=sim.device), sentence_image)
+
+
+def sentence_to_image_ranks(sim: torch.Tensor, sentence_image: torch.Tensor) -> torch.Tensor:
+    """sim: I x S. Returns S ranks (0 = its image is first)."""
+    target = sim[sentence_image, torch.arange(sim.shape[1], device=sim.device)]
+    return (sim >= target[None, :]).sum(0) - 1
+
+
+def recall_from_ranks(ranks: torch.Tensor, ks: Sequence[int] = KS) -> dict[int, float]:
+    return {k: 100.0 * (ranks < k).float().mean().item() for k in ks}
+
+
+def retrieval_recalls(sim: torch.Tensor, sentence_image: torch.Tensor, ks: Sequence[int] = KS) -> dict[str, float]:
+    """{'i2t_r1', ..., 't2i_r10', 'mR'} for one similarity matrix (images x sentences)."""
+    i2t = recall_from_ranks(image_to_sentence_ranks(sim, sentence_image), ks)
+    t2i = recall_from_ranks(sentence_to_image_ranks(sim, sentence_image), ks)
+    out = {f"i2t_r{k}": v for k, v in i2t.items()} | {f"t2i_r{k}": v for k, v in t2i.items()}
+    out["mR"] = sum(i2t.values()) / (2 * len(ks)) + sum(t2i.values()) / (2 * len(ks))
+    return out
+
+
+def per_language_recalls(
+    image_emb: torch.Tensor,
+    sentence_emb: torch.Tensor,
+    sentence_image: torch.Tensor,
+    sentence_lang: torch.Tensor,
+    languages: Sequence[str],
+    ks: Sequence[int] = KS,
+) -> dict[str, dict[str, float]]:
+    """The paper's protocol: per language, over the images that have captions in it."""
+    table: dict[str, dict[str, float]] = {}
+    for index, lang in enumerate(languages):
+        rows = (sentence_lang == index).nonzero(as_tuple=True)[0]
+        if rows.numel() == 0:
+            continue
+        images, local = torch.unique(sentence_image[rows], return_inverse=True)
+        sim = image_emb[images] @ sentence_emb[rows].T
+        table[lang] = retrieval_recalls(sim, local, ks) | {
+            "images": float(images.numel()),
+            "sentences": float(rows.numel()),
+        }
+    return table
+
+
+def mean_mr(table: dict[str, dict[str, float]]) -> float:
+    """Model-selection score: mR averaged over languages."""
+    return sum(row["mR"] for row in table.values()) / max(len(table), 1)
+
+
+def cross_lingual_recalls(
+    sentence_emb: torch.Tensor,
+    sentence_image: torch.Tensor,
+    sentence_lang: torch.Tensor,
+    languages: Sequence[str],
+    ks: Sequence[int] = KS,
+) -> dict[str, dict[str, float]]:
+    """Sentence -> sentence retrieval across languages (as AME reports it).
+
+    For each ordered pair (a, b): every caption in a whose image has captions in b is a
+    query; the candidates are all captions in b; a hit at K if a caption of the query's
+    image is among the top K. sentence_emb must be L2-normalised. Keys are "a->b".
+    """
+    out: dict[str, dict[str, float]] = {}
+    for ia, a in enumerate(languages):
+        for ib, b in enumerate(languages):
+            if ia == ib:
+                continue
+            queries = (sentence_lang == ia).nonzero(as_tuple=True)[0]
+            candidates = (sentence_lang == ib).nonzero(as_tuple=True)[0]
+            if queries.numel() == 0 or candidates.numel() == 0:
+                continue
+            queries = queries[torch.isin(sentence_image[queries], sentence_image[candidates])]
+            if queries.numel() == 0:
+                continue
+            sim = sentence_emb[queries] @ sentence_emb[candidates].T
+            ranks = grouped_ranks(sim, sentence_image[queries], sentence_image[candidates])
+            recalls = recall_from_ranks(ranks, ks)
+            out[f"{a}->{b}"] = {f"r{k}": v for k, v in recalls.items()} | {"queries": float(queries.numel())}
+    return out

@@ -1,0 +1,177 @@
+"""The MULE model.
+
+    words (per language) --embedding--> --FC (per language)--> MULE word features (M)
+        mean over words                  -> MULE sentence vector (LP, NC, language classifier)
+        shared LSTM, last hidden, FC     -> sentence embedding in the multimodal space (D)
+    image features --FC-BN-ReLU-FC-->    -> image embedding in the multimodal space (D)
+
+Embeddings in the multimodal space are L2-normalised, so a dot product is the cosine
+similarity. Each language owns only its word embeddings and its FC into MULE.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence
+
+from .config import ModelConfig
+
+
+class _GradientReversal(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return -ctx.scale * grad, None
+
+
+def grad_reverse(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    """Identity forward; multiplies the gradient by -scale on the way back."""
+    return _GradientReversal.apply(x, scale)
+
+
+class LanguageBranch(nn.Module):
+    """One language's own parameters: word embeddings and the FC into MULE."""
+
+    def __init__(self, vocab_size: int, word_dim: int, mule_dim: int, finetune: bool = True):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, word_dim, padding_idx=0)
+        self.embed.weight.requires_grad_(finetune)
+        self.fc = nn.Linear(word_dim, mule_dim)
+        # Initial vectors, for the L2 pull toward them; rebuilt from the catalog, not saved.
+        self.register_buffer("initial", torch.zeros(vocab_size, word_dim), persistent=False)
+
+    def init_vectors(self, vectors: torch.Tensor) -> None:
+        with torch.no_grad():
+            self.embed.weight.copy_(vectors)
+            self.embed.weight[0].zero_()
+            self.initial.copy_(self.embed.weight)
+
+    def drift(self) -> torch.Tensor:
+        """Squared distance of the word vectors from their initial values."""
+        return (self.embed.weight - self.initial).pow(2).sum()
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.embed(tokens))
+
+
+@dataclass
+class TextBatch:
+    """Sentences grouped by language: rows groups[i][1]:groups[i][2] are in language groups[i][0].
+
+    lengths stay on the CPU (packing needs them there); keeping the groups on the host
+    means no device-to-host sync to route sentences to their language branch.
+    """
+
+    tokens: torch.Tensor  # N x T
+    lengths: torch.Tensor  # N, CPU
+    groups: list[tuple[str, int, int]]
+
+    def to(self, device: torch.device) -> TextBatch:
+        return TextBatch(self.tokens.to(device, non_blocking=True), self.lengths, self.groups)
+
+
+@dataclass
+class TextEncoding:
+    mule: torch.Tensor  # N x M, mean of MULE word features (not normalised)
+    joint: torch.Tensor | None  # N x D, L2-normalised
+
+
+class MuleModel(nn.Module):
+    def __init__(
+        self,
+        languages: Sequence[str],
+        vocab_sizes: dict[str, int],
+        word_dim: int,
+        image_dim: int | None,
+        cfg: ModelConfig,
+    ):
+        super().__init__()
+        self.languages = list(languages)
+        self.lang_index = {lang: i for i, lang in enumerate(self.languages)}
+        self.branches = nn.ModuleDict(
+            {lang: LanguageBranch(vocab_sizes[lang], word_dim, cfg.mule_dim, cfg.finetune_words) for lang in languages}
+        )
+        self.lstm = nn.LSTM(cfg.mule_dim, cfg.lstm_dim, batch_first=True)
+        self.text_fc = nn.Linear(cfg.lstm_dim, cfg.joint_dim)
+        # A text-only dataset (no images) still trains and evaluates the MULE layers.
+        self.image_branch = (
+            nn.Sequential(
+                nn.Linear(image_dim, cfg.image_hidden),
+                nn.BatchNorm1d(cfg.image_hidden),
+                nn.ReLU(inplace=True),
+                nn.Linear(cfg.image_hidden, cfg.joint_dim),
+            )
+            if image_dim
+            else None
+        )
+        self.classifier = nn.Linear(cfg.mule_dim, len(self.languages))
+        # CNN features are standardised with the training set's statistics (saved with the
+        # model): raw pooled ResNet activations are all positive and badly scaled.
+        if image_dim:
+            self.register_buffer("image_mean", torch.zeros(image_dim))
+            self.register_buffer("image_std", torch.ones(image_dim))
+
+    def set_image_normalization(self, features: torch.Tensor) -> None:
+        with torch.no_grad():
+            self.image_mean.copy_(features.mean(0))
+            self.image_std.copy_(features.std(0).clamp(min=1e-6))
+
+    def mule_words(self, batch: TextBatch) -> torch.Tensor:
+        parts = [self.branches[lang](batch.tokens[start:end]) for lang, start, end in batch.groups]
+        return torch.cat(parts, dim=0)
+
+    def encode_text(self, batch: TextBatch, joint: bool = True) -> TextEncoding:
+        words = self.mule_words(batch)
+        lengths = batch.lengths.to(words.device, non_blocking=True)
+        mask = torch.arange(words.shape[1], device=words.device)[None, :] < lengths[:, None]
+        mule = (words * mask.unsqueeze(-1)).sum(1) / lengths.unsqueeze(1).to(words.dtype)
+        if not joint:
+            return TextEncoding(mule, None)
+        packed = pack_padded_sequence(words, batch.lengths, batch_first=True, enforce_sorted=False)
+        _, (hidden, _) = self.lstm(packed)
+        return TextEncoding(mule, F.normalize(self.text_fc(hidden[-1]), dim=-1))
+
+    def encode_image(self, features: torch.Tensor) -> torch.Tensor:
+        if self.image_branch is None:
+            raise RuntimeError("this model was built without an image branch (text-only dataset)")
+        return F.normalize(self.image_branch((features - self.image_mean) / self.image_std), dim=-1)
+
+    def classify_language(self, mule: torch.Tensor, reverse_scale: float = 1.0) -> torch.Tensor:
+        """Language logits; the gradient reaching MULE is reversed (adversarial)."""
+        return self.classifier(grad_reverse(mule, reverse_scale))
+
+    def word_drift(self) -> torch.Tensor:
+        return sum(branch.drift() for branch in self.branches.values())
+
+    def mule_parameters(self) -> list[nn.Parameter]:
+        """What LP trains: every language's embeddings and FC, and the language classifier."""
+        return [p for p in (*self.branches.parameters(), *self.classifier.parameters()) if p.requires_grad]
+
+
+def count_parameters(model: MuleModel) -> dict[str, object]:
+    """Parameters, total and per language (the paper's "Parameter Comparison").
+
+    Shared counts the LSTM, both FCs into the multimodal space, the image branch and the
+    language classifier; language-specific counts each language's embeddings and MULE FC.
+    """
+
+    def n(module: nn.Module) -> int:
+        return sum(p.numel() for p in module.parameters())
+
+    per_language = {lang: n(branch) for lang, branch in model.branches.items()}
+    total = n(model)
+    return {
+        "total": total,
+        "language_specific": sum(per_language.values()),
+        "shared": total - sum(per_language.values()),
+        "per_language": per_language,
+    }

@@ -1,0 +1,72 @@
+"""Tokenisation and vocabularies.
+
+Space-delimited languages use the Moses tokenizer (sacremoses), the tokenizer behind
+Multi30K's official tokenised files, on lower-cased, NFKC-normalised text.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import cache
+
+import numpy as np
+import torch
+
+PAD, UNK = "<pad>", "<unk>"
+TOKENIZER_VERSION = "moses-lower-nfkc-1"
+_INVISIBLE = re.compile("[\u200b\u200c\u200d\u2060\ufeff]")
+
+
+@cache
+def _moses(lang: str):
+    from sacremoses import MosesTokenizer
+
+    return MosesTokenizer(lang=lang)
+
+
+def normalise(text: str) -> str:
+    text = unicodedata.normalize("NFKC", text)
+    return _INVISIBLE.sub("", text).strip().lower()
+
+
+def tokenize(text: str, lang: str) -> list[str]:
+    return _moses(lang).tokenize(normalise(text), escape=False)
+
+
+@dataclass
+class Vocab:
+    """Token <-> index for one language; index 0 pads, 1 is the unknown word."""
+
+    tokens: list[str]
+
+    def __post_init__(self) -> None:
+        if self.tokens[:2] != [PAD, UNK]:
+            raise ValueError("a vocabulary starts with <pad> and <unk>")
+        self.index = {t: i for i, t in enumerate(self.tokens)}
+
+    @classmethod
+    def build(cls, tokenised: Iterable[Sequence[str]]) -> Vocab:
+        seen: dict[str, None] = {}
+        for tokens in tokenised:
+            for t in tokens:
+                seen.setdefault(t, None)
+        return cls([PAD, UNK, *sorted(seen)])
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def encode(self, tokens: Sequence[str]) -> list[int]:
+        return [self.index.get(t, 1) for t in tokens]
+
+
+def pad_batch(sequences: Sequence[Sequence[int]], max_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded (N x T) int64 tokens and lengths; empty sequences become one <unk>."""
+    lengths = np.array([min(max(len(s), 1), max_tokens) for s in sequences], dtype=np.int64)
+    out = np.zeros((len(sequences), int(lengths.max(initial=1))), dtype=np.int64)
+    for row, seq in enumerate(sequences):
+        seq = list(seq[:max_tokens]) or [1]
+        out[row, : len(seq)] = seq
+    return torch.from_numpy(out), torch.from_numpy(lengths)

@@ -1,0 +1,94 @@
+"""Ingest: raw dataset files -> images, captions (tokenised) and rejects tables."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+import pyarrow as pa
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from data_catalog.datasets import locate, prepare
+from data_catalog.readers.multi30k import read_multi30k
+from mule_core.progress import Progress
+from mule_core.text import TOKENIZER_VERSION, tokenize
+
+from .common import context, logger
+from .tracking import Tracker
+
+
+@task(name="generate-embedded-dataset", cache_policy=NO_CACHE)
+def generate_embedded(workdir: str, config: dict[str, Any]) -> str:
+    """Writes the embedded dataset into the workdir unless it is already there."""
+    wd, _, cfg = context(workdir, config)
+    log = logger()
+    source = locate(wd, cfg.data)
+    total = cfg.data.train_images + cfg.data.val_images + cfg.data.test_images
+    progress = Progress("generating scenes", total, unit="images", logger=log)
+    prepare(wd, cfg.data, lambda done, _total: progress.update(1))
+    if progress.done:
+        progress.finish()
+    else:
+        log.info("embedded dataset already at %s (same spec), reusing it", source.root)
+    return str(source.root)
+
+
+@task(name="read-and-tokenise", cache_policy=NO_CACHE)
+def ingest_captions(workdir: str, config: dict[str, Any], run_id: str | None) -> dict[str, Any]:
+    wd, catalog, cfg = context(workdir, config)
+    log = logger()
+    source = locate(wd, cfg.data)
+    started = time.perf_counter()
+    result = read_multi30k(source.root, cfg.data.dataset, source.images, progress=log.info)
+    log.info(
+        "read %d images, %d captions, %d rejected lines; %d task1 English lines merged into task2 captions",
+        result.images.num_rows, result.captions.num_rows, result.rejects.num_rows, result.merged_task1_lines,
+    )  # fmt: skip
+
+    texts = result.captions.column("text").to_pylist()
+    langs = result.captions.column("lang").to_pylist()
+    progress = Progress("tokenising", len(texts), unit="captions", logger=log)
+    tokens = []
+    for text, lang in zip(texts, langs):
+        tokens.append(tokenize(text, lang))
+        progress.update(1)
+    progress.finish()
+    captions = result.captions.append_column("tokens", pa.array(tokens, pa.list_(pa.string())))
+
+    catalog.write_table("images", cfg.data.dataset, result.images)
+    catalog.write_table("captions", cfg.data.dataset, captions)
+    catalog.write_table("rejects", cfg.data.dataset, result.rejects)
+
+    present = sum(result.images.column("exists").to_pylist())
+    summary = {
+        "source": str(source.root),
+        "images_dir": str(source.images),
+        "images": result.images.num_rows,
+        "images_present": present,
+        "captions": captions.num_rows,
+        "rejects": result.rejects.num_rows,
+        "merged_task1_lines": result.merged_task1_lines,
+        "per_split": result.stats,
+        "tokenizer": TOKENIZER_VERSION,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    if present < result.images.num_rows:
+        log.warning(
+            "%d of %d image files are missing under %s; they are recorded as missing",
+            result.images.num_rows - present, result.images.num_rows, source.images,
+        )  # fmt: skip
+    reasons = Counter(result.rejects.column("reason").to_pylist())
+    tracker = Tracker(wd, run_id)
+    tracker.params(
+        {"ingest.source": source.root, "ingest.images_dir": source.images, "ingest.tokenizer": TOKENIZER_VERSION}
+    )
+    metrics = {"images": summary["images"], "images_present": present, "captions": summary["captions"],
+               "rejects": summary["rejects"], "merged_task1_lines": result.merged_task1_lines}  # fmt: skip
+    for split, counts in result.stats.items():
+        for key, value in counts.items():
+            metrics[f"{split}.{key}"] = value
+    tracker.metrics(metrics)
+    tracker.json(summary | {"reject_reasons": dict(reasons)}, "ingest_summary.json")
+    return summary

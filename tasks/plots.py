@@ -1,0 +1,102 @@
+"""Figures people would rather look at than read: training curves, recall bars,
+cross-lingual heatmaps, retrieved images."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from PIL import Image  # noqa: E402
+
+from .report import RECALL_COLUMNS, RECALL_HEADERS  # noqa: E402
+
+
+def close(figure) -> None:
+    plt.close(figure)
+
+
+def training_curves(history, title: str, score_label: str):
+    epochs = [r.epoch for r in history]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    keys = [k for k in history[0].losses if k not in ("total", "lc_accuracy")] + ["total"]
+    for key in keys:
+        left.plot(epochs, [r.losses.get(key, np.nan) for r in history], marker="o", ms=3, label=key)
+    left.set(xlabel="epoch", ylabel="loss (weighted)", title="losses")
+    left.legend(fontsize=8)
+    scores = [r.score for r in history]
+    right.plot(epochs, scores, marker="o", color="tab:green", label=score_label)
+    best = max(range(len(scores)), key=lambda i: scores[i] if scores[i] is not None else -1)
+    right.axvline(epochs[best], color="grey", ls="--", lw=1, label=f"kept: epoch {epochs[best]}")
+    if "lc_accuracy" in history[0].losses:
+        twin = right.twinx()
+        twin.plot(epochs, [r.losses["lc_accuracy"] for r in history], color="tab:red", alpha=0.5, label="LC accuracy")
+        twin.set_ylabel("language classifier accuracy", color="tab:red")
+        twin.set_ylim(0, 1)
+    right.set(xlabel="epoch", ylabel=score_label, title="validation")
+    right.legend(fontsize=8, loc="lower right")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def recall_bars(table: dict[str, dict[str, float]], title: str):
+    langs = list(table)
+    fig, ax = plt.subplots(figsize=(max(6, 1.8 * len(langs) + 3), 4))
+    width = 0.8 / len(RECALL_COLUMNS)
+    for i, (column, header) in enumerate(zip(RECALL_COLUMNS, RECALL_HEADERS)):
+        values = [table[lang][column] for lang in langs]
+        label = header if column.endswith("r1") or column == "mR" else f"{column[:3]} {header}"
+        ax.bar(np.arange(len(langs)) + (i - len(RECALL_COLUMNS) / 2 + 0.5) * width, values, width,
+               label=label.replace("i2t", "img->txt").replace("t2i", "txt->img"),
+               color="black" if column == "mR" else None)  # fmt: skip
+    ax.set_xticks(np.arange(len(langs)), langs)
+    ax.set(ylabel="recall (%)", title=title, ylim=(0, 100))
+    ax.legend(fontsize=7, ncol=4)
+    fig.tight_layout()
+    return fig
+
+
+def cross_lingual_heatmap(table: dict[str, dict[str, float]], languages: list[str], title: str, k: int = 1):
+    n = len(languages)
+    grid = np.full((n, n), np.nan)
+    for pair, row in table.items():
+        a, b = pair.split("->")
+        grid[languages.index(a), languages.index(b)] = row[f"r{k}"]
+    fig, ax = plt.subplots(figsize=(1.2 * n + 2, 1.1 * n + 1.5))
+    ax.imshow(grid, vmin=0, vmax=100, cmap="viridis")
+    for i in range(n):
+        for j in range(n):
+            if not np.isnan(grid[i, j]):
+                ax.text(
+                    j, i, f"{grid[i, j]:.1f}", ha="center", va="center", color="white" if grid[i, j] < 60 else "black"
+                )
+    ax.set_xticks(range(n), languages)
+    ax.set_yticks(range(n), languages)
+    ax.set(xlabel="target language", ylabel="query language", title=f"{title} (R@{k})")
+    fig.tight_layout()
+    return fig
+
+
+def retrieved_images(examples: list[dict], top: int = 5):
+    """examples: {"lang", "query", "paths": [top image paths], "hits": [bool]}; one row each."""
+    fig, axes = plt.subplots(len(examples), top, figsize=(2.1 * top, 2.3 * len(examples)), squeeze=False)
+    for row, example in enumerate(examples):
+        for col in range(top):
+            ax = axes[row][col]
+            ax.axis("off")
+            if col < len(example["paths"]):
+                try:
+                    with Image.open(example["paths"][col]) as image:
+                        ax.imshow(image.convert("RGB"))
+                except OSError:
+                    ax.text(0.5, 0.5, "missing", ha="center")
+                if example["hits"][col]:
+                    ax.add_patch(plt.Rectangle((0, 0), 1, 1, transform=ax.transAxes, fill=False, lw=4, ec="limegreen"))
+        text = example["query"] if len(example["query"]) < 70 else example["query"][:67] + "..."
+        axes[row][0].set_title(f"[{example['lang']}] {text}", loc="left", fontsize=8)
+    fig.suptitle("sentence -> image: top 5 (green = the caption's own image)", fontsize=10)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,47 @@
+"""Recall tables as text: markdown for people and MLflow, CSV for tools."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+RECALL_COLUMNS = ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "mR")
+RECALL_HEADERS = ("img->txt R@1", "R@5", "R@10", "txt->img R@1", "R@5", "R@10", "mR")
+
+
+def recall_rows(table: dict[str, dict[str, float]]) -> list[dict]:
+    rows = []
+    for lang, row in table.items():
+        rows.append({"lang": lang, "images": int(row["images"]), "sentences": int(row["sentences"]),
+                     **{c: round(row[c], 1) for c in RECALL_COLUMNS if c in row}})  # fmt: skip
+    return rows
+
+
+def recall_markdown(table: dict[str, dict[str, float]]) -> str:
+    header = "| lang | images | sentences | " + " | ".join(RECALL_HEADERS) + " |"
+    lines = [header, "|" + "---|" * (3 + len(RECALL_HEADERS))]
+    for row in recall_rows(table):
+        cells = [row["lang"], str(row["images"]), str(row["sentences"])] + [f"{row[c]:.1f}" for c in RECALL_COLUMNS]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def cross_lingual_markdown(tables: dict[str, dict[str, dict[str, float]]], ks=(1, 5, 10)) -> str:
+    """tables: layer -> "a->b" -> {r1, r5, r10, queries}."""
+    lines = ["| layer | query -> target | queries | " + " | ".join(f"R@{k}" for k in ks) + " |",
+             "|" + "---|" * (3 + len(ks))]  # fmt: skip
+    for layer, table in tables.items():
+        for pair, row in table.items():
+            cells = [layer, pair.replace("->", " -> "), str(int(row["queries"]))] + [f"{row[f'r{k}']:.1f}" for k in ks]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def to_csv(rows: list[dict]) -> str:
+    if not rows:
+        return ""
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()

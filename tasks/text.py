@@ -1,0 +1,109 @@
+"""Word vectors per language: a vocabulary over the dataset's captions and a vector per
+word, from a given .bin/.vec file or from fastText trained on the training captions."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from data_catalog.catalog import Catalog
+from data_catalog.pretrained import VectorFile
+from mule_core.text import PAD, UNK
+
+from .common import context, logger
+from .tracking import Tracker
+
+
+def train_fasttext(sentences: list[list[str]], dim: int, model: str, epochs: int, min_count: int, threads: int):
+    """fastText on tokenised sentences; with one thread the result is reproducible (fastText seeds itself)."""
+    import fasttext
+
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False, encoding="utf-8") as handle:
+        handle.write("\n".join(" ".join(tokens) for tokens in sentences))
+        path = handle.name
+    try:
+        return fasttext.train_unsupervised(
+            path, model=model, dim=dim, epoch=epochs, minCount=min_count, thread=threads, verbose=0
+        )
+    finally:
+        os.unlink(path)
+
+
+def dataset_languages(catalog: Catalog, dataset: str, wanted: tuple[str, ...]) -> list[str]:
+    present = set(catalog.query("SELECT DISTINCT lang FROM captions WHERE dataset = ?", [dataset])["lang"].to_pylist())
+    missing = [lang for lang in wanted if lang not in present]
+    if missing:
+        logger().warning(
+            "dataset %s has no captions in %s; using %s", dataset, missing, [lang for lang in wanted if lang in present]
+        )
+    return [lang for lang in wanted if lang in present]
+
+
+@task(name="word-vectors", cache_policy=NO_CACHE)
+def build_word_vectors(workdir: str, config: dict[str, Any], run_id: str | None) -> dict[str, Any]:
+    wd, catalog, cfg = context(workdir, config)
+    log, t, dataset = logger(), cfg.text, cfg.data.dataset
+    languages = dataset_languages(catalog, dataset, cfg.data.languages)
+    columns: dict[str, list] = {
+        name: [] for name in ("dataset", "lang", "index", "token", "train_count", "vector", "source")
+    }
+    summary: dict[str, Any] = {}
+    dims = set()
+    for lang in languages:
+        started = time.perf_counter()
+        rows = catalog.query("SELECT tokens, role FROM captions WHERE dataset = ? AND lang = ?", [dataset, lang])
+        tokens, roles = rows["tokens"].to_pylist(), rows["role"].to_pylist()
+        train = [tk for tk, role in zip(tokens, roles) if role == "train"]
+        train_counts = Counter(w for tk in train for w in tk)
+        all_words = Counter(w for tk in tokens for w in tk)
+        # Words of every split get a vector (fastText builds unseen words from subwords);
+        # only training captions teach fastText and the model.
+        vocab = [PAD, UNK, *sorted(all_words, key=lambda w: (-train_counts[w], -all_words[w], w))]
+        if lang in t.vectors:
+            source = VectorFile(t.vectors[lang])
+            origin = f"file:{source.path}"
+            lookup = source.vector
+            dim = source.dim
+        else:
+            if not train:
+                raise ValueError(f"no training captions in {lang!r} to train word vectors on")
+            model = train_fasttext(train, t.word_dim, t.fasttext_model, t.fasttext_epochs, t.fasttext_min_count,
+                                   t.fasttext_threads)  # fmt: skip
+            origin, lookup, dim = "fasttext:trained", model.get_word_vector, t.word_dim
+        dims.add(dim)
+        rng = np.random.default_rng([cfg.data.seed, len(lang)])
+        vectors, missing = [np.zeros(dim, np.float32)], 0
+        for word in vocab[1:]:
+            vector = lookup(word) if word != UNK else None
+            if vector is None:
+                missing += word != UNK
+                vector = rng.normal(0, 0.1, dim).astype(np.float32)  # <unk> and words a .vec file lacks
+            vectors.append(np.asarray(vector, np.float32))
+        for index, (word, vector) in enumerate(zip(vocab, vectors)):
+            for key, value in (("dataset", dataset), ("lang", lang), ("index", index), ("token", word),
+                               ("train_count", train_counts.get(word, 0)), ("vector", vector), ("source", origin)):  # fmt: skip
+                columns[key].append(value)
+        summary[lang] = {"vocab": len(vocab), "train_tokens": sum(train_counts.values()),
+                         "unseen_in_train": sum(1 for w in all_words if w not in train_counts),
+                         "without_vector": missing, "source": origin, "dim": dim,
+                         "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
+        log.info("%s: %d words (%d unseen in training), vectors from %s, %.1fs", lang, len(vocab),
+                 summary[lang]["unseen_in_train"], origin, summary[lang]["seconds"])  # fmt: skip
+    if len(dims) > 1:
+        raise ValueError(f"word vectors of all languages must have one dimension, got {sorted(dims)}: {summary}")
+    columns["vector"] = pa.array([v.tolist() for v in columns["vector"]], pa.list_(pa.float32()))
+    catalog.write_table("word_vectors", dataset, pa.table(columns))
+    tracker = Tracker(wd, run_id)
+    tracker.metrics(
+        {f"{lang}.{k}": v for lang, s in summary.items() for k, v in s.items() if isinstance(v, (int, float))}
+    )
+    tracker.json(summary, "word_vectors.json")
+    return summary

@@ -1,0 +1,130 @@
+"""Joint training: image-sentence triplet loss + NC + LC, starting from LP's MULE layers.
+
+Validation mR after every epoch picks the model that is kept. A checkpoint after every
+epoch lets an interrupted run resume where it stopped (same config and inputs only).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any
+
+import torch
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from mule_core.config import fingerprint
+from mule_core.metrics import mean_mr
+from mule_core.model import count_parameters
+from mule_core.training import Trainer, evaluate_split, resolve_device
+
+from . import plots
+from .common import context, logger
+from .features import extractor_for
+from .model_io import build_model, file_digest, load_model, load_split, load_vocabulary, save_atomic, save_model
+from .pretrain import pretrain_path
+from .tracking import Tracker
+from .training_common import optim_config
+
+
+class MissingPretrainError(RuntimeError):
+    pass
+
+
+def model_path(workdir, dataset: str):
+    return workdir.models_dir(dataset) / "model.pt"
+
+
+def load_pretrained_mule(model, path, vocabulary) -> None:
+    """Copies LP's word embeddings, MULE FCs and language classifier into the model."""
+    lp_model, meta = load_model(path)
+    for lang in vocabulary.languages:
+        if (
+            meta["vocabulary"].vocabs.get(lang) is None
+            or meta["vocabulary"].vocabs[lang].tokens != vocabulary.vocabs[lang].tokens
+        ):
+            raise MissingPretrainError(f"the word vectors changed since LP ran ({path}); rerun the pretrain stage")
+        model.branches[lang].load_state_dict(lp_model.branches[lang].state_dict(), strict=False)
+    if lp_model.classifier.out_features == model.classifier.out_features:
+        model.classifier.load_state_dict(lp_model.classifier.state_dict())
+
+
+@task(name="joint-training", cache_policy=NO_CACHE)
+def train_model(workdir: str, config: dict[str, Any], run_id: str | None) -> dict[str, Any]:
+    wd, catalog, cfg = context(workdir, config)
+    log, dataset, tracker = logger(), cfg.data.dataset, Tracker(wd, run_id)
+    extractor = extractor_for(cfg.features)
+    reader = functools.partial(catalog.read_features, dataset)
+    vocabulary = load_vocabulary(catalog, dataset, cfg.data.languages)
+    train = load_split(catalog, dataset, "train", vocabulary, cfg.text.max_tokens, (extractor, reader))
+    val = load_split(catalog, dataset, "val", vocabulary, cfg.text.max_tokens, (extractor, reader))
+    device = resolve_device(cfg.train.device)
+    model = build_model(cfg, vocabulary, image_dim=train.features.shape[1])
+    model.set_image_normalization(train.features)
+
+    lp_file = pretrain_path(wd, dataset)
+    if cfg.pretrain.enabled:
+        if not lp_file.exists():
+            raise MissingPretrainError(
+                f"LP is on (pretrain.enabled=true) but {lp_file} does not exist: run the pretrain stage first, "
+                "or train without it: --set pretrain.enabled=false"
+            )
+        load_pretrained_mule(model, lp_file, vocabulary)
+        log.info("MULE layers initialised from LP (%s)", lp_file)
+
+    counts = count_parameters(model)
+    optim = optim_config(cfg, train, lp=False)
+    log.info("training on %d images, %d captions (%s); sentences per image %s; %s parameters (%s language-specific); %s",
+             train.n_images, len(train.caption_image), ", ".join(train.languages), optim.sentences_per_image,
+             f"{counts['total']:,}", f"{counts['language_specific']:,}", device)  # fmt: skip
+    tracker.params({"model.parameters_total": counts["total"], "model.parameters_shared": counts["shared"],
+                    "model.parameters_language_specific": counts["language_specific"],
+                    "train.sentences_per_image_used": optim.sentences_per_image, "features.extractor": extractor})  # fmt: skip
+
+    def validate(m):
+        table = evaluate_split(m, val, device, cfg.eval.ks)
+        return mean_mr(table), table
+
+    trainer = Trainer(model, train, cfg.loss, optim, device, mode="joint", validate=validate)
+
+    # Resume only a checkpoint of this very setting: same config and the same inputs.
+    checkpoint = wd.models_dir(dataset) / "train-checkpoint.pt"
+    key = fingerprint(cfg.data.languages, cfg.text, cfg.model, cfg.loss, cfg.train, cfg.pretrain, extractor,
+                      file_digest(wd.table_path("word_vectors", dataset)),
+                      file_digest(lp_file) if cfg.pretrain.enabled else None)  # fmt: skip
+    if checkpoint.exists():
+        state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+        if state.get("key") == key:
+            trainer.load_state_dict(state["trainer"])
+            log.info("resuming from the checkpoint after epoch %d (%s)", trainer.epoch, checkpoint)
+        else:
+            log.info("ignoring a checkpoint of another setting (%s)", checkpoint)
+
+    def on_epoch(result) -> None:
+        metrics = {f"train.{k}": v for k, v in result.losses.items()}
+        metrics["train.sentences_per_second"] = result.sentences_per_second
+        metrics["train.lr"] = trainer.optimizer.param_groups[0]["lr"]
+        metrics["val.mean_mR"] = result.score
+        for lang, row in result.validation.items():
+            metrics[f"val.{lang}.mR"] = row["mR"]
+        tracker.metrics(metrics, step=result.epoch)
+        save_atomic({"key": key, "trainer": trainer.state_dict()}, checkpoint)
+
+    started = time.perf_counter()
+    history = trainer.fit(on_epoch)
+    path = model_path(wd, dataset)
+    best = next((r for r in history if r.epoch == trainer.best_epoch), None)
+    save_model(path, model, cfg, vocabulary, kind="joint", dataset=dataset, extractor=extractor,
+               best_epoch=trainer.best_epoch, val_score=trainer.best_score,
+               val_table=best.validation if best else None, parameters=counts)  # fmt: skip
+    checkpoint.unlink(missing_ok=True)
+    tracker.metrics({"best_epoch": trainer.best_epoch, "val.best_mean_mR": trainer.best_score})
+    figure = plots.training_curves(history, "Joint training", score_label="val mean mR")
+    tracker.figure(figure, "training_curves.png")
+    plots.close(figure)
+    tracker.pytorch_model(model.cpu())
+    log.info("training done: best epoch %d of %d, val mean mR %.2f; model at %s",
+             trainer.best_epoch, cfg.train.epochs, trainer.best_score, path)  # fmt: skip
+    return {"path": str(path), "best_epoch": trainer.best_epoch, "val_mean_mR": trainer.best_score,
+            "seconds": round(time.perf_counter() - started, 1), "parameters": counts}  # fmt: skip

@@ -1,0 +1,51 @@
+"""Pieces the pretrain and train tasks share."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from mule_core.batching import default_sentences_per_image
+from mule_core.config import MuleConfig
+from mule_core.metrics import cross_lingual_recalls
+from mule_core.model import MuleModel
+from mule_core.training import OptimConfig, SplitTensors, encode_split
+
+
+def sentences_per_image(cfg: MuleConfig, train: SplitTensors) -> dict[str, int]:
+    """The paper's per-image sentence counts, from the data, with the config's overrides."""
+    counts = default_sentences_per_image(train.caption_image, train.caption_lang, train.languages)
+    counts.update({k: v for k, v in cfg.train.sentences_per_image.items() if k in counts})
+    return counts
+
+
+def optim_config(cfg: MuleConfig, train: SplitTensors, lp: bool) -> OptimConfig:
+    section = cfg.pretrain if lp else cfg.train
+    return OptimConfig(
+        epochs=section.epochs,
+        lr=section.lr,
+        lr_decay=1.0 if lp else cfg.train.lr_decay,
+        word_lr_scale=cfg.train.word_lr_scale,
+        grad_clip=cfg.train.grad_clip,
+        batch_images=section.batch_images,
+        sentences_per_image=sentences_per_image(cfg, train),
+        seed=cfg.train.seed,
+    )
+
+
+def cross_lingual(model: MuleModel, data: SplitTensors, device: torch.device, layer: str) -> dict:
+    """Cross-lingual sentence retrieval at the MULE ("mule") or multimodal ("joint") layer."""
+    encoded = encode_split(model, data, device, joint=layer == "joint")
+    emb = (
+        encoded["caption_joint"] if layer == "joint" else torch.nn.functional.normalize(encoded["caption_mule"], dim=-1)
+    )
+    return cross_lingual_recalls(
+        emb,
+        torch.from_numpy(data.caption_image).to(device),
+        torch.from_numpy(data.caption_lang).to(device),
+        data.languages,
+    )
+
+
+def mean_r1(table: dict) -> float:
+    return float(np.mean([row["r1"] for row in table.values()])) if table else 0.0
