@@ -93,7 +93,11 @@ def _print_results(results: dict, workdir: Workdir, started: float) -> None:
 
 def cmd_run(args: argparse.Namespace, stages: list[str], overrides: dict) -> int:
     workdir = Workdir.at(args.workdir)
-    resolve(args.preset, overrides)  # config errors before Prefect starts
+    cfg = resolve(args.preset, overrides)  # config errors before Prefect starts
+    if "ingest" in stages:
+        from data_catalog.datasets import locate
+
+        locate(workdir, cfg.data)  # a missing --source fails here, in milliseconds
     _prefect_ready(workdir)
     from .stages import rebuild_flow
 

@@ -13,6 +13,7 @@ def prepare_environment(workdir: Path) -> None:
     if not os.environ.get("PREFECT_API_URL"):
         os.environ.setdefault("PREFECT_HOME", str(workdir / "prefect"))
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "mule")
+    os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")  # mule_core used outside a flow
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "60")
     os.environ.setdefault("DO_NOT_TRACK", "true")

@@ -124,6 +124,7 @@ def train_model(workdir: str, config: dict[str, Any], run_id: str | None) -> dic
     tracker.figure(figure, "training_curves.png")
     plots.close(figure)
     tracker.pytorch_model(model.cpu())
+    tracker.artifact(path)  # weights + vocabularies, loadable without pickle (tasks.model_io.load_model)
     log.info("training done: best epoch %d of %d, val mean mR %.2f; model at %s",
              trainer.best_epoch, cfg.train.epochs, trainer.best_score, path)  # fmt: skip
     return {"path": str(path), "best_epoch": trainer.best_epoch, "val_mean_mR": trainer.best_score,

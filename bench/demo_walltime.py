@@ -1,0 +1,60 @@
+"""Wall time of `mule demo` from an empty workdir, per stage.
+
+    python bench/demo_walltime.py [--keep DIR] [extra mule demo args...]
+
+Runs the real command in a subprocess (a fresh Prefect and MLflow), then reads each
+stage's start and end from the MLflow runs it wrote.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--keep", help="workdir to keep (default: a temporary one, removed)")
+    args, extra = parser.parse_known_args()
+    workdir = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="mule-bench-"))
+    if workdir.exists() and any(workdir.iterdir()):
+        sys.exit(f"{workdir} is not empty: the benchmark starts from an empty workdir")
+    mule = shutil.which("mule") or sys.exit("`mule` is not on PATH: install the package first")
+    env = dict(os.environ, PREFECT_HOME=str(workdir / "prefect"))
+    started = time.perf_counter()
+    process = subprocess.run([mule, "demo", "--workdir", str(workdir), *extra], env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    if process.returncode != 0:
+        print(process.stdout[-3000:], process.stderr[-3000:])
+        sys.exit(f"mule demo failed with exit code {process.returncode}")
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("mule/embedded")
+    runs = sorted(client.search_runs([experiment.experiment_id]), key=lambda r: r.info.start_time)
+    import torch
+
+    print(f"machine: {platform.node()}, {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, "
+          f"torch {torch.__version__}, python {platform.python_version()}")  # fmt: skip
+    print(f"command: mule demo --workdir <empty dir> {' '.join(extra)}")
+    print(f"{'stage':<10} {'seconds':>8}")
+    for run in runs:
+        if run.info.run_name != "rebuild":
+            print(f"{run.info.run_name:<10} {(run.info.end_time - run.info.start_time) / 1000:>8.1f}")
+    print(f"{'total':<10} {wall:>8.1f}   (process wall time, Prefect and MLflow start-up included)")
+    table = [line for line in process.stdout.splitlines() if line.startswith("|") or "mean mR" in line]
+    print("\n".join(table))
+    if not args.keep:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

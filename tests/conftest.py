@@ -1,0 +1,100 @@
+"""Shared fixtures. Prefect's home goes to a temporary folder before Prefect is imported."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+_PREFECT_HOME = Path(tempfile.mkdtemp(prefix="mule-tests-prefect-"))
+os.environ.pop("PREFECT_API_URL", None)
+os.environ["PREFECT_HOME"] = str(_PREFECT_HOME)
+os.environ.setdefault("MULE_HOME", str(Path(tempfile.mkdtemp(prefix="mule-tests-home-"))))
+# Prefect logs "Stopping temporary server" at exit, after pytest has closed its capture.
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+
+from flows.runtime import prepare_environment  # noqa: E402
+
+prepare_environment(_PREFECT_HOME)
+
+SHARED_MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "multi30k"
+
+
+@pytest.fixture
+def shared_multi30k() -> Path:
+    if not (SHARED_MULTI30K / "data").is_dir():
+        pytest.skip(f"real Multi30K text not found at {SHARED_MULTI30K}")
+    return SHARED_MULTI30K
+
+
+def write_gz(path: Path, lines: list[str] | bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = lines if isinstance(lines, bytes) else "".join(line + "\n" for line in lines).encode()
+    with gzip.open(path, "wb") as handle:
+        handle.write(data)
+
+
+def write_text(path: Path, lines: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+
+
+# A hand-written Multi30K checkout: 2 train images, 1 val, 1 test.
+TINY = {
+    "train": {
+        "images": ["100.jpg", "200.jpg"],
+        "task2_en": [["A dog runs.", "A brown dog."], ["Two men talk.", "Men at work."]],  # [image][caption]
+        "task2_de": [["Ein Hund rennt.", "Ein brauner Hund."], ["Zwei Männer reden.", "Männer bei der Arbeit."]],
+        "task1": {
+            "en": ["A brown dog.", "Two men chatting."],  # 1st repeats a task2 line, 2nd does not
+            "de": ["Ein brauner Hund.", "Zwei Männer plaudern."],
+            "fr": ["Un chien brun.", "Deux hommes discutent."],
+            "cs": ["Hnědý pes.", "Dva muži si povídají."],
+        },
+    },
+    "val": {
+        "images": ["300.jpg"],
+        "task2_en": [["A cat sleeps.", "A sleeping cat."]],
+        "task2_de": [["Eine Katze schläft.", "Eine schlafende Katze."]],
+        "task1": {
+            "en": ["A cat sleeps."],
+            "de": ["Eine Katze schläft."],
+            "fr": ["Un chat dort."],
+            "cs": ["Kočka spí."],
+        },
+    },
+    "test": {
+        "images": ["400.jpg"],
+        "task2_en": [["A red car.", "A car on a road."]],
+        "task2_de": [["Ein rotes Auto.", "Ein Auto auf einer Straße."]],
+        "task1": {
+            "en": ["A red car."],
+            "de": ["Ein rotes Auto."],
+            "fr": ["Une voiture rouge."],
+            "cs": ["Červené auto."],
+        },
+    },
+}
+STEMS = {"train": ("train", "train"), "val": ("val", "val"), "test": ("test_2016_flickr", "test_2016")}
+
+
+def write_tiny_multi30k(root: Path) -> Path:
+    for split, spec in TINY.items():
+        stem1, stem2 = STEMS[split]
+        write_text(root / "data/task1/image_splits" / f"{stem1}.txt", spec["images"])
+        write_text(root / "data/task2/image_splits" / f"{stem2}_images.txt", spec["images"])
+        for lang, lines in spec["task1"].items():
+            write_gz(root / "data/task1/raw" / f"{stem1}.{lang}.gz", lines)
+        for lang in ("en", "de"):
+            per_image = spec[f"task2_{lang}"]
+            for k in range(len(per_image[0])):
+                write_gz(root / "data/task2/raw" / f"{stem2}.{k + 1}.{lang}.gz", [caps[k] for caps in per_image])
+    return root
+
+
+@pytest.fixture
+def tiny_multi30k(tmp_path: Path) -> Path:
+    return write_tiny_multi30k(tmp_path / "multi30k")

@@ -1,0 +1,65 @@
+"""The catalog: Parquet tables behind DuckDB views, atomic writes, feature parts."""
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import data_catalog.catalog as catalog_module
+from data_catalog.catalog import Catalog, CatalogError
+from data_catalog.schemas import REJECTS
+from data_catalog.workdir import Workdir
+
+
+def rejects(n: int, dataset: str = "d") -> pa.Table:
+    return pa.table(
+        {"dataset": [dataset] * n, "source_file": ["f.gz"] * n, "line": list(range(1, n + 1)),
+         "reason": ["empty caption"] * n, "raw": [""] * n},
+        schema=REJECTS,
+    )  # fmt: skip
+
+
+def test_tables_are_queryable_through_duckdb_views(tmp_path):
+    catalog = Catalog(Workdir.at(tmp_path))
+    catalog.write_table("rejects", "a", rejects(2, "a"))
+    catalog.write_table("rejects", "b", rejects(3, "b"))
+    counts = catalog.query("SELECT dataset, count(*) AS n FROM rejects GROUP BY dataset ORDER BY dataset").to_pylist()
+    assert counts == [{"dataset": "a", "n": 2}, {"dataset": "b", "n": 3}]
+    assert (tmp_path / "catalog.duckdb").exists()
+
+
+def test_a_crash_while_writing_leaves_the_old_table(tmp_path, monkeypatch):
+    catalog = Catalog(Workdir.at(tmp_path))
+    catalog.write_table("rejects", "a", rejects(2))
+
+    def crash(table, path, **kwargs):
+        path.write_bytes(b"half a parquet file")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(catalog_module.pq, "write_table", crash)
+    with pytest.raises(OSError, match="disk full"):
+        catalog.write_table("rejects", "a", rejects(5))
+    monkeypatch.undo()
+    assert catalog.read_table("rejects", "a").num_rows == 2
+    assert sorted(p.name for p in (tmp_path / "catalog" / "rejects").iterdir()) == ["a.parquet"]
+
+
+def test_missing_tables_say_which_stage_to_run(tmp_path):
+    catalog = Catalog(Workdir.at(tmp_path))
+    with pytest.raises(CatalogError, match="run the stage that writes it"):
+        catalog.read_table("captions", "nope")
+    catalog.write_table("rejects", "a", rejects(1))
+    with pytest.raises(CatalogError, match="run the stages before it"):
+        catalog.query("SELECT * FROM captions")
+
+
+def test_feature_parts_resume_and_read_back_in_order(tmp_path):
+    catalog = Catalog(Workdir.at(tmp_path))
+    catalog.write_feature_part("d", "x1", ["i1", "i2"], np.array([[1, 2], [3, 4]], np.float32))
+    assert catalog.extracted_image_ids("d", "x1") == {"i1", "i2"}
+    catalog.write_feature_part("d", "x1", ["i3"], np.array([[5, 6]], np.float32))
+    assert [p.name for p in catalog.feature_parts("d", "x1")] == ["part-00000.parquet", "part-00001.parquet"]
+    assert catalog.read_features("d", "x1", ["i3", "i1"]).tolist() == [[5, 6], [1, 2]]
+    with pytest.raises(CatalogError, match="first: i9"):
+        catalog.read_features("d", "x1", ["i1", "i9"])
+    catalog.refresh_views()
+    assert catalog.query("SELECT count(*) AS n FROM features WHERE extractor = 'x1'")["n"][0].as_py() == 3

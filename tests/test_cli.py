@@ -1,0 +1,91 @@
+"""The `mule` command line."""
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from flows.cli import build_parser, main
+
+
+def test_config_prints_the_resolved_config(capsys):
+    assert main(["config", "--preset", "paper", "--set", "train.epochs=2", "--dataset", "multi30k"]) == 0
+    cfg = json.loads(capsys.readouterr().out)
+    assert cfg["train"]["epochs"] == 2 and cfg["model"]["lstm_dim"] == 1024 and cfg["data"]["dataset"] == "multi30k"
+
+
+def test_unknown_stage_is_a_one_line_error(capsys):
+    assert main(["run", "ingest", "trian"]) == 2
+    assert "unknown stage(s) trian" in capsys.readouterr().err
+
+
+def test_bad_option_is_a_one_line_error(capsys, tmp_path):
+    assert main(["run", "train", "--workdir", str(tmp_path), "--set", "train.epochs=lots"]) == 2
+    assert "config option train.epochs" in capsys.readouterr().err
+
+
+def test_a_dataset_without_source_fails_before_prefect_starts(capsys, tmp_path):
+    started = time.perf_counter()
+    assert main(["run", "ingest", "--dataset", "multi30k", "--workdir", str(tmp_path)]) == 2
+    assert "pass --source PATH" in capsys.readouterr().err
+    assert time.perf_counter() - started < 5
+    assert (
+        main(["run", "ingest", "--dataset", "multi30k", "--source", str(tmp_path / "nope"), "--workdir", str(tmp_path)])
+        == 2
+    )
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_run_accepts_the_issue_examples():
+    args = build_parser().parse_args(
+        ["run", "ingest", "--dataset", "multi30k", "--source", "../shared/datasets/multi30k"]
+    )
+    assert args.stages == ["ingest"] and args.source == "../shared/datasets/multi30k"
+    args = build_parser().parse_args(["demo", "--workdir", "w", "--train-images", "10", "--seed", "3"])
+    assert (args.train_images, args.seed, args.val_images) == (10, 3, 500)
+
+
+def test_catalog_of_an_empty_workdir(capsys, tmp_path):
+    assert main(["catalog", "--workdir", str(tmp_path)]) == 0
+    assert "is empty" in capsys.readouterr().out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_ui_serves_the_workdir_store(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from data_catalog.workdir import Workdir
+
+    wd = Workdir.at(tmp_path)
+    client = MlflowClient(wd.mlflow_uri)
+    experiment = client.create_experiment("mule/ui-check", artifact_location=wd.artifacts_dir.as_uri())
+    client.create_run(experiment, run_name="probe")
+    port = free_port()
+    ui = subprocess.Popen([sys.executable, "-m", "flows.cli", "ui", "--workdir", str(tmp_path), "--port", str(port)],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        deadline = time.time() + 90
+        body = None
+        while time.time() < deadline and body is None:
+            try:
+                url = f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/search?max_results=10"
+                body = json.loads(urllib.request.urlopen(url, timeout=2).read())
+            except OSError:
+                if ui.poll() is not None:
+                    pytest.fail(ui.stdout.read().decode()[-2000:])
+                time.sleep(0.5)
+        assert body is not None, "the MLflow UI did not answer"
+        assert "mule/ui-check" in {e["name"] for e in body["experiments"]}
+    finally:
+        ui.terminate()
+        ui.wait(timeout=20)

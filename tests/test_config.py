@@ -1,0 +1,67 @@
+"""The typed config: presets, overrides from strings and dicts, clear errors."""
+
+import pytest
+
+from mule_core.config import ConfigError, flatten, from_dict, option_names, parse_assignments, resolve, to_dict
+
+
+def test_presets_differ_where_the_paper_does():
+    demo, paper = resolve("demo"), resolve("paper")
+    assert (paper.model.mule_dim, paper.model.lstm_dim, paper.model.joint_dim, paper.model.image_hidden) == (
+        512, 1024, 512, 2048,
+    )  # fmt: skip
+    assert (paper.features.arch, paper.features.crops, paper.features.input_size) == ("resnet152", 10, 448)
+    assert (paper.train.batch_images, paper.train.lr, paper.train.epochs, paper.loss.top_k) == (450, 1e-4, 20, 10)
+    assert paper.loss.lc_weight == 1e-6 and paper.text.word_dim == 300
+    assert demo.model.lstm_dim < paper.model.lstm_dim and demo.features.weights == "random"
+
+
+def test_cli_strings_are_converted_to_the_field_types():
+    cfg = resolve("demo", parse_assignments(["train.epochs=3", "loss.lc=false", "loss.margin=0.3",
+                                             "data.languages=en,fr", "train.sentences_per_image=en=2,fr=1"]))  # fmt: skip
+    assert cfg.train.epochs == 3 and cfg.loss.lc is False and cfg.loss.margin == 0.3
+    assert cfg.data.languages == ("en", "fr")
+    assert cfg.train.sentences_per_image == {"en": 2, "fr": 1}
+
+
+def test_flow_parameters_may_be_json_values():
+    cfg = resolve(
+        "demo", {"train.epochs": 4, "loss.nc": False, "data.languages": ["de"], "text.vectors": {"en": "x.vec"}}
+    )
+    assert cfg.train.epochs == 4 and cfg.loss.nc is False and cfg.data.languages == ("de",)
+    assert cfg.text.vectors == {"en": "x.vec"}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"train.epoch": 3}, "unknown config option 'train.epoch'"),
+        ({"nosuch.x": 1}, "unknown config option"),
+        ({"train.epochs": "three"}, "train.epochs"),
+        ({"loss.lc": "maybe"}, "expected true or false"),
+        ({"features.crops": 3}, "features.crops must be 1, 5 or 10"),
+        ({"features.weights": "coco"}, "features.weights"),
+        ({"train.epochs": 0}, "train.epochs must be at least 1"),
+    ],
+)
+def test_bad_options_name_the_option(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        resolve("demo", overrides)
+
+
+def test_unknown_preset():
+    with pytest.raises(ConfigError, match="presets are: demo, paper"):
+        resolve("huge")
+
+
+def test_round_trip_and_flat_params():
+    cfg = resolve("paper", {"data.languages": "en,de", "train.sentences_per_image": "en=2"})
+    assert from_dict(to_dict(cfg)) == cfg
+    flat = flatten(cfg)
+    assert flat["preset"] == "paper" and flat["data.languages"] == "en,de" and flat["model.lstm_dim"] == "1024"
+    assert set(flat) - {"preset"} == set(option_names())
+
+
+def test_assignments_need_an_equals_sign():
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        parse_assignments(["train.epochs"])

@@ -1,0 +1,84 @@
+"""The losses, on cases small enough to compute by hand."""
+
+import pytest
+import torch
+
+from mule_core.losses import image_sentence_loss, neighborhood_loss, triplet_topk
+from mule_core.model import grad_reverse
+
+
+def test_triplet_single_anchor_hand_computed():
+    # One anchor, candidates: positive (0.8), negatives 0.5, 0.9, 0.1; margin 0.2.
+    sim = torch.tensor([[0.8, 0.5, 0.9, 0.1]])
+    positive = torch.tensor([[True, False, False, False]])
+    pairs = (torch.tensor([0]), torch.tensor([0]))
+    # violations: 0.2 - 0.8 + [0.9, 0.5, 0.1] = [0.3, -0.1, -0.5] -> [0.3, 0, 0]
+    assert triplet_topk(sim, positive, pairs, margin=0.2, k=1).item() == pytest.approx(0.3)
+    assert triplet_topk(sim, positive, pairs, margin=0.2, k=2).item() == pytest.approx(0.15)  # (0.3 + 0) / 2
+    assert triplet_topk(sim, positive, pairs, margin=0.2, k=3).item() == pytest.approx(0.1)  # (0.3 + 0 + 0) / 3
+
+
+def test_top_k_keeps_the_most_violated_constraints():
+    # Margin 1: every negative violates; top-2 keeps the two most similar negatives (0.7, 0.6).
+    sim = torch.tensor([[0.5, 0.7, 0.1, 0.6, -0.3]])
+    positive = torch.tensor([[True, False, False, False, False]])
+    pairs = (torch.tensor([0]), torch.tensor([0]))
+    expected = ((1 - 0.5 + 0.7) + (1 - 0.5 + 0.6)) / 2
+    assert triplet_topk(sim, positive, pairs, margin=1.0, k=2).item() == pytest.approx(expected)
+
+
+def test_k_larger_than_the_negatives_counts_missing_ones_as_satisfied():
+    sim = torch.tensor([[0.5, 0.7]])
+    positive = torch.tensor([[True, False]])
+    pairs = (torch.tensor([0]), torch.tensor([0]))
+    # Only one negative: top-2 holds it and one masked slot that contributes 0.
+    assert triplet_topk(sim, positive, pairs, margin=0.1, k=2).item() == pytest.approx((0.1 - 0.5 + 0.7) / 2)
+
+
+def test_positives_are_never_negatives():
+    # Two positives of the anchor with high similarity must not appear as negatives.
+    sim = torch.tensor([[0.9, 0.95, 0.2]])
+    positive = torch.tensor([[True, True, False]])
+    pairs = (torch.tensor([0, 0]), torch.tensor([0, 1]))
+    # Only candidate 2 is a negative: pair (0,0): 0.1 - 0.9 + 0.2 < 0; pair (0,1): < 0.
+    assert triplet_topk(sim, positive, pairs, margin=0.1, k=2).item() == 0.0
+
+
+def test_image_sentence_loss_both_directions():
+    # Two images, two sentences (sentence i belongs to image i), unit vectors in 2-D.
+    images = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    s = 2**-0.5
+    sentences = torch.tensor([[s, s], [0.0, 1.0]])
+    sentence_image = torch.tensor([0, 1])
+    # sim = images @ sentences.T = [[s, 0], [s, 1]]
+    # image anchors: img0 pos s, neg 0 -> [0.5 - s + 0]+ = 0; img1 pos 1, neg s -> [0.5 - 1 + s]+ = s - 0.5
+    # sentence anchors: sent0 pos s (img0), neg s (img1) -> 0.5; sent1 pos 1, neg 0 -> 0
+    expected = (0 + (s - 0.5)) / 2 + (0.5 + 0) / 2
+    loss = image_sentence_loss(images, sentences, sentence_image, margin=0.5, k=1)
+    assert loss.item() == pytest.approx(expected, abs=1e-6)
+
+
+def test_neighborhood_loss_uses_same_image_sentences_as_positives():
+    # Sentences 0 and 1 describe image 0, sentence 2 image 1.
+    sentences = torch.nn.functional.normalize(torch.tensor([[1.0, 0.0], [1.0, 0.1], [0.0, 1.0]]), dim=-1)
+    sentence_image = torch.tensor([0, 0, 1])
+    pairs = (torch.tensor([0, 1]), torch.tensor([1, 0]))
+    assert neighborhood_loss(sentences, sentence_image, pairs, margin=0.1, k=1).item() == 0.0
+    # Swap roles: now the same-image sentences are far apart and a negative is close.
+    far = torch.nn.functional.normalize(torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.05]]), dim=-1)
+    assert neighborhood_loss(far, sentence_image, pairs, margin=0.1, k=1).item() > 0.5
+
+
+def test_gradient_reversal_flips_and_scales_the_gradient():
+    x = torch.tensor([1.0, -2.0], requires_grad=True)
+    y = grad_reverse(x, scale=0.5)
+    assert torch.equal(y, x)  # identity forward
+    (y * torch.tensor([3.0, 4.0])).sum().backward()
+    assert torch.equal(x.grad, torch.tensor([-1.5, -2.0]))
+
+
+def test_the_loss_gradient_pulls_the_positive_closer():
+    sim = torch.tensor([[0.2, 0.4]], requires_grad=True)
+    positive = torch.tensor([[True, False]])
+    triplet_topk(sim, positive, (torch.tensor([0]), torch.tensor([0])), margin=0.5, k=1).backward()
+    assert sim.grad[0, 0] < 0 < sim.grad[0, 1]  # descent raises s(a,p) and lowers s(a,n)

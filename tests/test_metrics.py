@@ -1,0 +1,70 @@
+"""Retrieval metrics on similarity matrices whose recalls can be read off by eye."""
+
+import pytest
+import torch
+
+from mule_core.metrics import (
+    cross_lingual_recalls,
+    image_to_sentence_ranks,
+    per_language_recalls,
+    retrieval_recalls,
+    sentence_to_image_ranks,
+)
+
+# 3 images x 6 sentences; sentences 2i and 2i+1 describe image i.
+SIM = torch.tensor(
+    [
+        # s0   s1   s2   s3   s4   s5
+        [0.9, 0.1, 0.8, 0.2, 0.0, 0.3],  # image 0: best own 0.9 -> rank 0
+        [0.7, 0.6, 0.5, 0.4, 0.3, 0.8],  # image 1: best own 0.5; above: 0.7, 0.6, 0.8 -> rank 3
+        [0.1, 0.2, 0.3, 0.4, 0.5, 0.6],  # image 2: best own 0.6 -> rank 0
+    ]
+)
+SENTENCE_IMAGE = torch.tensor([0, 0, 1, 1, 2, 2])
+
+
+def test_image_to_sentence_ranks():
+    assert image_to_sentence_ranks(SIM, SENTENCE_IMAGE).tolist() == [0, 3, 0]
+
+
+def test_sentence_to_image_ranks():
+    # column s: rank of its own image among the 3 images
+    # s0 own 0.9: rank 0; s1 own 0.1: 0.6, 0.2 above -> 2; s2 own 0.5: 0.8 above -> 1;
+    # s3 own 0.4: 0.4 (image 2) ties count against -> 1; s4 own 0.5: rank 0; s5 own 0.6: 0.8 above -> 1
+    assert sentence_to_image_ranks(SIM, SENTENCE_IMAGE).tolist() == [0, 2, 1, 1, 0, 1]
+
+
+def test_recalls_and_mean_recall():
+    recalls = retrieval_recalls(SIM, SENTENCE_IMAGE, ks=(1, 2))
+    assert recalls["i2t_r1"] == pytest.approx(200 / 3)
+    assert recalls["i2t_r2"] == pytest.approx(200 / 3)
+    assert recalls["t2i_r1"] == pytest.approx(200 / 6)
+    assert recalls["t2i_r2"] == pytest.approx(500 / 6)
+    assert recalls["mR"] == pytest.approx((200 / 3 + 200 / 3 + 200 / 6 + 500 / 6) / 4)
+
+
+def test_ties_count_against_the_model():
+    # A model that scores everything the same retrieves nothing.
+    flat = torch.zeros(3, 6)
+    recalls = retrieval_recalls(flat, SENTENCE_IMAGE, ks=(1,))
+    assert recalls["i2t_r1"] == 0.0 and recalls["t2i_r1"] == 0.0
+
+
+def test_per_language_evaluates_only_images_with_captions_in_that_language():
+    image_emb = torch.eye(3)
+    # en captions for images 0, 1, 2; fr caption only for image 1 (it matches image 1 perfectly).
+    sentence_emb = torch.tensor([[1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0], [0, 1.0, 0]])
+    table = per_language_recalls(
+        image_emb, sentence_emb, torch.tensor([0, 1, 2, 1]), torch.tensor([0, 0, 0, 1]), ["en", "fr"], ks=(1,)
+    )
+    assert table["en"]["images"] == 3 and table["fr"]["images"] == 1
+    assert table["en"]["mR"] == 100.0 and table["fr"]["mR"] == 100.0
+
+
+def test_cross_lingual_retrieval():
+    # Image 0 has en s0 and de s2; image 1 has en s1 and de s3. en s1 is closer to de s2.
+    emb = torch.nn.functional.normalize(torch.tensor([[1.0, 0.0], [0.6, 0.8], [0.8, 0.6], [0.0, 1.0]]), dim=-1)
+    table = cross_lingual_recalls(emb, torch.tensor([0, 1, 0, 1]), torch.tensor([0, 0, 1, 1]), ["en", "de"], ks=(1, 2))
+    assert table["en->de"]["r1"] == 50.0  # s0 -> s2 right, s1 -> s2 wrong
+    assert table["en->de"]["r2"] == 100.0
+    assert table["de->en"]["queries"] == 2

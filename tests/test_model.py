@@ -1,0 +1,76 @@
+"""The MULE model: shapes, per-language routing, normalisation, parameter counts."""
+
+import torch
+
+from mule_core.config import ModelConfig, resolve
+from mule_core.model import MuleModel, TextBatch, count_parameters
+
+CFG = ModelConfig(mule_dim=6, lstm_dim=5, joint_dim=4, image_hidden=7)
+
+
+def tiny_model(image_dim=3):
+    torch.manual_seed(0)
+    return MuleModel(["en", "fr"], {"en": 10, "fr": 8}, word_dim=2, image_dim=image_dim, cfg=CFG)
+
+
+def test_parameter_counts_by_hand():
+    counts = count_parameters(tiny_model())
+    en = 10 * 2 + (2 * 6 + 6)  # embeddings + MULE FC
+    fr = 8 * 2 + (2 * 6 + 6)
+    lstm = 4 * 5 * (6 + 5) + 2 * 4 * 5  # 4 gates x (input + hidden weights) + two biases
+    text_fc = 5 * 4 + 4
+    image = (3 * 7 + 7) + 2 * 7 + (7 * 4 + 4)  # FC, batch norm (weight, bias), FC
+    classifier = 6 * 2 + 2
+    assert counts["per_language"] == {"en": en, "fr": fr}
+    assert counts["language_specific"] == en + fr
+    assert counts["shared"] == lstm + text_fc + image + classifier
+    assert counts["total"] == en + fr + lstm + text_fc + image + classifier
+
+
+def test_paper_model_parameter_count():
+    cfg = resolve("paper")
+    vocab = {"en": 20000, "de": 25000, "fr": 12000, "cs": 15000}
+    model = MuleModel(list(vocab), vocab, 300, 2048, cfg.model)
+    counts = count_parameters(model)
+    per_lang = {lang: v * 300 + 300 * 512 + 512 for lang, v in vocab.items()}
+    lstm = 4 * 1024 * (512 + 1024) + 2 * 4 * 1024
+    shared = lstm + (1024 * 512 + 512) + (2048 * 2048 + 2048 + 2 * 2048 + 2048 * 512 + 512) + (512 * 4 + 4)
+    assert counts["per_language"] == per_lang
+    assert counts["shared"] == shared == 12_076_036  # LSTM 6,299,648 + FC 524,800 + image 5,249,536 + LC 2,052
+    assert counts["total"] == shared + sum(per_lang.values())
+
+
+def test_sentences_are_routed_to_their_language_branch():
+    model = tiny_model()
+    tokens = torch.tensor([[2, 3, 0], [4, 0, 0], [2, 3, 0]])
+    batch = TextBatch(tokens, torch.tensor([2, 1, 2]), [("en", 0, 2), ("fr", 2, 3)])
+    words = model.mule_words(batch)
+    assert torch.allclose(words[0], model.branches["en"](tokens[0]))
+    assert torch.allclose(words[2], model.branches["fr"](tokens[2]))
+    assert not torch.allclose(words[0], words[2])  # same ids, other language, other vectors
+
+
+def test_encodings_are_normalised_and_the_mule_vector_is_the_mean_of_words():
+    model = tiny_model().eval()
+    batch = TextBatch(torch.tensor([[2, 3, 0], [4, 0, 0]]), torch.tensor([2, 1]), [("en", 0, 2)])
+    encoded = model.encode_text(batch)
+    words = model.branches["en"](batch.tokens)
+    assert torch.allclose(encoded.mule[0], words[0, :2].mean(0), atol=1e-6)  # padding excluded
+    assert torch.allclose(encoded.joint.norm(dim=1), torch.ones(2))
+    model.set_image_normalization(torch.randn(16, 3))
+    assert torch.allclose(model.encode_image(torch.randn(5, 3)).norm(dim=1), torch.ones(5))
+
+
+def test_word_drift_is_zero_at_the_initial_vectors():
+    model = tiny_model()
+    model.branches["en"].init_vectors(torch.randn(10, 2))
+    model.branches["fr"].init_vectors(torch.randn(8, 2))
+    assert model.word_drift().item() == 0.0
+    with torch.no_grad():
+        model.branches["en"].embed.weight[3] += 1.0
+    assert model.word_drift().item() == 2.0  # two dimensions moved by 1
+
+
+def test_text_only_model_has_no_image_branch():
+    model = tiny_model(image_dim=None)
+    assert model.image_branch is None

@@ -1,0 +1,30 @@
+"""prefect.yaml: every deployment points at a real flow with parameters it accepts."""
+
+import datetime
+import inspect
+from pathlib import Path
+
+import yaml
+from cronsim import CronSim
+from prefect.flows import load_flow_from_entrypoint
+
+ROOT = Path(__file__).resolve().parents[1]
+STAGES = ["ingest", "features", "text", "pretrain", "train", "evaluate"]
+
+
+def deployments() -> list[dict]:
+    return yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]
+
+
+def test_a_scheduled_rebuild_and_one_deployment_per_stage(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    names = [d["name"] for d in deployments()]
+    assert names == ["weekly-rebuild", *STAGES]
+    for deployment in deployments():
+        flow = load_flow_from_entrypoint(deployment["entrypoint"])
+        accepted = set(inspect.signature(flow.fn).parameters)
+        assert set(deployment.get("parameters", {})) <= accepted, deployment["name"]
+        assert flow.name == ("rebuild" if deployment["name"] == "weekly-rebuild" else deployment["name"])
+        assert deployment["work_pool"]["name"] == "mule-process"
+    (rebuild,) = [d for d in deployments() if d["name"] == "weekly-rebuild"]
+    assert next(iter(CronSim(rebuild["schedules"][0]["cron"], datetime.datetime(2026, 1, 1))))

@@ -1,0 +1,114 @@
+"""The rebuild flow end to end on a tiny generated dataset: real Prefect (ephemeral),
+real MLflow (SQLite in the temp workdir), real DuckDB and Parquet."""
+
+import csv
+import json
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from data_catalog.catalog import Catalog
+from data_catalog.workdir import Workdir
+
+TINY = {
+    "data.train_images": 48,
+    "data.val_images": 16,
+    "data.test_images": 24,
+    "data.image_size": 48,
+    "features.input_size": 32,
+    "text.fasttext_epochs": 3,
+    "pretrain.epochs": 2,
+    "pretrain.batch_images": 16,
+    "train.epochs": 3,
+    "train.batch_images": 16,
+    "loss.warmup_epochs": 1,
+    "eval.examples": 1,
+}
+STAGES = ["ingest", "features", "text", "pretrain", "train", "evaluate"]
+
+
+@pytest.fixture(scope="module")
+def rebuilt(tmp_path_factory):
+    from flows.stages import rebuild_flow
+
+    workdir = tmp_path_factory.mktemp("rebuild")
+    results = rebuild_flow(workdir=str(workdir), preset="demo", overrides=TINY)
+    return Workdir.at(workdir), results
+
+
+@pytest.mark.slow
+def test_recall_table(rebuilt):
+    wd, results = rebuilt
+    table = results["evaluate"]["table"]
+    assert set(table) == {"en", "de", "fr", "cs"}
+    for row in table.values():
+        assert row["images"] == 24
+        recalls = [row[k] for k in ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10")]
+        assert all(0 <= r <= 100 for r in recalls)
+        assert row["i2t_r1"] <= row["i2t_r5"] <= row["i2t_r10"] and row["t2i_r1"] <= row["t2i_r5"] <= row["t2i_r10"]
+        assert row["mR"] == pytest.approx(sum(recalls) / 6)
+    assert table["en"]["sentences"] == 24 * 5 and table["fr"]["sentences"] == 24
+    with open(wd.results_dir("embedded") / "recalls.csv") as handle:
+        rows = {r["lang"]: r for r in csv.DictReader(handle)}
+    assert float(rows["cs"]["mR"]) == pytest.approx(round(table["cs"]["mR"], 1))
+    assert json.loads((wd.results_dir("embedded") / "evaluation.json").read_text())["cross_lingual"]["mule"]["en->fr"]
+    for name in ("recalls.png", "retrieved_images.png", "cross_lingual_mule.png"):
+        assert (wd.results_dir("embedded") / name).stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_catalog_tables(rebuilt):
+    wd, _ = rebuilt
+    catalog = Catalog(wd)
+    rows = catalog.query("SELECT split, count(*) AS n FROM images GROUP BY split").to_pylist()
+    counts = {r["split"]: r["n"] for r in rows}
+    assert counts == {"train": 48, "val": 16, "test_2016": 24}
+    n_features = catalog.query("SELECT count(*) AS n FROM features")["n"][0].as_py()
+    assert n_features == 88
+    langs = catalog.query("SELECT DISTINCT lang FROM word_vectors ORDER BY lang")["lang"].to_pylist()
+    assert langs == ["cs", "de", "en", "fr"]
+
+
+@pytest.mark.slow
+def test_mlflow_runs(rebuilt):
+    wd, results = rebuilt
+    client = MlflowClient(wd.mlflow_uri)
+    experiment = client.get_experiment_by_name("mule/embedded")
+    runs = client.search_runs([experiment.experiment_id])
+    parent = client.get_run(results["mlflow_run_id"])
+    assert parent.info.run_name == "rebuild" and parent.info.status == "FINISHED"
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert sorted(r.info.run_name for r in children) == sorted(STAGES)
+    flow_runs = {r.data.tags["prefect.flow_run_id"] for r in [parent, *children]}
+    assert len(flow_runs) == 7  # one Prefect flow run per stage, plus rebuild
+    for run in [parent, *children]:
+        assert run.info.status == "FINISHED"
+        assert run.data.params["train.epochs"] == "3" and run.data.params["preset"] == "demo"
+    by_name = {r.info.run_name: r for r in children}
+    train = by_name["train"].info.run_id
+    assert [m.step for m in client.get_metric_history(train, "val.mean_mR")] == [1, 2, 3]
+    assert len(client.get_metric_history(train, "train.match")) == 3
+    assert {"training_curves.png", "model.pt"} <= {a.path for a in client.list_artifacts(train)}
+    models = client.search_logged_models([experiment.experiment_id], filter_string=f"source_run_id='{train}'")
+    assert len(models) == 1
+    evaluate = by_name["evaluate"]
+    assert {"recalls.md", "recalls.csv", "recalls.png", "retrieved_images.png"} <= {
+        a.path for a in client.list_artifacts(evaluate.info.run_id)
+    }
+    assert evaluate.data.metrics["test.en.mR"] == pytest.approx(results["evaluate"]["table"]["en"]["mR"])
+    assert by_name["features"].data.tags["mule.weights"] == "random (seed 0)"
+
+
+@pytest.mark.slow
+def test_a_stage_reruns_alone_and_resumes(rebuilt):
+    from flows.stages import evaluate_flow, features_flow
+
+    wd, results = rebuilt
+    again = features_flow(workdir=str(wd.root), overrides=TINY)
+    assert again["extracted_now"] == 0 and again["images"] == 88  # nothing to redo
+    alone = evaluate_flow(workdir=str(wd.root), overrides=TINY)
+    assert alone["table"] == results["evaluate"]["table"]  # same model, same numbers
+    client = MlflowClient(wd.mlflow_uri)
+    experiment = client.get_experiment_by_name("mule/embedded")
+    top_level = [r for r in client.search_runs([experiment.experiment_id]) if "mlflow.parentRunId" not in r.data.tags]
+    assert sorted(r.info.run_name for r in top_level) == ["evaluate", "features", "rebuild"]
