@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
@@ -37,6 +38,7 @@ def pretrain_mule(workdir: str, config: dict[str, Any], run_id: str | None) -> d
     train = load_split(catalog, dataset, "train", vocabulary, cfg.text.max_tokens)
     val = load_split(catalog, dataset, "val", vocabulary, cfg.text.max_tokens)
     device = resolve_device(cfg.train.device)
+    torch.manual_seed(cfg.train.seed)  # the same initial weights on every run
     model = build_model(cfg, vocabulary, image_dim=None)
     optim = optim_config(cfg, train, lp=True)
     log.info("LP on %d captions of %d images; sentences per image %s; device %s",

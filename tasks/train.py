@@ -60,6 +60,7 @@ def train_model(workdir: str, config: dict[str, Any], run_id: str | None) -> dic
     train = load_split(catalog, dataset, "train", vocabulary, cfg.text.max_tokens, (extractor, reader))
     val = load_split(catalog, dataset, "val", vocabulary, cfg.text.max_tokens, (extractor, reader))
     device = resolve_device(cfg.train.device)
+    torch.manual_seed(cfg.train.seed)  # the same initial weights on every run
     model = build_model(cfg, vocabulary, image_dim=train.features.shape[1])
     model.set_image_normalization(train.features)
 
