@@ -32,60 +32,60 @@ def _setup(workdir: str | None, preset: str, overrides: dict[str, Any] | None) -
     return wd, cfg, to_dict(cfg)
 
 
+def _stage(stage: str, work, workdir, preset, overrides, parent_run_id) -> dict:
+    """One stage: its MLflow run around its task(s). `work(root, config, run_id)`."""
+    wd, cfg, config = _setup(workdir, preset, overrides)
+    with tracking.run(wd, cfg, stage, parent_run_id) as run_id:
+        return work(str(wd.root), config, run_id)
+
+
+def _ingest(root: str, config: dict, run_id: str) -> dict:
+    data = config["data"]
+    if data["dataset"] == EMBEDDED and not data["source"]:
+        generate_embedded(root, config)
+    return ingest_captions(root, config, run_id)
+
+
 @flow(name="ingest")
 def ingest_flow(workdir: str | None = None, preset: str = "demo", overrides: dict[str, Any] | None = None,
                 parent_run_id: str | None = None) -> dict:  # fmt: skip
     """Raw files -> images, captions, rejects (generating the embedded dataset if needed)."""
-    wd, cfg, config = _setup(workdir, preset, overrides)
-    with tracking.run(wd, cfg, "ingest", parent_run_id) as run_id:
-        if cfg.data.dataset == EMBEDDED and not cfg.data.source:
-            generate_embedded(str(wd.root), config)
-        return ingest_captions(str(wd.root), config, run_id)
+    return _stage("ingest", _ingest, workdir, preset, overrides, parent_run_id)
 
 
 @flow(name="features")
 def features_flow(workdir: str | None = None, preset: str = "demo", overrides: dict[str, Any] | None = None,
                   parent_run_id: str | None = None) -> dict:  # fmt: skip
     """Image files -> ResNet features (resumes after the last written part)."""
-    wd, cfg, config = _setup(workdir, preset, overrides)
-    with tracking.run(wd, cfg, "features", parent_run_id) as run_id:
-        return extract_features(str(wd.root), config, run_id)
+    return _stage("features", extract_features, workdir, preset, overrides, parent_run_id)
 
 
 @flow(name="text")
 def text_flow(workdir: str | None = None, preset: str = "demo", overrides: dict[str, Any] | None = None,
               parent_run_id: str | None = None) -> dict:  # fmt: skip
     """Captions -> vocabulary and word vectors per language."""
-    wd, cfg, config = _setup(workdir, preset, overrides)
-    with tracking.run(wd, cfg, "text", parent_run_id) as run_id:
-        return build_word_vectors(str(wd.root), config, run_id)
+    return _stage("text", build_word_vectors, workdir, preset, overrides, parent_run_id)
 
 
 @flow(name="pretrain")
 def pretrain_flow(workdir: str | None = None, preset: str = "demo", overrides: dict[str, Any] | None = None,
                   parent_run_id: str | None = None) -> dict:  # fmt: skip
     """LP: the MULE layers on sentences of the same image across languages."""
-    wd, cfg, config = _setup(workdir, preset, overrides)
-    with tracking.run(wd, cfg, "pretrain", parent_run_id) as run_id:
-        return pretrain_mule(str(wd.root), config, run_id)
+    return _stage("pretrain", pretrain_mule, workdir, preset, overrides, parent_run_id)
 
 
 @flow(name="train")
 def train_flow(workdir: str | None = None, preset: str = "demo", overrides: dict[str, Any] | None = None,
                parent_run_id: str | None = None) -> dict:  # fmt: skip
     """Joint training (triplet + NC + LC), best epoch on validation mR."""
-    wd, cfg, config = _setup(workdir, preset, overrides)
-    with tracking.run(wd, cfg, "train", parent_run_id) as run_id:
-        return train_model(str(wd.root), config, run_id)
+    return _stage("train", train_model, workdir, preset, overrides, parent_run_id)
 
 
 @flow(name="evaluate")
 def evaluate_flow(workdir: str | None = None, preset: str = "demo", overrides: dict[str, Any] | None = None,
                   parent_run_id: str | None = None) -> dict:  # fmt: skip
     """Recall table per language on the test split, cross-lingual retrieval, figures."""
-    wd, cfg, config = _setup(workdir, preset, overrides)
-    with tracking.run(wd, cfg, "evaluate", parent_run_id) as run_id:
-        return evaluate_model(str(wd.root), config, run_id)
+    return _stage("evaluate", evaluate_model, workdir, preset, overrides, parent_run_id)
 
 
 STAGE_FLOWS = {

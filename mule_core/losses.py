@@ -13,8 +13,6 @@ is masked out of the negatives, whatever its language.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
@@ -72,11 +70,3 @@ def neighborhood_loss(
 
 def language_classifier_loss(logits: torch.Tensor, language: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits, language)
-
-
-@dataclass
-class LossTerms:
-    """The weighted parts of one step's loss, for logging."""
-
-    total: torch.Tensor
-    parts: dict[str, torch.Tensor]

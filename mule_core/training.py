@@ -21,7 +21,7 @@ from .config import LossConfig
 from .losses import image_sentence_loss, language_classifier_loss, neighborhood_loss
 from .metrics import per_language_recalls
 from .model import MuleModel, TextBatch
-from .progress import Progress
+from .progress import Progress, format_seconds
 
 log = logging.getLogger("mule.training")
 
@@ -197,12 +197,15 @@ class Trainer:
         return result
 
     def fit(self, on_epoch_end: Callable[[EpochResult], None] | None = None) -> list[EpochResult]:
+        started, first_epoch = time.perf_counter(), self.epoch
         while self.epoch < self.optim.epochs:
             result = self.run_epoch()
+            per_epoch = (time.perf_counter() - started) / (self.epoch - first_epoch)  # validation included
+            eta = format_seconds(per_epoch * (self.optim.epochs - self.epoch))
             losses = ", ".join(f"{k} {v:.4f}" for k, v in result.losses.items())
             score = "" if result.score is None else f"; val {result.score:.2f}{' (best)' if result.is_best else ''}"
-            log.info("%s epoch %d/%d: %s; %.0f sentences/s%s", self.mode, result.epoch, self.optim.epochs, losses,
-                     result.sentences_per_second, score)  # fmt: skip
+            log.info("%s epoch %d/%d: %s; %.0f sentences/s%s; ETA %s", self.mode, result.epoch, self.optim.epochs,
+                     losses, result.sentences_per_second, score, eta)  # fmt: skip
             if on_epoch_end is not None:
                 on_epoch_end(result)
         if self.best_state is not None:
