@@ -4,11 +4,14 @@ real MLflow (SQLite in the temp workdir), real DuckDB and Parquet."""
 import csv
 import json
 
+import pyarrow.parquet as pq
 import pytest
+import torch
 from mlflow.tracking import MlflowClient
 
 from data_catalog.catalog import Catalog
 from data_catalog.workdir import Workdir
+from mule_core.config import resolve, to_dict
 
 TINY = {
     "data.train_images": 48,
@@ -23,6 +26,7 @@ TINY = {
     "train.batch_images": 16,
     "loss.warmup_epochs": 1,
     "eval.examples": 1,
+    "features.shard_images": 32,  # several parts, to check that extraction resumes
 }
 STAGES = ["ingest", "features", "text", "pretrain", "train", "evaluate"]
 
@@ -112,3 +116,52 @@ def test_a_stage_reruns_alone_and_resumes(rebuilt):
     experiment = client.get_experiment_by_name("mule/embedded")
     top_level = [r for r in client.search_runs([experiment.experiment_id]) if "mlflow.parentRunId" not in r.data.tags]
     assert sorted(r.info.run_name for r in top_level) == ["evaluate", "features", "rebuild"]
+
+
+@pytest.mark.slow
+def test_an_interrupted_extraction_redoes_only_the_missing_part(rebuilt):
+    from tasks.features import extract_features
+
+    wd, _ = rebuilt
+    catalog = Catalog(wd)
+    extractor = rebuilt[1]["features"]["extractor"]
+    parts = catalog.feature_parts("embedded", extractor)
+    assert len(parts) == 3  # 88 images in parts of 32
+    lost = parts[-1]
+    lost_rows = pq.read_table(lost).num_rows
+    lost.unlink()  # as if the run died before writing its last part
+    summary = extract_features.fn(str(wd.root), to_dict(resolve("demo", TINY)), None)
+    assert summary["extracted_now"] == lost_rows == 24
+    assert len(catalog.extracted_image_ids("embedded", extractor)) == 88
+
+
+@pytest.mark.slow
+def test_an_interrupted_training_resumes_from_its_checkpoint(rebuilt, monkeypatch):
+    from mule_core.training import Trainer
+    from tasks.train import train_model
+
+    wd, _ = rebuilt
+    config = to_dict(resolve("demo", TINY))
+    real_run_epoch = Trainer.run_epoch
+    epochs_run = []
+
+    def crash_in_epoch_2(self):
+        if self.epoch == 1:
+            raise KeyboardInterrupt("power cut")
+        epochs_run.append(self.epoch + 1)
+        return real_run_epoch(self)
+
+    monkeypatch.setattr(Trainer, "run_epoch", crash_in_epoch_2)
+    with pytest.raises(KeyboardInterrupt):
+        train_model.fn(str(wd.root), config, None)
+    checkpoint = wd.models_dir("embedded") / "train-checkpoint.pt"
+    assert torch.load(checkpoint, weights_only=False)["trainer"]["epoch"] == 1
+
+    def count_epochs(self):
+        epochs_run.append(self.epoch + 1)
+        return real_run_epoch(self)
+
+    monkeypatch.setattr(Trainer, "run_epoch", count_epochs)
+    summary = train_model.fn(str(wd.root), config, None)
+    assert epochs_run == [1, 2, 3]  # epoch 1 before the crash; 2 and 3 after resuming
+    assert not checkpoint.exists() and summary["best_epoch"] in (1, 2, 3)
