@@ -21,6 +21,7 @@ from data_catalog.workdir import Workdir
 from mule_core.config import PRESETS, ConfigError, parse_assignments, resolve, to_dict
 
 STAGE_NAMES = ("ingest", "features", "text", "pretrain", "train", "evaluate")
+EXTRA_STAGES = ("ablation",)  # not part of `all`
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -46,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         demo.add_argument(f"--{name}", type=int, default=default, help=f"embedded dataset size (default: {default})")
     demo.add_argument("--seed", type=int, default=0, help="embedded dataset seed (default: 0)")
 
-    run = sub.add_parser("run", help="run some stages: " + ", ".join(STAGE_NAMES) + " (or all)")
+    run = sub.add_parser("run", help="run some stages: " + ", ".join(STAGE_NAMES + EXTRA_STAGES) + " (or all)")
     run.add_argument("stages", nargs="+", metavar="STAGE")
     _common(run)
     _data_options(run)
@@ -82,11 +83,19 @@ def _prefect_ready(workdir: Workdir) -> None:
 
 def _print_results(results: dict, workdir: Workdir, started: float) -> None:
     evaluation = results.get("evaluate")
-    if evaluation:
+    if evaluation and not evaluation["table"]:
+        print(f"\nNo images: cross-lingual sentence retrieval at the MULE layer ({evaluation['split']}):\n")
+        print(evaluation["markdown"])
+        print(f"figures and tables: {evaluation['results_dir']}")
+    elif evaluation:
         print(f"\nTest recalls per language ({evaluation['split']}):\n")
         print(evaluation["markdown"])
         print(f"\nmean mR over languages: {evaluation['mean_mR']:.1f}   (best epoch {evaluation['best_epoch']})")
         print(f"figures and tables: {evaluation['results_dir']}")
+    if results.get("ablation"):
+        print("\nAblation: mR per language (test)\n")
+        print(results["ablation"]["markdown"])
+        print(f"table, CSV and chart: {results['ablation']['results_dir']}")
     print(f"MLflow run {results.get('mlflow_run_id')}: browse with `mule ui --workdir {workdir.root}`")
     print(f"wall time: {time.perf_counter() - started:.0f}s")
 
@@ -155,9 +164,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_run(args, list(STAGE_NAMES), overrides)
         if args.command == "run":
             stages = list(STAGE_NAMES) if args.stages == ["all"] else args.stages
-            unknown = [s for s in stages if s not in STAGE_NAMES]
+            unknown = [s for s in stages if s not in STAGE_NAMES + EXTRA_STAGES]
             if unknown:
-                raise ConfigError(f"unknown stage(s) {', '.join(unknown)}; stages are: {', '.join(STAGE_NAMES)}, all")
+                names = ", ".join(STAGE_NAMES + EXTRA_STAGES)
+                raise ConfigError(f"unknown stage(s) {', '.join(unknown)}; stages are: {names}, all")
             return cmd_run(args, stages, overrides_from(args))
         if args.command == "ui":
             return cmd_ui(args)

@@ -55,7 +55,13 @@ def same_group_pairs(group: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 class ImageBatchSampler:
-    """Shuffles the images that have captions, then fills each batch per language."""
+    """Shuffles the images that have captions, then fills each batch per language.
+
+    balance_groups: images are grouped by which languages they have captions in (COCO:
+    en only, en+ja, en+zh) and every batch takes the same number from each group, as the
+    paper does for MSCOCO. An epoch keeps the unbalanced number of batches; small groups
+    are reshuffled and reused as often as needed.
+    """
 
     def __init__(
         self,
@@ -65,6 +71,7 @@ class ImageBatchSampler:
         sentences_per_image: dict[str, int],
         batch_images: int,
         seed: int = 0,
+        balance_groups: bool = False,
     ):
         self.languages = list(languages)
         self.per_image = [sentences_per_image.get(lang, 1) for lang in self.languages]
@@ -83,6 +90,15 @@ class ImageBatchSampler:
             self.count.append(count)
         total = np.sum(self.count, axis=0) if self.count else np.zeros(0)
         self.images = np.nonzero(total > 0)[0]
+        self.balance_groups = balance_groups
+        # Language signature of each image: bit i set if it has captions in language i.
+        signature = sum((np.asarray(c) > 0).astype(np.int64) << i for i, c in enumerate(self.count))
+        self.groups = {
+            int(sig): self.images[signature[self.images] == sig] for sig in np.unique(signature[self.images])
+        }
+
+    def group_names(self) -> dict[int, str]:
+        return {sig: "+".join(lang for i, lang in enumerate(self.languages) if sig >> i & 1) for sig in self.groups}
 
     def __len__(self) -> int:
         return -(-len(self.images) // self.batch_images)
@@ -104,9 +120,29 @@ class ImageBatchSampler:
 
     def batches(self, epoch: int) -> Iterator[Batch]:
         rng = np.random.default_rng([self.seed, epoch])
+        if self.balance_groups and len(self.groups) > 1:
+            yield from self._balanced(rng)
+            return
         permuted = rng.permutation(self.images)
         for begin in range(0, len(permuted), self.batch_images):
             yield self.make_batch(permuted[begin : begin + self.batch_images], rng)
+
+    def _balanced(self, rng: np.random.Generator) -> Iterator[Batch]:
+        streams = {sig: [] for sig in self.groups}
+
+        def take(sig: int, n: int) -> list[int]:
+            out = []
+            while len(out) < n:
+                if not streams[sig]:
+                    streams[sig] = list(rng.permutation(self.groups[sig]))
+                out.append(streams[sig].pop())
+            return out
+
+        per_group = max(1, self.batch_images // len(self.groups))
+        for _ in range(len(self)):
+            chosen = [i for sig in self.groups for i in take(sig, per_group)]
+            # An image may come twice when its group is smaller than its share; keep it once.
+            yield self.make_batch(np.unique(np.asarray(chosen)), rng)
 
     def make_batch(self, images: np.ndarray, rng: np.random.Generator) -> Batch:
         captions, sentence_image, sentence_lang, groups = [], [], [], []

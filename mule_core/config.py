@@ -24,6 +24,7 @@ class DataConfig:
     format: str = "multi30k"  # layout of the raw files (the official Multi30K repository)
     source: str = ""  # raw dataset folder; empty: <workdir>/raw/embedded for the embedded dataset
     images: str = ""  # image folder; empty: <source>/images
+    dictionaries: str = ""  # MUSE bilingual lexicons (en-<lang>.txt); empty: <source>/dictionaries
     languages: tuple[str, ...] = ("en", "de", "fr", "cs")
     # Embedded dataset generator
     train_images: int = 3000
@@ -60,6 +61,9 @@ class TextConfig:
 
 @dataclass
 class ModelConfig:
+    # "mule": per-language embeddings + FC into MULE, shared encoder after it.
+    # "parallel": each language its own embeddings + encoder (PARALLEL-EmbN; EmbN with one language).
+    sharing: str = "mule"
     mule_dim: int = 128
     lstm_dim: int = 128
     joint_dim: int = 128
@@ -95,8 +99,15 @@ class TrainConfig:
     # lang -> sentences per image in a batch; languages left out: 2 if they have several
     # captions per image, else 1 (Multi30K: en/de 2, fr/cs 1).
     sentences_per_image: dict[str, int] = field(default_factory=dict)
+    # Draw each batch equally from the groups of images with the same caption languages
+    # (the paper's MSCOCO setting: en only, en+ja, en+zh).
+    balance_language_groups: bool = False
     seed: int = 0
     device: str = "auto"
+    amp: bool = True  # mixed precision (float16 autocast + gradient scaling) on CUDA; ignored on CPU
+    compile: bool = False  # torch.compile the loss functions (pays on GPU; compile time dominates on CPU)
+    model_name: str = "model"  # models/<dataset>/<model_name>.pt; the ablation trains several
+    reuse: bool = False  # keep an existing model trained with this very config and inputs
 
 
 @dataclass
@@ -260,6 +271,8 @@ def validate(cfg: MuleConfig) -> None:
         raise ConfigError(f"features.arch must be a torchvision ResNet (resnet18 ... resnet152), got {f.arch!r}")
     if f.resize and f.resize < f.input_size:
         raise ConfigError(f"features.resize ({f.resize}) must be at least features.input_size ({f.input_size})")
+    if cfg.model.sharing not in ("mule", "parallel"):
+        raise ConfigError(f"model.sharing must be 'mule' or 'parallel', got {cfg.model.sharing!r}")
     if cfg.data.format != "multi30k":
         raise ConfigError(f"data.format must be 'multi30k' (the only reader so far), got {cfg.data.format!r}")
     if not cfg.data.languages:

@@ -38,14 +38,37 @@ def grad_reverse(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
     return _GradientReversal.apply(x, scale)
 
 
-class LanguageBranch(nn.Module):
-    """One language's own parameters: word embeddings and the FC into MULE."""
+class SentenceEncoder(nn.Module):
+    """LSTM over word features, last hidden state, FC into the multimodal space, L2-normalised."""
 
-    def __init__(self, vocab_size: int, word_dim: int, mule_dim: int, finetune: bool = True):
+    def __init__(self, input_dim: int, hidden: int, joint: int):
+        super().__init__()
+        self.lstm = nn.LSTM(input_dim, hidden, batch_first=True)
+        self.fc = nn.Linear(hidden, joint)
+
+    def forward(self, words: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        packed = pack_padded_sequence(words, lengths, batch_first=True, enforce_sorted=False)
+        _, (hidden, _) = self.lstm(packed)
+        return F.normalize(self.fc(hidden[-1]), dim=-1)
+
+
+class LanguageBranch(nn.Module):
+    """One language's own parameters: word embeddings, then either the FC into MULE (the
+    sentence encoder after it is shared) or, for PARALLEL-EmbN, a sentence encoder of its own."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        word_dim: int,
+        mule_dim: int,
+        finetune: bool = True,
+        encoder: SentenceEncoder | None = None,
+    ):
         super().__init__()
         self.embed = nn.Embedding(vocab_size, word_dim, padding_idx=0)
         self.embed.weight.requires_grad_(finetune)
-        self.fc = nn.Linear(word_dim, mule_dim)
+        self.fc = nn.Linear(word_dim, mule_dim) if encoder is None else None
+        self.encoder = encoder
         # Initial vectors, for the L2 pull toward them; rebuilt from the catalog, not saved.
         self.register_buffer("initial", torch.zeros(vocab_size, word_dim), persistent=False)
 
@@ -60,7 +83,9 @@ class LanguageBranch(nn.Module):
         return (self.embed.weight - self.initial).pow(2).sum()
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.embed(tokens))
+        """Word features: MULE word features, or plain word vectors without a MULE layer."""
+        words = self.embed(tokens)
+        return self.fc(words) if self.fc is not None else words
 
 
 @dataclass
@@ -81,11 +106,18 @@ class TextBatch:
 
 @dataclass
 class TextEncoding:
-    mule: torch.Tensor  # N x M, mean of MULE word features (not normalised)
+    mule: torch.Tensor | None  # N x M, mean of MULE word features (not normalised); None without MULE
     joint: torch.Tensor | None  # N x D, L2-normalised
 
 
+SHARING = ("mule", "parallel")
+
+
 class MuleModel(nn.Module):
+    """sharing="mule": per-language embeddings + FC into MULE, everything after shared.
+    sharing="parallel" (PARALLEL-EmbN; with one language, EmbN): each language has its own
+    embeddings and sentence encoder; only the image branch is shared."""
+
     def __init__(
         self,
         languages: Sequence[str],
@@ -95,13 +127,25 @@ class MuleModel(nn.Module):
         cfg: ModelConfig,
     ):
         super().__init__()
+        if cfg.sharing not in SHARING:
+            raise ValueError(f"model.sharing must be one of {SHARING}, got {cfg.sharing!r}")
+        self.sharing = cfg.sharing
         self.languages = list(languages)
         self.lang_index = {lang: i for i, lang in enumerate(self.languages)}
+        parallel = cfg.sharing == "parallel"
         self.branches = nn.ModuleDict(
-            {lang: LanguageBranch(vocab_sizes[lang], word_dim, cfg.mule_dim, cfg.finetune_words) for lang in languages}
+            {
+                lang: LanguageBranch(
+                    vocab_sizes[lang],
+                    word_dim,
+                    cfg.mule_dim,
+                    cfg.finetune_words,
+                    SentenceEncoder(word_dim, cfg.lstm_dim, cfg.joint_dim) if parallel else None,
+                )  # fmt: skip
+                for lang in languages
+            }
         )
-        self.lstm = nn.LSTM(cfg.mule_dim, cfg.lstm_dim, batch_first=True)
-        self.text_fc = nn.Linear(cfg.lstm_dim, cfg.joint_dim)
+        self.encoder = None if parallel else SentenceEncoder(cfg.mule_dim, cfg.lstm_dim, cfg.joint_dim)
         # A text-only dataset (no images) still trains and evaluates the MULE layers.
         self.image_branch = (
             nn.Sequential(
@@ -113,12 +157,16 @@ class MuleModel(nn.Module):
             if image_dim
             else None
         )
-        self.classifier = nn.Linear(cfg.mule_dim, len(self.languages))
+        self.classifier = None if parallel else nn.Linear(cfg.mule_dim, len(self.languages))
         # CNN features are standardised with the training set's statistics (saved with the
         # model): raw pooled ResNet activations are all positive and badly scaled.
         if image_dim:
             self.register_buffer("image_mean", torch.zeros(image_dim))
             self.register_buffer("image_std", torch.ones(image_dim))
+
+    @property
+    def has_mule(self) -> bool:
+        return self.encoder is not None
 
     def set_image_normalization(self, features: torch.Tensor) -> None:
         with torch.no_grad():
@@ -130,15 +178,19 @@ class MuleModel(nn.Module):
         return torch.cat(parts, dim=0)
 
     def encode_text(self, batch: TextBatch, joint: bool = True) -> TextEncoding:
+        if not self.has_mule:
+            parts = []
+            for lang, start, end in batch.groups:
+                branch = self.branches[lang]
+                parts.append(branch.encoder(branch(batch.tokens[start:end]), batch.lengths[start:end]))
+            return TextEncoding(None, torch.cat(parts) if joint else None)
         words = self.mule_words(batch)
         lengths = batch.lengths.to(words.device, non_blocking=True)
         mask = torch.arange(words.shape[1], device=words.device)[None, :] < lengths[:, None]
         mule = (words * mask.unsqueeze(-1)).sum(1) / lengths.unsqueeze(1).to(words.dtype)
         if not joint:
             return TextEncoding(mule, None)
-        packed = pack_padded_sequence(words, batch.lengths, batch_first=True, enforce_sorted=False)
-        _, (hidden, _) = self.lstm(packed)
-        return TextEncoding(mule, F.normalize(self.text_fc(hidden[-1]), dim=-1))
+        return TextEncoding(mule, self.encoder(words, batch.lengths))
 
     def encode_image(self, features: torch.Tensor) -> torch.Tensor:
         if self.image_branch is None:
@@ -154,14 +206,17 @@ class MuleModel(nn.Module):
 
     def mule_parameters(self) -> list[nn.Parameter]:
         """What LP trains: every language's embeddings and FC, and the language classifier."""
+        if not self.has_mule:
+            return []
         return [p for p in (*self.branches.parameters(), *self.classifier.parameters()) if p.requires_grad]
 
 
 def count_parameters(model: MuleModel) -> dict[str, object]:
     """Parameters, total and per language (the paper's "Parameter Comparison").
 
-    Shared counts the LSTM, both FCs into the multimodal space, the image branch and the
-    language classifier; language-specific counts each language's embeddings and MULE FC.
+    Language-specific counts each language's branch: its embeddings and MULE FC (MULE),
+    or its embeddings and whole sentence encoder (PARALLEL-EmbN / EmbN). Shared counts the
+    rest: sentence encoder (MULE), image branch and language classifier.
     """
 
     def n(module: nn.Module) -> int:

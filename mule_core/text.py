@@ -70,3 +70,22 @@ def pad_batch(sequences: Sequence[Sequence[int]], max_tokens: int) -> tuple[torc
         seq = list(seq[:max_tokens]) or [1]
         out[row, : len(seq)] = seq
     return torch.from_numpy(out), torch.from_numpy(lengths)
+
+
+def word_translator(pairs: Sequence[tuple[str, str]], target_counts: dict[str, int]) -> dict[str, str]:
+    """Word -> translation from lexicon pairs; of several translations, the one most
+    frequent in the target language's training captions."""
+    best: dict[str, str] = {}
+    for word, translation in pairs:
+        current = best.get(word)
+        if current is None or (target_counts.get(translation, 0), translation) > (
+            target_counts.get(current, 0),
+            current,
+        ):
+            best[word] = translation
+    return best
+
+
+def translate_tokens(tokens: Sequence[str], table: dict[str, str]) -> list[str]:
+    """Word-by-word translation; words the lexicon lacks stay as they are."""
+    return [table.get(token, token) for token in tokens]

@@ -59,6 +59,9 @@ class OptimConfig:
     batch_images: int = 128
     sentences_per_image: dict[str, int] = field(default_factory=dict)
     seed: int = 0
+    balance_language_groups: bool = False
+    amp: bool = True  # CUDA only
+    compile: bool = False
 
 
 @dataclass
@@ -97,6 +100,8 @@ class Trainer:
     ):
         if mode not in ("joint", "lp"):
             raise ValueError(f"mode must be 'joint' or 'lp', got {mode!r}")
+        if mode == "lp" and not model.has_mule:
+            raise ValueError("LP pretrains the MULE layer; this model has none (model.sharing=parallel)")
         if mode == "joint" and data.features is None:
             raise ValueError("joint training needs image features; this split has none")
         self.model, self.data, self.loss, self.optim, self.mode = model.to(device), data, loss, optim, mode
@@ -121,6 +126,12 @@ class Trainer:
             optim.batch_images,
             optim.seed,
         )
+        self.amp = optim.amp and device.type == "cuda"
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp)
+        self._image_sentence_loss, self._neighborhood_loss = image_sentence_loss, neighborhood_loss
+        if optim.compile:
+            self._image_sentence_loss = torch.compile(image_sentence_loss, dynamic=True)
+            self._neighborhood_loss = torch.compile(neighborhood_loss, dynamic=True)
         self.epoch = 0
         self.best_score = -math.inf
         self.best_epoch = 0
@@ -136,20 +147,24 @@ class Trainer:
         sentence_image = batch.sentence_image.to(dev, non_blocking=True)
         pairs = tuple(t.to(dev, non_blocking=True) for t in batch.same_image_pairs)
         parts: dict[str, torch.Tensor] = {}
-        mule = F.normalize(encoded.mule, dim=-1)
+        # Without a MULE layer (PARALLEL-EmbN, EmbN) there is no MULE-layer NC and no LC.
+        mule = F.normalize(encoded.mule, dim=-1) if encoded.mule is not None else None
         if self.mode == "lp":
-            parts["nc_mule"] = neighborhood_loss(mule, sentence_image, pairs, cfg.margin, k)
+            parts["nc_mule"] = self._neighborhood_loss(mule, sentence_image, pairs, cfg.margin, k)
         else:
             images = self.model.encode_image(self.features[batch.images.to(dev, non_blocking=True)])
-            parts["match"] = cfg.match_weight * image_sentence_loss(
+            parts["match"] = cfg.match_weight * self._image_sentence_loss(
                 images, encoded.joint, sentence_image, cfg.margin, k
             )
             if cfg.nc:
-                parts["nc_mule"] = cfg.nc_weight * neighborhood_loss(mule, sentence_image, pairs, cfg.margin, k)
-                parts["nc_joint"] = cfg.nc_weight * neighborhood_loss(
+                if mule is not None:
+                    parts["nc_mule"] = cfg.nc_weight * self._neighborhood_loss(
+                        mule, sentence_image, pairs, cfg.margin, k
+                    )
+                parts["nc_joint"] = cfg.nc_weight * self._neighborhood_loss(
                     encoded.joint, sentence_image, pairs, cfg.margin, k
                 )
-        if cfg.lc and len(batch.groups) > 1:
+        if cfg.lc and mule is not None and len(batch.groups) > 1:
             logits = self.model.classify_language(encoded.mule)
             language = batch.sentence_lang.to(dev, non_blocking=True)
             parts["lc"] = cfg.lc_weight * language_classifier_loss(logits, language)
@@ -170,22 +185,27 @@ class Trainer:
             f"{self.mode} epoch {epoch}/{self.optim.epochs}", len(self.sampler), unit="batches", logger=log
         )
         for batch in self.sampler.batches(epoch):
-            parts = self.losses(batch)
-            total = sum(v for k, v in parts.items() if k != "lc_accuracy")
+            with torch.autocast("cuda", dtype=torch.float16, enabled=self.amp):
+                parts = self.losses(batch)
+                total = sum(v for k, v in parts.items() if k != "lc_accuracy")
             self.optimizer.zero_grad(set_to_none=True)
-            total.backward()
+            self.scaler.scale(total).backward()
             if self.optim.grad_clip > 0:
+                self.scaler.unscale_(self.optimizer)
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim.grad_clip)
-            self.optimizer.step()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
             parts["total"] = total
-            for key, value in parts.items():
-                sums[key] = sums.get(key, 0.0) + float(value.detach())
+            for key, value in parts.items():  # summed on the device: no host sync per step
+                sums[key] = sums.get(key, 0.0) + value.detach().float()
             steps += 1
             sentences += len(batch.captions)
             progress.update(1)
         self.scheduler.step()
         seconds = time.perf_counter() - started
-        result = EpochResult(epoch, {k: v / max(steps, 1) for k, v in sums.items()}, seconds, sentences / seconds)
+        result = EpochResult(
+            epoch, {k: float(v) / max(steps, 1) for k, v in sums.items()}, seconds, sentences / seconds
+        )
         if self.validate is not None:
             result.score, result.validation = self.validate(self.model)
             if result.score > self.best_score:
@@ -218,6 +238,7 @@ class Trainer:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
             "epoch": self.epoch,
             "best_score": self.best_score,
             "best_epoch": self.best_epoch,
@@ -229,6 +250,8 @@ class Trainer:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        if state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
         self.epoch = state["epoch"]
         self.best_score, self.best_epoch, self.best_state = (
             state["best_score"],
@@ -251,12 +274,13 @@ def encode_split(
         for start in range(0, len(rows), batch_size):
             chunk = torch.from_numpy(rows[start : start + batch_size])
             encoded = model.encode_text(data.text_batch(chunk, [(lang, 0, len(chunk))]).to(device), joint=joint)
-            mule_parts.append(encoded.mule)
+            if encoded.mule is not None:  # models without a MULE layer have none
+                mule_parts.append(encoded.mule)
             if joint:
                 joint_parts.append(encoded.joint)
             order.append(chunk)
     inverse = torch.argsort(torch.cat(order)).to(device)  # back to caption-row order
-    out = {"caption_mule": torch.cat(mule_parts)[inverse]}
+    out = {"caption_mule": torch.cat(mule_parts)[inverse]} if mule_parts else {}
     if joint:
         out["caption_joint"] = torch.cat(joint_parts)[inverse]
     if joint and data.features is not None and model.image_branch is not None:

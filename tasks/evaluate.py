@@ -18,10 +18,12 @@ from mule_core.training import SplitTensors, encode_split, evaluate_split, resol
 
 from . import plots
 from .common import context, logger
+from .features import image_file_count
 from .model_io import load_model, load_split
+from .pretrain import pretrain_path
 from .report import cross_lingual_markdown, recall_markdown, recall_rows, to_csv
 from .tracking import Tracker
-from .train import model_path
+from .train import model_path, results_dir
 from .training_common import cross_lingual
 
 
@@ -54,27 +56,67 @@ def retrieval_examples(model, data: SplitTensors, catalog, dataset: str, device,
     return examples
 
 
+def _write_outputs(out, tracker, summary: dict, figures: dict, files: dict[str, str]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (out / name).write_text(text)
+    write_json_atomic(summary, out / "evaluation.json")
+    for name, figure in figures.items():
+        figure.savefig(out / name, dpi=110)
+        tracker.figure(figure, name)
+        plots.close(figure)
+    for name in (*files, "evaluation.json"):
+        tracker.artifact(out / name)
+
+
+def _cross_lingual_metrics(crossing: dict) -> dict[str, float]:
+    return {f"test.xling.{layer}.{pair}.r{k}": row[f"r{k}"]
+            for layer, t in crossing.items() for pair, row in t.items() for k in (1, 5, 10)}  # fmt: skip
+
+
+def _evaluate_text_only(wd, catalog, cfg, tracker, log) -> dict[str, Any]:
+    """No images: cross-lingual sentence retrieval of the LP model at the MULE layer."""
+    dataset = cfg.data.dataset
+    path = pretrain_path(wd, dataset)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"dataset {dataset!r} has no images, so only the MULE layer can be evaluated, and there is no LP "
+            f"model at {path}: run the text and pretrain stages first"
+        )
+    log.info("dataset %s has no image files: evaluating cross-lingual retrieval of the LP model (MULE layer)", dataset)
+    model, meta = load_model(path)
+    device = resolve_device(cfg.train.device)
+    data = load_split(catalog, dataset, cfg.eval.split, meta["vocabulary"], meta["cfg"].text.max_tokens)
+    crossing = {"mule": cross_lingual(model, data, device, "mule")}
+    markdown = cross_lingual_markdown(crossing)
+    summary = {"split": cfg.eval.split, "model": str(path), "best_epoch": meta.get("best_epoch"), "mean_mR": None,
+               "table": {}, "cross_lingual": crossing, "images": 0, "sentences": len(data.caption_image)}  # fmt: skip
+    figures = {"cross_lingual_mule.png": plots.cross_lingual_heatmap(crossing["mule"], data.languages,
+                                                                     f"{dataset} {cfg.eval.split}: sentence -> sentence, MULE layer")}  # fmt: skip
+    _write_outputs(wd.results_dir(dataset), tracker, summary, figures, {"cross_lingual.md": markdown + "\n"})
+    tracker.metrics(_cross_lingual_metrics(crossing))
+    log.info("cross-lingual retrieval (%s, %d captions):\n%s", cfg.eval.split, len(data.caption_image), markdown)
+    return summary | {"markdown": markdown, "results_dir": str(wd.results_dir(dataset))}
+
+
 @task(name="evaluate", cache_policy=NO_CACHE)
 def evaluate_model(workdir: str, config: dict[str, Any], run_id: str | None) -> dict[str, Any]:
     wd, catalog, cfg = context(workdir, config)
     log, dataset, tracker = logger(), cfg.data.dataset, Tracker(wd, run_id)
-    model, meta = load_model(model_path(wd, dataset))
+    if image_file_count(catalog, dataset) == 0:
+        return _evaluate_text_only(wd, catalog, cfg, tracker, log)
+    path = model_path(wd, dataset, cfg.train.model_name)
+    model, meta = load_model(path)
     device = resolve_device(cfg.train.device)
     reader = functools.partial(catalog.read_features, dataset)
     data = load_split(catalog, dataset, cfg.eval.split, meta["vocabulary"], meta["cfg"].text.max_tokens,
                       (meta["extractor"], reader))  # fmt: skip
     table = evaluate_split(model, data, device, cfg.eval.ks)
-    crossing = {layer: cross_lingual(model, data, device, layer) for layer in ("mule", "joint")}
+    layers = ("mule", "joint") if model.has_mule else ("joint",)
+    crossing = {layer: cross_lingual(model, data, device, layer) for layer in layers}
     markdown = recall_markdown(table)
-    summary = {"split": cfg.eval.split, "model": str(model_path(wd, dataset)), "best_epoch": meta.get("best_epoch"),
+    summary = {"split": cfg.eval.split, "model": str(path), "best_epoch": meta.get("best_epoch"),
                "mean_mR": mean_mr(table), "table": table, "cross_lingual": crossing}  # fmt: skip
-
-    out = wd.results_dir(dataset)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "recalls.md").write_text(markdown + "\n")
-    (out / "recalls.csv").write_text(to_csv(recall_rows(table)))
-    (out / "cross_lingual.md").write_text(cross_lingual_markdown(crossing) + "\n")
-    write_json_atomic(summary, out / "evaluation.json")
     figures = {"recalls.png": plots.recall_bars(table, f"{dataset} {cfg.eval.split}: retrieval per language")}
     for layer, crossing_table in crossing.items():
         if crossing_table:
@@ -85,17 +127,13 @@ def evaluate_model(workdir: str, config: dict[str, Any], run_id: str | None) -> 
         figures["retrieved_images.png"] = plots.retrieved_images(
             retrieval_examples(model, data, catalog, dataset, device, cfg.eval.examples)
         )
-    for name, figure in figures.items():
-        figure.savefig(out / name, dpi=110)
-        tracker.figure(figure, name)
-        plots.close(figure)
-    for name in ("recalls.md", "recalls.csv", "cross_lingual.md", "evaluation.json"):
-        tracker.artifact(out / name)
+    out = results_dir(wd, dataset, cfg.train.model_name)
+    _write_outputs(out, tracker, summary, figures, {"recalls.md": markdown + "\n",
+                                                    "recalls.csv": to_csv(recall_rows(table)),
+                                                    "cross_lingual.md": cross_lingual_markdown(crossing) + "\n"})  # fmt: skip
     metrics = {f"test.{lang}.{k}": v for lang, row in table.items() for k, v in row.items()}
     metrics["test.mean_mR"] = summary["mean_mR"]
-    metrics |= {f"test.xling.{layer}.{pair}.r1": row["r1"]
-                for layer, t in crossing.items() for pair, row in t.items()}  # fmt: skip
-    tracker.metrics(metrics)
+    tracker.metrics(metrics | _cross_lingual_metrics(crossing))
     log.info("test recalls (%s, %d images):\n%s", cfg.eval.split, data.n_images, markdown)
     return summary | {"markdown": markdown, "results_dir": str(out)}
 

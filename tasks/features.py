@@ -46,6 +46,11 @@ class _ImageFiles(Dataset):
             return self.transform(image)
 
 
+def image_file_count(catalog: Catalog, dataset: str) -> int:
+    return int(catalog.query(
+        '''SELECT count(*) AS n FROM images WHERE dataset = ? AND "exists"''', [dataset])["n"][0].as_py())  # fmt: skip
+
+
 def images_with_files(catalog: Catalog, dataset: str) -> tuple[list[str], list[str], int]:
     rows = catalog.query(
         'SELECT image_id, path, "exists" FROM images WHERE dataset = ? ORDER BY image_id', [dataset]

@@ -100,3 +100,17 @@ def retrieved_images(examples: list[dict], top: int = 5):
     fig.suptitle("sentence -> image: top 5 (green = the caption's own image)", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def ablation_bars(rows, languages: list[str], title: str):
+    """Grouped bars: one group per language, one bar per model (mR)."""
+    fig, ax = plt.subplots(figsize=(max(8, 2.2 * len(languages) + 4), 4.5))
+    width = 0.8 / max(len(rows), 1)
+    for i, row in enumerate(rows):
+        values = [row.mr.get(lang, np.nan) for lang in languages]
+        ax.bar(np.arange(len(languages)) + (i - len(rows) / 2 + 0.5) * width, values, width, label=row.name)
+    ax.set_xticks(np.arange(len(languages)), languages)
+    ax.set(ylabel="mR (%)", title=title)
+    ax.legend(fontsize=7, ncol=2, loc="upper right")
+    fig.tight_layout()
+    return fig

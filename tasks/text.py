@@ -3,8 +3,10 @@ word, from a given .bin/.vec file or from fastText trained on the training capti
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
+import threading
 import time
 from collections import Counter
 from typing import Any
@@ -16,10 +18,29 @@ from prefect.cache_policies import NO_CACHE
 
 from data_catalog.catalog import Catalog
 from data_catalog.pretrained import VectorFile
+from mule_core.progress import format_seconds
 from mule_core.text import PAD, UNK
 
 from .common import context, logger
 from .tracking import Tracker
+
+
+@contextlib.contextmanager
+def heartbeat(label: str, every: float = 15.0):
+    """Logs '<label>: still running, Ns' while a call that reports no progress of its own runs."""
+    log, done, started = logger(), threading.Event(), time.perf_counter()
+
+    def beat() -> None:
+        while not done.wait(every):
+            log.info("%s: still running, %s elapsed", label, format_seconds(time.perf_counter() - started))
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 def train_fasttext(sentences: list[list[str]], dim: int, model: str, epochs: int, min_count: int, threads: int):
@@ -29,10 +50,14 @@ def train_fasttext(sentences: list[list[str]], dim: int, model: str, epochs: int
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False, encoding="utf-8") as handle:
         handle.write("\n".join(" ".join(tokens) for tokens in sentences))
         path = handle.name
+    tokens = sum(len(t) for t in sentences)
+    logger().info("fastText %s: %d sentences, %d tokens, %d epochs, %d thread(s)", model, len(sentences), tokens,
+                  epochs, threads)  # fmt: skip
     try:
-        return fasttext.train_unsupervised(
-            path, model=model, dim=dim, epoch=epochs, minCount=min_count, thread=threads, verbose=0
-        )
+        with heartbeat(f"fastText on {tokens} tokens"):
+            return fasttext.train_unsupervised(
+                path, model=model, dim=dim, epoch=epochs, minCount=min_count, thread=threads, verbose=0
+            )
     finally:
         os.unlink(path)
 

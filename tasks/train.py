@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import time
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -21,7 +22,7 @@ from mule_core.training import Trainer, evaluate_split, resolve_device
 
 from . import plots
 from .common import context, logger
-from .features import extractor_for
+from .features import extractor_for, images_with_files
 from .model_io import build_model, file_digest, load_model, load_split, load_vocabulary, save_atomic, save_model
 from .pretrain import pretrain_path
 from .tracking import Tracker
@@ -32,8 +33,13 @@ class MissingPretrainError(RuntimeError):
     pass
 
 
-def model_path(workdir, dataset: str):
-    return workdir.models_dir(dataset) / "model.pt"
+def model_path(workdir, dataset: str, name: str = "model"):
+    return workdir.models_dir(dataset) / f"{name}.pt"
+
+
+def results_dir(workdir, dataset: str, name: str = "model"):
+    """results/<dataset>/ for the main model, results/<dataset>/<name>/ for the others."""
+    return workdir.results_dir(dataset) if name == "model" else workdir.results_dir(dataset) / name
 
 
 def load_pretrained_mule(model, path, vocabulary) -> None:
@@ -54,6 +60,7 @@ def load_pretrained_mule(model, path, vocabulary) -> None:
 def train_model(workdir: str, config: dict[str, Any], run_id: str | None) -> dict[str, Any]:
     wd, catalog, cfg = context(workdir, config)
     log, dataset, tracker = logger(), cfg.data.dataset, Tracker(wd, run_id)
+    images_with_files(catalog, dataset)  # a dataset without images stops here, saying so
     extractor = extractor_for(cfg.features)
     reader = functools.partial(catalog.read_features, dataset)
     vocabulary = load_vocabulary(catalog, dataset, cfg.data.languages)
@@ -90,10 +97,17 @@ def train_model(workdir: str, config: dict[str, Any], run_id: str | None) -> dic
     trainer = Trainer(model, train, cfg.loss, optim, device, mode="joint", validate=validate)
 
     # Resume only a checkpoint of this very setting: same config and the same inputs.
-    checkpoint = wd.models_dir(dataset) / "train-checkpoint.pt"
-    key = fingerprint(cfg.data.languages, cfg.text, cfg.model, cfg.loss, cfg.train, cfg.pretrain, extractor,
-                      file_digest(wd.table_path("word_vectors", dataset)),
+    path = model_path(wd, dataset, cfg.train.model_name)
+    checkpoint = path.with_name(f"{path.stem}-checkpoint.pt")
+    key = fingerprint(cfg.data.languages, cfg.text, cfg.model, cfg.loss, replace(cfg.train, reuse=False), cfg.pretrain,
+                      extractor, file_digest(wd.table_path("word_vectors", dataset)),
                       file_digest(lp_file) if cfg.pretrain.enabled else None)  # fmt: skip
+    if cfg.train.reuse and path.exists():
+        previous = torch.load(path, map_location="cpu", weights_only=True)
+        if previous.get("key") == key:
+            log.info("reusing %s: trained with this config and these inputs (train.reuse=true)", path)
+            return {"path": str(path), "best_epoch": previous["best_epoch"], "val_mean_mR": previous["val_score"],
+                    "seconds": 0.0, "parameters": previous["parameters"], "reused": True}  # fmt: skip
     if checkpoint.exists():
         state = torch.load(checkpoint, map_location="cpu", weights_only=False)
         if state.get("key") == key:
@@ -114,11 +128,10 @@ def train_model(workdir: str, config: dict[str, Any], run_id: str | None) -> dic
 
     started = time.perf_counter()
     history = trainer.fit(on_epoch)
-    path = model_path(wd, dataset)
     best = next((r for r in history if r.epoch == trainer.best_epoch), None)
     save_model(path, model, cfg, vocabulary, kind="joint", dataset=dataset, extractor=extractor,
                best_epoch=trainer.best_epoch, val_score=trainer.best_score,
-               val_table=best.validation if best else None, parameters=counts)  # fmt: skip
+               val_table=best.validation if best else None, parameters=counts, key=key)  # fmt: skip
     checkpoint.unlink(missing_ok=True)
     tracker.metrics({"best_epoch": trainer.best_epoch, "val.best_mean_mR": trainer.best_score})
     figure = plots.training_curves(history, "Joint training", score_label="val mean mR")

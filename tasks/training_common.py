@@ -30,6 +30,9 @@ def optim_config(cfg: MuleConfig, train: SplitTensors, lp: bool) -> OptimConfig:
         batch_images=section.batch_images,
         sentences_per_image=sentences_per_image(cfg, train),
         seed=cfg.train.seed,
+        balance_language_groups=cfg.train.balance_language_groups,
+        amp=cfg.train.amp,
+        compile=cfg.train.compile,
     )
 
 

@@ -67,3 +67,35 @@ def test_override_sentences_per_image():
     batch = next(sampler(per_image={"en": 1, "de": 3, "fr": 1}).batches(epoch=1))
     langs = [LANGS[i] for i in batch.sentence_lang.tolist()]
     assert langs.count("en") == 4 and langs.count("de") == 9
+
+
+def coco_like():
+    """30 images with en only, 6 with en+ja, 3 with en+zh (5 en captions each, 5 ja / 1 zh)."""
+    rows = []
+    for img in range(39):
+        rows += [(img, 0)] * 5
+        if 30 <= img < 36:
+            rows += [(img, 1)] * 5
+        if img >= 36:
+            rows += [(img, 2)]
+    return np.array([r[0] for r in rows]), np.array([r[1] for r in rows])
+
+
+def test_language_groups_come_from_the_data():
+    image, lang = coco_like()
+    s = ImageBatchSampler(image, lang, ["en", "ja", "zh"], {"en": 2, "ja": 2, "zh": 1}, 9, balance_groups=True)
+    assert sorted(s.group_names().values()) == ["en", "en+ja", "en+zh"]
+    assert {name: len(s.groups[sig]) for sig, name in s.group_names().items()} == {"en": 30, "en+ja": 6, "en+zh": 3}
+
+
+def test_balanced_batches_draw_equally_from_each_group():
+    image, lang = coco_like()
+    s = ImageBatchSampler(image, lang, ["en", "ja", "zh"], {"en": 2, "ja": 2, "zh": 1}, 9, seed=2, balance_groups=True)
+    batches = list(s.batches(epoch=1))
+    assert len(batches) == len(s) == 5  # as many batches as without balancing
+    for batch in batches:
+        ids = batch.images.numpy()
+        assert (ids < 30).sum() == 3 and ((ids >= 30) & (ids < 36)).sum() == 3 and (ids >= 36).sum() == 3
+    unbalanced = ImageBatchSampler(image, lang, ["en", "ja", "zh"], {}, 9, seed=2)
+    first = next(unbalanced.batches(1)).images.numpy()
+    assert (first < 30).sum() > 3  # without balancing, en-only images dominate

@@ -74,3 +74,32 @@ def test_word_drift_is_zero_at_the_initial_vectors():
 def test_text_only_model_has_no_image_branch():
     model = tiny_model(image_dim=None)
     assert model.image_branch is None
+
+
+def test_parallel_and_embn_parameter_counts_by_hand():
+    cfg = ModelConfig(sharing="parallel", mule_dim=6, lstm_dim=5, joint_dim=4, image_hidden=7)
+    encoder = 4 * 5 * (2 + 5) + 2 * 4 * 5 + (5 * 4 + 4)  # an LSTM on 2-d word vectors, then FC
+    image = (3 * 7 + 7) + 2 * 7 + (7 * 4 + 4)
+    parallel = count_parameters(MuleModel(["en", "fr"], {"en": 10, "fr": 8}, 2, 3, cfg))
+    assert parallel["per_language"] == {"en": 10 * 2 + encoder, "fr": 8 * 2 + encoder}
+    assert parallel["shared"] == image  # only the image branch; no MULE layer, no classifier
+    embn_fr = count_parameters(MuleModel(["fr"], {"fr": 8}, 2, 3, cfg))
+    assert embn_fr["total"] == 8 * 2 + encoder + image
+    # Four EmbN models cost four image branches; PARALLEL shares one; MULE shares the encoder too.
+    mule = count_parameters(tiny_model())
+    assert (
+        mule["total"]
+        < parallel["total"]
+        < count_parameters(MuleModel(["en"], {"en": 10}, 2, 3, cfg))["total"] + embn_fr["total"]
+    )
+
+
+def test_parallel_model_routes_each_language_through_its_own_encoder():
+    cfg = ModelConfig(sharing="parallel", mule_dim=6, lstm_dim=5, joint_dim=4, image_hidden=7)
+    torch.manual_seed(0)
+    model = MuleModel(["en", "fr"], {"en": 10, "fr": 8}, 2, 3, cfg).eval()
+    tokens = torch.tensor([[2, 3], [2, 3]])
+    encoded = model.encode_text(TextBatch(tokens, torch.tensor([2, 2]), [("en", 0, 1), ("fr", 1, 2)]))
+    assert encoded.mule is None and encoded.joint.shape == (2, 4)
+    assert not torch.allclose(encoded.joint[0], encoded.joint[1])
+    assert not model.has_mule and model.mule_parameters() == []

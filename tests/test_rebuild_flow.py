@@ -154,7 +154,7 @@ def test_an_interrupted_training_resumes_from_its_checkpoint(rebuilt, monkeypatc
     monkeypatch.setattr(Trainer, "run_epoch", crash_in_epoch_2)
     with pytest.raises(KeyboardInterrupt):
         train_model.fn(str(wd.root), config, None)
-    checkpoint = wd.models_dir("embedded") / "train-checkpoint.pt"
+    checkpoint = wd.models_dir("embedded") / "model-checkpoint.pt"
     assert torch.load(checkpoint, weights_only=False)["trainer"]["epoch"] == 1
 
     def count_epochs(self):

@@ -85,10 +85,10 @@ def test_resuming_from_a_checkpoint_gives_the_same_model(mode):
 
 def test_lp_trains_only_the_mule_layers():
     model = toy_model()
-    lstm_before = model.lstm.weight_ih_l0.detach().clone()
+    lstm_before = model.encoder.lstm.weight_ih_l0.detach().clone()
     fc_before = model.branches["fr"].fc.weight.detach().clone()
     Trainer(model, toy_split(), LOSS, optim(2), torch.device("cpu"), mode="lp").fit()
-    assert torch.equal(model.lstm.weight_ih_l0, lstm_before)
+    assert torch.equal(model.encoder.lstm.weight_ih_l0, lstm_before)
     assert not torch.equal(model.branches["fr"].fc.weight, fc_before)
 
 
@@ -100,3 +100,14 @@ def test_switches_turn_losses_off():
     assert set(trainer.losses(batch)) == {"match", "word_l2"}
     full = Trainer(toy_model(), toy_split(), LOSS, optim(1), torch.device("cpu"))
     assert {"match", "nc_mule", "nc_joint", "lc"} <= set(full.losses(batch))
+
+
+def test_parallel_embn_trains_with_nc_at_the_multimodal_layer_only():
+    model = MuleModel(LANGS, {"en": 26, "fr": 26}, 8, 24,
+                      ModelConfig(sharing="parallel", lstm_dim=16, joint_dim=16, image_hidden=32))  # fmt: skip
+    model.set_image_normalization(toy_split().features)
+    trainer = Trainer(model, toy_split(), LOSS, optim(1), torch.device("cpu"))
+    parts = trainer.losses(next(trainer.sampler.batches(1)))
+    assert {"match", "nc_joint"} <= set(parts) and "nc_mule" not in parts and "lc" not in parts
+    with pytest.raises(ValueError, match="LP pretrains the MULE layer"):
+        Trainer(model, toy_split(), LOSS, optim(1), torch.device("cpu"), mode="lp")

@@ -1,0 +1,204 @@
+"""The ablation grid, the structure of the paper's Table 2: baselines and MULE's parts,
+each trained and evaluated the same way, each as a child of one MLflow run.
+
+Rows are data (`grid`): a row names the models behind it and their config overrides.
+Rows for machine-translated training data (Table 4) slot in as more rows once the
+translation stage exists: a row with a data-selection override.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from data_catalog.datasets import locate
+from data_catalog.lexicons import english_lexicons
+from mule_core.text import Vocab, translate_tokens, word_translator
+from mule_core.training import evaluate_split, resolve_device
+
+from . import plots
+from .common import context, logger
+from .model_io import Vocabulary, load_model, load_split
+from .pretrain import pretrain_path
+from .report import to_csv
+from .tracking import Tracker
+from .train import model_path
+
+ABLATION_DIR = "ablation"
+
+
+@dataclass(frozen=True)
+class Model:
+    label: str  # run name
+    slug: str  # models/<dataset>/ablation/<slug>.pt
+    overrides: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    models: list[Model]
+    note: str = ""
+
+
+@dataclass
+class RowResult:
+    name: str
+    mr: dict[str, float] = field(default_factory=dict)  # language -> mR
+    parameters: int = 0
+    language_specific: int = 0
+    note: str = ""
+
+
+def model_name(slug: str) -> str:
+    return f"{ABLATION_DIR}/{slug}"
+
+
+def grid(languages: list[str]) -> list[Row]:
+    """The rows of the ablation, in the paper's order."""
+    without = {"loss.nc": False, "loss.lc": False, "pretrain.enabled": False}
+
+    def model(label: str, slug: str, **overrides: Any) -> Model:
+        return Model(label, slug, {**overrides, "train.model_name": model_name(slug), "train.reuse": True})
+
+    return [
+        Row(
+            "EmbN (one model per language)",
+            [
+                model(
+                    f"EmbN {lang}", f"embn-{lang}", **without, **{"model.sharing": "parallel", "data.languages": lang}
+                )
+                for lang in languages
+            ],
+        ),  # fmt: skip
+        Row("PARALLEL-EmbN", [model("PARALLEL-EmbN", "parallel", **without, **{"model.sharing": "parallel"})]),
+        Row("MULE EmbN", [model("MULE EmbN", "mule", **without)]),
+        Row("MULE + NC", [model("MULE + NC", "mule-nc", **{**without, "loss.nc": True})]),
+        Row("MULE + NC + LC", [model("MULE + NC + LC", "mule-nc-lc", **{**without, "loss.nc": True, "loss.lc": True})]),
+        Row(
+            "MULE + NC + LC + LP (full)",
+            [model("MULE full", "mule-full", **{"loss.nc": True, "loss.lc": True, "pretrain.enabled": True})],
+        ),  # fmt: skip
+    ]
+
+
+@task(name="ablation-inputs", cache_policy=NO_CACHE)
+def missing_inputs(workdir: str, config: dict[str, Any]) -> list[str]:
+    """The stages whose outputs the ablation needs and the workdir lacks (or holds for
+    another setting: an LP model of other dimensions is redone)."""
+    wd, catalog, cfg = context(workdir, config)
+    dataset, missing = cfg.data.dataset, []
+    if not catalog.has_table("captions", dataset):
+        return ["ingest", "features", "text", "pretrain"]
+    from .features import extractor_for
+
+    if not catalog.feature_parts(dataset, extractor_for(cfg.features)):
+        missing.append("features")
+    if not catalog.has_table("word_vectors", dataset):
+        return [*missing, "text", "pretrain"]
+    lp = pretrain_path(wd, dataset)
+    if not lp.exists():
+        missing.append("pretrain")
+    else:
+        try:
+            stored = load_model(lp)[1]["cfg"]
+        except (RuntimeError, KeyError, ValueError) as error:  # written by another version of mule
+            logger().info("LP model %s is not usable here (%s); it will be redone", lp, str(error).splitlines()[0])
+            missing.append("pretrain")
+        else:
+            if (stored.model, stored.pretrain, stored.text) != (cfg.model, cfg.pretrain, cfg.text):
+                missing.append("pretrain")
+    return missing
+
+
+class _TranslatingVocab(Vocab):
+    """The English vocabulary, reading sentences translated word by word into English."""
+
+    def __init__(self, english: Vocab, table: dict[str, str]):
+        super().__init__(english.tokens)
+        self.table = table
+
+    def encode(self, tokens):
+        return super().encode(translate_tokens(tokens, self.table))
+
+
+@task(name="translate-the-query", cache_policy=NO_CACHE)
+def translate_the_query(
+    workdir: str, config: dict[str, Any], run_id: str | None, english_model: str
+) -> RowResult | None:
+    """Non-English test queries translated into English word by word (bilingual lexicons)
+    and run through the English-only model."""
+    wd, catalog, cfg = context(workdir, config)
+    log, dataset, tracker = logger(), cfg.data.dataset, Tracker(wd, run_id)
+    folder = cfg.data.dictionaries or str(locate(wd, cfg.data).root / "dictionaries")
+    languages = [lang for lang in cfg.data.languages if lang != "en"]
+    lexicons = english_lexicons(folder, languages)
+    if not lexicons:
+        log.warning("no en-<lang>.txt lexicons in %s: the translate-the-query row is left out", folder)
+        return None
+    model, meta = load_model(model_path(wd, dataset, english_model))
+    english: Vocab = meta["vocabulary"].vocabs["en"]
+    counts = dict(zip(*catalog.query(
+        "SELECT token, train_count FROM word_vectors WHERE dataset = ? AND lang = 'en'", [dataset]).to_pydict().values()))  # fmt: skip
+    reader = functools.partial(catalog.read_features, dataset)
+    device = resolve_device(cfg.train.device)
+    result = RowResult("Translate the query (EmbN en + lexicon)", parameters=meta["parameters"]["total"],
+                       language_specific=meta["parameters"]["language_specific"],
+                       note="lexicons: " + ", ".join(f"en-{lang}" for lang in lexicons))  # fmt: skip
+    for lang in ["en", *lexicons]:
+        vocab = english if lang == "en" else _TranslatingVocab(english, word_translator(lexicons[lang], counts))
+        data = load_split(catalog, dataset, cfg.eval.split, Vocabulary([lang], {lang: vocab}), meta["cfg"].text.max_tokens,
+                          (meta["extractor"], reader))  # fmt: skip
+        data.languages = ["en"]  # the English model reads the translated sentences
+        result.mr[lang] = evaluate_split(model, data, device, cfg.eval.ks)["en"]["mR"]
+    tracker.metrics({f"test.{lang}.mR": v for lang, v in result.mr.items()})
+    tracker.params({"translate.lexicons": folder, "translate.english_model": english_model})
+    return result
+
+
+def ablation_markdown(rows: list[RowResult], languages: list[str]) -> str:
+    head = "| model | " + " | ".join(languages) + " | mean | parameters | language-specific |"
+    lines = [head, "|" + "---|" * (len(languages) + 4)]
+    for row in rows:
+        cells = [row.name] + [f"{row.mr[lang]:.1f}" if lang in row.mr else "–" for lang in languages]
+        mean = sum(row.mr.values()) / len(row.mr) if row.mr else float("nan")
+        cells += [f"{mean:.1f}", f"{row.parameters:,}", f"{row.language_specific:,}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+@task(name="ablation-table", cache_policy=NO_CACHE)
+def summarize(workdir: str, config: dict[str, Any], run_id: str | None, rows: list[RowResult]) -> dict[str, Any]:
+    wd, _, cfg = context(workdir, config)
+    languages = [lang for lang in cfg.data.languages if any(lang in r.mr for r in rows)]
+    markdown = ablation_markdown(rows, languages)
+    records = [{"model": r.name, **{lang: round(r.mr[lang], 2) for lang in languages if lang in r.mr},
+                "mean": round(sum(r.mr.values()) / max(len(r.mr), 1), 2), "parameters": r.parameters,
+                "language_specific": r.language_specific, "note": r.note} for r in rows]  # fmt: skip
+    out = wd.results_dir(cfg.data.dataset) / ABLATION_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "ablation.md").write_text(f"mR per language, {cfg.data.dataset} {cfg.eval.split}\n\n{markdown}\n")
+    (out / "ablation.csv").write_text(to_csv(records))
+    figure = plots.ablation_bars(rows, languages, f"{cfg.data.dataset} {cfg.eval.split}: mR per language and model")
+    figure.savefig(out / "ablation.png", dpi=110)
+    tracker = Tracker(wd, run_id)
+    tracker.figure(figure, "ablation.png")
+    plots.close(figure)
+    for name in ("ablation.md", "ablation.csv"):
+        tracker.artifact(out / name)
+    tracker.metrics({f"ablation.{r.name}.{lang}.mR": v for r in rows for lang, v in r.mr.items()})
+    logger().info("ablation (%s, %s):\n%s", cfg.data.dataset, cfg.eval.split, markdown)
+    return {"markdown": markdown, "rows": records, "results_dir": str(out)}
+
+
+def row_result(row: Row, evaluations: list[dict], trainings: list[dict]) -> RowResult:
+    result = RowResult(row.name, note=row.note)
+    for evaluation, training in zip(evaluations, trainings):
+        result.mr.update({lang: r["mR"] for lang, r in evaluation["table"].items()})
+        result.parameters += training["parameters"]["total"]
+        result.language_specific += training["parameters"]["language_specific"]
+    return result

@@ -1,0 +1,72 @@
+"""The ablation flow end to end on a tiny generated dataset (real Prefect and MLflow)."""
+
+import csv
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from data_catalog.workdir import Workdir
+from tasks.ablation import RowResult, ablation_markdown, grid
+
+TINY = {
+    "data.train_images": 32,
+    "data.val_images": 12,
+    "data.test_images": 16,
+    "data.image_size": 48,
+    "features.input_size": 32,
+    "text.fasttext_epochs": 2,
+    "pretrain.epochs": 1,
+    "pretrain.batch_images": 16,
+    "train.epochs": 2,
+    "train.batch_images": 16,
+    "loss.warmup_epochs": 1,
+    "eval.examples": 0,
+}
+ROWS = ["EmbN (one model per language)", "Translate the query (EmbN en + lexicon)", "PARALLEL-EmbN", "MULE EmbN",
+        "MULE + NC", "MULE + NC + LC", "MULE + NC + LC + LP (full)"]  # fmt: skip
+
+
+def test_the_grid_names_the_paper_rows_and_switches_one_thing_at_a_time():
+    rows = grid(["en", "de", "fr", "cs"])
+    assert [r.name for r in rows] == [n for n in ROWS if not n.startswith("Translate")]
+    assert [m.overrides["data.languages"] for m in rows[0].models] == ["en", "de", "fr", "cs"]
+    mule = {r.name: r.models[0].overrides for r in rows[2:]}
+    switches = [(o["loss.nc"], o["loss.lc"], o["pretrain.enabled"]) for o in mule.values()]
+    assert switches == [(False, False, False), (True, False, False), (True, True, False), (True, True, True)]
+    assert all(o["train.reuse"] for r in rows for o in (m.overrides for m in r.models))
+
+
+def test_markdown_table():
+    text = ablation_markdown([RowResult("A", {"en": 10.0, "fr": 20.0}, 1000, 10)], ["en", "de", "fr"])
+    assert "| A | 10.0 | – | 20.0 | 15.0 | 1,000 | 10 |" in text
+
+
+@pytest.mark.slow
+def test_ablation_end_to_end(tmp_path):
+    from flows.stages import ablation_flow
+
+    summary = ablation_flow(workdir=str(tmp_path), overrides=TINY)
+    rows = {r["model"]: r for r in summary["rows"]}
+    assert list(rows) == ROWS
+    for row in rows.values():
+        assert {"en", "de", "fr", "cs"} <= set(row) and all(0 <= row[lang] <= 100 for lang in ("en", "de", "fr", "cs"))
+    # Parameters: four EmbN models cost more than one PARALLEL model, which costs more than MULE.
+    assert rows["EmbN (one model per language)"]["parameters"] > rows["PARALLEL-EmbN"]["parameters"]
+    assert rows["PARALLEL-EmbN"]["parameters"] > rows["MULE EmbN"]["parameters"] == rows["MULE + NC"]["parameters"]
+    wd = Workdir.at(tmp_path)
+    with open(wd.results_dir("embedded") / "ablation" / "ablation.csv") as handle:
+        assert [r["model"] for r in csv.DictReader(handle)] == ROWS
+    client = MlflowClient(wd.mlflow_uri)
+    experiment = client.get_experiment_by_name("mule/embedded")
+    runs = client.search_runs([experiment.experiment_id])
+    (parent,) = [r for r in runs if r.info.run_name == "ablation"]
+    children = sorted(r.info.run_name for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id)
+    models = [f"ablation: EmbN {lang}" for lang in ("en", "de", "fr", "cs")] + [
+        "ablation: PARALLEL-EmbN", "ablation: MULE EmbN", "ablation: MULE + NC", "ablation: MULE + NC + LC",
+        "ablation: MULE full", "ablation: translate the query"]  # fmt: skip
+    assert children == sorted(models + ["ingest", "features", "text", "pretrain"])
+    assert "ablation.png" in {a.path for a in client.list_artifacts(parent.info.run_id)}
+
+    again = ablation_flow(workdir=str(tmp_path), overrides=TINY)  # every model is reused, not retrained
+    assert [r["model"] for r in again["rows"]] == ROWS
+    assert again["rows"][3]["en"] == summary["rows"][3]["en"]
