@@ -101,7 +101,8 @@ def ablation_flow(workdir: str | None = None, preset: str = "demo", overrides: d
         for stage in ablation.missing_inputs(root, config):
             STAGE_FLOWS[stage](workdir=root, preset=preset, overrides=overrides, parent_run_id=run_id)
         rows, english_model = [], None
-        for row in ablation.grid(list(cfg.data.languages)):
+        seeds = [cfg.train.seed + i for i in range(cfg.ablation.seeds)]
+        for row in ablation.grid(list(cfg.data.languages), seeds):
             evaluations, trainings = [], []
             for model in row.models:
                 variant = resolve(preset, {**(overrides or {}), **model.overrides})

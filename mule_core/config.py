@@ -126,6 +126,11 @@ class EvalConfig:
 
 
 @dataclass
+class AblationConfig:
+    seeds: int = 1  # train every row with this many seeds (train.seed, +1, ...); the table shows mean and std
+
+
+@dataclass
 class MuleConfig:
     preset: str = "demo"
     data: DataConfig = field(default_factory=DataConfig)
@@ -136,6 +141,7 @@ class MuleConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    ablation: AblationConfig = field(default_factory=AblationConfig)
 
 
 SECTIONS = tuple(f.name for f in dataclasses.fields(MuleConfig) if f.name != "preset")
@@ -282,6 +288,7 @@ def validate(cfg: MuleConfig) -> None:
         ("train.epochs", cfg.train.epochs),
         ("train.batch_images", cfg.train.batch_images),
         ("text.word_dim", cfg.text.word_dim),
+        ("ablation.seeds", cfg.ablation.seeds),
     ):
         if value < 1:
             raise ConfigError(f"{key} must be at least 1, got {value}")

@@ -9,6 +9,7 @@ translation stage exists: a row with a data-selection override.
 from __future__ import annotations
 
 import functools
+import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,42 +49,44 @@ class Row:
 @dataclass
 class RowResult:
     name: str
-    mr: dict[str, float] = field(default_factory=dict)  # language -> mR
+    mr: dict[str, float] = field(default_factory=dict)  # language -> mR (mean over seeds)
     parameters: int = 0
     language_specific: int = 0
     note: str = ""
+    std: dict[str, float] = field(default_factory=dict)  # language -> std over seeds (several seeds only)
+    seeds: int = 1
 
 
 def model_name(slug: str) -> str:
     return f"{ABLATION_DIR}/{slug}"
 
 
-def grid(languages: list[str]) -> list[Row]:
-    """The rows of the ablation, in the paper's order."""
+def grid(languages: list[str], seeds: list[int] | None = None) -> list[Row]:
+    """The rows of the ablation, in the paper's order; with several seeds, each row holds
+    its models once per seed (the first seed keeps the plain names)."""
+    seeds = seeds or [0]
     without = {"loss.nc": False, "loss.lc": False, "pretrain.enabled": False}
 
-    def model(label: str, slug: str, **overrides: Any) -> Model:
-        return Model(label, slug, {**overrides, "train.model_name": model_name(slug), "train.reuse": True})
+    def one_seed(label: str, slug: str, seed: int, overrides: dict[str, Any]) -> Model:
+        suffix = "" if seed == seeds[0] else f"-s{seed}"
+        return Model(f"{label}{f' (seed {seed})' if suffix else ''}", f"{slug}{suffix}",
+                     {**overrides, "train.seed": seed, "train.model_name": model_name(f"{slug}{suffix}"),
+                      "train.reuse": True})  # fmt: skip
 
+    def models(label: str, slug: str, **overrides: Any) -> list[Model]:
+        return [one_seed(label, slug, seed, overrides) for seed in seeds]
+
+    mule = {"loss.nc": True, "loss.lc": True, "pretrain.enabled": True}
     return [
-        Row(
-            "EmbN (one model per language)",
-            [
-                model(
-                    f"EmbN {lang}", f"embn-{lang}", **without, **{"model.sharing": "parallel", "data.languages": lang}
-                )
-                for lang in languages
-            ],
-        ),  # fmt: skip
-        Row("PARALLEL-EmbN", [model("PARALLEL-EmbN", "parallel", **without, **{"model.sharing": "parallel"})]),
-        Row("MULE EmbN", [model("MULE EmbN", "mule", **without)]),
-        Row("MULE + NC", [model("MULE + NC", "mule-nc", **{**without, "loss.nc": True})]),
-        Row("MULE + NC + LC", [model("MULE + NC + LC", "mule-nc-lc", **{**without, "loss.nc": True, "loss.lc": True})]),
-        Row(
-            "MULE + NC + LC + LP (full)",
-            [model("MULE full", "mule-full", **{"loss.nc": True, "loss.lc": True, "pretrain.enabled": True})],
-        ),  # fmt: skip
-    ]
+        Row("EmbN (one model per language)",
+            [m for lang in languages
+             for m in models(f"EmbN {lang}", f"embn-{lang}", **without, **{"model.sharing": "parallel", "data.languages": lang})]),
+        Row("PARALLEL-EmbN", models("PARALLEL-EmbN", "parallel", **without, **{"model.sharing": "parallel"})),
+        Row("MULE EmbN", models("MULE EmbN", "mule", **without)),
+        Row("MULE + NC", models("MULE + NC", "mule-nc", **{**without, "loss.nc": True})),
+        Row("MULE + NC + LC", models("MULE + NC + LC", "mule-nc-lc", **{**without, "loss.nc": True, "loss.lc": True})),
+        Row("MULE + NC + LC + LP (full)", models("MULE full", "mule-full", **mule)),
+    ]  # fmt: skip
 
 
 @task(name="ablation-inputs", cache_policy=NO_CACHE)
@@ -160,11 +163,17 @@ def translate_the_query(
     return result
 
 
+def _cell(row: RowResult, lang: str) -> str:
+    if lang not in row.mr:
+        return "–"
+    return f"{row.mr[lang]:.1f} ± {row.std[lang]:.1f}" if lang in row.std else f"{row.mr[lang]:.1f}"
+
+
 def ablation_markdown(rows: list[RowResult], languages: list[str]) -> str:
     head = "| model | " + " | ".join(languages) + " | mean | parameters | language-specific |"
     lines = [head, "|" + "---|" * (len(languages) + 4)]
     for row in rows:
-        cells = [row.name] + [f"{row.mr[lang]:.1f}" if lang in row.mr else "–" for lang in languages]
+        cells = [row.name] + [_cell(row, lang) for lang in languages]
         mean = sum(row.mr.values()) / len(row.mr) if row.mr else float("nan")
         cells += [f"{mean:.1f}", f"{row.parameters:,}", f"{row.language_specific:,}"]
         lines.append("| " + " | ".join(cells) + " |")
@@ -177,11 +186,17 @@ def summarize(workdir: str, config: dict[str, Any], run_id: str | None, rows: li
     languages = [lang for lang in cfg.data.languages if any(lang in r.mr for r in rows)]
     markdown = ablation_markdown(rows, languages)
     records = [{"model": r.name, **{lang: round(r.mr[lang], 2) for lang in languages if lang in r.mr},
-                "mean": round(sum(r.mr.values()) / max(len(r.mr), 1), 2), "parameters": r.parameters,
-                "language_specific": r.language_specific, "note": r.note} for r in rows]  # fmt: skip
+                **{f"{lang}_std": round(r.std[lang], 2) for lang in languages if lang in r.std},
+                "mean": round(sum(r.mr.values()) / max(len(r.mr), 1), 2), "seeds": r.seeds,
+                "parameters": r.parameters, "language_specific": r.language_specific, "note": r.note}
+               for r in rows]  # fmt: skip
     out = wd.results_dir(cfg.data.dataset) / ABLATION_DIR
     out.mkdir(parents=True, exist_ok=True)
-    (out / "ablation.md").write_text(f"mR per language, {cfg.data.dataset} {cfg.eval.split}\n\n{markdown}\n")
+    seeds = max(r.seeds for r in rows)
+    header = f"mR per language, {cfg.data.dataset} {cfg.eval.split}" + (
+        f", mean ± std over {seeds} seeds" if seeds > 1 else ""
+    )
+    (out / "ablation.md").write_text(f"{header}\n\n{markdown}\n")
     (out / "ablation.csv").write_text(to_csv(records))
     figure = plots.ablation_bars(rows, languages, f"{cfg.data.dataset} {cfg.eval.split}: mR per language and model")
     figure.savefig(out / "ablation.png", dpi=110)
@@ -196,9 +211,19 @@ def summarize(workdir: str, config: dict[str, Any], run_id: str | None, rows: li
 
 
 def row_result(row: Row, evaluations: list[dict], trainings: list[dict]) -> RowResult:
+    """One row from its models' evaluations; a language's mR is averaged over seeds, and the
+    parameters are those of one seed's models."""
     result = RowResult(row.name, note=row.note)
-    for evaluation, training in zip(evaluations, trainings):
-        result.mr.update({lang: r["mR"] for lang, r in evaluation["table"].items()})
-        result.parameters += training["parameters"]["total"]
-        result.language_specific += training["parameters"]["language_specific"]
+    per_language: dict[str, list[float]] = {}
+    seeds = {m.overrides["train.seed"] for m in row.models}
+    for model, evaluation, training in zip(row.models, evaluations, trainings):
+        for lang, r in evaluation["table"].items():
+            per_language.setdefault(lang, []).append(r["mR"])
+        if model.overrides["train.seed"] == min(seeds):
+            result.parameters += training["parameters"]["total"]
+            result.language_specific += training["parameters"]["language_specific"]
+    result.mr = {lang: statistics.fmean(v) for lang, v in per_language.items()}
+    if len(seeds) > 1:
+        result.std = {lang: statistics.stdev(v) for lang, v in per_language.items()}
+    result.seeds = len(seeds)
     return result

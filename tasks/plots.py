@@ -108,7 +108,9 @@ def ablation_bars(rows, languages: list[str], title: str):
     width = 0.8 / max(len(rows), 1)
     for i, row in enumerate(rows):
         values = [row.mr.get(lang, np.nan) for lang in languages]
-        ax.bar(np.arange(len(languages)) + (i - len(rows) / 2 + 0.5) * width, values, width, label=row.name)
+        errors = [row.std.get(lang, 0.0) for lang in languages] if row.std else None
+        ax.bar(np.arange(len(languages)) + (i - len(rows) / 2 + 0.5) * width, values, width, label=row.name,
+               yerr=errors, capsize=2)  # fmt: skip
     ax.set_xticks(np.arange(len(languages)), languages)
     ax.set(ylabel="mR (%)", title=title)
     ax.legend(fontsize=7, ncol=2, loc="upper right")

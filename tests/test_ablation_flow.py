@@ -6,7 +6,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from data_catalog.workdir import Workdir
-from tasks.ablation import RowResult, ablation_markdown, grid
+from tasks.ablation import RowResult, ablation_markdown, grid, row_result
 
 TINY = {
     "data.train_images": 32,
@@ -39,6 +39,24 @@ def test_the_grid_names_the_paper_rows_and_switches_one_thing_at_a_time():
 def test_markdown_table():
     text = ablation_markdown([RowResult("A", {"en": 10.0, "fr": 20.0}, 1000, 10)], ["en", "de", "fr"])
     assert "| A | 10.0 | – | 20.0 | 15.0 | 1,000 | 10 |" in text
+    seeded = ablation_markdown([RowResult("B", {"en": 10.0}, 5, 1, std={"en": 0.5}, seeds=3)], ["en"])
+    assert "| B | 10.0 ± 0.5 | 10.0 | 5 | 1 |" in seeded
+
+
+def test_several_seeds_average_each_language_and_count_parameters_once():
+    row = grid(["en", "fr"], seeds=[0, 1])[1]  # PARALLEL-EmbN
+    assert [m.slug for m in row.models] == ["parallel", "parallel-s1"]
+    assert [m.overrides["train.seed"] for m in row.models] == [0, 1]
+    evaluations = [
+        {"table": {"en": {"mR": 10.0}, "fr": {"mR": 4.0}}},
+        {"table": {"en": {"mR": 14.0}, "fr": {"mR": 6.0}}},
+    ]
+    trainings = [{"parameters": {"total": 100, "language_specific": 30}}] * 2
+    result = row_result(row, evaluations, trainings)
+    assert result.mr == {"en": 12.0, "fr": 5.0} and result.parameters == 100 and result.seeds == 2
+    assert round(result.std["en"], 3) == round(2 * 2**0.5, 3)
+    embn = grid(["en", "fr"], seeds=[0, 1])[0]
+    assert [m.slug for m in embn.models] == ["embn-en", "embn-en-s1", "embn-fr", "embn-fr-s1"]
 
 
 @pytest.mark.slow
