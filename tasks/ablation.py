@@ -23,6 +23,7 @@ from mule_core.training import evaluate_split, resolve_device
 
 from . import plots
 from .common import context, logger
+from .features import extractor_for
 from .model_io import Vocabulary, load_model, load_split
 from .pretrain import pretrain_path
 from .report import to_csv
@@ -97,8 +98,6 @@ def missing_inputs(workdir: str, config: dict[str, Any]) -> list[str]:
     dataset, missing = cfg.data.dataset, []
     if not catalog.has_table("captions", dataset):
         return ["ingest", "features", "text", "pretrain"]
-    from .features import extractor_for
-
     if not catalog.feature_parts(dataset, extractor_for(cfg.features)):
         missing.append("features")
     if not catalog.has_table("word_vectors", dataset):
