@@ -100,7 +100,7 @@ def ablation_flow(workdir: str | None = None, preset: str = "demo", overrides: d
     with tracking.run(wd, cfg, "ablation", parent_run_id) as run_id:
         for stage in ablation.missing_inputs(root, config):
             STAGE_FLOWS[stage](workdir=root, preset=preset, overrides=overrides, parent_run_id=run_id)
-        rows, english_model = [], None
+        rows, english = [], []
         seeds = [cfg.train.seed + i for i in range(cfg.ablation.seeds)]
         for row in ablation.grid(list(cfg.data.languages), seeds):
             evaluations, trainings = [], []
@@ -109,12 +109,11 @@ def ablation_flow(workdir: str | None = None, preset: str = "demo", overrides: d
                 with tracking.run(wd, variant, f"ablation: {model.label}", run_id) as child:
                     trainings.append(train_model(root, to_dict(variant), child))
                     evaluations.append(evaluate_model(root, to_dict(variant), child))
-                if model.slug == "embn-en":
-                    english_model = variant.train.model_name
             rows.append(ablation.row_result(row, evaluations, trainings))
-        if english_model:
+            english += ablation.english_models(row.models)
+        if english:
             with tracking.run(wd, cfg, "ablation: translate the query", run_id) as child:
-                translated = ablation.translate_the_query(root, config, child, english_model)
+                translated = ablation.translate_the_query(root, config, child, english)
             if translated is not None:
                 rows.insert(1, translated)
         return ablation.summarize(root, config, run_id, rows)

@@ -130,10 +130,10 @@ class _TranslatingVocab(Vocab):
 
 @task(name="translate-the-query", cache_policy=NO_CACHE)
 def translate_the_query(
-    workdir: str, config: dict[str, Any], run_id: str | None, english_model: str
+    workdir: str, config: dict[str, Any], run_id: str | None, english_models: list[str]
 ) -> RowResult | None:
     """Non-English test queries translated into English word by word (bilingual lexicons)
-    and run through the English-only model."""
+    and run through the English-only models (one per seed)."""
     wd, catalog, cfg = context(workdir, config)
     log, dataset, tracker = logger(), cfg.data.dataset, Tracker(wd, run_id)
     folder = cfg.data.dictionaries or str(locate(wd, cfg.data).root / "dictionaries")
@@ -142,24 +142,40 @@ def translate_the_query(
     if not lexicons:
         log.warning("no en-<lang>.txt lexicons in %s: the translate-the-query row is left out", folder)
         return None
-    model, meta = load_model(model_path(wd, dataset, english_model))
-    english: Vocab = meta["vocabulary"].vocabs["en"]
     counts = dict(zip(*catalog.query(
         "SELECT token, train_count FROM word_vectors WHERE dataset = ? AND lang = 'en'", [dataset]).to_pydict().values()))  # fmt: skip
     reader = functools.partial(catalog.read_features, dataset)
     device = resolve_device(cfg.train.device)
-    result = RowResult("Translate the query (EmbN en + lexicon)", parameters=meta["parameters"]["total"],
-                       language_specific=meta["parameters"]["language_specific"],
+    per_language: dict[str, list[float]] = {}
+    result = RowResult("Translate the query (EmbN en + lexicon)",
                        note="lexicons: " + ", ".join(f"en-{lang}" for lang in lexicons))  # fmt: skip
-    for lang in ["en", *lexicons]:
-        vocab = english if lang == "en" else _TranslatingVocab(english, word_translator(lexicons[lang], counts))
-        data = load_split(catalog, dataset, cfg.eval.split, Vocabulary([lang], {lang: vocab}), meta["cfg"].text.max_tokens,
-                          (meta["extractor"], reader))  # fmt: skip
-        data.languages = ["en"]  # the English model reads the translated sentences
-        result.mr[lang] = evaluate_split(model, data, device, cfg.eval.ks)["en"]["mR"]
+    for english_model in english_models:
+        model, meta = load_model(model_path(wd, dataset, english_model))
+        english: Vocab = meta["vocabulary"].vocabs["en"]
+        result.parameters, result.language_specific = (meta["parameters"]["total"],
+                                                       meta["parameters"]["language_specific"])  # fmt: skip
+        for lang in ["en", *lexicons]:
+            vocab = english if lang == "en" else _TranslatingVocab(english, word_translator(lexicons[lang], counts))
+            data = load_split(catalog, dataset, cfg.eval.split, Vocabulary([lang], {lang: vocab}),
+                              meta["cfg"].text.max_tokens, (meta["extractor"], reader))  # fmt: skip
+            data.languages = ["en"]  # the English model reads the translated sentences
+            per_language.setdefault(lang, []).append(evaluate_split(model, data, device, cfg.eval.ks)["en"]["mR"])
+    _average(result, per_language, len(english_models))
     tracker.metrics({f"test.{lang}.mR": v for lang, v in result.mr.items()})
-    tracker.params({"translate.lexicons": folder, "translate.english_model": english_model})
+    tracker.params({"translate.lexicons": folder, "translate.english_models": ", ".join(english_models)})
     return result
+
+
+def english_models(models: list[Model]) -> list[str]:
+    """The English EmbN models of the grid, one per seed: translate-the-query's models."""
+    return [m.overrides["train.model_name"] for m in models if m.overrides.get("data.languages") == "en"]
+
+
+def _average(result: RowResult, per_language: dict[str, list[float]], seeds: int) -> None:
+    result.mr = {lang: statistics.fmean(v) for lang, v in per_language.items()}
+    if seeds > 1:
+        result.std = {lang: statistics.stdev(v) for lang, v in per_language.items()}
+    result.seeds = seeds
 
 
 def _cell(row: RowResult, lang: str) -> str:
@@ -221,8 +237,5 @@ def row_result(row: Row, evaluations: list[dict], trainings: list[dict]) -> RowR
         if model.overrides["train.seed"] == min(seeds):
             result.parameters += training["parameters"]["total"]
             result.language_specific += training["parameters"]["language_specific"]
-    result.mr = {lang: statistics.fmean(v) for lang, v in per_language.items()}
-    if len(seeds) > 1:
-        result.std = {lang: statistics.stdev(v) for lang, v in per_language.items()}
-    result.seeds = len(seeds)
+    _average(result, per_language, len(seeds))
     return result

@@ -6,7 +6,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from data_catalog.workdir import Workdir
-from tasks.ablation import RowResult, ablation_markdown, grid, row_result
+from tasks.ablation import RowResult, ablation_markdown, english_models, grid, row_result
 
 TINY = {
     "data.train_images": 32,
@@ -57,6 +57,9 @@ def test_several_seeds_average_each_language_and_count_parameters_once():
     assert round(result.std["en"], 3) == round(2 * 2**0.5, 3)
     embn = grid(["en", "fr"], seeds=[0, 1])[0]
     assert [m.slug for m in embn.models] == ["embn-en", "embn-en-s1", "embn-fr", "embn-fr-s1"]
+    # translate-the-query reads every seed's English model, and only those
+    assert english_models(embn.models) == ["ablation/embn-en", "ablation/embn-en-s1"]
+    assert english_models(row.models) == []
 
 
 @pytest.mark.slow
