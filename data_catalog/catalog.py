@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +23,21 @@ from .schemas import TABLES, features_schema
 from .workdir import Workdir
 
 VIEWS = ("images", "captions", "rejects", "word_vectors", "features")
+# Which stage writes each table, so a missing table's error says what to run.
+PRODUCED_BY = {"images": "ingest", "captions": "ingest", "rejects": "ingest", "word_vectors": "text",
+               "features": "features"}  # fmt: skip
+_MISSING_TABLE = re.compile(r"Table with name (\w+) does not exist", re.IGNORECASE)
 
 
 class CatalogError(RuntimeError):
     pass
+
+
+def missing_table_error(table: str, workdir: Workdir, dataset: str | None = None) -> CatalogError:
+    stage = PRODUCED_BY.get(table)
+    where = f"for dataset {dataset!r} " if dataset else ""
+    run = f"run the {stage} stage first (mule run {stage})" if stage else "run the stages before this one first"
+    return CatalogError(f"the catalog in {workdir.root} has no {table} table {where}yet: {run}")
 
 
 def write_parquet_atomic(table: pa.Table, path: Path) -> None:
@@ -76,10 +88,10 @@ class Catalog:
                 # DuckDB 2 renamed arrow() to to_arrow_table().
                 return relation.to_arrow_table() if hasattr(relation, "to_arrow_table") else relation.arrow()
             except duckdb.CatalogException as error:
-                raise CatalogError(
-                    f"{error}. The catalog in {self.workdir.root} lacks a table this stage needs: "
-                    "run the stages before it first (mule run ingest ...)."
-                ) from None
+                missing = _MISSING_TABLE.search(str(error))
+                if missing is None:
+                    raise
+                raise missing_table_error(missing.group(1), self.workdir) from None
 
     # -- tables ---------------------------------------------------------------------
     def write_table(self, name: str, dataset: str, table: pa.Table) -> Path:
@@ -96,11 +108,26 @@ class Catalog:
     def read_table(self, name: str, dataset: str) -> pa.Table:
         path = self.workdir.table_path(name, dataset)
         if not path.exists():
-            raise CatalogError(
-                f"no {name} table for dataset {dataset!r} in {self.workdir.root} ({path} is missing); "
-                f"run the stage that writes it first"
-            )
+            raise missing_table_error(name, self.workdir, dataset)
         return pq.read_table(path)
+
+    def relocate(self, old_root: Path) -> int:
+        """After the workdir moved from old_root: image paths that pointed inside the old
+        workdir (the generated dataset) point inside this one; views are rebuilt (they hold
+        absolute globs). Returns the number of image paths rewritten."""
+        old, new = str(old_root).rstrip("/") + "/", str(self.workdir.root) + "/"
+        rewritten = 0
+        for path in sorted((self.workdir.catalog_dir / "images").glob("*.parquet")):
+            table = pq.read_table(path)
+            paths = table.column("path").to_pylist()
+            moved = [new + p[len(old) :] if p and p.startswith(old) else p for p in paths]
+            changed = sum(a != b for a, b in zip(paths, moved))
+            if changed:
+                index = table.schema.get_field_index("path")
+                write_parquet_atomic(table.set_column(index, "path", pa.array(moved, pa.string())), path)
+                rewritten += changed
+        self.refresh_views()
+        return rewritten
 
     def datasets(self) -> list[str]:
         return sorted(p.stem for p in (self.workdir.catalog_dir / "images").glob("*.parquet"))
@@ -144,8 +171,8 @@ class Catalog:
         parts = self.feature_parts(dataset, extractor)
         if not parts:
             raise CatalogError(
-                f"no features for dataset {dataset!r} from extractor {extractor} in {self.workdir.root}; "
-                "run the features stage first (mule run features)"
+                f"the catalog in {self.workdir.root} has no features for dataset {dataset!r} from extractor "
+                f"{extractor} yet: run the features stage first (mule run features)"
             )
         table = pa.concat_tables(pq.read_table(p, columns=["image_id", "vector"]) for p in parts)
         row_of = {image_id: row for row, image_id in enumerate(table.column("image_id").to_pylist())}

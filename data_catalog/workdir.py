@@ -9,10 +9,18 @@
   results/<dataset>/              recall tables (CSV, markdown, PNG)
   mlflow.db, mlartifacts/         MLflow tracking store and artifacts
   prefect/                        Prefect's home, unless PREFECT_HOME is set
+  workdir.json                    where this workdir was last used (to notice a copy or move)
+
+A workdir is self-contained: a copy (made to try a variant) or a moved workdir must
+never write into the folder it came from. Some stores keep absolute paths (MLflow's
+artifact locations, DuckDB's views, the images table), so `home_marker` records the
+root each workdir was last used at; when it differs, the stage flows rewrite those
+paths before anything else runs (tasks.relocation).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,3 +77,19 @@ class Workdir:
     @property
     def prefect_home(self) -> Path:
         return self.root / "prefect"
+
+    @property
+    def home_marker(self) -> Path:
+        return self.root / "workdir.json"
+
+    def recorded_root(self) -> Path | None:
+        """The root this workdir was last used at (None for a new or pre-marker workdir)."""
+        try:
+            return Path(json.loads(self.home_marker.read_text())["root"])
+        except (FileNotFoundError, KeyError, ValueError):
+            return None
+
+    def record_root(self) -> None:
+        tmp = self.home_marker.with_name(f".{self.home_marker.name}.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps({"root": str(self.root)}) + "\n")
+        os.replace(tmp, self.home_marker)

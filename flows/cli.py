@@ -116,8 +116,17 @@ def cmd_run(args: argparse.Namespace, stages: list[str], overrides: dict) -> int
     return 0
 
 
+def _adopted(path: str | None) -> Workdir:
+    """The workdir, its stored paths pointed at itself if it was copied or moved."""
+    from tasks.relocation import adopt
+
+    workdir = Workdir.at(path)
+    adopt(workdir)
+    return workdir
+
+
 def cmd_ui(args: argparse.Namespace) -> int:
-    workdir = Workdir.at(args.workdir)
+    workdir = _adopted(args.workdir)
     workdir.artifacts_dir.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", workdir.mlflow_uri,
                "--default-artifact-root", workdir.artifacts_dir.as_uri(), "--host", args.host, "--port", str(args.port)]  # fmt: skip
@@ -129,7 +138,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
 def cmd_catalog(args: argparse.Namespace) -> int:
     from data_catalog.catalog import Catalog
 
-    workdir = Workdir.at(args.workdir)
+    workdir = _adopted(args.workdir)
     catalog = Catalog(workdir)
     if not catalog.datasets():
         print(f"the catalog in {workdir.root} is empty: run `mule demo` or `mule run ingest ...`")
@@ -190,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
 # Errors that describe a problem with the input, not a bug: shown without a traceback.
 USER_ERRORS = {
     "ConfigError", "DatasetError", "Multi30kError", "NoImagesError", "PretrainedUnavailable", "CatalogError",
-    "MissingPretrainError", "FileNotFoundError",
+    "MissingPretrainError", "FileNotFoundError", "WorkdirError",
 }  # fmt: skip
 
 

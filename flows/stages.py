@@ -15,8 +15,8 @@ from prefect import flow
 
 from data_catalog.datasets import EMBEDDED
 from data_catalog.workdir import Workdir
-from mule_core.config import MuleConfig, resolve, to_dict
-from tasks import ablation, tracking
+from mule_core.config import ConfigError, MuleConfig, resolve, to_dict
+from tasks import ablation, relocation, tracking
 from tasks.evaluate import evaluate_model
 from tasks.features import extract_features
 from tasks.ingest import generate_embedded, ingest_captions
@@ -28,8 +28,23 @@ STAGES = ("ingest", "features", "text", "pretrain", "train", "evaluate")  # the 
 EXTRA_STAGES = ("ablation",)  # run when named
 
 
-def _setup(workdir: str | None, preset: str, overrides: dict[str, Any] | None) -> tuple[Workdir, MuleConfig, dict]:
+def _workdir(workdir: str | None) -> Workdir:
+    """The workdir parameter; None means $MULE_HOME or ./mule-work. A deployment made
+    without MULE_HOME carries "" or its unresolved placeholder: that is an error, not a
+    reason to write wherever the worker happens to run."""
+    if workdir is not None and (not str(workdir).strip() or "{{" in str(workdir)):
+        raise ConfigError(
+            f"the workdir parameter is {workdir!r}: this deployment was made without MULE_HOME set. "
+            "Redeploy with `MULE_HOME=/path/to/workdir prefect deploy --all`, or run it with "
+            "`--param workdir=/path/to/workdir`."
+        )
     wd = Workdir.at(workdir)
+    relocation.adopt(wd)
+    return wd
+
+
+def _setup(workdir: str | None, preset: str, overrides: dict[str, Any] | None) -> tuple[Workdir, MuleConfig, dict]:
+    wd = _workdir(workdir)
     cfg = resolve(preset, overrides)
     return wd, cfg, to_dict(cfg)
 
@@ -154,7 +169,9 @@ def rebuild_flow(workdir: str | None = None, preset: str = "demo", overrides: di
         if "ablation" in results:
             tracking.Tracker(wd, run_id).artifact(Path(results["ablation"]["results_dir"]) / "ablation.md")
         if "evaluate" in results and results["evaluate"]["table"]:
-            tracking.Tracker(wd, run_id).metrics({"test.mean_mR": results["evaluate"]["mean_mR"]})
+            table = results["evaluate"]["table"]
+            per_language = {f"test.{lang}.mR": row["mR"] for lang, row in table.items()}
+            tracking.Tracker(wd, run_id).metrics({"test.mean_mR": results["evaluate"]["mean_mR"], **per_language})
             for name in ("recalls.md", "recalls.csv", "recalls.png"):
                 tracking.Tracker(wd, run_id).artifact(wd.results_dir(cfg.data.dataset) / name)
     results["mlflow_run_id"] = run_id

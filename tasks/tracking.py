@@ -4,16 +4,24 @@ Stages log through `Tracker(workdir, run_id)` rather than MLflow's thread-local 
 run, because Prefect may run a task on another thread than its flow. One experiment
 per dataset ("mule/<dataset>"); the store is SQLite in the workdir and the artifacts
 sit beside it, so `mule ui` shows everything a workdir ever ran.
+
+MLflow stores artifact locations as absolute URIs. `relocate_store` rewrites them when
+a workdir was copied or moved, so the copy never logs into the original's artifacts.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import getpass
 import json
 import logging
 import math
 import re
+import sqlite3
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -27,6 +35,20 @@ from data_catalog.workdir import Workdir
 from mule_core.config import MuleConfig, flatten
 
 _INVALID_METRIC_CHARS = re.compile(r"[^A-Za-z0-9_\-. :/]")
+# MLflow 3's UI opens an experiment without this tag in its GenAI (traces) view.
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+# Columns of MLflow's SQLite store that hold absolute artifact locations (MLflow 3.x schema).
+ARTIFACT_COLUMNS = (
+    ("experiments", "artifact_location"),
+    ("runs", "artifact_uri"),
+    ("logged_models", "artifact_location"),
+    ("model_versions", "source"),
+    ("model_versions", "storage_location"),
+)
+
+
+class WorkdirError(RuntimeError):
+    """The workdir's stores point outside it, and mule cannot tell how to fix them."""
 
 
 def metric_name(key: str) -> str:
@@ -42,10 +64,102 @@ def experiment_id(workdir: Workdir, dataset: str) -> str:
     c = client(workdir)
     name = f"mule/{dataset}"
     experiment = c.get_experiment_by_name(name)
-    if experiment is not None:
-        return experiment.experiment_id
-    workdir.artifacts_dir.mkdir(parents=True, exist_ok=True)
-    return c.create_experiment(name, artifact_location=workdir.artifacts_dir.as_uri())
+    if experiment is None:
+        workdir.artifacts_dir.mkdir(parents=True, exist_ok=True)
+        note = f"mule runs on dataset {dataset}: one parent run per rebuild, a child run per stage."
+        tags = EXPERIMENT_KIND | {"mlflow.note.content": note}
+        return c.create_experiment(name, artifact_location=workdir.artifacts_dir.as_uri(), tags=tags)
+    for key, value in EXPERIMENT_KIND.items():  # experiments made before the tag existed
+        if experiment.tags.get(key) != value:
+            c.set_experiment_tag(experiment.experiment_id, key, value)
+    return experiment.experiment_id
+
+
+def _store(workdir: Workdir) -> Path:
+    return workdir.root / "mlflow.db"
+
+
+def _columns(con: sqlite3.Connection) -> list[tuple[str, str]]:
+    present = []
+    for table, column in ARTIFACT_COLUMNS:
+        names = {row[1] for row in con.execute(f"PRAGMA table_info({table})")}
+        if column in names:
+            present.append((table, column))
+    return present
+
+
+def recorded_artifact_root(workdir: Workdir) -> Path | None:
+    """The workdir that this store's experiments were created in, read off their artifact
+    location (<root>/mlartifacts); None when the store is new or has no experiment."""
+    if not _store(workdir).exists():
+        return None
+    with contextlib.closing(sqlite3.connect(_store(workdir))) as con:
+        try:
+            locations = [row[0] for row in con.execute("SELECT artifact_location FROM experiments")]
+        except sqlite3.OperationalError:  # no tables yet
+            return None
+    for location in locations:
+        path = Path(location.removeprefix("file://")) if location else None
+        if path is not None and path.name == workdir.artifacts_dir.name and path != workdir.artifacts_dir:
+            return path.parent
+    return None
+
+
+def relocate_store(workdir: Workdir, old_root: Path) -> int:
+    """Rewrites the artifact locations that pointed into old_root to point into this
+    workdir. Returns the number of rows changed."""
+    if not _store(workdir).exists():
+        return 0
+    prefixes = [(old_root.as_uri() + "/", workdir.root.as_uri() + "/"), (f"{old_root}/", f"{workdir.root}/")]
+    changed = 0
+    with contextlib.closing(sqlite3.connect(_store(workdir))) as con, con:
+        for table, column in _columns(con):
+            for old, new in prefixes:
+                changed += con.execute(
+                    f"UPDATE {table} SET {column} = ? || substr({column}, ?) WHERE substr({column}, 1, ?) = ?",
+                    (new, len(old) + 1, len(old), old),
+                ).rowcount
+    return changed
+
+
+def check_self_contained(workdir: Workdir) -> None:
+    """Refuses to run when an experiment would write its artifacts outside this workdir."""
+    if not _store(workdir).exists():
+        return
+    artifacts = workdir.artifacts_dir.as_uri()
+    with contextlib.closing(sqlite3.connect(_store(workdir))) as con:
+        try:
+            rows = con.execute("SELECT name, artifact_location FROM experiments").fetchall()
+        except sqlite3.OperationalError:
+            return
+    for name, location in rows:
+        location = location or ""
+        if name != "Default" and location != artifacts and not location.startswith(artifacts + "/"):
+            raise WorkdirError(
+                f"MLflow experiment {name!r} in {_store(workdir)} keeps its artifacts at {location}, outside "
+                f"this workdir ({workdir.root}); mule will not write there. Copy the workdir with its "
+                "mlartifacts/ folder, or start from a new workdir."
+            )
+
+
+@functools.cache
+def code_version() -> dict[str, str]:
+    """The git commit of mule's own code (with +dirty for uncommitted changes), else the
+    installed package version."""
+    repo = Path(__file__).resolve().parents[1]
+    try:
+        commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=5, check=True).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5, check=True).stdout.strip()  # fmt: skip
+        return {"mlflow.source.git.commit": commit, "mule.code_version": commit + ("+dirty" if dirty else "")}
+    except (OSError, subprocess.SubprocessError):
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return {"mule.code_version": version("mule")}
+        except PackageNotFoundError:
+            return {"mule.code_version": "unknown"}
 
 
 def prefect_flow_run_id() -> str | None:
@@ -126,14 +240,49 @@ class Tracker:
             quiet.setLevel(level)
 
 
+def prefect_context() -> dict[str, str]:
+    """The Prefect flow run and, when it came from one, its deployment; its UI link when a
+    Prefect server (not the ephemeral API) is in use."""
+    tags: dict[str, str] = {}
+    flow_run_id = prefect_flow_run_id()
+    if not flow_run_id:
+        return tags
+    tags["prefect.flow_run_id"] = flow_run_id
+    try:
+        import os
+
+        from prefect.runtime import deployment, flow_run
+        from prefect.utilities.urls import url_for
+
+        if deployment.id:
+            tags["prefect.deployment"] = f"{flow_run.flow_name}/{deployment.name}"
+        if os.environ.get("PREFECT_API_URL"):  # the ephemeral API has no UI to link to
+            url = url_for("flow-run", obj_id=flow_run_id)  # the route the Prefect UI serves
+            if url:
+                tags["prefect.flow_run_url"] = url
+    except Exception:  # noqa: BLE001 - context is a nicety, never a reason to fail a run
+        pass
+    return tags
+
+
 def _run_tags(cfg: MuleConfig, stage: str, parent_run_id: str | None) -> dict[str, str]:
     tags = {"mule.stage": stage, "mule.dataset": cfg.data.dataset, "mule.preset": cfg.preset}
     if parent_run_id:
         tags["mlflow.parentRunId"] = parent_run_id
-    flow_run = prefect_flow_run_id()
-    if flow_run:
-        tags["prefect.flow_run_id"] = flow_run
-    return tags
+    prefect = prefect_context()
+    tags |= prefect
+    # What the UI shows as "Created by" and "Source".
+    try:
+        tags["mlflow.user"] = getpass.getuser()
+    except (KeyError, OSError):  # no user name for this uid (some containers)
+        pass
+    if "prefect.deployment" in prefect:
+        tags["mlflow.source.type"] = "JOB"
+        tags["mlflow.source.name"] = f"prefect deployment {prefect['prefect.deployment']}"
+    else:
+        command = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]) if sys.argv and sys.argv[0] else "python"
+        tags["mlflow.source.type"], tags["mlflow.source.name"] = "LOCAL", command[:500]
+    return tags | code_version()
 
 
 @contextlib.contextmanager

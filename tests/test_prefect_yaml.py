@@ -26,5 +26,21 @@ def test_a_scheduled_rebuild_and_one_deployment_per_stage(monkeypatch):
         assert set(deployment.get("parameters", {})) <= accepted, deployment["name"]
         assert flow.name == ("rebuild" if deployment["name"] == "weekly-rebuild" else deployment["name"])
         assert deployment["work_pool"]["name"] == "mule-process"
+        # The workdir travels with the deployment, from MULE_HOME at `prefect deploy` time.
+        assert deployment["parameters"]["workdir"] == "{{ $MULE_HOME }}", deployment["name"]
     (rebuild,) = [d for d in deployments() if d["name"] == "weekly-rebuild"]
     assert next(iter(CronSim(rebuild["schedules"][0]["cron"], datetime.datetime(2026, 1, 1))))
+
+
+def test_a_deployment_made_without_mule_home_refuses_to_run(tmp_path):
+    """`prefect deploy` without MULE_HOME leaves "" (or the placeholder): the run must
+    stop with a message, not write into whatever folder the worker runs in."""
+    import pytest
+
+    from flows.stages import _workdir
+    from mule_core.config import ConfigError
+
+    for unset in ("", "{{ $MULE_HOME }}"):
+        with pytest.raises(ConfigError, match="made without MULE_HOME set"):
+            _workdir(unset)
+    assert _workdir(str(tmp_path)).root == tmp_path.resolve()

@@ -2,7 +2,9 @@
 real MLflow (SQLite in the temp workdir), real DuckDB and Parquet."""
 
 import csv
+import hashlib
 import json
+import shutil
 
 import pyarrow.parquet as pq
 import pytest
@@ -81,12 +83,18 @@ def test_mlflow_runs(rebuilt):
     runs = client.search_runs([experiment.experiment_id])
     parent = client.get_run(results["mlflow_run_id"])
     assert parent.info.run_name == "rebuild" and parent.info.status == "FINISHED"
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # the UI opens on runs
+    for lang in ("en", "de", "fr", "cs"):  # the parent run shows every language, not only the mean
+        assert parent.data.metrics[f"test.{lang}.mR"] == pytest.approx(results["evaluate"]["table"][lang]["mR"])
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     assert sorted(r.info.run_name for r in children) == sorted(STAGES)
     flow_runs = {r.data.tags["prefect.flow_run_id"] for r in [parent, *children]}
     assert len(flow_runs) == 7  # one Prefect flow run per stage, plus rebuild
     for run in [parent, *children]:
         assert run.info.status == "FINISHED"
+        tags = run.data.tags
+        assert tags["mlflow.user"] and tags["mlflow.source.type"] == "LOCAL" and tags["mlflow.source.name"]
+        assert tags["mule.code_version"]  # the git commit (+dirty) or the package version
         assert run.data.params["train.epochs"] == "3" and run.data.params["preset"] == "demo"
     by_name = {r.info.run_name: r for r in children}
     train = by_name["train"].info.run_id
@@ -165,3 +173,32 @@ def test_an_interrupted_training_resumes_from_its_checkpoint(rebuilt, monkeypatc
     summary = train_model.fn(str(wd.root), config, None)
     assert epochs_run == [1, 2, 3]  # epoch 1 before the crash; 2 and 3 after resuming
     assert not checkpoint.exists() and summary["best_epoch"] in (1, 2, 3)
+
+
+def file_digests(root) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*"))
+            if p.is_file()}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_copied_workdir_never_writes_into_the_original(rebuilt, tmp_path):
+    from flows.stages import rebuild_flow
+
+    original, _ = rebuilt
+    before = file_digests(original.root)
+    copy = tmp_path / "variant"
+    shutil.copytree(original.root, copy)
+    # A variant: features are reused, the model is retrained (and logged), then evaluated.
+    results = rebuild_flow(workdir=str(copy), overrides={**TINY, "train.epochs": 2},
+                           stages=["features", "train", "evaluate"])  # fmt: skip
+    assert file_digests(original.root) == before  # byte-identical, and no new file
+    client = MlflowClient(Workdir.at(copy).mlflow_uri)
+    copy_artifacts = (copy / "mlartifacts").resolve().as_uri()
+    experiment = client.get_experiment_by_name("mule/embedded")
+    assert experiment.artifact_location == copy_artifacts
+    runs = client.search_runs([experiment.experiment_id])
+    assert all(r.info.artifact_uri.startswith(copy_artifacts + "/") for r in runs)
+    train = client.get_run(results["mlflow_run_id"]).info.run_id
+    assert any(r.data.tags.get("mlflow.parentRunId") == train for r in runs)
+    images = Catalog(Workdir.at(copy)).query("SELECT path FROM images")["path"].to_pylist()
+    assert all(p.startswith(str(copy.resolve()) + "/") for p in images)

@@ -1,0 +1,38 @@
+"""A workdir that was copied or moved becomes its own before anything runs in it.
+
+Three stores keep absolute paths: MLflow's artifact locations, DuckDB's views and the
+images table's file paths (for the generated dataset, which lives in the workdir). A
+copy left as it is would log its runs into the original's `mlartifacts/` and read the
+original's tables. `adopt` rewrites those paths when the workdir's recorded root
+differs from where it is now, then checks that nothing points outside it.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from data_catalog.catalog import Catalog
+from data_catalog.workdir import Workdir
+
+from . import tracking
+
+log = logging.getLogger("mule.relocation")
+
+
+def adopt(workdir: Workdir) -> Path | None:
+    """Makes the workdir self-contained; returns the root it was moved or copied from, if any."""
+    previous = workdir.recorded_root() or tracking.recorded_artifact_root(workdir)
+    moved = previous is not None and previous != workdir.root
+    if moved:
+        paths = Catalog(workdir).relocate(previous)
+        rows = tracking.relocate_store(workdir, previous)
+        log.warning(
+            "workdir %s was copied or moved from %s: pointed %d image paths and %d MLflow artifact locations "
+            "at the new place, so nothing is written into the old one",
+            workdir.root, previous, paths, rows,
+        )  # fmt: skip
+    tracking.check_self_contained(workdir)
+    if moved or workdir.recorded_root() is None:
+        workdir.record_root()
+    return previous if moved else None
