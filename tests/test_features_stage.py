@@ -1,0 +1,111 @@
+"""The features stage: bad image files become rejects and the stage completes; training
+leaves those images out and says so; a Dask cluster gives the same table."""
+
+import logging
+import shutil
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from data_catalog.catalog import Catalog
+from data_catalog.workdir import Workdir
+from mule_core.config import resolve, to_dict
+from tasks.features import extract_features, extractor_for
+from tasks.ingest import generate_embedded, ingest_captions
+from tasks.relocation import adopt
+
+TINY = {"data.train_images": 24, "data.val_images": 8, "data.test_images": 8, "data.image_size": 48,
+        "features.input_size": 32, "features.shard_images": 8, "text.fasttext_epochs": 2}  # fmt: skip
+
+
+def ingested(root) -> tuple[Workdir, dict]:
+    config = to_dict(resolve("demo", TINY))
+    generate_embedded.fn(str(root), config)
+    ingest_captions.fn(str(root), config, None)
+    return Workdir.at(root), config
+
+
+def image_path(wd: Workdir, image_id: str):
+    return wd.raw_dir("embedded") / "images" / image_id
+
+
+def test_bad_images_become_rejects_and_the_stage_completes(tmp_path, caplog):
+    root = tmp_path / "work"
+    config = to_dict(resolve("demo", TINY))
+    generate_embedded.fn(str(root), config)
+    wd = Workdir.at(root)
+    images = sorted(p.name for p in (wd.raw_dir("embedded") / "images").iterdir())
+    bad = [name for name in images if name.startswith("train-")][:5]  # training images, to see them left out
+    gone_before_ingest = bad[0]
+    image_path(wd, gone_before_ingest).unlink()
+    ingest_captions.fn(str(root), config, None)
+    truncated, empty, not_an_image, gone_after_ingest = bad[1:5]
+    data = image_path(wd, truncated).read_bytes()
+    image_path(wd, truncated).write_bytes(data[: len(data) // 2])
+    image_path(wd, empty).write_bytes(b"")
+    image_path(wd, not_an_image).write_text("this is not a JPEG\n")
+    image_path(wd, gone_after_ingest).unlink()
+
+    summary = extract_features(str(root), config, None)  # completes
+
+    assert summary["rejected"] == 5 and summary["images"] == len(images) - 5
+    catalog = Catalog(wd)
+    rows = catalog.query("SELECT source_file, reason FROM rejects WHERE source_file LIKE 'images/%'").to_pylist()
+    reasons = {r["source_file"].removeprefix("images/"): r["reason"] for r in rows}
+    assert reasons[gone_before_ingest] == reasons[gone_after_ingest] == "image file missing"
+    assert reasons[truncated].startswith("image does not decode:") and "truncated" in reasons[truncated]
+    assert reasons[empty] == "image does not decode: empty file (0 bytes)"
+    assert reasons[not_an_image] == "image does not decode: not an image PIL can read"
+    extracted = catalog.extracted_image_ids("embedded", extractor_for(resolve("demo", TINY).features))
+    stem = lambda name: name.removesuffix(".jpg")  # noqa: E731 - image ids are the file names' stems
+    assert extracted == {stem(name) for name in images} - {stem(name) for name in bad}
+
+    # A rerun retries only the rejects (a fixed file gets its features), and rejects are not duplicated.
+    image_path(wd, empty).write_bytes(data)
+    again = extract_features(str(root), config, None)
+    assert again["extracted_now"] == 1 and again["rejected"] == 4
+    assert catalog.query("SELECT count(*) AS n FROM rejects WHERE source_file LIKE 'images/%'")["n"][0].as_py() == 4
+
+    # Training data leaves the images without features out, and says how many.
+    from tasks.model_io import load_split, load_vocabulary
+    from tasks.text import build_word_vectors
+
+    build_word_vectors.fn(str(root), config, None)
+    vocabulary = load_vocabulary(catalog, "embedded", ["en", "de", "fr", "cs"])
+    extractor = extractor_for(resolve("demo", TINY).features)
+    with caplog.at_level(logging.WARNING, logger="mule.tasks"):
+        split = load_split(catalog, "embedded", "train", vocabulary, 32, (extractor, lambda e, ids: catalog.read_features("embedded", e, ids)))  # fmt: skip
+    left_out = {stem(name) for name in (gone_before_ingest, truncated, not_an_image, gone_after_ingest)}
+    train_ids = set(catalog.query("SELECT image_id FROM images WHERE role = 'train'")["image_id"].to_pylist())
+    assert left_out <= train_ids and set(split.image_ids) == train_ids - left_out
+    assert "train: 4 images have no features" in caplog.text
+
+
+@pytest.mark.slow
+def test_dask_and_in_process_runs_give_the_same_table(tmp_path):
+    from flows.stages import features_flow
+
+    local, config = ingested(tmp_path / "local")
+    shutil.copytree(local.root, tmp_path / "dask")
+    extract_features(str(local.root), config, None)
+    overrides = {**TINY, "features.runner": "dask", "features.dask_workers": 2}
+    summary = features_flow(workdir=str(tmp_path / "dask"), overrides=overrides)
+    assert summary["extracted_now"] == 40 and summary["rejected"] == 0
+
+    def table(wd: Workdir):
+        extractor = extractor_for(resolve("demo", TINY).features)
+        parts = Catalog(wd).feature_parts("embedded", extractor)
+        rows = {}
+        for part in parts:
+            t = pq.read_table(part)
+            rows.update(zip(t["image_id"].to_pylist(), np.stack(t["vector"].to_numpy(zero_copy_only=False))))
+        return rows, len(parts)
+
+    dask_wd = Workdir.at(tmp_path / "dask")
+    adopt(dask_wd)
+    (ours, n_local), (theirs, n_dask) = table(local), table(dask_wd)
+    assert n_local == n_dask == 5  # 40 images in shards of 8, one part each
+    assert sorted(ours) == sorted(theirs)  # same rows, no duplicates
+    for image_id, vector in ours.items():
+        np.testing.assert_allclose(theirs[image_id], vector, rtol=1e-4, atol=1e-5)
