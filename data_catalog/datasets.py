@@ -3,8 +3,9 @@ workdir on first use; any other dataset is read from the folder the user names."
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from mule_core.config import DataConfig
@@ -47,6 +48,29 @@ def locate(workdir: Workdir, data: DataConfig) -> DatasetSource:
         )
     images = Path(data.images).expanduser().resolve() if data.images else root / "images"
     return DatasetSource(data.dataset, root, images, generated)
+
+
+# The evaluation split (name or role) -> the generator's split name.
+_EMBEDDED_SPLITS = {"test": "test", "test_2016": "test", "val": "val", "train": "train"}
+
+
+def embedded_ceiling(workdir: Workdir, data: DataConfig, split: str) -> dict[str, dict[str, float]] | None:
+    """The generated dataset's ceiling on a split (data_catalog.embedded.ceiling), cached
+    beside the dataset; None for any other dataset."""
+    if data.dataset != EMBEDDED or data.source or split not in _EMBEDDED_SPLITS:
+        return None
+    from .catalog import write_json_atomic
+    from .embedded.ceiling import ceiling
+
+    spec = embedded_spec(data)
+    path = workdir.raw_dir(EMBEDDED) / f"ceiling-{_EMBEDDED_SPLITS[split]}.json"
+    if path.exists():
+        cached = json.loads(path.read_text())
+        if cached.get("spec") == asdict(spec):
+            return cached["table"]
+    table = ceiling(spec, _EMBEDDED_SPLITS[split])
+    write_json_atomic({"spec": asdict(spec), "table": table}, path)
+    return table
 
 
 def prepare(workdir: Workdir, data: DataConfig, progress: Callable[[int, int], None] | None = None) -> DatasetSource:

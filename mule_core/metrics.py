@@ -116,3 +116,50 @@ def cross_lingual_recalls(
             recalls = recall_from_ranks(ranks, ks)
             out[f"{a}->{b}"] = {f"r{k}": v for k, v in recalls.items()} | {"queries": float(queries.numel())}
     return out
+
+
+def expected_hit_rate(candidates: int, positives: int, k: int) -> float:
+    """Chance that at least one of `positives` items lands in the top k when `candidates`
+    items (positives included) are tied and ordered at random: 1 - C(n-p, k) / C(n, k)."""
+    if k >= candidates:
+        return 1.0
+    miss = 1.0
+    for i in range(k):  # C(n-p, k) / C(n, k) as a product, without huge binomials
+        miss *= max(0, candidates - positives - i) / (candidates - i)
+    return 1.0 - miss
+
+
+def expected_hit_rate_ranked(groups: Sequence[tuple[int, int]], k: int) -> float:
+    """Like expected_hit_rate, for candidates in tie groups ranked one after another:
+    groups = [(size, positives in it), ...], best group first; random order within a group."""
+    above = 0
+    for size, positives in groups:
+        if above >= k:
+            return 0.0
+        slots = k - above
+        if slots < size:
+            return expected_hit_rate(size, positives, slots)
+        if positives:
+            return 1.0
+        above += size
+    return 0.0
+
+
+def ceiling_recalls(image_groups: Sequence[Sequence[tuple[int, int]]], sentence_matches: Sequence[int],
+                    ks: Sequence[int] = KS) -> dict[str, float]:  # fmt: skip
+    """Expected recalls of a model that knows exactly which items fit a query, and so how
+    likely each is: it ranks fitting items first, more likely ones higher, and orders
+    equally likely ones at random.
+
+    image_groups: per image, its fitting sentences as tie groups, best first:
+        [(sentences in the group, of which the image's own), ...].
+    sentence_matches: per sentence, the number of images that fit it (its own included);
+        each is equally likely, so they form one tie group.
+    """
+    out = {}
+    for k in ks:
+        out[f"i2t_r{k}"] = 100 * sum(expected_hit_rate_ranked(g, k) for g in image_groups) / len(image_groups)
+    for k in ks:
+        out[f"t2i_r{k}"] = 100 * sum(expected_hit_rate(n, 1, k) for n in sentence_matches) / len(sentence_matches)
+    out["mR"] = sum(out[f"{d}_r{k}"] for d in ("i2t", "t2i") for k in ks) / (2 * len(ks))
+    return out

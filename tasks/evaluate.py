@@ -13,6 +13,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from data_catalog.catalog import write_json_atomic
+from data_catalog.datasets import embedded_ceiling
 from mule_core.metrics import mean_mr
 from mule_core.training import SplitTensors, encode_split, evaluate_split, resolve_device
 
@@ -117,6 +118,9 @@ def evaluate_model(workdir: str, config: dict[str, Any], run_id: str | None) -> 
     markdown = recall_markdown(table)
     summary = {"split": cfg.eval.split, "model": str(path), "best_epoch": meta.get("best_epoch"),
                "mean_mR": mean_mr(table), "table": table, "cross_lingual": crossing}  # fmt: skip
+    ceiling = embedded_ceiling(wd, cfg.data, cfg.eval.split)
+    if ceiling:  # what a model that knew every scene would score: how far there is to go
+        summary["ceiling"] = {lang: ceiling[lang] for lang in table if lang in ceiling}
     figures = {"recalls.png": plots.recall_bars(table, f"{dataset} {cfg.eval.split}: retrieval per language")}
     for layer, crossing_table in crossing.items():
         if crossing_table:
@@ -133,6 +137,8 @@ def evaluate_model(workdir: str, config: dict[str, Any], run_id: str | None) -> 
                                                     "cross_lingual.md": cross_lingual_markdown(crossing) + "\n"})  # fmt: skip
     metrics = {f"test.{lang}.{k}": v for lang, row in table.items() for k, v in row.items()}
     metrics["test.mean_mR"] = summary["mean_mR"]
+    for lang, row in summary.get("ceiling", {}).items():
+        metrics[f"ceiling.{lang}.mR"] = row["mR"]
     tracker.metrics(metrics | _cross_lingual_metrics(crossing))
     log.info("test recalls (%s, %d images):\n%s", cfg.eval.split, data.n_images, markdown)
     return summary | {"markdown": markdown, "results_dir": str(out)}

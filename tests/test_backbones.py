@@ -14,6 +14,7 @@ from mule_core.features import (
     extract,
     feature_dim,
     lite_state_dict_for_timm,
+    network_input,
 )
 
 skimage_data = pytest.importorskip("skimage.data")
@@ -27,7 +28,7 @@ def photo(name: str) -> Image.Image:
 
 def top5(model, arch: str, image: Image.Image) -> list[int]:
     size = {"efficientnet_lite0": 224, "efficientnet_lite1": 240, "efficientnet_lite2": 260}.get(arch, 224)
-    x = crop_transform(size, 0, 1, arch)(image)
+    x = network_input(crop_transform(size, 0, 1)(image), arch)
     with torch.no_grad():
         return model(x).topk(5).indices[0].tolist()
 
@@ -50,7 +51,8 @@ def test_the_key_mapping_reproduces_the_reference_implementation():
     state, info = imagenet_weights("efficientnet_lite0")
     ours = build_classifier("efficientnet_lite0", state)
     reference = reference_package.EfficientNet.from_pretrained("efficientnet-lite0", weights_path=info["file"]).eval()
-    x = torch.stack([crop_transform(224, 0, 1, "efficientnet_lite0")(photo(n))[0] for n in ("chelsea", "astronaut")])
+    crops = torch.cat([crop_transform(224, 0, 1)(photo(n)) for n in ("chelsea", "astronaut")])
+    x = network_input(crops, "efficientnet_lite0")
     with torch.no_grad():
         torch.testing.assert_close(ours(x), reference(x), atol=1e-4, rtol=1e-4)
     mapped = lite_state_dict_for_timm(state, ours)
@@ -62,7 +64,7 @@ def test_the_key_mapping_reproduces_the_reference_implementation():
 def test_pooled_features_and_their_sizes():
     state, _ = imagenet_weights("efficientnet_lite0")
     model = build_backbone("efficientnet_lite0", state)
-    x = torch.randn(2, 3, 3, 96, 96)  # 2 images x 3 crops
+    x = torch.randint(0, 256, (2, 3, 3, 96, 96), dtype=torch.uint8)  # 2 images x 3 crops, as the loader gives
     assert extract(model, x).shape == (2, feature_dim("efficientnet_lite0")) == (2, 1280)
     grid = build_backbone("efficientnet_lite0", state, pool="avg+grid")
     assert extract(grid, x).shape == (2, 5 * 1280)
@@ -97,21 +99,32 @@ def quadrants(size: int = 64) -> Image.Image:
 
 
 def mean_colour(crop: torch.Tensor) -> tuple[int, ...]:
-    """Back from normalised values (mean = std = 0.5) to 0..255 RGB, averaged."""
-    return tuple(int(round(v)) for v in ((crop * 0.5 + 0.5) * 255).mean((1, 2)).tolist())
+    return tuple(int(round(v)) for v in crop.float().mean((1, 2)).tolist())
 
 
 def test_crop_geometry_on_a_hand_made_image():
     image = quadrants(64)
-    one = crop_transform(32, 64, 1, "efficientnet_lite0")(image)  # no resize; centre 32 x 32
-    assert one.shape == (1, 3, 32, 32)
+    one = crop_transform(32, 64, 1)(image)  # no resize; centre 32 x 32
+    assert one.shape == (1, 3, 32, 32) and one.dtype == torch.uint8
     assert [mean_colour(one[0][:, :16, :16]), mean_colour(one[0][:, 16:, 16:])] == [(255, 0, 0), (255, 255, 255)]
-    five = crop_transform(32, 64, 5, "efficientnet_lite0")(image)  # corners, then centre
+    five = crop_transform(32, 64, 5)(image)  # corners, then centre
     assert [mean_colour(c) for c in five[:4]] == [(255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 255)]
     torch.testing.assert_close(five[4], one[0])
-    ten = crop_transform(32, 64, 10, "efficientnet_lite0")(image)  # and the five of the mirrored image
+    ten = crop_transform(32, 64, 10)(image)  # and the five of the mirrored image
     assert ten.shape == (10, 3, 32, 32)
     torch.testing.assert_close(ten[:5], five)
     # Mirrored, the top-left corner holds the (flipped) top-right one, and so on.
     assert [mean_colour(c) for c in ten[5:9]] == [(0, 255, 0), (255, 0, 0), (255, 255, 255), (0, 0, 255)]
     torch.testing.assert_close(ten[5:], five[[1, 0, 3, 2, 4]].flip(-1))
+
+
+@pytest.mark.parametrize("arch,weights", [("efficientnet_lite0", "imagenet"), ("resnet18", "random")])
+def test_onnx_runtime_gives_the_vectors_pytorch_gives(arch, weights):
+    pytest.importorskip("onnxruntime")
+    from mule_core.onnx_engine import OnnxExtractor
+
+    state = imagenet_weights(arch)[0] if weights == "imagenet" else None
+    model = build_backbone(arch, state, seed=0)
+    crops = torch.stack([crop_transform(64, 64, 1)(photo(n)) for n in ("chelsea", "coffee", "astronaut")])
+    engine = OnnxExtractor(model, input_size=64, threads=1)
+    torch.testing.assert_close(extract(engine, crops), extract(model, crops), atol=1e-4, rtol=1e-4)

@@ -13,7 +13,8 @@ def test_presets_differ_where_the_paper_does():
     assert (paper.features.arch, paper.features.crops, paper.features.input_size) == ("resnet152", 10, 448)
     assert (paper.train.batch_images, paper.train.lr, paper.train.epochs, paper.loss.top_k) == (450, 1e-4, 20, 10)
     assert paper.loss.lc_weight == 1e-6 and paper.text.word_dim == 300
-    assert demo.model.lstm_dim < paper.model.lstm_dim and demo.features.weights == "random"
+    assert demo.model.lstm_dim < paper.model.lstm_dim and demo.features.weights == "imagenet"
+    assert demo.features.arch == "efficientnet_lite0"  # ImageNet weights that install offline
 
 
 def test_cli_strings_are_converted_to_the_field_types():

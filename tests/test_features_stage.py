@@ -19,8 +19,8 @@ TINY = {"data.train_images": 24, "data.val_images": 8, "data.test_images": 8, "d
         "features.input_size": 32, "features.shard_images": 8, "text.fasttext_epochs": 2}  # fmt: skip
 
 
-def ingested(root) -> tuple[Workdir, dict]:
-    config = to_dict(resolve("demo", TINY))
+def ingested(root, overrides: dict) -> tuple[Workdir, dict]:
+    config = to_dict(resolve("demo", overrides))
     generate_embedded.fn(str(root), config)
     ingest_captions.fn(str(root), config, None)
     return Workdir.at(root), config
@@ -82,19 +82,22 @@ def test_bad_images_become_rejects_and_the_stage_completes(tmp_path, caplog):
     assert "train: 4 images have no features" in caplog.text
 
 
+SMALL = {**TINY, "data.train_images": 8, "data.val_images": 4, "data.test_images": 4, "features.shard_images": 4}
+
+
 @pytest.mark.slow
 def test_dask_and_in_process_runs_give_the_same_table(tmp_path):
     from flows.stages import features_flow
 
-    local, config = ingested(tmp_path / "local")
+    local, config = ingested(tmp_path / "local", SMALL)
     shutil.copytree(local.root, tmp_path / "dask")
     extract_features(str(local.root), config, None)
-    overrides = {**TINY, "features.runner": "dask", "features.dask_workers": 2}
+    overrides = {**SMALL, "features.runner": "dask", "features.dask_workers": 2}
     summary = features_flow(workdir=str(tmp_path / "dask"), overrides=overrides)
-    assert summary["extracted_now"] == 40 and summary["rejected"] == 0
+    assert summary["extracted_now"] == 16 and summary["rejected"] == 0
 
     def table(wd: Workdir):
-        extractor = extractor_for(resolve("demo", TINY).features)
+        extractor = extractor_for(resolve("demo", SMALL).features)
         parts = Catalog(wd).feature_parts("embedded", extractor)
         rows = {}
         for part in parts:
@@ -105,7 +108,7 @@ def test_dask_and_in_process_runs_give_the_same_table(tmp_path):
     dask_wd = Workdir.at(tmp_path / "dask")
     adopt(dask_wd)
     (ours, n_local), (theirs, n_dask) = table(local), table(dask_wd)
-    assert n_local == n_dask == 5  # 40 images in shards of 8, one part each
+    assert n_local == n_dask == 4  # 16 images in shards of 4, one part each, whoever wrote it
     assert sorted(ours) == sorted(theirs)  # same rows, no duplicates
     for image_id, vector in ours.items():
         np.testing.assert_allclose(theirs[image_id], vector, rtol=1e-4, atol=1e-5)

@@ -108,7 +108,9 @@ def test_mlflow_runs(rebuilt):
         a.path for a in client.list_artifacts(evaluate.info.run_id)
     }
     assert evaluate.data.metrics["test.en.mR"] == pytest.approx(results["evaluate"]["table"]["en"]["mR"])
-    assert by_name["features"].data.tags["mule.weights"] == "random (seed 0)"
+    assert by_name["features"].data.tags["mule.weights"].startswith("efficientnet_lite0 ImageNet")
+    features = by_name["features"].data.params
+    assert len(features["features.weights_sha256"]) == 64 and features["features.weights_file_used"].endswith(".pth")
 
 
 @pytest.mark.slow

@@ -67,9 +67,10 @@ def _write_lines(path: Path, lines: list[str]) -> None:
 
 
 def generate_image(
-    spec: EmbeddedSpec, split: str, index: int
+    spec: EmbeddedSpec, split: str, index: int, with_plans: bool = False
 ) -> tuple[dict, dict[str, list[str]], dict[str, str], Scene]:
-    """Scene, task2 captions (5 per language) and task1 lines (en + translations) of one image."""
+    """Scene, task2 captions (5 per language) and task1 lines (en + translations) of one image.
+    with_plans: meta also holds the caption plans (the ground truth of what each says)."""
     rng = random.Random(f"embedded-multi30k:{spec.seed}:{split}:{index}")
     scene = sample_scene(rng)
     task2: dict[str, list[str]] = {}
@@ -89,6 +90,8 @@ def generate_image(
         "objects": [asdict(o) for o in scene.objects],
         "task1_en_index": k + 1,
     }
+    if with_plans:
+        meta["plans"] = {**plans, "task1": plans["en"][k]}
     return meta, task2, task1, scene
 
 
