@@ -82,6 +82,7 @@ def main() -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--demo-images", type=int, default=600)
     parser.add_argument("--paper-images", type=int, default=6)
+    parser.add_argument("--loader-workers", type=int, default=-1, help="decoding threads (default: the stage's)")
     args = parser.parse_args()
     device = resolve_device(args.device)
     print(f"machine: {platform.node()}, {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, "
@@ -90,7 +91,8 @@ def main() -> None:
           f"{'bare/s':>8} {'ratio':>6}")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="mule-bench-features-") as tmp:
         for name, extra in SETTINGS.items():
-            cfg = resolve(name, {**extra, "features.device": str(device), "data.dataset": "bench"})
+            cfg = resolve(name, {**extra, "features.device": str(device), "data.dataset": "bench",
+                                 "features.loader_workers": args.loader_workers})  # fmt: skip
             f = cfg.features
             n = args.demo_images if name == "demo" else args.paper_images
             paths = write_images(Path(tmp) / name, n, (500, 375), scenes=name == "demo")
@@ -104,7 +106,7 @@ def main() -> None:
             stage = run_shard(str(workdir.root), to_dict(cfg), shard, n)["seconds"]
             bare = bare_loop(model, transform, paths, batch, device)
             extractor = f"{f.arch} {f.weights} {f.crops}x{f.input_size}px {f.pool}"
-            print(f"{name:<7} {extractor:<44} {batch:>5} {loader_workers_for(f):>7} {n:>6} {n / stage:>8.1f} "
+            print(f"{name:<7} {extractor:<44} {batch:>5} {loader_workers_for(f, device):>7} {n:>6} {n / stage:>8.1f} "
                   f"{n / bare:>8.1f} {bare / stage:>6.2f}", flush=True)  # fmt: skip
 
 

@@ -46,7 +46,7 @@ class FeaturesConfig:
     pool: str = "avg"  # "avg" (the paper) or "avg+grid" (plus the 4 quadrants' averages: keeps position)
     engine: str = "auto"  # "torch", "onnxruntime" (CPU), or "auto": onnxruntime on the CPU when installed
     batch_size: int = 0  # images per forward pass; 0: chosen from the device, input size and crops
-    loader_workers: int = -1  # threads that decode and crop ahead of the model; -1: one per spare core
+    loader_workers: int = -1  # decoding threads; -1: one per spare core beside a GPU, none on the CPU
     shard_images: int = 2048  # images per Parquet part; a rerun resumes after the last part
     runner: str = "inprocess"  # "inprocess" (shard after shard) or "dask" (shards over Dask workers)
     dask_address: str = ""  # an existing scheduler (tcp://host:8786); "" starts a LocalCluster
