@@ -1,9 +1,10 @@
 """The MULE model: shapes, per-language routing, normalisation, parameter counts."""
 
 import torch
+from torch.nn.utils.rnn import pack_padded_sequence
 
 from mule_core.config import ModelConfig, resolve
-from mule_core.model import MuleModel, TextBatch, count_parameters
+from mule_core.model import MuleModel, TextBatch, count_parameters, unrolled_lstm_last
 
 CFG = ModelConfig(mule_dim=6, lstm_dim=5, joint_dim=4, image_hidden=7)
 
@@ -103,3 +104,25 @@ def test_parallel_model_routes_each_language_through_its_own_encoder():
     assert encoded.mule is None and encoded.joint.shape == (2, 4)
     assert not torch.allclose(encoded.joint[0], encoded.joint[1])
     assert not model.has_mule and model.mule_parameters() == []
+
+
+def test_unrolled_lstm_matches_pytorchs_lstm_in_values_and_gradients():
+    """Training on the CPU runs the LSTM step by step; it must be PyTorch's LSTM exactly."""
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(6, 5, batch_first=True)
+    words = torch.randn(7, 9, 6)
+    lengths = torch.tensor([9, 1, 4, 9, 2, 7, 3])  # unsorted, ties, a one-word sentence
+
+    def run(encode):
+        lstm.zero_grad()
+        x = words.clone().requires_grad_(True)
+        out = encode(pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False))
+        (out * torch.arange(35.0).reshape(7, 5)).sum().backward()
+        return out.detach(), x.grad, [p.grad.clone() for p in lstm.parameters()]
+
+    reference = run(lambda packed: lstm(packed)[1][0][-1])
+    unrolled = run(lambda packed: unrolled_lstm_last(lstm, packed))
+    torch.testing.assert_close(unrolled[0], reference[0])
+    torch.testing.assert_close(unrolled[1], reference[1])
+    for got, want in zip(unrolled[2], reference[2], strict=True):
+        torch.testing.assert_close(got, want)
