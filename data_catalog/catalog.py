@@ -19,6 +19,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from mule_core.errors import UserError
+
+from .faults import remove_stale_temporaries, write_point
 from .schemas import TABLES, features_schema
 from .workdir import Workdir
 
@@ -29,7 +32,7 @@ PRODUCED_BY = {"images": "ingest", "captions": "ingest", "rejects": "ingest", "w
 _MISSING_TABLE = re.compile(r"Table with name (\w+) does not exist", re.IGNORECASE)
 
 
-class CatalogError(RuntimeError):
+class CatalogError(UserError, RuntimeError):
     pass
 
 
@@ -42,9 +45,11 @@ def missing_table_error(table: str, workdir: Workdir, dataset: str | None = None
 
 def write_parquet_atomic(table: pa.Table, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         pq.write_table(table, tmp, compression="zstd")
+        write_point(path)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -52,8 +57,10 @@ def write_parquet_atomic(table: pa.Table, path: Path) -> None:
 
 def write_json_atomic(data: Any, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str))
+    write_point(path)
     os.replace(tmp, path)
 
 
@@ -70,7 +77,15 @@ class Catalog:
 
     def refresh_views(self) -> None:
         """(Re)creates one view per table that has files; safe to call any time."""
-        with duckdb.connect(str(self.workdir.duckdb_path)) as con:
+        try:
+            con = duckdb.connect(str(self.workdir.duckdb_path))
+        except duckdb.Error:
+            # Views are all it holds, derived from the Parquet files: a file damaged by a
+            # crash is rebuilt rather than trusted.
+            for stale in (self.workdir.duckdb_path, self.workdir.duckdb_path.with_name("catalog.duckdb.wal")):
+                stale.unlink(missing_ok=True)
+            con = duckdb.connect(str(self.workdir.duckdb_path))
+        with con:
             for name, pattern in self._globs().items():
                 if glob.glob(pattern):
                     con.execute(

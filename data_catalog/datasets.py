@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from mule_core.config import DataConfig
+from mule_core.errors import UserError
 
 from .embedded.multi30k_layout import EmbeddedSpec, generate_multi30k
 from .workdir import Workdir
@@ -16,7 +17,7 @@ from .workdir import Workdir
 EMBEDDED = "embedded"
 
 
-class DatasetError(ValueError):
+class DatasetError(UserError, ValueError):
     pass
 
 

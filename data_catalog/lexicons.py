@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mule_core.errors import UserError
 
-class LexiconError(ValueError):
+
+class LexiconError(UserError, ValueError):
     pass
 
 

@@ -17,8 +17,10 @@ from urllib.parse import urlparse
 
 import numpy as np
 
+from mule_core.errors import UserError
 
-class PretrainedUnavailable(RuntimeError):
+
+class PretrainedUnavailable(UserError, RuntimeError):
     pass
 
 

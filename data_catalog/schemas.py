@@ -42,9 +42,11 @@ REJECTS = pa.schema(
     [
         ("dataset", pa.string()),
         ("source_file", pa.string()),
-        ("line", pa.int32()),
+        ("line", pa.int32()),  # null for a whole file (or an image file)
+        ("kind", pa.string()),  # invalid_utf8, empty, control_char, too_long, no_image, duplicate_image, ...
         ("reason", pa.string()),
-        ("raw", pa.string()),
+        ("raw", pa.string()),  # the line, undecodable bytes as \xNN escapes
+        ("raw_bytes", pa.binary()),  # the line as it was (capped at data.max_caption_bytes)
     ]
 )
 

@@ -10,6 +10,7 @@
   mlflow.db, mlartifacts/         MLflow tracking store and artifacts
   prefect/                        Prefect's home, unless PREFECT_HOME is set
   workdir.json                    where this workdir was last used (to notice a copy or move)
+  mule.lock                       held by the mule process working here (data_catalog.locks)
 
 A workdir is self-contained: a copy (made to try a variant) or a moved workdir must
 never write into the folder it came from. Some stores keep absolute paths (MLflow's
@@ -77,6 +78,10 @@ class Workdir:
     @property
     def prefect_home(self) -> Path:
         return self.root / "prefect"
+
+    @property
+    def lock_path(self) -> Path:
+        return self.root / "mule.lock"
 
     @property
     def home_marker(self) -> Path:

@@ -19,6 +19,7 @@ import time
 
 from data_catalog.workdir import Workdir
 from mule_core.config import PRESETS, ConfigError, parse_assignments, resolve, to_dict
+from mule_core.errors import is_user_error
 
 STAGE_NAMES = ("ingest", "features", "text", "pretrain", "train", "evaluate")
 EXTRA_STAGES = ("ablation",)  # not part of `all`
@@ -161,9 +162,10 @@ def cmd_catalog(args: argparse.Namespace) -> int:
         "SELECT dataset, split, lang, count(*) AS n FROM captions GROUP BY ALL ORDER BY dataset, split, lang"
     ).to_pylist():
         print(f"  captions  {row['dataset']:<12} {row['split']:<18} {row['lang']:<4} {row['n']:>7}")
-    for row in catalog.query("SELECT dataset, count(*) AS n FROM rejects GROUP BY ALL").to_pylist() if (
-        workdir.catalog_dir / "rejects").exists() else []:  # fmt: skip
-        print(f"  rejects   {row['dataset']:<12} {row['n']:>7}")
+    for row in catalog.query(
+        "SELECT dataset, coalesce(kind, '?') AS kind, count(*) AS n FROM rejects GROUP BY ALL ORDER BY dataset, n DESC"
+    ).to_pylist() if (workdir.catalog_dir / "rejects").exists() else []:  # fmt: skip
+        print(f"  rejects   {row['dataset']:<12} {row['kind']:<18} {row['n']:>7}")
     return 0
 
 
@@ -194,18 +196,11 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
     except Exception as error:  # noqa: BLE001 - one clear line for the errors users can fix
-        if type(error).__name__ in USER_ERRORS:
+        if is_user_error(error):
             print(f"mule: error: {error}", file=sys.stderr)
             return 2
-        raise
+        raise  # a bug: its traceback is what we need
     return 0
-
-
-# Errors that describe a problem with the input, not a bug: shown without a traceback.
-USER_ERRORS = {
-    "ConfigError", "DatasetError", "Multi30kError", "NoImagesError", "PretrainedUnavailable", "CatalogError",
-    "MissingPretrainError", "FileNotFoundError", "WorkdirError",
-}  # fmt: skip
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -23,6 +23,27 @@ def prepare_environment(workdir: Path) -> None:
     logging.getLogger("mule").setLevel(logging.INFO)
 
 
+class _NoTracebackForUserErrors(logging.Filter):
+    """Prefect logs a failed task or flow run with the exception's traceback; for a user
+    error (mule_core.errors) the message is the whole story."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from mule_core.errors import is_user_error
+
+        if record.exc_info and record.exc_info[1] is not None and is_user_error(record.exc_info[1]):
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+def quiet_user_errors() -> None:
+    """Installs the filter on Prefect's run loggers (idempotent; Prefect may reconfigure logging)."""
+    for name in ("prefect.task_runs", "prefect.flow_runs", "prefect.flow_engine", "prefect.task_engine"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _NoTracebackForUserErrors) for f in logger.filters):
+            logger.addFilter(_NoTracebackForUserErrors())
+
+
 def dask_task_runner(features: dict, shards: int):
     """prefect-dask's runner for the features shards: on the scheduler at
     features.dask_address, else on a LocalCluster with one process per GPU (each shard

@@ -8,15 +8,20 @@ when called by `rebuild`, the MLflow run to nest under.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, unmapped
+from prefect.states import Failed
 
 from data_catalog.datasets import EMBEDDED
+from data_catalog.locks import workdir_lock
 from data_catalog.workdir import Workdir
-from flows.runtime import dask_task_runner
+from flows.runtime import dask_task_runner, quiet_user_errors
 from mule_core.config import ConfigError, MuleConfig, resolve, to_dict
+from mule_core.errors import is_user_error
 from tasks import ablation, relocation, tracking
 from tasks.evaluate import evaluate_model
 from tasks.features import extract_shard, finish_features, plan_features
@@ -39,22 +44,42 @@ def _workdir(workdir: str | None) -> Workdir:
             "Redeploy with `MULE_HOME=/path/to/workdir prefect deploy --all`, or run it with "
             "`--param workdir=/path/to/workdir`."
         )
-    wd = Workdir.at(workdir)
-    relocation.adopt(wd)
-    return wd
+    return Workdir.at(workdir)
 
 
-def _setup(workdir: str | None, preset: str, overrides: dict[str, Any] | None) -> tuple[Workdir, MuleConfig, dict]:
+@contextmanager
+def _working(workdir: str | None, preset: str, overrides: dict[str, Any] | None,
+             stage: str) -> Iterator[tuple[Workdir, MuleConfig, dict]]:  # fmt: skip
+    """The workdir, under its lock (one mule process at a time), its stored paths pointed
+    at itself if it was copied or moved, and the resolved config."""
     wd = _workdir(workdir)
     cfg = resolve(preset, overrides)
-    return wd, cfg, to_dict(cfg)
+    with workdir_lock(wd, stage):
+        relocation.adopt(wd)
+        yield wd, cfg, to_dict(cfg)
+
+
+def _failing_quietly(body):
+    """Runs body(); a user error ends the flow run Failed with exactly its message (and no
+    traceback in the log: flows.runtime.quiet_user_errors), then reaches the caller."""
+    quiet_user_errors()
+    try:
+        return body()
+    except Exception as error:
+        if is_user_error(error):
+            return Failed(message=str(error), data=error)
+        raise
 
 
 def _stage(stage: str, work, workdir, preset, overrides, parent_run_id) -> dict:
-    """One stage: its MLflow run around its task(s). `work(root, config, run_id)`."""
-    wd, cfg, config = _setup(workdir, preset, overrides)
-    with tracking.run(wd, cfg, stage, parent_run_id) as run_id:
-        return work(str(wd.root), config, run_id)
+    """One stage: its MLflow run around its task(s), under the workdir's lock. `work(root, config, run_id)`."""
+
+    def body() -> dict:
+        with _working(workdir, preset, overrides, stage) as (wd, cfg, config):
+            with tracking.run(wd, cfg, stage, parent_run_id) as run_id:
+                return work(str(wd.root), config, run_id)
+
+    return _failing_quietly(body)
 
 
 def _ingest(root: str, config: dict, run_id: str) -> dict:
@@ -129,28 +154,32 @@ def ablation_flow(workdir: str | None = None, preset: str = "demo", overrides: d
                   parent_run_id: str | None = None) -> dict:  # fmt: skip
     """Baselines and MULE's parts (the paper's Table 2), each a child run; runs the stages
     whose outputs are missing first."""
-    wd, cfg, config = _setup(workdir, preset, overrides)
-    root = str(wd.root)
-    with tracking.run(wd, cfg, "ablation", parent_run_id) as run_id:
-        for stage in ablation.missing_inputs(root, config):
-            STAGE_FLOWS[stage](workdir=root, preset=preset, overrides=overrides, parent_run_id=run_id)
-        rows, english = [], []
-        seeds = [cfg.train.seed + i for i in range(cfg.ablation.seeds)]
-        for row in ablation.grid(list(cfg.data.languages), seeds):
-            evaluations, trainings = [], []
-            for model in row.models:
-                variant = resolve(preset, {**(overrides or {}), **model.overrides})
-                with tracking.run(wd, variant, f"ablation: {model.label}", run_id) as child:
-                    trainings.append(train_model(root, to_dict(variant), child))
-                    evaluations.append(evaluate_model(root, to_dict(variant), child))
-            rows.append(ablation.row_result(row, evaluations, trainings))
-            english += ablation.english_models(row.models)
-        if english:
-            with tracking.run(wd, cfg, "ablation: translate the query", run_id) as child:
-                translated = ablation.translate_the_query(root, config, child, english)
-            if translated is not None:
-                rows.insert(1, translated)
-        return ablation.summarize(root, config, run_id, rows)
+    return _failing_quietly(lambda: _ablation(workdir, preset, overrides, parent_run_id))
+
+
+def _ablation(workdir: str | None, preset: str, overrides: dict[str, Any] | None, parent_run_id: str | None) -> dict:
+    with _working(workdir, preset, overrides, "ablation") as (wd, cfg, config):
+        root = str(wd.root)
+        with tracking.run(wd, cfg, "ablation", parent_run_id) as run_id:
+            for stage in ablation.missing_inputs(root, config):
+                STAGE_FLOWS[stage](workdir=root, preset=preset, overrides=overrides, parent_run_id=run_id)
+            rows, english = [], []
+            seeds = [cfg.train.seed + i for i in range(cfg.ablation.seeds)]
+            for row in ablation.grid(list(cfg.data.languages), seeds):
+                evaluations, trainings = [], []
+                for model in row.models:
+                    variant = resolve(preset, {**(overrides or {}), **model.overrides})
+                    with tracking.run(wd, variant, f"ablation: {model.label}", run_id) as child:
+                        trainings.append(train_model(root, to_dict(variant), child))
+                        evaluations.append(evaluate_model(root, to_dict(variant), child))
+                rows.append(ablation.row_result(row, evaluations, trainings))
+                english += ablation.english_models(row.models)
+            if english:
+                with tracking.run(wd, cfg, "ablation: translate the query", run_id) as child:
+                    translated = ablation.translate_the_query(root, config, child, english)
+                if translated is not None:
+                    rows.insert(1, translated)
+            return ablation.summarize(root, config, run_id, rows)
 
 
 STAGE_FLOWS = {
@@ -177,11 +206,14 @@ def check_stages(stages: list[str] | None) -> list[str]:
 def rebuild_flow(workdir: str | None = None, preset: str = "demo", overrides: dict[str, Any] | None = None,
                  stages: list[str] | None = None) -> dict:  # fmt: skip
     """The pipeline: every stage in order (or the ones named), under one parent MLflow run."""
+    return _failing_quietly(lambda: _rebuild(workdir, preset, overrides, stages))
+
+
+def _rebuild(workdir: str | None, preset: str, overrides: dict[str, Any] | None, stages: list[str] | None) -> dict:
     stages = check_stages(stages)
-    wd, cfg, _ = _setup(workdir, preset, overrides)
     name = "rebuild" if stages == list(STAGES) else "run: " + " ".join(stages)
     results: dict[str, Any] = {}
-    with tracking.run(wd, cfg, name) as run_id:
+    with _working(workdir, preset, overrides, name) as (wd, cfg, _), tracking.run(wd, cfg, name) as run_id:
         for stage in stages:
             results[stage] = STAGE_FLOWS[stage](workdir=str(wd.root), preset=preset, overrides=overrides,
                                                 parent_run_id=run_id)  # fmt: skip

@@ -216,7 +216,7 @@ def summarize(workdir: str, config: dict[str, Any], run_id: str | None, rows: li
     figure = plots.ablation_bars(rows, languages, f"{cfg.data.dataset} {cfg.eval.split}: mR per language and model")
     figure.savefig(out / "ablation.png", dpi=110)
     tracker = Tracker(wd, run_id)
-    tracker.figure(figure, "ablation.png")
+    tracker.artifact(out / "ablation.png")
     plots.close(figure)
     for name in ("ablation.md", "ablation.csv"):
         tracker.artifact(out / name)

@@ -64,8 +64,8 @@ def _write_outputs(out, tracker, summary: dict, figures: dict, files: dict[str, 
     write_json_atomic(summary, out / "evaluation.json")
     for name, figure in figures.items():
         figure.savefig(out / name, dpi=110)
-        tracker.figure(figure, name)
         plots.close(figure)
+        tracker.artifact(out / name)  # the file just written: rendering it again for MLflow costs as much
     for name in (*files, "evaluation.json"):
         tracker.artifact(out / name)
 

@@ -31,6 +31,7 @@ from data_catalog.pretrained import imagenet_weights
 from data_catalog.schemas import REJECTS
 from mule_core import onnx_engine
 from mule_core.config import ConfigError, FeaturesConfig
+from mule_core.errors import UserError
 from mule_core.features import (
     backbone,
     build_backbone,
@@ -47,7 +48,11 @@ from .common import context, logger
 from .tracking import Tracker
 
 
-class NoImagesError(RuntimeError):
+class NoImagesError(UserError, RuntimeError):
+    pass
+
+
+class ImageRejectedError(UserError, RuntimeError):
     pass
 
 
@@ -268,8 +273,10 @@ def write_image_rejects(catalog: Catalog, dataset: str, root: str, rejects: list
         {"dataset": [dataset] * len(rejects),
          "source_file": [r["path"].removeprefix(prefix) for r in rejects],
          "line": pa.nulls(len(rejects), pa.int32()),
+         "kind": ["missing_image" if r["reason"] == "image file missing" else "bad_image" for r in rejects],
          "reason": [r["reason"] for r in rejects],
-         "raw": [""] * len(rejects)},
+         "raw": [""] * len(rejects),
+         "raw_bytes": [b""] * len(rejects)},
         schema=REJECTS,
     )  # fmt: skip
     catalog.write_table("rejects", f"{dataset}.images", table)
@@ -285,6 +292,9 @@ def finish_features(workdir: str, config: dict[str, Any], run_id: str | None, pl
     write_image_rejects(catalog, dataset, str(os.path.realpath(root)), rejects)
     extracted = sum(s["extracted"] for s in shards)
     seconds = sum(s["seconds"] for s in shards)
+    if rejects and cfg.data.strict:
+        raise ImageRejectedError(f"{rejects[0]['path']}: {rejects[0]['reason']} (and {len(rejects) - 1} more images; "
+                                 "data.strict=true makes this an error)")  # fmt: skip
     if rejects:
         log.warning("%d images rejected (missing or not decodable; see the rejects table), e.g. %s: %s",
                     len(rejects), rejects[0]["path"], rejects[0]["reason"])  # fmt: skip

@@ -11,7 +11,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from data_catalog.datasets import locate, prepare
-from data_catalog.readers.multi30k import read_multi30k
+from data_catalog.readers.multi30k import ReadOptions, read_multi30k
 from mule_core.progress import Progress
 from mule_core.text import TOKENIZER_VERSION, tokenize
 
@@ -41,7 +41,8 @@ def ingest_captions(workdir: str, config: dict[str, Any], run_id: str | None) ->
     log = logger()
     source = locate(wd, cfg.data)
     started = time.perf_counter()
-    result = read_multi30k(source.root, cfg.data.dataset, source.images, progress=log.info)
+    options = ReadOptions(tuple(cfg.data.languages), cfg.data.strict, cfg.data.max_caption_bytes)
+    result = read_multi30k(source.root, cfg.data.dataset, source.images, progress=log.info, options=options)
     log.info(
         "read %d images, %d captions, %d rejected lines; %d task1 English lines merged into task2 captions",
         result.images.num_rows, result.captions.num_rows, result.rejects.num_rows, result.merged_task1_lines,
@@ -62,6 +63,14 @@ def ingest_captions(workdir: str, config: dict[str, Any], run_id: str | None) ->
     catalog.write_table("rejects", cfg.data.dataset, result.rejects)
 
     present = sum(result.images.column("exists").to_pylist())
+    kinds = Counter(result.rejects.column("kind").to_pylist())
+    if kinds:
+        per_kind = ", ".join(f"{n} {kind}" for kind, n in kinds.most_common())
+        log.warning(
+            "rejected %d lines (%s); they are in the rejects table (mule catalog)", sum(kinds.values()), per_kind
+        )
+    else:
+        log.info("no line rejected")
     summary = {
         "source": str(source.root),
         "images_dir": str(source.images),
@@ -69,6 +78,7 @@ def ingest_captions(workdir: str, config: dict[str, Any], run_id: str | None) ->
         "images_present": present,
         "captions": captions.num_rows,
         "rejects": result.rejects.num_rows,
+        "rejects_by_kind": dict(kinds),
         "merged_task1_lines": result.merged_task1_lines,
         "per_split": result.stats,
         "tokenizer": TOKENIZER_VERSION,
@@ -79,16 +89,16 @@ def ingest_captions(workdir: str, config: dict[str, Any], run_id: str | None) ->
             "%d of %d image files are missing under %s; they are recorded as missing",
             result.images.num_rows - present, result.images.num_rows, source.images,
         )  # fmt: skip
-    reasons = Counter(result.rejects.column("reason").to_pylist())
     tracker = Tracker(wd, run_id)
     tracker.params(
         {"ingest.source": source.root, "ingest.images_dir": source.images, "ingest.tokenizer": TOKENIZER_VERSION}
     )
     metrics = {"images": summary["images"], "images_present": present, "captions": summary["captions"],
                "rejects": summary["rejects"], "merged_task1_lines": result.merged_task1_lines}  # fmt: skip
+    metrics.update({f"rejects.{kind}": n for kind, n in kinds.items()})
     for split, counts in result.stats.items():
         for key, value in counts.items():
             metrics[f"{split}.{key}"] = value
     tracker.metrics(metrics)
-    tracker.json(summary | {"reject_reasons": dict(reasons)}, "ingest_summary.json")
+    tracker.json(summary, "ingest_summary.json")
     return summary

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from data_catalog.catalog import Catalog
+from data_catalog.faults import remove_stale_temporaries, write_point
 from mule_core.config import MuleConfig, from_dict, to_dict
 from mule_core.model import MuleModel
 from mule_core.text import Vocab, pad_batch
@@ -138,11 +139,26 @@ def file_digest(path: Path) -> str | None:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
+def model_digest(path: Path) -> str | None:
+    """The content of a saved model (weights and vocabularies), not its file: two runs that
+    trained the same weights agree, whenever they saved them."""
+    if not path.exists():
+        return None
+    data = torch.load(path, map_location="cpu", weights_only=True)
+    digest = hashlib.sha256(repr(sorted(data["vocab"].items())).encode())
+    for name, tensor in sorted(data["state_dict"].items()):
+        digest.update(name.encode())
+        digest.update(tensor.contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
 def save_atomic(obj: Any, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         torch.save(obj, tmp)
+        write_point(path)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

@@ -33,6 +33,7 @@ from mlflow.tracking import MlflowClient
 
 from data_catalog.workdir import Workdir
 from mule_core.config import MuleConfig, flatten
+from mule_core.errors import UserError, is_user_error
 
 _INVALID_METRIC_CHARS = re.compile(r"[^A-Za-z0-9_\-. :/]")
 # MLflow 3's UI opens an experiment without this tag in its GenAI (traces) view.
@@ -47,7 +48,7 @@ ARTIFACT_COLUMNS = (
 )
 
 
-class WorkdirError(RuntimeError):
+class WorkdirError(UserError, RuntimeError):
     """The workdir's stores point outside it, and mule cannot tell how to fix them."""
 
 
@@ -304,6 +305,12 @@ def run(workdir: Workdir, cfg: MuleConfig, stage: str, parent_run_id: str | None
     try:
         yield run_id
         status = "FINISHED"
+    except BaseException as error:
+        # The failed run says why, as the console and the Prefect run do.
+        c.set_tag(run_id, "mule.error", f"{error}"[:4900] or type(error).__name__)
+        c.set_tag(run_id, "mule.error_type", type(error).__name__)
+        c.set_tag(run_id, "mule.error_kind", "input" if is_user_error(error) else "bug")
+        raise
     finally:
         c.set_terminated(run_id, status)
 

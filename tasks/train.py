@@ -16,6 +16,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from mule_core.config import fingerprint
+from mule_core.errors import UserError
 from mule_core.metrics import mean_mr
 from mule_core.model import count_parameters
 from mule_core.training import Trainer, evaluate_split, resolve_device
@@ -23,13 +24,22 @@ from mule_core.training import Trainer, evaluate_split, resolve_device
 from . import plots
 from .common import context, logger
 from .features import extractor_for, images_with_files
-from .model_io import build_model, file_digest, load_model, load_split, load_vocabulary, save_atomic, save_model
+from .model_io import (
+    build_model,
+    file_digest,
+    load_model,
+    load_split,
+    load_vocabulary,
+    model_digest,
+    save_atomic,
+    save_model,
+)
 from .pretrain import pretrain_path
 from .tracking import Tracker
 from .training_common import optim_config
 
 
-class MissingPretrainError(RuntimeError):
+class MissingPretrainError(UserError, RuntimeError):
     pass
 
 
@@ -101,7 +111,7 @@ def train_model(workdir: str, config: dict[str, Any], run_id: str | None) -> dic
     checkpoint = path.with_name(f"{path.stem}-checkpoint.pt")
     key = fingerprint(cfg.data.languages, cfg.text, cfg.model, cfg.loss, replace(cfg.train, reuse=False), cfg.pretrain,
                       extractor, file_digest(wd.table_path("word_vectors", dataset)),
-                      file_digest(lp_file) if cfg.pretrain.enabled else None)  # fmt: skip
+                      model_digest(lp_file) if cfg.pretrain.enabled else None)  # fmt: skip
     if cfg.train.reuse and path.exists():
         previous = torch.load(path, map_location="cpu", weights_only=True)
         if previous.get("key") == key:

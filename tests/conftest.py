@@ -23,6 +23,17 @@ prepare_environment(_PREFECT_HOME)
 SHARED_MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "multi30k"
 
 
+@pytest.fixture(scope="session")
+def prefect_api_url() -> str:
+    """The session's ephemeral Prefect server (the one in-process flows use), for mule
+    subprocesses: they skip starting a server of their own."""
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer()
+    server.start()
+    return server.api_url
+
+
 @pytest.fixture
 def shared_multi30k() -> Path:
     if not (SHARED_MULTI30K / "data").is_dir():

@@ -13,7 +13,7 @@ from data_catalog.workdir import Workdir
 def rejects(n: int, dataset: str = "d") -> pa.Table:
     return pa.table(
         {"dataset": [dataset] * n, "source_file": ["f.gz"] * n, "line": list(range(1, n + 1)),
-         "reason": ["empty caption"] * n, "raw": [""] * n},
+         "kind": ["empty"] * n, "reason": ["empty caption"] * n, "raw": [""] * n, "raw_bytes": [b""] * n},
         schema=REJECTS,
     )  # fmt: skip
 

@@ -89,3 +89,40 @@ def test_ui_serves_the_workdir_store(tmp_path):
     finally:
         ui.terminate()
         ui.wait(timeout=20)
+
+
+def test_a_user_error_is_one_line_exit_2_and_the_failed_runs_say_the_same(tmp_path, prefect_api_url):
+    """The real command in a subprocess on a broken Multi30K copy: no traceback on the
+    console, and the message is the failed Prefect flow run's state message and the
+    failed MLflow run's mule.error tag."""
+    import os
+
+    from mlflow.tracking import MlflowClient
+    from prefect.client.orchestration import get_client
+
+    from data_catalog.workdir import Workdir
+    from tests.conftest import write_gz, write_tiny_multi30k
+
+    source = write_tiny_multi30k(tmp_path / "multi30k")
+    write_gz(source / "data/task1/raw/val.fr.gz", ["Un chat dort.", "Une ligne de trop."])
+    workdir = tmp_path / "work"
+    env = dict(os.environ, PREFECT_API_URL=prefect_api_url, PREFECT_LOGGING_LEVEL="INFO")
+    command = [sys.executable, "-m", "flows.cli", "run", "ingest", "--workdir", str(workdir),
+               "--dataset", "broken", "--source", str(source)]  # fmt: skip
+    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
+    expected = (f"data/task1/raw/val.fr.gz has 2 lines but data/task1/image_splits/val.txt lists 1 images: "
+                f"the files are not aligned (in {source})")  # fmt: skip
+    assert run.returncode == 2
+    assert "Traceback" not in run.stderr + run.stdout
+    assert run.stderr.strip().splitlines()[-1] == f"mule: error: {expected}"
+
+    client = MlflowClient(Workdir.at(workdir).mlflow_uri)
+    experiment = client.get_experiment_by_name("mule/broken")
+    ingest = [r for r in client.search_runs([experiment.experiment_id]) if r.info.run_name == "ingest"][0]
+    assert ingest.info.status == "FAILED"
+    assert ingest.data.tags["mule.error"] == expected and ingest.data.tags["mule.error_kind"] == "input"
+
+    flow_run_id = ingest.data.tags["prefect.flow_run_id"]
+    with get_client(sync_client=True) as prefect:
+        state = prefect.read_flow_run(flow_run_id).state
+    assert state.is_failed() and state.message == expected

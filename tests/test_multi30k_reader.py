@@ -49,8 +49,10 @@ def test_bad_lines_are_rejected_with_file_line_and_reason(tiny_multi30k):
     result = read_multi30k(tiny_multi30k, "tiny")
     rejects = {(r["source_file"], r["line"]): r for r in result.rejects.to_pylist()}
     assert rejects[("data/task2/raw/train.1.en.gz", 2)]["reason"] == "empty caption"
+    assert rejects[("data/task2/raw/train.1.en.gz", 2)]["kind"] == "empty"
     assert rejects[("data/task2/raw/train.1.de.gz", 1)]["reason"].startswith("invalid UTF-8 at byte 9")
     assert "\\xff" in rejects[("data/task2/raw/train.1.de.gz", 1)]["raw"]  # the raw bytes are kept
+    assert rejects[("data/task2/raw/train.1.de.gz", 1)]["raw_bytes"] == b"Ein Hund \xff rennt."
     assert rejects[("data/task2/raw/train.2.de.gz", 1)]["reason"] == "control character U+0007 at column 12"
     texts = result.captions.column("text").to_pylist()
     assert "Zwei Männer reden." in texts and "Männer bei der Arbeit." in texts  # neighbours survive
@@ -70,20 +72,8 @@ def test_split_files_that_disagree(tiny_multi30k):
         read_multi30k(tiny_multi30k, "tiny")
 
 
-def test_broken_gzip_names_the_file(tiny_multi30k):
-    (tiny_multi30k / "data/task1/raw/train.fr.gz").write_bytes(b"not gzip at all")
-    with pytest.raises(Multi30kError, match="data/task1/raw/train.fr.gz: not a readable gzip file"):
-        read_multi30k(tiny_multi30k, "tiny")
-
-
-def test_duplicate_image_in_a_split_file(tiny_multi30k):
-    (tiny_multi30k / "data/task1/image_splits/test_2016_flickr.txt").write_text("400.jpg\n400.jpg\n")
-    with pytest.raises(Multi30kError, match="test_2016_flickr.txt:2: image 400.jpg already listed at line 1"):
-        read_multi30k(tiny_multi30k, "tiny")
-
-
 def test_not_a_checkout(tmp_path):
-    with pytest.raises(Multi30kError, match="is not a Multi30K checkout"):
+    with pytest.raises(Multi30kError, match="not a Multi30K checkout"):
         read_multi30k(tmp_path, "x")
 
 

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..faults import process_alive
 from . import lang_cs, lang_de, lang_en, lang_fr
 from .plans import sample_plan
 from .scenes import Scene, render_scene, sample_scene
@@ -126,8 +127,11 @@ def generate_multi30k(root: Path, spec: EmbeddedSpec, progress: Callable[[int, i
     root = Path(root)
     if manifest_matches(root, spec):
         return root
+    for stale in root.parent.glob(f"{root.name}.tmp-*"):  # left by a killed run (or ours)
+        pid = stale.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and (int(pid) == os.getpid() or not process_alive(int(pid))):
+            shutil.rmtree(stale, ignore_errors=True)
     tmp = root.with_name(root.name + f".tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "images").mkdir(parents=True)
     for task in ("task1", "task2"):
         (tmp / "data" / task / "image_splits").mkdir(parents=True)

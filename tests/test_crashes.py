@@ -1,0 +1,159 @@
+"""Crashes lose nothing: `mule demo` killed with SIGKILL in the middle of ingest, of
+features and of training (a real kill of the real command, at the worst moment: a
+table's temporary file written, not yet renamed), then rerun. At every moment the
+catalog's tables are whole and readable, and the rerun ends with the same tables and
+the same recalls as a run that was never interrupted.
+
+Also: two mule processes on one workdir (the second is refused, naming the first).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from data_catalog.catalog import Catalog
+from data_catalog.workdir import Workdir
+
+SIZES = ["--train-images", "32", "--val-images", "16", "--test-images", "16"]
+TINY = ["data.image_size=48", "features.input_size=32", "features.shard_images=16", "text.fasttext_epochs=2",
+        "pretrain.epochs=1", "pretrain.batch_images=16", "train.epochs=3", "train.batch_images=16",
+        "loss.warmup_epochs=1", "eval.examples=1"]  # fmt: skip
+
+
+def demo(workdir: Path, api_url: str, crash_at: str | None = None) -> tuple[int, str]:
+    """`mule demo` in a subprocess (on the session's Prefect server); (exit code, output)."""
+    env = {k: v for k, v in os.environ.items() if k != "MULE_CRASH_AT"}
+    env["PREFECT_API_URL"] = api_url
+    env["PREFECT_LOGGING_LEVEL"] = "INFO"
+    if crash_at:
+        env["MULE_CRASH_AT"] = crash_at
+    command = [sys.executable, "-m", "flows.cli", "demo", "--workdir", str(workdir), *SIZES]
+    command += [arg for option in TINY for arg in ("--set", option)]
+    log = workdir.parent / f"{workdir.name}.log"
+    with open(log, "w") as output:
+        process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
+                                   cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+        try:
+            code = process.wait(timeout=240)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)  # whatever the killed process left running
+    return code, log.read_text()
+
+
+def reference_run(workdir: Path) -> None:
+    """The same demo, never interrupted (in this process: the code is the same, start-up is not paid twice)."""
+    from flows.cli import main
+
+    assert main(["demo", "--workdir", str(workdir), *SIZES, *[a for o in TINY for a in ("--set", o)]]) == 0
+
+
+def tables(workdir: Path) -> dict[str, list[dict]]:
+    """Every catalog table, rows sorted, without the columns that name the workdir."""
+    out = {}
+    for name in ("images", "captions", "rejects", "word_vectors"):
+        rows = pq.read_table(workdir / "catalog" / name / "embedded.parquet").to_pylist()
+        out[name] = sorted(json.dumps({k: v for k, v in r.items() if k != "path"}, sort_keys=True, default=str)
+                            for r in rows)  # fmt: skip
+    return out
+
+
+def features(workdir: Path) -> dict[str, np.ndarray]:
+    parts = sorted((workdir / "catalog" / "features" / "embedded").glob("*/part-*.parquet"))
+    rows = [row for part in parts for row in pq.read_table(part).to_pylist()]
+    ids = [r["image_id"] for r in rows]
+    assert len(ids) == len(set(ids)), "an image has features twice"
+    return {r["image_id"]: np.asarray(r["vector"]) for r in rows}
+
+
+def leftovers(workdir: Path) -> list[Path]:
+    return [p for p in workdir.rglob(".*.tmp-*")]
+
+
+@pytest.mark.slow
+def test_killed_stages_resume_and_end_as_if_never_interrupted(tmp_path, prefect_api_url):
+    reference = tmp_path / "reference"
+    reference_run(reference)
+    crashed = tmp_path / "crashed"
+
+    # 1. Ingest killed between writing the captions table and renaming it into place.
+    code, _ = demo(crashed, prefect_api_url, crash_at="write:captions/embedded.parquet")
+    assert code == -signal.SIGKILL
+    assert (crashed / "catalog" / "images" / "embedded.parquet").exists()
+    assert not (crashed / "catalog" / "captions" / "embedded.parquet").exists()  # no half-written table
+    assert leftovers(crashed)  # the temporary file of the killed write
+    catalog = Catalog(Workdir.at(crashed))
+    assert catalog.query("SELECT count(*) AS n FROM images").to_pylist()[0]["n"] == 64  # readable meanwhile
+
+    # 2. Features killed while writing their second part: the first part stays whole.
+    code, _ = demo(crashed, prefect_api_url, crash_at="write:*/part-*-00001.parquet")
+    assert code == -signal.SIGKILL
+    assert len(features(crashed)) == 16
+
+    # 3. Training killed while writing the checkpoint after its second epoch.
+    code, _ = demo(crashed, prefect_api_url, crash_at="write:embedded/model-checkpoint.pt@2")
+    assert code == -signal.SIGKILL
+    assert (crashed / "models" / "embedded" / "model-checkpoint.pt").exists()  # epoch 1's
+
+    # 4. The rerun finishes, resuming, and equals the uninterrupted run.
+    code, output = demo(crashed, prefect_api_url)
+    assert code == 0, output[-3000:]
+    assert "resuming from the checkpoint after epoch 1" in output
+    assert tables(crashed) == tables(reference)
+    got, want = features(crashed), features(reference)
+    assert got.keys() == want.keys()
+    for image_id, vector in want.items():
+        np.testing.assert_allclose(got[image_id], vector, rtol=0, atol=1e-5)
+    recalls = [json.loads((w / "results" / "embedded" / "evaluation.json").read_text())["table"] for w in
+               (crashed, reference)]  # fmt: skip
+    assert recalls[0] == recalls[1]  # the resumed training is the same training
+    assert not leftovers(crashed)  # the killed writers' temporary files were cleaned up
+
+
+def test_a_second_process_on_the_same_workdir_is_refused_naming_the_first(tmp_path):
+    from data_catalog.locks import holder, workdir_lock
+
+    workdir = Workdir.at(tmp_path / "work")
+    script = (
+        "import sys, time\n"
+        "from data_catalog.locks import workdir_lock\n"
+        "from data_catalog.workdir import Workdir\n"
+        f"with workdir_lock(Workdir.at({str(workdir.root)!r}), 'train'):\n"
+        "    print('holding', flush=True)\n"
+        "    time.sleep(60)\n"
+    )
+    first = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                             cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+    try:
+        assert first.stdout.readline().strip() == "holding"
+        from data_catalog.locks import WorkdirBusyError
+
+        with pytest.raises(WorkdirBusyError) as error, workdir_lock(workdir, "ingest"):
+            pass
+        message = str(error.value)
+        assert f"pid {first.pid}" in message and "stage 'train'" in message and str(workdir.root) in message
+        assert holder(workdir)["pid"] == first.pid
+    finally:
+        first.kill()  # SIGKILL: the kernel releases the lock with the process
+        first.wait()
+    deadline = time.time() + 5
+    while True:  # the next process gets the workdir at once; no stale lock to clear by hand
+        try:
+            with workdir_lock(workdir, "ingest"):
+                assert holder(workdir)["pid"] == os.getpid()
+            break
+        except Exception:
+            if time.time() > deadline:
+                raise
+            time.sleep(0.1)
