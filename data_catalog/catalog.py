@@ -25,9 +25,9 @@ from .faults import remove_stale_temporaries, write_point
 from .schemas import TABLES, features_schema
 from .workdir import Workdir
 
-VIEWS = ("images", "captions", "rejects", "word_vectors", "features")
+VIEWS = ("images", "captions", "rejects", "word_vectors", "translations", "features")
 # Which stage writes each table, so a missing table's error says what to run.
-PRODUCED_BY = {"images": "ingest", "captions": "ingest", "rejects": "ingest", "word_vectors": "text",
+PRODUCED_BY = {"images": "ingest", "captions": "ingest", "rejects": "ingest", "word_vectors": "text", "translations": "translate",
                "features": "features"}  # fmt: skip
 _MISSING_TABLE = re.compile(r"Table with name (\w+) does not exist", re.IGNORECASE)
 
@@ -55,13 +55,17 @@ def write_parquet_atomic(table: pa.Table, path: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def write_json_atomic(data: Any, path: Path) -> None:
+def write_text_atomic(text: str, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str))
+    tmp.write_text(text)
     write_point(path)
     os.replace(tmp, path)
+
+
+def write_json_atomic(data: Any, path: Path) -> None:
+    write_text_atomic(json.dumps(data, indent=2, sort_keys=True, default=str), path)
 
 
 class Catalog:

@@ -35,6 +35,21 @@ CAPTIONS = pa.schema(
         ("line", pa.int32()),  # 1-based
         ("origin_caption_id", pa.string()),  # the caption this one translates, if any
         ("also_in", pa.string()),  # file:line of an identical line merged into this row
+        ("source_version", pa.string()),  # machine translations: the backend's version
+    ]
+)
+
+TRANSLATIONS = pa.schema(
+    [
+        ("dataset", pa.string()),
+        ("backend", pa.string()),
+        ("backend_version", pa.string()),
+        ("source_lang", pa.string()),
+        ("target_lang", pa.string()),
+        ("source_sha256", pa.string()),
+        ("source_text", pa.string()),
+        ("text", pa.string()),
+        ("created", pa.float64()),  # unix time
     ]
 )
 
@@ -74,4 +89,5 @@ def features_schema(dim: int) -> pa.Schema:
     )
 
 
-TABLES = {"images": IMAGES, "captions": CAPTIONS, "rejects": REJECTS, "word_vectors": WORD_VECTORS}
+TABLES = {"images": IMAGES, "captions": CAPTIONS, "rejects": REJECTS, "word_vectors": WORD_VECTORS,
+          "translations": TRANSLATIONS}  # fmt: skip

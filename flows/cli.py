@@ -21,7 +21,7 @@ from data_catalog.workdir import Workdir
 from mule_core.config import PRESETS, ConfigError, parse_assignments, resolve, to_dict
 from mule_core.errors import is_user_error
 
-STAGE_NAMES = ("ingest", "features", "text", "pretrain", "train", "evaluate")
+STAGE_NAMES = ("ingest", "translate", "features", "text", "pretrain", "train", "evaluate")
 EXTRA_STAGES = ("ablation",)  # not part of `all`
 
 

@@ -29,8 +29,9 @@ from tasks.ingest import generate_embedded, ingest_captions
 from tasks.pretrain import pretrain_mule
 from tasks.text import build_word_vectors
 from tasks.train import train_model
+from tasks.translate import translate_captions
 
-STAGES = ("ingest", "features", "text", "pretrain", "train", "evaluate")  # the rebuild
+STAGES = ("ingest", "translate", "features", "text", "pretrain", "train", "evaluate")  # the rebuild
 EXTRA_STAGES = ("ablation",)  # run when named
 
 
@@ -94,6 +95,13 @@ def ingest_flow(workdir: str | None = None, preset: str = "demo", overrides: dic
                 parent_run_id: str | None = None) -> dict:  # fmt: skip
     """Raw files -> images, captions, rejects (generating the embedded dataset if needed)."""
     return _stage("ingest", _ingest, workdir, preset, overrides, parent_run_id)
+
+
+@flow(name="translate")
+def translate_flow(workdir: str | None = None, preset: str = "demo", overrides: dict[str, Any] | None = None,
+                   parent_run_id: str | None = None) -> dict:  # fmt: skip
+    """Human captions -> machine-translated captions (translate.backend), cached and resumable."""
+    return _stage("translate", translate_captions, workdir, preset, overrides, parent_run_id)
 
 
 @flow(name="features-shards")
@@ -184,6 +192,7 @@ def _ablation(workdir: str | None, preset: str, overrides: dict[str, Any] | None
 
 STAGE_FLOWS = {
     "ingest": ingest_flow,
+    "translate": translate_flow,
     "features": features_flow,
     "text": text_flow,
     "pretrain": pretrain_flow,

@@ -29,6 +29,9 @@ class DataConfig:
     dictionaries: str = ""  # MUSE bilingual lexicons (en-<lang>.txt); empty: <source>/dictionaries
     languages: tuple[str, ...] = ("en", "de", "fr", "cs")
     strict: bool = False  # every bad line or image (a reject) stops the run instead
+    # Training captions: "human", "human+mt" (plus the translate stage's), or "mt" (the
+    # non-English human captions replaced by translations of the English ones, as in the paper)
+    captions: str = "human"
     max_caption_bytes: int = 2000  # longer caption lines are rejected (the longest in Multi30K: ~400)
     # Embedded dataset generator
     train_images: int = 3000
@@ -139,6 +142,18 @@ class EvalConfig:
 
 
 @dataclass
+class TranslateConfig:
+    backend: str = "lexicon"  # lexicon (MUSE files), induced (IBM Model 1 on task1), googletrans, argos
+    # "src-dest" pairs; empty: English into every other language and every other language into English
+    pairs: tuple[str, ...] = ()
+    splits: tuple[str, ...] = ("train", "val")  # test captions are never translated into training data
+    concurrency: int = 4  # googletrans: requests in flight
+    timeout_s: float = 10.0  # googletrans: per request
+    retries: int = 5  # googletrans: per sentence, with exponential backoff and jitter
+    induced_iterations: int = 5  # IBM Model 1 EM iterations
+
+
+@dataclass
 class AblationConfig:
     seeds: int = 1  # train every row with this many seeds (train.seed, +1, ...); the table shows mean and std
 
@@ -154,6 +169,7 @@ class MuleConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    translate: TranslateConfig = field(default_factory=TranslateConfig)
     ablation: AblationConfig = field(default_factory=AblationConfig)
 
 
@@ -301,6 +317,16 @@ def validate(cfg: MuleConfig) -> None:
         raise ConfigError(f"data.format must be 'multi30k' (the only reader so far), got {cfg.data.format!r}")
     if not cfg.data.languages:
         raise ConfigError("data.languages must name at least one language")
+    if cfg.data.captions not in ("human", "human+mt", "mt"):
+        raise ConfigError(f"data.captions must be 'human', 'human+mt' or 'mt', got {cfg.data.captions!r}")
+    t = cfg.translate
+    if t.backend not in ("lexicon", "induced", "googletrans", "argos"):
+        raise ConfigError(f"translate.backend must be lexicon, induced, googletrans or argos, got {t.backend!r}")
+    for pair in t.pairs:
+        if pair.count("-") != 1 or pair.split("-")[0] == pair.split("-")[1]:
+            raise ConfigError(f"translate.pairs: {pair!r} is not 'src-dest' (e.g. en-de)")
+    if any(s.startswith("test") for s in t.splits):
+        raise ConfigError("translate.splits: test captions are never translated into training data")
     for key, value in (
         ("loss.top_k", cfg.loss.top_k),
         ("train.epochs", cfg.train.epochs),

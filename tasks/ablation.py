@@ -16,6 +16,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from data_catalog.catalog import write_text_atomic
 from data_catalog.datasets import locate
 from data_catalog.lexicons import english_lexicons
 from mule_core.text import Vocab, translate_tokens, word_translator
@@ -211,8 +212,8 @@ def summarize(workdir: str, config: dict[str, Any], run_id: str | None, rows: li
     header = f"mR per language, {cfg.data.dataset} {cfg.eval.split}" + (
         f", mean ± std over {seeds} seeds" if seeds > 1 else ""
     )
-    (out / "ablation.md").write_text(f"{header}\n\n{markdown}\n")
-    (out / "ablation.csv").write_text(to_csv(records))
+    write_text_atomic(f"{header}\n\n{markdown}\n", out / "ablation.md")
+    write_text_atomic(to_csv(records), out / "ablation.csv")
     figure = plots.ablation_bars(rows, languages, f"{cfg.data.dataset} {cfg.eval.split}: mR per language and model")
     figure.savefig(out / "ablation.png", dpi=110)
     tracker = Tracker(wd, run_id)

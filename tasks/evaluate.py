@@ -12,7 +12,7 @@ import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from data_catalog.catalog import write_json_atomic
+from data_catalog.catalog import write_json_atomic, write_text_atomic
 from data_catalog.datasets import embedded_ceiling
 from mule_core.metrics import mean_mr
 from mule_core.training import SplitTensors, encode_split, evaluate_split, resolve_device
@@ -60,7 +60,7 @@ def retrieval_examples(model, data: SplitTensors, catalog, dataset: str, device,
 def _write_outputs(out, tracker, summary: dict, figures: dict, files: dict[str, str]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for name, text in files.items():
-        (out / name).write_text(text)
+        write_text_atomic(text, out / name)
     write_json_atomic(summary, out / "evaluation.json")
     for name, figure in figures.items():
         figure.savefig(out / name, dpi=110)

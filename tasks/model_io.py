@@ -65,6 +65,13 @@ def load_vocabulary(catalog: Catalog, dataset: str, languages: list[str] | tuple
     return Vocabulary(used, out_vocabs, out_vectors)
 
 
+CAPTION_SOURCES = {
+    "human": "c.source NOT LIKE 'mt:%'",
+    "human+mt": "TRUE",
+    "mt": "((c.lang = 'en' AND c.source NOT LIKE 'mt:%') OR (c.lang <> 'en' AND c.source LIKE 'mt:%'))",
+}
+
+
 def load_split(
     catalog: Catalog,
     dataset: str,
@@ -72,6 +79,7 @@ def load_split(
     vocabulary: Vocabulary,
     max_tokens: int,
     features: tuple[str, Any] | None = None,
+    captions: str = "human",
 ) -> SplitTensors:
     """Captions of one split in the vocabulary's languages, as tensors.
 
@@ -79,6 +87,10 @@ def load_split(
 
     features: (extractor, reader) to attach image features; images without a file (and
     their captions) are then left out, since they have no features.
+
+    captions: "human" (the default, and always for evaluation), "human+mt" (plus the
+    translate stage's captions), "mt" (English human captions, the other languages'
+    replaced by machine translations).
     """
     languages = vocabulary.languages
     placeholders = ", ".join("?" for _ in languages)
@@ -86,7 +98,7 @@ def load_split(
         f"""SELECT c.caption_id, c.image_id, c.lang, c.tokens, i."exists" AS has_file
             FROM captions c JOIN images i ON i.dataset = c.dataset AND i.image_id = c.image_id
             WHERE c.dataset = ? AND (c.split = ? OR c.role = ?)
-              AND c.lang IN ({placeholders})
+              AND c.lang IN ({placeholders}) AND {CAPTION_SOURCES[captions]}
             ORDER BY c.image_id, c.lang, c.caption_id""",
         [dataset, selector, selector, *languages],
     )

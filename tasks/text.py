@@ -22,6 +22,7 @@ from mule_core.progress import format_seconds
 from mule_core.text import PAD, UNK
 
 from .common import context, logger
+from .model_io import CAPTION_SOURCES
 from .tracking import Tracker
 
 
@@ -84,9 +85,15 @@ def build_word_vectors(workdir: str, config: dict[str, Any], run_id: str | None)
     dims = set()
     for lang in languages:
         started = time.perf_counter()
-        rows = catalog.query("SELECT tokens, role FROM captions WHERE dataset = ? AND lang = ?", [dataset, lang])
-        tokens, roles = rows["tokens"].to_pylist(), rows["role"].to_pylist()
-        train = [tk for tk, role in zip(tokens, roles) if role == "train"]
+        rows = catalog.query(
+            "SELECT tokens, role, source LIKE 'mt:%' AS mt FROM captions c WHERE dataset = ? AND lang = ? AND "
+            f"(c.source NOT LIKE 'mt:%' OR {CAPTION_SOURCES[cfg.data.captions]})", [dataset, lang]
+        )  # fmt: skip
+        tokens, roles, mt = rows["tokens"].to_pylist(), rows["role"].to_pylist(), rows["mt"].to_pylist()
+        # fastText learns from the captions training will see (data.captions); every human
+        # caption's words get a vector, those of the test split included.
+        train = [tk for tk, role, m in zip(tokens, roles, mt) if role == "train" and (m or cfg.data.captions != "mt"
+                 or lang == "en")]  # fmt: skip
         train_counts = Counter(w for tk in train for w in tk)
         all_words = Counter(w for tk in tokens for w in tk)
         # Words of every split get a vector (fastText builds unseen words from subwords);

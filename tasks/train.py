@@ -74,7 +74,8 @@ def train_model(workdir: str, config: dict[str, Any], run_id: str | None) -> dic
     extractor = extractor_for(cfg.features)
     reader = functools.partial(catalog.read_features, dataset)
     vocabulary = load_vocabulary(catalog, dataset, cfg.data.languages)
-    train = load_split(catalog, dataset, "train", vocabulary, cfg.text.max_tokens, (extractor, reader))
+    train = load_split(catalog, dataset, "train", vocabulary, cfg.text.max_tokens, (extractor, reader),
+                       cfg.data.captions)  # fmt: skip
     val = load_split(catalog, dataset, "val", vocabulary, cfg.text.max_tokens, (extractor, reader))
     device = resolve_device(cfg.train.device)
     torch.manual_seed(cfg.train.seed)  # the same initial weights on every run
@@ -109,7 +110,8 @@ def train_model(workdir: str, config: dict[str, Any], run_id: str | None) -> dic
     # Resume only a checkpoint of this very setting: same config and the same inputs.
     path = model_path(wd, dataset, cfg.train.model_name)
     checkpoint = path.with_name(f"{path.stem}-checkpoint.pt")
-    key = fingerprint(cfg.data.languages, cfg.text, cfg.model, cfg.loss, replace(cfg.train, reuse=False), cfg.pretrain,
+    mt_digest = file_digest(wd.table_path("captions", f"{dataset}.mt")) if cfg.data.captions != "human" else None
+    key = fingerprint(cfg.data.languages, cfg.data.captions, mt_digest, cfg.text, cfg.model, cfg.loss, replace(cfg.train, reuse=False), cfg.pretrain,
                       extractor, file_digest(wd.table_path("word_vectors", dataset)),
                       model_digest(lp_file) if cfg.pretrain.enabled else None)  # fmt: skip
     if cfg.train.reuse and path.exists():

@@ -9,7 +9,7 @@ from cronsim import CronSim
 from prefect.flows import load_flow_from_entrypoint
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = ["ingest", "features", "text", "pretrain", "train", "evaluate"]
+STAGES = ["ingest", "translate", "features", "text", "pretrain", "train", "evaluate"]
 
 
 def deployments() -> list[dict]:

@@ -290,7 +290,8 @@ class _SplitReader:
         caption_id = f"{source_file}:{number}"
         self.captions.add(caption_id=caption_id, dataset=self.dataset, image_id=image_id,
                           split=self.split, role=self.role, lang=lang, text=text, source=source,
-                          source_file=source_file, line=number, origin_caption_id=origin, also_in=None)  # fmt: skip
+                          source_file=source_file, line=number, origin_caption_id=origin, also_in=None,
+                          source_version=None)  # fmt: skip
         self.counts[lang] = self.counts.get(lang, 0) + 1
         self.per_image[image_id] = self.per_image.get(image_id, 0) + 1
         return caption_id
