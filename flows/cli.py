@@ -159,9 +159,10 @@ def cmd_catalog(args: argparse.Namespace) -> int:
             f"  images    {row['dataset']:<12} {row['split']:<18} {row['images']:>7}  ({row['with_file']} with a file)"
         )
     for row in catalog.query(
-        "SELECT dataset, split, lang, count(*) AS n FROM captions GROUP BY ALL ORDER BY dataset, split, lang"
+        """SELECT dataset, split, lang, CASE WHEN source LIKE 'mt:%' THEN source ELSE 'human' END AS origin,
+                  count(*) AS n FROM captions GROUP BY ALL ORDER BY dataset, split, lang, origin"""
     ).to_pylist():
-        print(f"  captions  {row['dataset']:<12} {row['split']:<18} {row['lang']:<4} {row['n']:>7}")
+        print(f"  captions  {row['dataset']:<12} {row['split']:<18} {row['lang']:<4} {row['n']:>7}  {row['origin']}")
     for row in catalog.query(
         "SELECT dataset, coalesce(kind, '?') AS kind, count(*) AS n FROM rejects GROUP BY ALL ORDER BY dataset, n DESC"
     ).to_pylist() if (workdir.catalog_dir / "rejects").exists() else []:  # fmt: skip

@@ -233,3 +233,48 @@ def test_strict_makes_every_reject_an_error(tiny_multi30k, mutate, where):
     assert read(tiny_multi30k).rejects.num_rows > 0  # soft by default
     message = fatal(tiny_multi30k, strict=True)
     assert where in message and "data.strict=true makes this an error" in message
+
+
+# -- the command line: a fatal case is one line and exit code 2 -----------------------------
+# Every fatal case above raises a UserError, which `mule` turns into that line and exit 2;
+# four of them go through the real command here (each costs a Prefect flow run).
+
+
+def _misaligned(root):
+    write_gz(root / T1 / "train.cs.gz", ["a", "b", "c"])
+
+
+def _truncated(root):
+    path = root / T1 / "train.fr.gz"
+    path.write_bytes(path.read_bytes()[:-12])
+
+
+def _in_two_splits(root):
+    for listing in (SPLITS1 + "/val.txt", SPLITS2 + "/val_images.txt"):
+        write_text(root / listing, ["100.jpg"])
+
+
+def _no_language(root):
+    (root / T1 / "val.cs.gz").unlink()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (_truncated, f"{T1}/train.fr.gz: not a readable gzip file"),
+        (_misaligned, f"{T1}/train.cs.gz has 3 lines but {SPLITS1}/train.txt lists 2 images"),
+        (_in_two_splits, f"{SPLITS1}/val.txt:1: image 100.jpg of split val is also in split train"),
+        (_no_language, f"split 'val' has no cs captions: expected {T1}/val.cs.gz"),
+    ],
+)
+def test_the_command_line_stops_with_one_line_and_exit_code_2(tiny_multi30k, tmp_path, capsys, mutate, message):
+    from flows.cli import main
+
+    mutate(tiny_multi30k)
+    code = main(["run", "ingest", "--workdir", str(tmp_path / "work"), "--dataset", "tiny",
+                 "--source", str(tiny_multi30k)])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert err[-1].startswith("mule: error: ") and message in err[-1] and str(tiny_multi30k) in err[-1]
+    assert not (tmp_path / "work" / "catalog" / "captions").exists()  # nothing half-ingested
