@@ -16,6 +16,7 @@ from typing import Any
 from prefect import flow, unmapped
 from prefect.states import Failed
 
+from data_catalog.catalog import Catalog
 from data_catalog.datasets import EMBEDDED
 from data_catalog.locks import workdir_lock
 from data_catalog.workdir import Workdir
@@ -173,7 +174,8 @@ def _ablation(workdir: str | None, preset: str, overrides: dict[str, Any] | None
                 STAGE_FLOWS[stage](workdir=root, preset=preset, overrides=overrides, parent_run_id=run_id)
             rows, english = [], []
             seeds = [cfg.train.seed + i for i in range(cfg.ablation.seeds)]
-            for row in ablation.grid(list(cfg.data.languages), seeds):
+            with_mt = Catalog(wd).has_table("captions", f"{cfg.data.dataset}.mt")  # the translate stage ran
+            for row in ablation.grid(list(cfg.data.languages), seeds, with_mt):
                 evaluations, trainings = [], []
                 for model in row.models:
                     variant = resolve(preset, {**(overrides or {}), **model.overrides})

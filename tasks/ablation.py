@@ -63,9 +63,11 @@ def model_name(slug: str) -> str:
     return f"{ABLATION_DIR}/{slug}"
 
 
-def grid(languages: list[str], seeds: list[int] | None = None) -> list[Row]:
+def grid(languages: list[str], seeds: list[int] | None = None, with_mt: bool = False) -> list[Row]:
     """The rows of the ablation, in the paper's order; with several seeds, each row holds
-    its models once per seed (the first seed keeps the plain names)."""
+    its models once per seed (the first seed keeps the plain names). with_mt (the translate
+    stage has run): Table 4's rows too, trained on human + machine-translated captions, and
+    MULE on MT only (English human captions, the other languages only as translations)."""
     seeds = seeds or [0]
     without = {"loss.nc": False, "loss.lc": False, "pretrain.enabled": False}
 
@@ -79,7 +81,7 @@ def grid(languages: list[str], seeds: list[int] | None = None) -> list[Row]:
         return [one_seed(label, slug, seed, overrides) for seed in seeds]
 
     mule = {"loss.nc": True, "loss.lc": True, "pretrain.enabled": True}
-    return [
+    rows = [
         Row("EmbN (one model per language)",
             [m for lang in languages
              for m in models(f"EmbN {lang}", f"embn-{lang}", **without, **{"model.sharing": "parallel", "data.languages": lang})]),
@@ -88,6 +90,16 @@ def grid(languages: list[str], seeds: list[int] | None = None) -> list[Row]:
         Row("MULE + NC", models("MULE + NC", "mule-nc", **{**without, "loss.nc": True})),
         Row("MULE + NC + LC", models("MULE + NC + LC", "mule-nc-lc", **{**without, "loss.nc": True, "loss.lc": True})),
         Row("MULE + NC + LC + LP (full)", models("MULE full", "mule-full", **mule)),
+    ]  # fmt: skip
+    if not with_mt:
+        return rows
+    mt = {"data.captions": "human+mt"}
+    return rows + [
+        Row("EmbN + MT", [m for lang in languages for m in models(
+            f"EmbN {lang} + MT", f"embn-{lang}-mt", **without, **mt, **{"model.sharing": "parallel", "data.languages": lang})]),
+        Row("PARALLEL-EmbN + MT", models("PARALLEL-EmbN + MT", "parallel-mt", **without, **mt, **{"model.sharing": "parallel"})),
+        Row("MULE full + MT", models("MULE full + MT", "mule-full-mt", **mule, **mt)),
+        Row("MULE full, MT only", models("MULE full, MT only", "mule-full-mt-only", **mule, **{"data.captions": "mt"})),
     ]  # fmt: skip
 
 
@@ -169,7 +181,8 @@ def translate_the_query(
 
 def english_models(models: list[Model]) -> list[str]:
     """The English EmbN models of the grid, one per seed: translate-the-query's models."""
-    return [m.overrides["train.model_name"] for m in models if m.overrides.get("data.languages") == "en"]
+    return [m.overrides["train.model_name"] for m in models
+            if m.overrides.get("data.languages") == "en" and "data.captions" not in m.overrides]  # fmt: skip
 
 
 def _average(result: RowResult, per_language: dict[str, list[float]], seeds: int) -> None:

@@ -36,6 +36,19 @@ def test_the_grid_names_the_paper_rows_and_switches_one_thing_at_a_time():
     assert all(o["train.reuse"] for r in rows for o in (m.overrides for m in r.models))
 
 
+def test_table_4_rows_come_with_the_translate_stages_output():
+    assert [r.name for r in grid(["en", "de"])] == [r.name for r in grid(["en", "de"], with_mt=False)]
+    rows = {r.name: r for r in grid(["en", "de"], with_mt=True)}
+    assert list(rows)[-4:] == ["EmbN + MT", "PARALLEL-EmbN + MT", "MULE full + MT", "MULE full, MT only"]
+    assert [m.overrides["data.captions"] for m in rows["EmbN + MT"].models] == ["human+mt", "human+mt"]
+    assert rows["MULE full + MT"].models[0].overrides["pretrain.enabled"] is True
+    assert rows["MULE full, MT only"].models[0].overrides["data.captions"] == "mt"
+    slugs = [m.slug for r in rows.values() for m in r.models]
+    assert len(slugs) == len(set(slugs))  # every model its own file
+    # translate-the-query keeps using the English EmbN trained on human captions only
+    assert english_models([m for r in rows.values() for m in r.models]) == ["ablation/embn-en"]
+
+
 def test_markdown_table():
     text = ablation_markdown([RowResult("A", {"en": 10.0, "fr": 20.0}, 1000, 10)], ["en", "de", "fr"])
     assert "| A | 10.0 | – | 20.0 | 15.0 | 1,000 | 10 |" in text
