@@ -175,7 +175,11 @@ def _ablation(workdir: str | None, preset: str, overrides: dict[str, Any] | None
             rows, english = [], []
             seeds = [cfg.train.seed + i for i in range(cfg.ablation.seeds)]
             with_mt = Catalog(wd).has_table("captions", f"{cfg.data.dataset}.mt")  # the translate stage ran
-            for row in ablation.grid(list(cfg.data.languages), seeds, with_mt):
+            grid = ablation.grid(list(cfg.data.languages), seeds, with_mt)
+            for captions in ablation.missing_lp_models(root, config, grid):  # LP on human + MT, on MT only
+                pretrain_flow(workdir=root, preset=preset, overrides={**(overrides or {}), "data.captions": captions},
+                              parent_run_id=run_id)  # fmt: skip
+            for row in grid:
                 evaluations, trainings = [], []
                 for model in row.models:
                     variant = resolve(preset, {**(overrides or {}), **model.overrides})

@@ -130,6 +130,16 @@ def missing_inputs(workdir: str, config: dict[str, Any]) -> list[str]:
     return missing
 
 
+@task(name="ablation-lp-inputs", cache_policy=NO_CACHE)
+def missing_lp_models(workdir: str, config: dict[str, Any], rows: list[Row]) -> list[str]:
+    """The caption selections (data.captions) whose LP model rows need and the workdir
+    lacks: LP on human + MT captions is its own model (tasks/pretrain.py: pretrain_path)."""
+    wd, _, cfg = context(workdir, config)
+    needed = {m.overrides.get("data.captions", cfg.data.captions) for row in rows for m in row.models
+              if m.overrides.get("pretrain.enabled", cfg.pretrain.enabled)}  # fmt: skip
+    return sorted(c for c in needed if not pretrain_path(wd, cfg.data.dataset, c).exists())
+
+
 class _TranslatingVocab(Vocab):
     """The English vocabulary, reading sentences translated word by word into English."""
 

@@ -78,7 +78,7 @@ def _cross_lingual_metrics(crossing: dict) -> dict[str, float]:
 def _evaluate_text_only(wd, catalog, cfg, tracker, log) -> dict[str, Any]:
     """No images: cross-lingual sentence retrieval of the LP model at the MULE layer."""
     dataset = cfg.data.dataset
-    path = pretrain_path(wd, dataset)
+    path = pretrain_path(wd, dataset, cfg.data.captions)
     if not path.exists():
         raise FileNotFoundError(
             f"dataset {dataset!r} has no images, so only the MULE layer can be evaluated, and there is no LP "

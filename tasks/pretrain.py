@@ -19,8 +19,11 @@ from .tracking import Tracker
 from .training_common import cross_lingual, mean_r1, optim_config
 
 
-def pretrain_path(workdir, dataset: str):
-    return workdir.models_dir(dataset) / "pretrain.pt"
+def pretrain_path(workdir, dataset: str, captions: str = "human"):
+    """One LP model per training-caption selection (data.captions): LP on human + MT
+    captions is another model than LP on human captions only."""
+    suffix = "" if captions == "human" else "." + captions.replace("+", "-")
+    return workdir.models_dir(dataset) / f"pretrain{suffix}.pt"
 
 
 @task(name="language-pretraining", cache_policy=NO_CACHE)
@@ -35,14 +38,14 @@ def pretrain_mule(workdir: str, config: dict[str, Any], run_id: str | None) -> d
     if len(vocabulary.languages) < 2:
         log.info("LP needs two languages or more; dataset %s has %s: skipped", dataset, vocabulary.languages)
         return {"skipped": True}
-    train = load_split(catalog, dataset, "train", vocabulary, cfg.text.max_tokens)
+    train = load_split(catalog, dataset, "train", vocabulary, cfg.text.max_tokens, captions=cfg.data.captions)
     val = load_split(catalog, dataset, "val", vocabulary, cfg.text.max_tokens)
     device = resolve_device(cfg.train.device)
     torch.manual_seed(cfg.train.seed)  # the same initial weights on every run
     model = build_model(cfg, vocabulary, image_dim=None)
     optim = optim_config(cfg, train, lp=True)
-    log.info("LP on %d captions of %d images; sentences per image %s; device %s",
-             len(train.caption_image), train.n_images, optim.sentences_per_image, device)  # fmt: skip
+    log.info("LP on %d captions (%s) of %d images; sentences per image %s; device %s",
+             len(train.caption_image), cfg.data.captions, train.n_images, optim.sentences_per_image, device)  # fmt: skip
 
     def validate(m):
         table = cross_lingual(m, val, device, "mule")
@@ -59,13 +62,13 @@ def pretrain_mule(workdir: str, config: dict[str, Any], run_id: str | None) -> d
 
     started = time.perf_counter()
     history = trainer.fit(on_epoch)
-    path = pretrain_path(wd, dataset)
+    path = pretrain_path(wd, dataset, cfg.data.captions)
     save_model(path, model, cfg, vocabulary, kind="lp", best_epoch=trainer.best_epoch, val_score=trainer.best_score)
     figure = plots.training_curves(history, "LP: neighborhood constraints at the MULE layer",
                                    score_label="val cross-lingual R@1 (MULE)")  # fmt: skip
     tracker.figure(figure, "lp_curves.png")
     plots.close(figure)
-    summary = {"path": str(path), "best_epoch": trainer.best_epoch, "val_cross_lingual_r1": trainer.best_score,
+    summary = {"path": str(path), "captions": len(train.caption_image), "best_epoch": trainer.best_epoch, "val_cross_lingual_r1": trainer.best_score,
                "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
     tracker.metrics({"lp.best_epoch": trainer.best_epoch, "lp.best_val_cross_lingual_r1": trainer.best_score})
     log.info("LP done: best epoch %d, val cross-lingual R@1 %.1f (MULE layer)", trainer.best_epoch, trainer.best_score)

@@ -82,7 +82,7 @@ def train_model(workdir: str, config: dict[str, Any], run_id: str | None) -> dic
     model = build_model(cfg, vocabulary, image_dim=train.features.shape[1])
     model.set_image_normalization(train.features)
 
-    lp_file = pretrain_path(wd, dataset)
+    lp_file = pretrain_path(wd, dataset, cfg.data.captions)
     if cfg.pretrain.enabled:
         if not lp_file.exists():
             raise MissingPretrainError(

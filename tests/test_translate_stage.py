@@ -152,3 +152,17 @@ def test_training_data_selection(ingested):
     french = [i for i, lang in zip(split.caption_ids, split.caption_lang) if lang == 1]
     assert french and all(i.startswith("mt:lexicon:fr:") for i in french)
     assert mt["human"] == sum(1 for i, lang in zip(split.caption_ids, split.caption_lang) if lang == 0)
+
+
+def test_lp_on_human_and_mt_captions_is_a_model_of_its_own(ingested):
+    from tasks.pretrain import pretrain_mule
+    from tasks.text import build_word_vectors
+
+    workdir, source = ingested
+    write_lexicons(source)
+    stage.translate_captions.fn(str(workdir), config(source), None)
+    build_word_vectors.fn(str(workdir), config(source), None)
+    human = pretrain_mule.fn(str(workdir), config(source, **{"pretrain.epochs": 1}), None)
+    both = pretrain_mule.fn(str(workdir), config(source, **{"pretrain.epochs": 1, "data.captions": "human+mt"}), None)
+    assert human["path"].endswith("pretrain.pt") and both["path"].endswith("pretrain.human-mt.pt")
+    assert both["captions"] > human["captions"]  # LP read the translations too
