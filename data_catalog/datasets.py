@@ -11,10 +11,13 @@ from pathlib import Path
 from mule_core.config import DataConfig
 from mule_core.errors import UserError
 
+from .embedded.coco_layout import CocoSpec, generate_coco
 from .embedded.multi30k_layout import EmbeddedSpec, generate_multi30k
 from .workdir import Workdir
 
-EMBEDDED = "embedded"
+EMBEDDED = "embedded"  # Multi30K-style: en, de, fr, cs
+EMBEDDED_COCO = "embedded-coco"  # COCO-style: en on every image, ja and zh on few
+GENERATED = (EMBEDDED, EMBEDDED_COCO)
 
 
 class DatasetError(UserError, ValueError):
@@ -33,6 +36,11 @@ def embedded_spec(data: DataConfig) -> EmbeddedSpec:
     return EmbeddedSpec(data.train_images, data.val_images, data.test_images, data.seed, data.image_size)
 
 
+def coco_spec(data: DataConfig) -> CocoSpec:
+    total = data.train_images + data.val_images + data.test_images
+    return CocoSpec(total, data.val_images, data.test_images, data.seed, data.image_size)
+
+
 def locate(workdir: Workdir, data: DataConfig) -> DatasetSource:
     """Where the raw files are, without creating anything."""
     if data.source:
@@ -40,12 +48,13 @@ def locate(workdir: Workdir, data: DataConfig) -> DatasetSource:
         if not root.exists():
             raise DatasetError(f"dataset source {root} does not exist")
         generated = False
-    elif data.dataset == EMBEDDED:
-        root, generated = workdir.raw_dir(EMBEDDED), True
+    elif data.dataset in GENERATED:
+        root, generated = workdir.raw_dir(data.dataset), True
     else:
         raise DatasetError(
             f"dataset {data.dataset!r} needs its raw files: pass --source PATH "
-            f"(e.g. mule run ingest --dataset multi30k --source ../shared/datasets/multi30k)"
+            f"(e.g. mule run ingest --dataset multi30k --source ../shared/datasets/multi30k); "
+            f"the generated datasets are {' and '.join(GENERATED)}"
         )
     images = Path(data.images).expanduser().resolve() if data.images else root / "images"
     return DatasetSource(data.dataset, root, images, generated)
@@ -77,6 +86,11 @@ def embedded_ceiling(workdir: Workdir, data: DataConfig, split: str) -> dict[str
 def prepare(workdir: Workdir, data: DataConfig, progress: Callable[[int, int], None] | None = None) -> DatasetSource:
     """Locates the raw files, generating the embedded dataset if it is not there yet."""
     source = locate(workdir, data)
-    if source.generated:
+    if source.generated and data.dataset == EMBEDDED_COCO:
+        try:
+            generate_coco(source.root, coco_spec(data), progress)
+        except ValueError as error:
+            raise DatasetError(f"embedded-coco: {error}") from None
+    elif source.generated:
         generate_multi30k(source.root, embedded_spec(data), progress)
     return source

@@ -1,6 +1,6 @@
 """The `mule` command.
 
-    mule demo [--workdir DIR] [--train-images N ...]     the whole pipeline on the embedded dataset
+    mule demo [--dataset coco] [--train-images N ...]    the whole pipeline on a generated dataset
     mule run STAGE... [--dataset NAME --source PATH]     some stages (or `all`)
     mule ui [--workdir DIR]                              MLflow UI on the workdir's store
     mule config [--preset P] [--set K=V ...]             the resolved config
@@ -22,7 +22,8 @@ from mule_core.config import PRESETS, ConfigError, parse_assignments, resolve, t
 from mule_core.errors import is_user_error
 
 STAGE_NAMES = ("ingest", "translate", "features", "text", "pretrain", "train", "evaluate")
-EXTRA_STAGES = ("ablation",)  # not part of `all`
+EXTRA_STAGES = ("ablation", "add-language")  # not part of `all`
+DEMO_DATASETS = {"multi30k": "embedded", "coco": "embedded-coco"}  # mule demo --dataset -> generated dataset
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -44,12 +45,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="generate the embedded dataset and run the whole pipeline on it")
     _common(demo)
-    for name, default in (("train-images", 3000), ("val-images", 500), ("test-images", 1000)):
-        demo.add_argument(f"--{name}", type=int, default=default, help=f"embedded dataset size (default: {default})")
+    demo.add_argument("--dataset", choices=sorted(DEMO_DATASETS), default="multi30k",
+                      help="multi30k: the Multi30K-style embedded dataset (en, de, fr, cs); coco: the COCO-style one "
+                      "(en, ja, zh, unbalanced)")  # fmt: skip
+    for name in ("train-images", "val-images", "test-images"):
+        demo.add_argument(
+            f"--{name}", type=int, help="embedded dataset size (default: 3000, 500, 1000; coco: 4500, 200, 300)"
+        )
     demo.add_argument("--seed", type=int, default=0, help="embedded dataset seed (default: 0)")
 
     run = sub.add_parser("run", help="run some stages: " + ", ".join(STAGE_NAMES + EXTRA_STAGES) + " (or all)")
     run.add_argument("stages", nargs="+", metavar="STAGE")
+    run.add_argument("--lang", help="add-language: the language to add (train.add_language)")
     _common(run)
     _data_options(run)
 
@@ -69,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def overrides_from(args: argparse.Namespace) -> dict[str, str]:
     overrides = parse_assignments(args.assignments)
-    for option, key in (("dataset", "data.dataset"), ("source", "data.source"), ("images", "data.images")):
+    for option, key in (("dataset", "data.dataset"), ("source", "data.source"), ("images", "data.images"),
+                        ("lang", "train.add_language")):  # fmt: skip
         value = getattr(args, option, None)
         if value:
             overrides[key] = value
@@ -175,9 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "demo":
             overrides = parse_assignments(args.assignments)
-            overrides.update({"data.dataset": "embedded", "data.train_images": args.train_images,
-                              "data.val_images": args.val_images, "data.test_images": args.test_images,
-                              "data.seed": args.seed})  # fmt: skip
+            overrides.update({"data.dataset": DEMO_DATASETS[args.dataset], "data.seed": args.seed})
+            for option in ("train_images", "val_images", "test_images"):
+                if getattr(args, option) is not None:
+                    overrides[f"data.{option}"] = getattr(args, option)
             return cmd_run(args, list(STAGE_NAMES), overrides)
         if args.command == "run":
             stages = list(STAGE_NAMES) if args.stages == ["all"] else args.stages

@@ -16,14 +16,16 @@ from typing import Any
 from prefect import flow, unmapped
 from prefect.states import Failed
 
-from data_catalog.catalog import Catalog
-from data_catalog.datasets import EMBEDDED
+from data_catalog.catalog import Catalog, write_text_atomic
+from data_catalog.datasets import GENERATED
 from data_catalog.locks import workdir_lock
 from data_catalog.workdir import Workdir
 from flows.runtime import dask_task_runner, quiet_user_errors
 from mule_core.config import ConfigError, MuleConfig, resolve, to_dict
 from mule_core.errors import is_user_error
 from tasks import ablation, relocation, tracking
+from tasks.add_language import add_language, added_model_name, base_model_name
+from tasks.common import logger
 from tasks.evaluate import evaluate_model
 from tasks.features import extract_shard, finish_features, plan_features
 from tasks.ingest import generate_embedded, ingest_captions
@@ -33,7 +35,7 @@ from tasks.train import train_model
 from tasks.translate import translate_captions
 
 STAGES = ("ingest", "translate", "features", "text", "pretrain", "train", "evaluate")  # the rebuild
-EXTRA_STAGES = ("ablation",)  # run when named
+EXTRA_STAGES = ("ablation", "add-language")  # run when named
 
 
 def _workdir(workdir: str | None) -> Workdir:
@@ -86,7 +88,7 @@ def _stage(stage: str, work, workdir, preset, overrides, parent_run_id) -> dict:
 
 def _ingest(root: str, config: dict, run_id: str) -> dict:
     data = config["data"]
-    if data["dataset"] == EMBEDDED and not data["source"]:
+    if data["dataset"] in GENERATED and not data["source"]:
         generate_embedded(root, config)
     return ingest_captions(root, config, run_id)
 
@@ -196,6 +198,75 @@ def _ablation(workdir: str | None, preset: str, overrides: dict[str, Any] | None
             return ablation.summarize(root, config, run_id, rows)
 
 
+@flow(name="add-language")
+def add_language_flow(workdir: str | None = None, preset: str = "demo", overrides: dict[str, Any] | None = None,
+                      parent_run_id: str | None = None) -> dict:  # fmt: skip
+    """Adds train.add_language to a model trained without it (trained first when missing),
+    and compares it with the model trained from scratch on every language."""
+    return _failing_quietly(lambda: _add_language(workdir, preset, overrides, parent_run_id))
+
+
+def _add_language(
+    workdir: str | None, preset: str, overrides: dict[str, Any] | None, parent_run_id: str | None
+) -> dict:
+    overrides = dict(overrides or {})
+    with _working(workdir, preset, overrides, "add-language") as (wd, cfg, config):
+        lang, root = cfg.train.add_language, str(wd.root)
+        if not lang:
+            raise ConfigError("add-language needs a language: mule run add-language --lang ja (train.add_language)")
+        others = [x for x in cfg.data.languages if x != lang]
+        if not others:
+            raise ConfigError(f"data.languages {list(cfg.data.languages)} has no language besides {lang} to start from")
+        base_name, added_name = (
+            base_model_name(lang, cfg.train.base_model),
+            added_model_name(lang, cfg.train.base_model),
+        )
+        variants = {
+            f"without {lang}": {"data.languages": ",".join(others), "train.model_name": base_name},
+            f"without {lang}, then {lang} added": {"train.model_name": added_name},
+            "every language from scratch": {"train.model_name": "model"},
+        }
+        with tracking.run(wd, cfg, f"add-language {lang}", parent_run_id) as run_id:
+            for stage in ablation.missing_inputs(root, config):
+                STAGE_FLOWS[stage](workdir=root, preset=preset, overrides=overrides, parent_run_id=run_id)
+            rows = {}
+            for label, extra in variants.items():
+                adding = label.endswith("added")
+                settings = {**overrides, **extra, "train.reuse": True, "train.add_language": lang if adding else ""}
+                variant = resolve(preset, settings)
+                with tracking.run(wd, variant, f"add-language: {label}", run_id) as child:
+                    if not adding:
+                        if variant.pretrain.enabled:  # LP over the base languages only: it never sees `lang`
+                            pretrain_mule(root, to_dict(variant), child)
+                        trained = train_model(root, to_dict(variant), child)
+                    else:
+                        trained = add_language(root, to_dict(variant), child)
+                    rows[label] = {"train": trained, "evaluation": evaluate_model(root, to_dict(variant), child)}
+            return _add_language_report(wd, cfg, lang, rows, run_id)
+
+
+def _add_language_report(wd: Workdir, cfg: MuleConfig, lang: str, rows: dict, run_id: str) -> dict:
+    languages = list(cfg.data.languages)
+    lines = [
+        f"| model | {' | '.join(languages)} | trained parameters | seconds |",
+        "|---|" + "---|" * (len(languages) + 2),
+    ]
+    for label, row in rows.items():
+        table, trained = row["evaluation"]["table"], row["train"]
+        cells = [f"{table[x]['mR']:.1f}" if x in table else "–" for x in languages]
+        parameters = trained.get("trainable_parameters") or (trained.get("parameters") or {}).get("total", "")
+        lines.append(f"| {label} | {' | '.join(cells)} | {parameters:,} | {trained.get('seconds', 0.0)} |"
+                     if isinstance(parameters, int) else f"| {label} | {' | '.join(cells)} | {parameters} | |")  # fmt: skip
+    change = rows[f"without {lang}, then {lang} added"]["train"]["existing_languages_max_change"]
+    markdown = "\n".join(lines) + f"\n\nBase languages' embeddings after adding {lang}: largest change {change:g}.\n"
+    out = wd.results_dir(cfg.data.dataset) / f"add-language-{lang}.md"
+    write_text_atomic(markdown, out)
+    tracking.Tracker(wd, run_id).artifact(out)
+    logger().info("adding %s (test mR per language):\n%s", lang, markdown)
+    return {"rows": {k: v["evaluation"]["table"] for k, v in rows.items()}, "markdown": markdown,
+            "existing_languages_max_change": change, "report": str(out)}  # fmt: skip
+
+
 STAGE_FLOWS = {
     "ingest": ingest_flow,
     "translate": translate_flow,
@@ -205,6 +276,7 @@ STAGE_FLOWS = {
     "train": train_flow,
     "evaluate": evaluate_flow,
     "ablation": ablation_flow,
+    "add-language": add_language_flow,
 }
 
 

@@ -18,12 +18,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import UserError
+from .languages import tokenizer_name
 
 
 @dataclass
 class DataConfig:
     dataset: str = "embedded"  # catalog name; "embedded" is generated when no source is given
-    format: str = "multi30k"  # layout of the raw files (the official Multi30K repository)
+    format: str = (
+        "multi30k"  # layout of the raw files: multi30k (the official repository) or coco (COCO + YJ/STAIR + COCO-CN)
+    )
     source: str = ""  # raw dataset folder; empty: <workdir>/raw/embedded for the embedded dataset
     images: str = ""  # image folder; empty: <source>/images
     dictionaries: str = ""  # MUSE bilingual lexicons (en-<lang>.txt); empty: <source>/dictionaries
@@ -33,7 +36,12 @@ class DataConfig:
     # non-English human captions replaced by translations of the English ones, as in the paper)
     captions: str = "human"
     max_caption_bytes: int = 2000  # longer caption lines are rejected (the longest in Multi30K: ~400)
-    # Embedded dataset generator
+    # COCO: val_images / test_images drawn (split_seed) from the images with captions in every
+    # language ("trilingual", the paper), or COCO-CN's official split, or Karpathy's
+    coco_split: str = "trilingual"
+    split_seed: int = 0
+    japanese: str = "all"  # COCO: which Japanese files to read when both are there: all, yj or stair
+    # Embedded datasets' sizes (for COCO, val_images and test_images are the split's sizes)
     train_images: int = 3000
     val_images: int = 500
     test_images: int = 1000
@@ -124,6 +132,11 @@ class TrainConfig:
     compile: bool = False  # torch.compile the loss functions (pays on GPU; compile time dominates on CPU)
     model_name: str = "model"  # models/<dataset>/<model_name>.pt; the ablation trains several
     reuse: bool = False  # keep an existing model trained with this very config and inputs
+    # Add this language to the trained model train.base_model (default: without-<lang>): only
+    # its word embeddings and MULE FC train (LP, then NC + the image-sentence loss), the
+    # shared model and the other languages stay bit-identical
+    add_language: str = ""
+    base_model: str = ""
 
 
 @dataclass
@@ -206,6 +219,16 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+# A dataset name implies its reader, languages and sampling unless they are set: the
+# COCO family is English, Japanese and Chinese, unbalanced (the paper samples by language group).
+_COCO = {"data.format": "coco", "data.languages": ("en", "ja", "zh"), "train.balance_language_groups": True}
+DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
+    "coco": {**_COCO, "data.val_images": 1000, "data.test_images": 1000},
+    # the generated COCO-style dataset: 5000 images, val and test drawn from its trilingual ones
+    "embedded-coco": {**_COCO, "data.train_images": 4500, "data.val_images": 200, "data.test_images": 300},
+}
+
+
 class ConfigError(UserError, ValueError):
     pass
 
@@ -280,7 +303,9 @@ def resolve(preset: str = "demo", overrides: dict[str, Any] | None = None) -> Mu
     if preset not in PRESETS:
         raise ConfigError(f"unknown preset {preset!r}; presets are: {', '.join(PRESETS)}")
     cfg = apply_overrides(MuleConfig(preset=preset), PRESETS[preset])
-    return apply_overrides(cfg, overrides)
+    dataset = str((overrides or {}).get("data.dataset", cfg.data.dataset))
+    implied = {k: v for k, v in DATASET_DEFAULTS.get(dataset, {}).items() if k not in (overrides or {})}
+    return apply_overrides(apply_overrides(cfg, implied), overrides)
 
 
 def parse_assignments(assignments: list[str]) -> dict[str, str]:
@@ -313,10 +338,20 @@ def validate(cfg: MuleConfig) -> None:
         raise ConfigError(f"features.resize ({f.resize}) must be at least features.input_size ({f.input_size})")
     if cfg.model.sharing not in ("mule", "parallel"):
         raise ConfigError(f"model.sharing must be 'mule' or 'parallel', got {cfg.model.sharing!r}")
-    if cfg.data.format != "multi30k":
-        raise ConfigError(f"data.format must be 'multi30k' (the only reader so far), got {cfg.data.format!r}")
-    if not cfg.data.languages:
+    d = cfg.data
+    if d.format not in ("multi30k", "coco"):
+        raise ConfigError(f"data.format must be 'multi30k' or 'coco', got {d.format!r}")
+    if not d.languages:
         raise ConfigError("data.languages must name at least one language")
+    for lang in d.languages:
+        try:
+            tokenizer_name(lang)
+        except ValueError as error:
+            raise ConfigError(f"data.languages: {error}") from None
+    if d.coco_split not in ("trilingual", "coco-cn", "karpathy"):
+        raise ConfigError(f"data.coco_split must be 'trilingual', 'coco-cn' or 'karpathy', got {d.coco_split!r}")
+    if d.japanese not in ("all", "yj", "stair"):
+        raise ConfigError(f"data.japanese must be 'all', 'yj' or 'stair', got {d.japanese!r}")
     if cfg.data.captions not in ("human", "human+mt", "mt"):
         raise ConfigError(f"data.captions must be 'human', 'human+mt' or 'mt', got {cfg.data.captions!r}")
     t = cfg.translate
@@ -336,6 +371,14 @@ def validate(cfg: MuleConfig) -> None:
     ):
         if value < 1:
             raise ConfigError(f"{key} must be at least 1, got {value}")
+    if cfg.train.add_language and cfg.train.add_language not in cfg.data.languages:
+        raise ConfigError(
+            f"train.add_language={cfg.train.add_language!r} is not in data.languages {list(cfg.data.languages)}"
+        )
+    if cfg.train.add_language and cfg.model.sharing != "mule":
+        raise ConfigError(
+            "train.add_language needs model.sharing=mule: a language is added through its own MULE branch"
+        )
     for lang, n in cfg.train.sentences_per_image.items():
         if n < 1:
             raise ConfigError(f"train.sentences_per_image.{lang} must be at least 1, got {n}")

@@ -261,3 +261,33 @@ def count_parameters(model: MuleModel) -> dict[str, object]:
         "shared": total - sum(per_language.values()),
         "per_language": per_language,
     }
+
+
+def with_added_language(base: MuleModel, cfg: ModelConfig, lang: str, vocab_size: int,
+                        vectors: torch.Tensor | None = None) -> MuleModel:  # fmt: skip
+    """`base` plus a language: a new model holding every weight of `base`, frozen, and a
+    new branch (word embeddings + FC into MULE) for `lang`, the only trainable part. The
+    language classifier gains a row for the new language (frozen too: LC stays off while
+    a language is added). Base languages keep bit-identical embeddings: nothing they
+    pass through can change."""
+    if not base.has_mule:
+        raise ValueError("a language is added through its own MULE branch; this model has none (sharing=parallel)")
+    if lang in base.languages:
+        raise ValueError(f"the model already reads {lang!r}")
+    languages = [*base.languages, lang]
+    sizes = {name: branch.embed.num_embeddings for name, branch in base.branches.items()} | {lang: vocab_size}
+    word_dim = next(iter(base.branches.values())).embed.embedding_dim
+    image_dim = base.image_mean.numel() if base.image_branch is not None else None
+    model = MuleModel(languages, sizes, word_dim, image_dim, cfg)
+    state = {k: v for k, v in base.state_dict().items() if not k.startswith("classifier.")}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or any(not (k.startswith(f"branches.{lang}.") or k.startswith("classifier.")) for k in missing):
+        raise ValueError(f"base model and config disagree: missing {missing}, unexpected {unexpected}")
+    with torch.no_grad():
+        model.classifier.weight[: len(base.languages)] = base.classifier.weight
+        model.classifier.bias[: len(base.languages)] = base.classifier.bias
+    if vectors is not None:
+        model.branches[lang].init_vectors(vectors)
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad = parameter.requires_grad and name.startswith(f"branches.{lang}.")
+    return model

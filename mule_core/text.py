@@ -1,7 +1,10 @@
 """Tokenisation and vocabularies.
 
-Space-delimited languages use the Moses tokenizer (sacremoses), the tokenizer behind
-Multi30K's official tokenised files, on lower-cased, NFKC-normalised text.
+Every caption is lower-cased and NFKC-normalised (which also folds full-width Latin
+letters and digits in Japanese and Chinese text), then split into words by its
+language's tokeniser (mule_core/languages.py): Moses (sacremoses, the tokenizer behind
+Multi30K's official tokenised files) for space-delimited languages, janome for
+Japanese, jieba for Chinese.
 """
 
 from __future__ import annotations
@@ -15,8 +18,10 @@ from functools import cache
 import numpy as np
 import torch
 
+from .languages import tokenizer_name
+
 PAD, UNK = "<pad>", "<unk>"
-TOKENIZER_VERSION = "moses-lower-nfkc-1"
+TOKENIZER_VERSION = "moses-lower-nfkc-1"  # space-delimited languages (stored with each ingest)
 _INVISIBLE = re.compile("[\u200b\u200c\u200d\u2060\ufeff]")
 
 
@@ -32,8 +37,41 @@ def normalise(text: str) -> str:
     return _INVISIBLE.sub("", text).strip().lower()
 
 
+@cache
+def _janome():
+    from janome.tokenizer import Tokenizer
+
+    return Tokenizer(wakati=True)
+
+
+@cache
+def _jieba():
+    import logging
+
+    import jieba
+
+    jieba.setLogLevel(logging.WARNING)  # it logs its dictionary loading at INFO
+    jieba.initialize()
+    return jieba
+
+
+def tokenizer_version(lang: str) -> str:
+    """What tokenised a language's captions: stored with the ingest, part of the stage keys."""
+    name = tokenizer_name(lang)
+    if name == "moses":
+        return TOKENIZER_VERSION
+    from importlib.metadata import version
+
+    return f"{name}-{version(name)}-lower-nfkc-1"
+
+
 def tokenize(text: str, lang: str) -> list[str]:
-    return _moses(lang).tokenize(normalise(text), escape=False)
+    name = tokenizer_name(lang)
+    if name == "moses":
+        return _moses(lang).tokenize(normalise(text), escape=False)
+    text = normalise(text)
+    words = _janome().tokenize(text) if name == "janome" else _jieba().cut(text)
+    return [w for w in (w.strip() for w in words) if w]
 
 
 @dataclass

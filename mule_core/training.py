@@ -48,6 +48,20 @@ class SplitTensors:
         tokens = self.tokens[rows, : int(lengths.max())]
         return TextBatch(tokens, lengths, groups)
 
+    def images_with(self, lang: str) -> SplitTensors:
+        """The images that have a caption in `lang`, with all their captions."""
+        keep_image = np.zeros(self.n_images, dtype=bool)
+        keep_image[self.caption_image[self.caption_lang == self.languages.index(lang)]] = True
+        new_row = np.cumsum(keep_image) - 1
+        rows = np.nonzero(keep_image[self.caption_image])[0]
+        index = torch.from_numpy(rows)
+        return SplitTensors(
+            self.languages, self.tokens[index], self.lengths[index], self.caption_lang[rows],
+            new_row[self.caption_image[rows]], [i for i, k in zip(self.image_ids, keep_image) if k],
+            self.features[torch.from_numpy(np.nonzero(keep_image)[0])] if self.features is not None else None,
+            [self.caption_ids[r] for r in rows] if self.caption_ids is not None else None,
+        )  # fmt: skip
+
 
 @dataclass
 class OptimConfig:
@@ -125,6 +139,7 @@ class Trainer:
             optim.sentences_per_image,
             optim.batch_images,
             optim.seed,
+            balance_groups=optim.balance_language_groups,
         )
         self.amp = optim.amp and device.type == "cuda"
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp)
@@ -169,13 +184,23 @@ class Trainer:
             language = batch.sentence_lang.to(dev, non_blocking=True)
             parts["lc"] = cfg.lc_weight * language_classifier_loss(logits, language)
             parts["lc_accuracy"] = (logits.argmax(1) == language).float().mean().detach()
-        if cfg.word_l2 > 0 and self.model.branches[self.data.languages[0]].embed.weight.requires_grad:
+        if cfg.word_l2 > 0 and any(b.embed.weight.requires_grad for b in self.model.branches.values()):
             parts["word_l2"] = cfg.word_l2 * self.model.word_drift()
         return parts
 
     # -- epochs ---------------------------------------------------------------------
-    def run_epoch(self) -> EpochResult:
+    def _train_mode(self) -> None:
+        """Training mode, except that a frozen BatchNorm keeps its statistics: adding a
+        language to a trained model must leave the image branch exactly as it was."""
         self.model.train()
+        for module in self.model.modules():
+            if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and not any(
+                p.requires_grad for p in module.parameters()
+            ):
+                module.eval()
+
+    def run_epoch(self) -> EpochResult:
+        self._train_mode()
         epoch = self.epoch + 1
         sums: dict[str, float] = {}
         steps = 0

@@ -21,7 +21,7 @@ from . import plots
 from .common import context, logger
 from .features import image_file_count
 from .model_io import load_model, load_split
-from .pretrain import pretrain_path
+from .pretrain import lp_path
 from .report import cross_lingual_markdown, recall_markdown, recall_rows, to_csv
 from .tracking import Tracker
 from .train import model_path, results_dir
@@ -78,7 +78,7 @@ def _cross_lingual_metrics(crossing: dict) -> dict[str, float]:
 def _evaluate_text_only(wd, catalog, cfg, tracker, log) -> dict[str, Any]:
     """No images: cross-lingual sentence retrieval of the LP model at the MULE layer."""
     dataset = cfg.data.dataset
-    path = pretrain_path(wd, dataset, cfg.data.captions)
+    path = lp_path(wd, catalog, cfg)
     if not path.exists():
         raise FileNotFoundError(
             f"dataset {dataset!r} has no images, so only the MULE layer can be evaluated, and there is no LP "

@@ -11,9 +11,11 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from data_catalog.datasets import locate, prepare
-from data_catalog.readers.multi30k import ReadOptions, read_multi30k
+from data_catalog.readers.coco import CocoOptions, read_coco
+from data_catalog.readers.common import ReadOptions
+from data_catalog.readers.multi30k import read_multi30k
 from mule_core.progress import Progress
-from mule_core.text import TOKENIZER_VERSION, tokenize
+from mule_core.text import tokenize, tokenizer_version
 
 from .common import context, logger
 from .tracking import Tracker
@@ -25,7 +27,7 @@ def generate_embedded(workdir: str, config: dict[str, Any]) -> str:
     wd, _, cfg = context(workdir, config)
     log = logger()
     source = locate(wd, cfg.data)
-    total = cfg.data.train_images + cfg.data.val_images + cfg.data.test_images
+    total = cfg.data.train_images + cfg.data.val_images + cfg.data.test_images  # both generators' image count
     progress = Progress("generating scenes", total, unit="images", logger=log)
     prepare(wd, cfg.data, lambda done, _total: progress.update(1))
     if progress.done:
@@ -42,11 +44,20 @@ def ingest_captions(workdir: str, config: dict[str, Any], run_id: str | None) ->
     source = locate(wd, cfg.data)
     started = time.perf_counter()
     options = ReadOptions(tuple(cfg.data.languages), cfg.data.strict, cfg.data.max_caption_bytes)
-    result = read_multi30k(source.root, cfg.data.dataset, source.images, progress=log.info, options=options)
-    log.info(
-        "read %d images, %d captions, %d rejected lines; %d task1 English lines merged into task2 captions",
-        result.images.num_rows, result.captions.num_rows, result.rejects.num_rows, result.merged_task1_lines,
-    )  # fmt: skip
+    if cfg.data.format == "coco":
+        d = cfg.data
+        coco = CocoOptions(d.coco_split, d.val_images, d.test_images, d.split_seed, d.japanese)
+        result = read_coco(source.root, d.dataset, source.images, progress=log.info, options=options, coco=coco)
+    else:
+        result = read_multi30k(source.root, cfg.data.dataset, source.images, progress=log.info, options=options)
+    merged = (
+        f"; {result.merged_task1_lines} task1 English lines merged into task2 captions"
+        if cfg.data.format == "multi30k"
+        else ""
+    )
+    log.info("read %d images, %d captions, %d rejected lines%s",
+             result.images.num_rows, result.captions.num_rows, result.rejects.num_rows, merged)  # fmt: skip
+    versions = {lang: tokenizer_version(lang) for lang in cfg.data.languages}
 
     texts = result.captions.column("text").to_pylist()
     langs = result.captions.column("lang").to_pylist()
@@ -81,7 +92,7 @@ def ingest_captions(workdir: str, config: dict[str, Any], run_id: str | None) ->
         "rejects_by_kind": dict(kinds),
         "merged_task1_lines": result.merged_task1_lines,
         "per_split": result.stats,
-        "tokenizer": TOKENIZER_VERSION,
+        "tokenizers": versions,
         "seconds": round(time.perf_counter() - started, 1),
     }
     if present < result.images.num_rows:
@@ -90,9 +101,8 @@ def ingest_captions(workdir: str, config: dict[str, Any], run_id: str | None) ->
             result.images.num_rows - present, result.images.num_rows, source.images,
         )  # fmt: skip
     tracker = Tracker(wd, run_id)
-    tracker.params(
-        {"ingest.source": source.root, "ingest.images_dir": source.images, "ingest.tokenizer": TOKENIZER_VERSION}
-    )
+    tracker.params({"ingest.source": source.root, "ingest.images_dir": source.images,
+                    **{f"ingest.tokenizer.{lang}": v for lang, v in versions.items()}})  # fmt: skip
     metrics = {"images": summary["images"], "images_present": present, "captions": summary["captions"],
                "rejects": summary["rejects"], "merged_task1_lines": result.merged_task1_lines}  # fmt: skip
     metrics.update({f"rejects.{kind}": n for kind, n in kinds.items()})

@@ -34,7 +34,7 @@ from .model_io import (
     save_atomic,
     save_model,
 )
-from .pretrain import pretrain_path
+from .pretrain import lp_path
 from .tracking import Tracker
 from .training_common import optim_config
 
@@ -82,7 +82,7 @@ def train_model(workdir: str, config: dict[str, Any], run_id: str | None) -> dic
     model = build_model(cfg, vocabulary, image_dim=train.features.shape[1])
     model.set_image_normalization(train.features)
 
-    lp_file = pretrain_path(wd, dataset, cfg.data.captions)
+    lp_file = lp_path(wd, catalog, cfg)
     if cfg.pretrain.enabled:
         if not lp_file.exists():
             raise MissingPretrainError(

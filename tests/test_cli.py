@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from flows.cli import build_parser, main
+from flows.cli import build_parser, main, overrides_from
 
 
 def test_config_prints_the_resolved_config(capsys):
@@ -46,7 +46,11 @@ def test_run_accepts_the_issue_examples():
     )
     assert args.stages == ["ingest"] and args.source == "../shared/datasets/multi30k"
     args = build_parser().parse_args(["demo", "--workdir", "w", "--train-images", "10", "--seed", "3"])
-    assert (args.train_images, args.seed, args.val_images) == (10, 3, 500)
+    assert (args.train_images, args.seed, args.val_images, args.dataset) == (10, 3, None, "multi30k")
+    args = build_parser().parse_args(["demo", "--dataset", "coco"])  # sizes from the dataset's defaults
+    assert args.dataset == "coco" and args.train_images is None
+    args = build_parser().parse_args(["run", "add-language", "--lang", "ja", "--dataset", "embedded-coco"])
+    assert overrides_from(args) == {"train.add_language": "ja", "data.dataset": "embedded-coco"}
 
 
 def test_catalog_of_an_empty_workdir(capsys, tmp_path):

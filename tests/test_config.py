@@ -66,3 +66,23 @@ def test_round_trip_and_flat_params():
 def test_assignments_need_an_equals_sign():
     with pytest.raises(ConfigError, match="KEY=VALUE"):
         parse_assignments(["train.epochs"])
+
+
+def test_an_unknown_language_code_is_an_error_at_config_time():
+    with pytest.raises(ConfigError, match="data.languages: no tokeniser for language code 'jp'"):
+        resolve("demo", {"data.languages": "en,jp"})
+
+
+def test_a_coco_dataset_implies_its_reader_languages_and_sampling_unless_set():
+    coco = resolve("demo", {"data.dataset": "coco", "data.source": "/data/coco"})
+    assert (coco.data.format, coco.data.languages, coco.train.balance_language_groups) == (
+        "coco",
+        ("en", "ja", "zh"),
+        True,
+    )
+    assert (coco.data.val_images, coco.data.test_images) == (1000, 1000)  # the paper's split
+    generated = resolve("demo", {"data.dataset": "embedded-coco"})
+    assert (generated.data.train_images, generated.data.val_images, generated.data.test_images) == (4500, 200, 300)
+    mine = resolve("demo", {"data.dataset": "coco", "data.languages": "en,ja", "data.test_images": 500})
+    assert mine.data.languages == ("en", "ja") and mine.data.test_images == 500 and mine.data.format == "coco"
+    assert resolve("demo").data.format == "multi30k"

@@ -111,3 +111,49 @@ def test_parallel_embn_trains_with_nc_at_the_multimodal_layer_only():
     assert {"match", "nc_joint"} <= set(parts) and "nc_mule" not in parts and "lc" not in parts
     with pytest.raises(ValueError, match="LP pretrains the MULE layer"):
         Trainer(model, toy_split(), LOSS, optim(1), torch.device("cpu"), mode="lp")
+
+
+def test_balanced_language_groups_reach_the_sampler():
+    from dataclasses import replace
+
+    trainer = Trainer(
+        toy_model(), toy_split(), LOSS, replace(optim(1), balance_language_groups=True), torch.device("cpu")
+    )
+    assert trainer.sampler.balance_groups
+
+
+def test_adding_a_language_trains_it_and_leaves_the_others_bit_identical():
+    from dataclasses import replace
+
+    from mule_core.model import with_added_language
+
+    n = 24
+    cfg = ModelConfig(mule_dim=16, lstm_dim=16, joint_dim=16, image_hidden=32)
+    torch.manual_seed(0)
+    base = MuleModel(["en"], {"en": n + 2}, 8, n, cfg)
+    base.branches["en"].init_vectors(torch.randn(n + 2, 8))
+    data = toy_split(n)
+    base.set_image_normalization(data.features)
+    english = SplitTensors(["en"], data.tokens[data.caption_lang == 0], data.lengths[data.caption_lang == 0],
+                           data.caption_lang[data.caption_lang == 0], data.caption_image[data.caption_lang == 0],
+                           data.image_ids, data.features)  # fmt: skip
+    Trainer(base, english, LOSS, replace(optim(15), sentences_per_image={"en": 2}), torch.device("cpu")).fit()
+    before = evaluate_split(base, english, torch.device("cpu"))
+    from mule_core.training import encode_split
+
+    reference = encode_split(base, english, torch.device("cpu"))
+
+    model = with_added_language(base, cfg, "fr", n + 2, torch.randn(n + 2, 8))
+    assert {name for name, p in model.named_parameters() if p.requires_grad} == {
+        "branches.fr.embed.weight", "branches.fr.fc.weight", "branches.fr.fc.bias"}  # fmt: skip
+    untrained = evaluate_split(model, data, torch.device("cpu"))["fr"]["mR"]
+    # LC stays off: its classifier is frozen while a language is added
+    Trainer(model, data, replace(LOSS, lc=False), optim(25), torch.device("cpu")).fit()
+    after = evaluate_split(model, data, torch.device("cpu"))
+    assert after["fr"]["mR"] > untrained + 15, (untrained, after)
+    assert after["en"] == before["en"]
+    again = encode_split(model, english, torch.device("cpu"))
+    for key in ("caption_mule", "caption_joint", "image"):  # bit-identical, not merely close
+        assert torch.equal(again[key], reference[key]), key
+    # BatchNorm's running statistics in the frozen image branch did not move either
+    assert torch.equal(model.image_branch[1].running_mean, base.image_branch[1].running_mean)

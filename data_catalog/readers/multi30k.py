@@ -27,20 +27,24 @@ and image files by names checked to stay inside the images folder.
 from __future__ import annotations
 
 import gzip
-import hashlib
 import re
-import unicodedata
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pyarrow as pa
-from PIL import Image
-
-from mule_core.errors import UserError
-
 from ..schemas import CAPTIONS, IMAGES, REJECTS
+from .common import (
+    DatasetReadError,
+    ReadOptions,
+    ReadResult,
+    Rejects,
+    Rows,
+    TooLong,
+    capped_lines,
+    clean_caption,
+    image_record,
+)
 
 # (split name in the catalog, role, task1 file stem, task2 file stem)
 SPLITS = (
@@ -57,69 +61,12 @@ _TASK2_FILE = re.compile(r"^(?P<stem>.+)\.(?P<index>[1-9])\.(?P<lang>[a-z]{2})\.
 MAX_NAME_BYTES = 255  # an image name longer than a file name can be is not one
 
 
-class Multi30kError(UserError, ValueError):
+class Multi30kError(DatasetReadError):
     pass
-
-
-@dataclass(frozen=True)
-class ReadOptions:
-    languages: tuple[str, ...] | None = None  # None: every language with caption files
-    strict: bool = False  # every soft case (a reject) becomes an error
-    max_caption_bytes: int = 2000  # longer caption lines are rejected (Multi30K's longest is ~400)
-
-
-@dataclass
-class ReadResult:
-    images: pa.Table
-    captions: pa.Table
-    rejects: pa.Table
-    merged_task1_lines: int = 0
-    stats: dict = field(default_factory=dict)
-
-
-@dataclass
-class _Rows:
-    columns: dict[str, list] = field(default_factory=dict)
-
-    def add(self, **values) -> None:
-        for key, value in values.items():
-            self.columns.setdefault(key, []).append(value)
-
-    def table(self, schema: pa.Schema) -> pa.Table:
-        return pa.table({name: self.columns.get(name, []) for name in schema.names}, schema=schema)
-
-
-@dataclass(frozen=True)
-class _TooLong:
-    """A line over the cap: its first bytes and its full length (the rest was skipped)."""
-
-    head: bytes
-    size: int
 
 
 def _rel(path: Path, root: Path) -> str:
     return path.relative_to(root).as_posix()
-
-
-def _capped_lines(handle, cap: int) -> list[bytes | _TooLong]:
-    """Lines without their newline; a line over `cap` bytes is read in bounded chunks and
-    kept as _TooLong, so one absurd line cannot exhaust memory."""
-    lines: list[bytes | _TooLong] = []
-    while True:
-        line = handle.readline(cap + 2)
-        if not line:
-            return lines
-        if line.endswith(b"\n"):
-            line = line[:-1]
-            lines.append(line if len(line) <= cap else _TooLong(line[:cap], len(line)))
-        elif len(line) <= cap:  # the last line, without a final newline
-            lines.append(line)
-        else:
-            size, more = len(line), line
-            while more and not more.endswith(b"\n"):
-                more = handle.readline(1 << 20)
-                size += len(more) - more.endswith(b"\n")
-            lines.append(_TooLong(line[:cap], size))
 
 
 def _drop_trailing_blank(lines: list, keep: int = 0) -> list:
@@ -131,10 +78,10 @@ def _drop_trailing_blank(lines: list, keep: int = 0) -> list:
     return lines[:end]
 
 
-def _read_gzip_lines(path: Path, root: Path, cap: int) -> list[bytes | _TooLong]:
+def _read_gzip_lines(path: Path, root: Path, cap: int) -> list[bytes | TooLong]:
     try:
         with gzip.open(path, "rb") as handle:
-            return _capped_lines(handle, cap)
+            return capped_lines(handle, cap)
     except (OSError, EOFError, zlib.error) as error:
         raise Multi30kError(f"{_rel(path, root)}: not a readable gzip file ({error})") from None
 
@@ -163,10 +110,10 @@ def _unsafe(name: str) -> str:
 
 def _read_split_file(path: Path, root: Path) -> list[_Entry]:
     with path.open("rb") as handle:
-        lines = _drop_trailing_blank(_capped_lines(handle, MAX_NAME_BYTES))
+        lines = _drop_trailing_blank(capped_lines(handle, MAX_NAME_BYTES))
     entries, seen = [], {}
     for number, raw in enumerate(lines, start=1):
-        if isinstance(raw, _TooLong):
+        if isinstance(raw, TooLong):
             entries.append(_Entry(number, None, "bad_image_name", f"image name of {raw.size} bytes", raw.head))
             continue
         try:
@@ -188,52 +135,6 @@ def _read_split_file(path: Path, root: Path) -> list[_Entry]:
     return entries
 
 
-def _clean(raw: bytes | _TooLong, cap: int) -> tuple[str | None, str, str]:
-    """(caption, '', '') or (None, kind, reason)."""
-    if isinstance(raw, _TooLong):
-        return None, "too_long", f"caption of {raw.size} bytes (data.max_caption_bytes={cap})"
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as error:
-        return None, "invalid_utf8", f"invalid UTF-8 at byte {error.start}"
-    text = text.rstrip("\r").strip()
-    if not text:
-        return None, "empty", "empty caption"
-    for column, char in enumerate(text, start=1):
-        if unicodedata.category(char) == "Cc" and char != "\t":
-            return None, "control_char", f"control character U+{ord(char):04X} at column {column}"
-    return text, "", ""
-
-
-def _image_record(path: Path, with_hash: bool) -> tuple[bool, str | None, int | None, int | None]:
-    if not path.is_file():
-        return False, None, None, None
-    sha = hashlib.sha256(path.read_bytes()).hexdigest() if with_hash else None
-    try:
-        with Image.open(path) as image:
-            width, height = image.size
-    except OSError:
-        width = height = None
-    return True, sha, width, height
-
-
-@dataclass
-class _Rejects:
-    """The rejects table's rows; with strict, the first reject is an error instead."""
-
-    dataset: str
-    strict: bool
-    rows: _Rows = field(default_factory=_Rows)
-
-    def add(self, source_file: str, line: int | None, kind: str, reason: str, raw: bytes | _TooLong) -> None:
-        if self.strict:
-            where = f"{source_file}:{line}" if line else source_file
-            raise Multi30kError(f"{where}: {reason} (data.strict=true makes this an error)")
-        data = raw.head if isinstance(raw, _TooLong) else raw
-        self.rows.add(dataset=self.dataset, source_file=source_file, line=line, kind=kind, reason=reason,
-                      raw=data.decode("utf-8", "backslashreplace"), raw_bytes=data)  # fmt: skip
-
-
 @dataclass
 class _SplitReader:
     """Reads the caption files of one split into the shared rows, aligned with its images."""
@@ -244,8 +145,8 @@ class _SplitReader:
     role: str
     listing: Path  # the split file the image order comes from
     entries: list[_Entry]
-    captions: _Rows
-    rejects: _Rejects
+    captions: Rows
+    rejects: Rejects
     options: ReadOptions
     counts: dict[str, int] = field(default_factory=dict)
     per_image: dict[str, int] = field(default_factory=dict)  # image id -> captions kept
@@ -263,7 +164,7 @@ class _SplitReader:
                          f"language {lang!r} is not in data.languages ({known}): file skipped", b"")  # fmt: skip
         return False
 
-    def read_aligned(self, path: Path) -> list[bytes | _TooLong]:
+    def read_aligned(self, path: Path) -> list[bytes | TooLong]:
         n = len(self.entries)
         lines = _drop_trailing_blank(_read_gzip_lines(path, self.root, self.options.max_caption_bytes), keep=n)
         if len(lines) != n:
@@ -273,7 +174,7 @@ class _SplitReader:
             )
         return lines
 
-    def add(self, path: Path, number: int, raw: bytes | _TooLong, lang: str, source: str,
+    def add(self, path: Path, number: int, raw: bytes | TooLong, lang: str, source: str,
             origin: str | None = None) -> str | None:  # fmt: skip
         """Adds one caption line (or rejects it); returns its caption id."""
         source_file = _rel(path, self.root)
@@ -283,7 +184,7 @@ class _SplitReader:
             reason = f"its image line {_rel(self.listing, self.root)}:{number} was rejected ({entry.reason})"
             self.rejects.add(source_file, number, "no_image", reason, raw)
             return None
-        text, kind, reason = _clean(raw, self.options.max_caption_bytes)
+        text, kind, reason = clean_caption(raw, self.options.max_caption_bytes)
         if text is None:
             self.rejects.add(source_file, number, kind, reason, raw)
             return None
@@ -318,7 +219,7 @@ class _SplitReader:
         origins: list[str | None] = [None] * len(self.entries)
         if en_path.exists() and self.wanted(en_path, TASK1_SOURCE_LANG):
             for number, raw in enumerate(self.read_aligned(en_path), start=1):
-                text, _, _ = _clean(raw, self.options.max_caption_bytes)
+                text, _, _ = clean_caption(raw, self.options.max_caption_bytes)
                 row = task2_english[number - 1].get(text) if text is not None else None
                 if row is not None:
                     self.captions.columns["also_in"][row] = f"{_rel(en_path, self.root)}:{number}"
@@ -387,7 +288,7 @@ def _read(root: Path, dataset: str, images_dir: Path | None, hash_images: bool,
     if not data.is_dir():
         raise Multi30kError(f"not a Multi30K checkout: {data} does not exist")
     images_dir = Path(images_dir) if images_dir else root / "images"
-    images, captions, rejects = _Rows(), _Rows(), _Rejects(dataset, options.strict)
+    images, captions, rejects = Rows(), Rows(), Rejects(dataset, options.strict, error=Multi30kError)
     merged = 0
     image_split: dict[str, str] = {}
     stats: dict[str, dict[str, int]] = {}
@@ -440,7 +341,7 @@ def _read(root: Path, dataset: str, images_dir: Path | None, hash_images: bool,
                 rejects.add(_rel(listing, root), entry.line, "no_captions", reason, entry.name.encode())
                 continue
             kept += 1
-            exists, sha, width, height = _image_record(images_dir / entry.name, hash_images)
+            exists, sha, width, height = image_record(images_dir / entry.name, hash_images)
             images.add(dataset=dataset, image_id=image_id, file_name=entry.name, path=str(images_dir / entry.name),
                        split=split, role=role, exists=exists, sha256=sha, width=width, height=height)  # fmt: skip
         stats[split] = {"images": kept, **dict(sorted(reader.counts.items()))}
