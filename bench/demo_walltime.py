@@ -1,6 +1,7 @@
 """Wall time of `mule demo` from an empty workdir, per stage.
 
     python bench/demo_walltime.py [--keep DIR] [extra mule demo args...]
+    python bench/demo_walltime.py --dataset coco      # the COCO-style en/ja/zh demo
 
 Runs the real command in a subprocess (a fresh Prefect and MLflow), then reads each
 stage's start and end from the MLflow runs it wrote.
@@ -38,7 +39,8 @@ def main() -> None:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
-    experiment = client.get_experiment_by_name("mule/embedded")
+    dataset = "embedded-coco" if "coco" in extra else "embedded"  # mule demo --dataset coco
+    experiment = client.get_experiment_by_name(f"mule/{dataset}")
     runs = sorted(client.search_runs([experiment.experiment_id]), key=lambda r: r.info.start_time)
     import torch
 

@@ -3,6 +3,10 @@ cross-lingual heatmaps, retrieved images."""
 
 from __future__ import annotations
 
+import importlib.util
+import warnings
+from pathlib import Path
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -12,6 +16,34 @@ import numpy as np  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from .report import RECALL_COLUMNS, RECALL_HEADERS  # noqa: E402
+
+# Japanese and Chinese captions in figure titles need a CJK font after DejaVu Sans: the
+# first one matplotlib can find (a system Noto/Source Han/WenQuanYi/IPA font, or the Noto
+# Sans CJK SC of the optional `mule[cjk-fonts]` extra). Without one, CJK titles show boxes.
+_CJK_FAMILIES = ("Noto Sans CJK SC", "Noto Sans CJK JP", "Source Han Sans SC", "Source Han Sans", "WenQuanYi Zen Hei",
+                 "WenQuanYi Micro Hei", "Droid Sans Fallback", "IPAexGothic", "IPAGothic")  # fmt: skip
+
+
+def _cjk_fallback() -> str | None:
+    from matplotlib import font_manager
+
+    # The optional extra ships its fonts as files inside the package (found without
+    # importing it: its __init__ needs more than the fonts).
+    spec = importlib.util.find_spec("mplfonts")
+    for folder in spec.submodule_search_locations if spec and spec.submodule_search_locations else ():
+        font = Path(folder) / "fonts" / "NotoSansCJKsc-Regular.otf"
+        if font.exists():
+            font_manager.fontManager.addfont(str(font))
+    available = {f.name for f in font_manager.fontManager.ttflist}
+    family = next((f for f in _CJK_FAMILIES if f in available), None)
+    if family:
+        plt.rcParams["font.family"] = ["DejaVu Sans", family]  # a list: per-glyph fallback
+    else:  # boxes instead of glyphs; one warning per character would drown the log
+        warnings.filterwarnings("ignore", message=r"Glyph \d+ .* missing from font", category=UserWarning)
+    return family
+
+
+CJK_FONT = _cjk_fallback()
 
 
 def close(figure) -> None:
