@@ -255,7 +255,8 @@ def _add_language_report(wd: Workdir, cfg: MuleConfig, lang: str, rows: dict, ru
         table, trained = row["evaluation"]["table"], row["train"]
         cells = [f"{table[x]['mR']:.1f}" if x in table else "–" for x in languages]
         parameters = trained.get("trainable_parameters") or (trained.get("parameters") or {}).get("total", "")
-        lines.append(f"| {label} | {' | '.join(cells)} | {parameters:,} | {trained.get('seconds', 0.0)} |"
+        seconds = "reused" if trained.get("reused") else trained.get("seconds", "")
+        lines.append(f"| {label} | {' | '.join(cells)} | {parameters:,} | {seconds} |"
                      if isinstance(parameters, int) else f"| {label} | {' | '.join(cells)} | {parameters} | |")  # fmt: skip
     change = rows[f"without {lang}, then {lang} added"]["train"]["existing_languages_max_change"]
     markdown = "\n".join(lines) + f"\n\nBase languages' embeddings after adding {lang}: largest change {change:g}.\n"
