@@ -18,16 +18,12 @@ is an independent annotation (its own plan) in the language's own grammar.
 from __future__ import annotations
 
 import json
-import os
 import random
-import shutil
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..faults import process_alive
-from . import lang_en, lang_ja, lang_zh
+from . import lang_en, lang_ja, lang_zh, staging
 from .plans import sample_plan
 from .scenes import render_scene, sample_scene
 
@@ -89,11 +85,7 @@ def write_lexicons(directory: Path) -> None:
 
 
 def manifest_matches(root: Path, spec: CocoSpec) -> bool:
-    try:
-        manifest = json.loads((root / "manifest.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return manifest.get("spec") == asdict(spec) and manifest.get("generator_version") == GENERATOR_VERSION
+    return staging.manifest_matches(root, spec, GENERATOR_VERSION)
 
 
 def generate_coco(root: Path, spec: CocoSpec, progress: Callable[[int, int], None] | None = None) -> Path:
@@ -102,11 +94,7 @@ def generate_coco(root: Path, spec: CocoSpec, progress: Callable[[int, int], Non
     root = Path(root)
     if manifest_matches(root, spec):
         return root
-    for stale in root.parent.glob(f"{root.name}.tmp-*"):
-        pid = stale.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and (int(pid) == os.getpid() or not process_alive(int(pid))):
-            shutil.rmtree(stale, ignore_errors=True)
-    tmp = root.with_name(root.name + f".tmp-{os.getpid()}")
+    tmp = staging.staging_folder(root)
     for folder in ("annotations", "coco-cn", "images/train2014", "images/val2014"):
         (tmp / folder).mkdir(parents=True)
 
@@ -164,11 +152,4 @@ def generate_coco(root: Path, spec: CocoSpec, progress: Callable[[int, int], Non
                          ("train", chinese_images[2 * tenth :])):  # fmt: skip
         (tmp / "coco-cn" / f"coco-cn_{split}.txt").write_text("".join(n + "\n" for n in sorted(names)))
     write_lexicons(tmp / "dictionaries")
-    manifest = {"generator_version": GENERATOR_VERSION, "spec": asdict(spec), "created": time.time(),
-                "languages": spec.language_counts()}  # fmt: skip
-    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
-    if root.exists():
-        shutil.rmtree(root)
-    root.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(tmp, root)
-    return root
+    return staging.publish(tmp, root, spec, GENERATOR_VERSION, languages=spec.language_counts())

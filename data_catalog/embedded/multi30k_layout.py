@@ -19,16 +19,12 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import random
-import shutil
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..faults import process_alive
-from . import lang_cs, lang_de, lang_en, lang_fr
+from . import lang_cs, lang_de, lang_en, lang_fr, staging
 from .plans import sample_plan
 from .scenes import Scene, render_scene, sample_scene
 
@@ -111,11 +107,7 @@ def write_lexicons(directory: Path) -> None:
 
 
 def manifest_matches(root: Path, spec: EmbeddedSpec) -> bool:
-    try:
-        manifest = json.loads((root / "manifest.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return manifest.get("spec") == asdict(spec) and manifest.get("generator_version") == GENERATOR_VERSION
+    return staging.manifest_matches(root, spec, GENERATOR_VERSION)
 
 
 def generate_multi30k(root: Path, spec: EmbeddedSpec, progress: Callable[[int, int], None] | None = None) -> Path:
@@ -127,11 +119,7 @@ def generate_multi30k(root: Path, spec: EmbeddedSpec, progress: Callable[[int, i
     root = Path(root)
     if manifest_matches(root, spec):
         return root
-    for stale in root.parent.glob(f"{root.name}.tmp-*"):  # left by a killed run (or ours)
-        pid = stale.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and (int(pid) == os.getpid() or not process_alive(int(pid))):
-            shutil.rmtree(stale, ignore_errors=True)
-    tmp = root.with_name(root.name + f".tmp-{os.getpid()}")
+    tmp = staging.staging_folder(root)
     (tmp / "images").mkdir(parents=True)
     for task in ("task1", "task2"):
         (tmp / "data" / task / "image_splits").mkdir(parents=True)
@@ -167,10 +155,4 @@ def generate_multi30k(root: Path, spec: EmbeddedSpec, progress: Callable[[int, i
             for (i, lang), lines in task2_lines.items():
                 _gzip_lines(tmp / "data/task2/raw" / f"{t2_stem}.{i}.{lang}.gz", lines)
     write_lexicons(tmp / "dictionaries")
-    manifest = {"generator_version": GENERATOR_VERSION, "spec": asdict(spec), "created": time.time()}
-    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
-    if root.exists():
-        shutil.rmtree(root)
-    root.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(tmp, root)
-    return root
+    return staging.publish(tmp, root, spec, GENERATOR_VERSION)
