@@ -17,6 +17,7 @@ from typing import Any
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401 - pa.compute
 import pyarrow.parquet as pq
 
 from mule_core.errors import UserError
@@ -156,13 +157,23 @@ class Catalog:
         return sorted(self.workdir.features_dir(dataset, extractor).glob("part-*.parquet"))
 
     def extracted_image_ids(self, dataset: str, extractor: str) -> set[str]:
-        done: set[str] = set()
+        return set(self.extracted_images(dataset, extractor))
+
+    def extracted_images(self, dataset: str, extractor: str) -> dict[str, str | None]:
+        """image id -> SHA-256 of the bytes its features came from (None in parts written
+        before the digest was kept); a later part overrides an earlier one."""
+        done: dict[str, str | None] = {}
         for part in self.feature_parts(dataset, extractor):
-            done.update(pq.read_table(part, columns=["image_id"]).column("image_id").to_pylist())
+            table = pq.read_table(part)
+            ids = table.column("image_id").to_pylist()
+            shas = (
+                table.column("image_sha256").to_pylist() if "image_sha256" in table.column_names else [None] * len(ids)
+            )
+            done.update(zip(ids, shas))
         return done
 
     def write_feature_part(self, dataset: str, extractor: str, image_ids: list[str], vectors: np.ndarray,
-                           name: str | None = None) -> Path:  # fmt: skip
+                           name: str | None = None, image_sha256: list[str | None] | None = None) -> Path:  # fmt: skip
         """One part of the features table. `name` makes it unique without looking at the
         other parts, so several workers can write at once."""
         if name is None:
@@ -175,12 +186,30 @@ class Catalog:
                 "image_id": pa.array(image_ids, pa.string()),
                 "extractor": pa.array([extractor] * len(image_ids), pa.string()),
                 "vector": pa.FixedSizeListArray.from_arrays(pa.array(vectors.astype(np.float32).ravel()), dim),
+                "image_sha256": pa.array(image_sha256 or [None] * len(image_ids), pa.string()),
             },
             schema=features_schema(dim),
         )
         path = self.workdir.features_dir(dataset, extractor) / f"part-{name}.parquet"
         write_parquet_atomic(table, path)
         return path
+
+    def drop_superseded_features(self, dataset: str, extractor: str, image_ids: set[str], keep: set[str]) -> int:
+        """Removes image_ids' rows from every part but those named in `keep` (the parts that
+        hold their new features), so the table has one row per image. Returns rows dropped."""
+        dropped = 0
+        for part in self.feature_parts(dataset, extractor):
+            if part.name in keep:
+                continue
+            table = pq.read_table(part)
+            stale = pa.compute.is_in(table.column("image_id"), pa.array(sorted(image_ids), pa.string()))
+            n = pa.compute.sum(stale).as_py() or 0
+            if n == table.num_rows:
+                part.unlink()
+            elif n:
+                write_parquet_atomic(table.filter(pa.compute.invert(stale)), part)
+            dropped += n
+        return dropped
 
     def write_extractor_info(self, dataset: str, extractor: str, info: dict) -> None:
         write_json_atomic(info, self.workdir.features_dir(dataset, extractor) / "extractor.json")

@@ -73,7 +73,7 @@ def embedded_ceiling(workdir: Workdir, data: DataConfig, split: str) -> dict[str
     from .embedded.ceiling import ceiling
 
     spec = embedded_spec(data)
-    path = workdir.raw_dir(EMBEDDED) / f"ceiling-{_EMBEDDED_SPLITS[split]}.json"
+    path = workdir.state_dir / EMBEDDED / f"ceiling-{_EMBEDDED_SPLITS[split]}.json"  # derived: not in raw/
     if path.exists():
         cached = json.loads(path.read_text())
         if cached.get("spec") == asdict(spec):

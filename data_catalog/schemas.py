@@ -85,6 +85,7 @@ def features_schema(dim: int) -> pa.Schema:
             ("image_id", pa.string()),
             ("extractor", pa.string()),
             ("vector", pa.list_(pa.float32(), dim)),
+            ("image_sha256", pa.string()),  # the bytes these features were computed from
         ]
     )
 

@@ -9,6 +9,8 @@
   results/<dataset>/              recall tables (CSV, markdown, PNG)
   mlflow.db, mlartifacts/         MLflow tracking store and artifacts
   prefect/                        Prefect's home, unless PREFECT_HOME is set
+  state/stages/<dataset>/         each stage's last key and result (a rebuild reuses a stage whose key is unchanged)
+  state/file_hashes.json          file digests cached by size, mtime and inode
   workdir.json                    where this workdir was last used (to notice a copy or move)
   mule.lock                       held by the mule process working here (data_catalog.locks)
 
@@ -74,6 +76,13 @@ class Workdir:
     @property
     def artifacts_dir(self) -> Path:
         return self.root / "mlartifacts"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / "state"
+
+    def stage_record_path(self, dataset: str, stage: str, slot: str = "") -> Path:
+        return self.state_dir / "stages" / dataset / f"{stage}{'.' + slot if slot else ''}.json"
 
     @property
     def prefect_home(self) -> Path:

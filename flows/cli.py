@@ -5,6 +5,8 @@
     mule ui [--workdir DIR]                              MLflow UI on the workdir's store
     mule config [--preset P] [--set K=V ...]             the resolved config
     mule catalog [--workdir DIR]                         what the catalog holds
+    mule search "TEXT" [--lang de] [--k 5] [--out PNG]   images for a sentence (the registry's champion)
+    mule search --image PATH                             sentences for an image, per language
 
 The workdir is --workdir, else $MULE_HOME, else ./mule-work.
 """
@@ -16,6 +18,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 from data_catalog.workdir import Workdir
 from mule_core.config import PRESETS, ConfigError, parse_assignments, resolve, to_dict
@@ -31,6 +34,11 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default="demo", choices=sorted(PRESETS), help="named config (default: demo)")
     parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config option, e.g. --set train.epochs=5 (repeatable)")  # fmt: skip
+
+
+def _force(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--force", action="append", default=[], metavar="STAGE",
+                        help="run this stage even if its inputs, config and code are unchanged (repeatable)")  # fmt: skip
 
 
 def _data_options(parser: argparse.ArgumentParser) -> None:
@@ -53,11 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
             f"--{name}", type=int, help="embedded dataset size (default: 3000, 500, 1000; coco: 4500, 200, 300)"
         )
     demo.add_argument("--seed", type=int, default=0, help="embedded dataset seed (default: 0)")
+    _force(demo)
 
     run = sub.add_parser("run", help="run some stages: " + ", ".join(STAGE_NAMES + EXTRA_STAGES) + " (or all)")
     run.add_argument("stages", nargs="+", metavar="STAGE")
     run.add_argument("--lang", help="add-language: the language to add (train.add_language)")
     _common(run)
+    _force(run)
     _data_options(run)
 
     ui = sub.add_parser("ui", help="start the MLflow UI on the workdir's tracking store")
@@ -68,6 +78,18 @@ def build_parser() -> argparse.ArgumentParser:
     config = sub.add_parser("config", help="print the resolved config")
     _common(config)
     _data_options(config)
+
+    search = sub.add_parser("search", help="query a trained model: sentence -> images, or --image PATH -> sentences")
+    search.add_argument("text", nargs="?", help="the sentence to search images for")
+    search.add_argument("--image", help="an image file: search sentences for it, in every language")
+    search.add_argument("--lang", help="the sentence's language (default: detected from the model's vocabularies)")
+    search.add_argument("--k", type=int, default=5, help="results to show (per language for --image; default: 5)")
+    search.add_argument("--dataset", default="embedded", help="the dataset whose model and catalog to use")
+    search.add_argument("--run", help="a train run id to use instead of the registry's champion")
+    search.add_argument("--version", help="a registered version to use instead of the champion")
+    search.add_argument("--split", default="all", help="search this split (name or role) only (default: all)")
+    search.add_argument("--out", help="also write a contact sheet of the results (PNG)")
+    search.add_argument("--workdir")
 
     catalog = sub.add_parser("catalog", help="list the catalog's datasets and tables")
     catalog.add_argument("--workdir")
@@ -91,6 +113,10 @@ def _prefect_ready(workdir: Workdir) -> None:
 
 
 def _print_results(results: dict, workdir: Workdir, started: float) -> None:
+    if results.get("stages"):
+        print("\nStages:")
+        for stage, decision in results["stages"].items():
+            print(f"  {stage:<10} {decision}")
     evaluation = results.get("evaluate")
     if evaluation and not evaluation["table"]:
         print(f"\nNo images: cross-lingual sentence retrieval at the MULE layer ({evaluation['split']}):\n")
@@ -115,6 +141,9 @@ def _print_results(results: dict, workdir: Workdir, started: float) -> None:
 
 
 def cmd_run(args: argparse.Namespace, stages: list[str], overrides: dict) -> int:
+    unknown = [s for s in args.force if s not in STAGE_NAMES]
+    if unknown:
+        raise ConfigError(f"--force {', '.join(unknown)}: not a stage; stages are: {', '.join(STAGE_NAMES)}")
     workdir = Workdir.at(args.workdir)
     cfg = resolve(args.preset, overrides)  # config errors before Prefect starts
     if "ingest" in stages:
@@ -122,10 +151,17 @@ def cmd_run(args: argparse.Namespace, stages: list[str], overrides: dict) -> int
 
         locate(workdir, cfg.data)  # a missing --source fails here, in milliseconds
     _prefect_ready(workdir)
+    from .runtime import start_prefect_early
+
+    server = start_prefect_early()  # boots while the stages' modules import
     from .stages import rebuild_flow
 
+    if server:
+        server.wait_ready()
+
     started = time.perf_counter()
-    results = rebuild_flow(workdir=str(workdir.root), preset=args.preset, overrides=overrides, stages=stages)
+    results = rebuild_flow(workdir=str(workdir.root), preset=args.preset, overrides=overrides, stages=stages,
+                           force=args.force or None)  # fmt: skip
     _print_results(results, workdir, started)
     return 0
 
@@ -147,6 +183,44 @@ def cmd_ui(args: argparse.Namespace) -> int:
     print(f"MLflow UI for {workdir.root} at http://{args.host}:{args.port}", flush=True)
     os.execv(sys.executable, command)
     return 0  # pragma: no cover - execv does not return
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    if bool(args.text) == bool(args.image):
+        raise ConfigError('search needs a sentence or --image PATH (one of them): mule search "a red circle" or '
+                          "mule search --image photo.jpg")  # fmt: skip
+    if args.k < 1:
+        raise ConfigError(f"--k must be at least 1, got {args.k}")
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    from tasks import search
+
+    workdir = _adopted(args.workdir)
+    searcher = search.open_searcher(workdir, args.dataset, args.run, args.version)
+    if args.text:
+        found = search.search_text(searcher, args.text, args.lang, args.k, args.split)
+        print(f"{found['model']}; query in {found['lang']} ({found['language']}); "
+              f"{found['gallery']} images ({found['split']})")  # fmt: skip
+        if found["unknown_words"]:
+            print(f"words the {found['lang']} vocabulary does not know (read as <unk>): "
+                  f"{', '.join(found['unknown_words'])}")  # fmt: skip
+        for r in found["results"]:
+            print(f"{r['rank']:>3}  {r['score']:.3f}  {r['image_id']:<24} {r['split']:<10} {r['path']}")
+    else:
+        found = search.search_image(searcher, Path(args.image), args.k, args.split)
+        print(f"{found['model']}; image features: {found['features']}")
+        for lang, results in found["results"].items():
+            print(f"[{lang}]")
+            for r in results:
+                print(f"{r['rank']:>3}  {r['score']:.3f}  {r['text']}   ({r['image_id']})")
+    if args.out:
+        from tasks import plots
+
+        figure = plots.search_sheet(found)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(args.out, dpi=110)
+        plots.close(figure)
+        print(f"contact sheet: {args.out}")
+    return 0
 
 
 def cmd_catalog(args: argparse.Namespace) -> int:
@@ -202,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "catalog":
             return cmd_catalog(args)
+        if args.command == "search":
+            return cmd_search(args)
     except KeyboardInterrupt:
         print("interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
@@ -213,5 +289,20 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def entry() -> None:
+    """The console script. After the command, the exit handlers run (Prefect drains its
+    logs and events, the temporary server stops); then the process ends without the
+    interpreter's teardown of torch and the rest, which takes seconds and writes nothing."""
+    code = main()
+    import atexit
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    entry()

@@ -63,3 +63,85 @@ def dask_task_runner(features: dict, shards: int):
     return DaskTaskRunner(cluster_class="distributed.LocalCluster",
                           cluster_kwargs={"n_workers": workers, "threads_per_worker": 1, "processes": True,
                                           "env": env, "dashboard_address": None})  # fmt: skip
+
+
+class TemporaryPrefectServer:
+    """Prefect's ephemeral API server, started before mule imports its stages.
+
+    Left to Prefect, the ephemeral server starts at the first flow call: importing the
+    server (~2 s) and then waiting for its process (~5 s) come after mule's own imports
+    (~6 s, torch and MLflow), one after the other. Started here, the server process boots
+    on one core while the imports run on the other. It is the command Prefect itself runs
+    (prefect.server.api.server.SubprocessASGIServer), reached through PREFECT_API_URL, and
+    stopped when the process exits."""
+
+    def __init__(self) -> None:
+        import importlib.util
+        import socket
+        import subprocess
+        import sys
+
+        # Prefect reads its settings when imported: it must not be imported before
+        # PREFECT_API_URL is set below.
+        prefect_dir = Path(importlib.util.find_spec("prefect").origin).parent
+
+        with socket.socket() as sock:  # a free port (Prefect picks one at random)
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect_dir.parent), "--factory",
+             "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
+             "--log-level", "error", "--lifespan", "on"], env=env)  # fmt: skip
+        self.api_url = f"http://127.0.0.1:{self.port}/api"
+        os.environ["PREFECT_API_URL"] = self.api_url
+        os.environ["MULE_PREFECT_TEMPORARY"] = "1"  # no flow-run links to a server that is gone after the run
+        import atexit
+
+        atexit.register(self.stop)
+
+    def wait_ready(self, timeout: float | None = None) -> None:
+        import time
+        import urllib.error
+        import urllib.request
+
+        timeout = timeout or float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "60"))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the temporary Prefect server exited with code {self.process.returncode}")
+            try:
+                with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"the temporary Prefect server did not answer at {self.api_url} within {timeout:.0f}s")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            # Prefect's log and event workers send what they hold to this server when the
+            # logging module shuts down, which atexit would do after this: do it now,
+            # while the server still answers (else each waits for a dead server).
+            logging.shutdown()
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=5)
+            except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired: it must go anyway
+                self.process.kill()
+                self.process.wait()
+
+
+def start_prefect_early() -> TemporaryPrefectServer | None:
+    """The temporary server, unless a Prefect server is configured (PREFECT_API_URL), the
+    user turned this off (MULE_PREFECT_EARLY_START=0), or Prefect is already imported (mule
+    called from Python rather than as a command)."""
+    import sys
+
+    if os.environ.get("PREFECT_API_URL") or os.environ.get("MULE_PREFECT_EARLY_START") == "0":
+        return None
+    if "prefect" in sys.modules:  # its settings are read: it would start its own server regardless
+        return None
+    return TemporaryPrefectServer()

@@ -23,7 +23,7 @@ from data_catalog.workdir import Workdir
 from flows.runtime import dask_task_runner, quiet_user_errors
 from mule_core.config import ConfigError, MuleConfig, resolve, to_dict
 from mule_core.errors import is_user_error
-from tasks import ablation, relocation, tracking
+from tasks import ablation, relocation, stage_keys, tracking
 from tasks.add_language import add_language, added_model_name, base_model_name
 from tasks.common import logger
 from tasks.evaluate import evaluate_model
@@ -75,36 +75,50 @@ def _failing_quietly(body):
         raise
 
 
-def _stage(stage: str, work, workdir, preset, overrides, parent_run_id) -> dict:
-    """One stage: its MLflow run around its task(s), under the workdir's lock. `work(root, config, run_id)`."""
+def _stage(stage: str, work, workdir, preset, overrides, parent_run_id, force: bool = False, reason: str = "") -> dict:
+    """One stage: its MLflow run around its task(s), under the workdir's lock, run only when
+    its key changed (tasks.stage_keys) or when forced. `work(root, config, run_id)`."""
 
     def body() -> dict:
         with _working(workdir, preset, overrides, stage) as (wd, cfg, config):
+            PREPARE.get(stage, lambda *_: None)(str(wd.root), config)
+            decision = stage_keys.decide(wd, cfg, stage, force)
+            if reason and decision.run:  # rebuild decided, and says why
+                decision.reason = reason
+            if not decision.run:
+                return stage_keys.reuse_stage(wd, cfg, decision, parent_run_id)
             with tracking.run(wd, cfg, stage, parent_run_id) as run_id:
-                return work(str(wd.root), config, run_id)
+                tracking.Tracker(wd, run_id).tags(stage_keys.tags(decision))
+                logger().info("%s: %s", stage, decision.describe())
+                result = work(str(wd.root), config, run_id)
+                stage_keys.record(wd, cfg, decision, result, run_id)
+                return result
 
     return _failing_quietly(body)
 
 
-def _ingest(root: str, config: dict, run_id: str) -> dict:
+def _generate(root: str, config: dict) -> None:
+    """The generated datasets are written before ingest's key is taken (it covers their files)."""
     data = config["data"]
     if data["dataset"] in GENERATED and not data["source"]:
         generate_embedded(root, config)
-    return ingest_captions(root, config, run_id)
+
+
+PREPARE = {"ingest": _generate}
 
 
 @flow(name="ingest")
 def ingest_flow(workdir: str | None = None, preset: str = "demo", overrides: dict[str, Any] | None = None,
-                parent_run_id: str | None = None) -> dict:  # fmt: skip
+                parent_run_id: str | None = None, force: bool = False, reason: str = "") -> dict:  # fmt: skip
     """Raw files -> images, captions, rejects (generating the embedded dataset if needed)."""
-    return _stage("ingest", _ingest, workdir, preset, overrides, parent_run_id)
+    return _stage("ingest", ingest_captions, workdir, preset, overrides, parent_run_id, force, reason)
 
 
 @flow(name="translate")
 def translate_flow(workdir: str | None = None, preset: str = "demo", overrides: dict[str, Any] | None = None,
-                   parent_run_id: str | None = None) -> dict:  # fmt: skip
+                   parent_run_id: str | None = None, force: bool = False, reason: str = "") -> dict:  # fmt: skip
     """Human captions -> machine-translated captions (translate.backend), cached and resumable."""
-    return _stage("translate", translate_captions, workdir, preset, overrides, parent_run_id)
+    return _stage("translate", translate_captions, workdir, preset, overrides, parent_run_id, force, reason)
 
 
 @flow(name="features-shards")
@@ -126,38 +140,38 @@ def _features(root: str, config: dict, run_id: str) -> dict:
 
 @flow(name="features")
 def features_flow(workdir: str | None = None, preset: str = "demo", overrides: dict[str, Any] | None = None,
-                  parent_run_id: str | None = None) -> dict:  # fmt: skip
+                  parent_run_id: str | None = None, force: bool = False, reason: str = "") -> dict:  # fmt: skip
     """Image files -> CNN features (resumes after the last written part); shards run in
     this process or over Dask workers (features.runner)."""
-    return _stage("features", _features, workdir, preset, overrides, parent_run_id)
+    return _stage("features", _features, workdir, preset, overrides, parent_run_id, force, reason)
 
 
 @flow(name="text")
 def text_flow(workdir: str | None = None, preset: str = "demo", overrides: dict[str, Any] | None = None,
-              parent_run_id: str | None = None) -> dict:  # fmt: skip
+              parent_run_id: str | None = None, force: bool = False, reason: str = "") -> dict:  # fmt: skip
     """Captions -> vocabulary and word vectors per language."""
-    return _stage("text", build_word_vectors, workdir, preset, overrides, parent_run_id)
+    return _stage("text", build_word_vectors, workdir, preset, overrides, parent_run_id, force, reason)
 
 
 @flow(name="pretrain")
 def pretrain_flow(workdir: str | None = None, preset: str = "demo", overrides: dict[str, Any] | None = None,
-                  parent_run_id: str | None = None) -> dict:  # fmt: skip
+                  parent_run_id: str | None = None, force: bool = False, reason: str = "") -> dict:  # fmt: skip
     """LP: the MULE layers on sentences of the same image across languages."""
-    return _stage("pretrain", pretrain_mule, workdir, preset, overrides, parent_run_id)
+    return _stage("pretrain", pretrain_mule, workdir, preset, overrides, parent_run_id, force, reason)
 
 
 @flow(name="train")
 def train_flow(workdir: str | None = None, preset: str = "demo", overrides: dict[str, Any] | None = None,
-               parent_run_id: str | None = None) -> dict:  # fmt: skip
+               parent_run_id: str | None = None, force: bool = False, reason: str = "") -> dict:  # fmt: skip
     """Joint training (triplet + NC + LC), best epoch on validation mR."""
-    return _stage("train", train_model, workdir, preset, overrides, parent_run_id)
+    return _stage("train", train_model, workdir, preset, overrides, parent_run_id, force, reason)
 
 
 @flow(name="evaluate")
 def evaluate_flow(workdir: str | None = None, preset: str = "demo", overrides: dict[str, Any] | None = None,
-                  parent_run_id: str | None = None) -> dict:  # fmt: skip
+                  parent_run_id: str | None = None, force: bool = False, reason: str = "") -> dict:  # fmt: skip
     """Recall table per language on the test split, cross-lingual retrieval, figures."""
-    return _stage("evaluate", evaluate_model, workdir, preset, overrides, parent_run_id)
+    return _stage("evaluate", evaluate_model, workdir, preset, overrides, parent_run_id, force, reason)
 
 
 @flow(name="ablation")
@@ -292,19 +306,37 @@ def check_stages(stages: list[str] | None) -> list[str]:
 
 @flow(name="rebuild")
 def rebuild_flow(workdir: str | None = None, preset: str = "demo", overrides: dict[str, Any] | None = None,
-                 stages: list[str] | None = None) -> dict:  # fmt: skip
-    """The pipeline: every stage in order (or the ones named), under one parent MLflow run."""
-    return _failing_quietly(lambda: _rebuild(workdir, preset, overrides, stages))
+                 stages: list[str] | None = None, force: list[str] | None = None) -> dict:  # fmt: skip
+    """The pipeline: every stage in order (or the ones named), under one parent MLflow run.
+    A stage runs only when its key changed (its inputs' content, its config, its code) or
+    when named in `force`; the others are reused, and the run says which and why."""
+    return _failing_quietly(lambda: _rebuild(workdir, preset, overrides, stages, force))
 
 
-def _rebuild(workdir: str | None, preset: str, overrides: dict[str, Any] | None, stages: list[str] | None) -> dict:
-    stages = check_stages(stages)
+def _rebuild(workdir: str | None, preset: str, overrides: dict[str, Any] | None, stages: list[str] | None,
+             force: list[str] | None) -> dict:  # fmt: skip
+    stages, forced = check_stages(stages), set(check_stages(force) if force else [])
     name = "rebuild" if stages == list(STAGES) else "run: " + " ".join(stages)
     results: dict[str, Any] = {}
-    with _working(workdir, preset, overrides, name) as (wd, cfg, _), tracking.run(wd, cfg, name) as run_id:
+    decisions: dict[str, str] = {}
+    with _working(workdir, preset, overrides, name) as (wd, cfg, config), tracking.run(wd, cfg, name) as run_id:
+        root = str(wd.root)
         for stage in stages:
-            results[stage] = STAGE_FLOWS[stage](workdir=str(wd.root), preset=preset, overrides=overrides,
-                                                parent_run_id=run_id)  # fmt: skip
+            if stage in EXTRA_STAGES:  # not content-addressed: they decide model by model
+                results[stage] = STAGE_FLOWS[stage](
+                    workdir=root, preset=preset, overrides=overrides, parent_run_id=run_id
+                )
+                decisions[stage] = "ran"
+                continue
+            PREPARE.get(stage, lambda *_: None)(root, config)
+            decision = stage_keys.decide(wd, cfg, stage, stage in forced)
+            if decision.run:  # its own flow run (and MLflow run), told why
+                results[stage] = STAGE_FLOWS[stage](workdir=root, preset=preset, overrides=overrides,
+                                                    parent_run_id=run_id, force=True, reason=decision.reason)  # fmt: skip
+            else:  # no flow run to start: a task run in this one, and an MLflow run saying so
+                results[stage] = stage_keys.reuse_stage(wd, cfg, decision, run_id)
+            decisions[stage] = decision.describe()
+        stage_keys.report_decisions(wd, cfg, decisions, run_id)
         if "ablation" in results:
             tracking.Tracker(wd, run_id).artifact(Path(results["ablation"]["results_dir"]) / "ablation.md")
         if "evaluate" in results and results["evaluate"]["table"]:
@@ -312,6 +344,9 @@ def _rebuild(workdir: str | None, preset: str, overrides: dict[str, Any] | None,
             per_language = {f"test.{lang}.mR": row["mR"] for lang, row in table.items()}
             tracking.Tracker(wd, run_id).metrics({"test.mean_mR": results["evaluate"]["mean_mR"], **per_language})
             for name in ("recalls.md", "recalls.csv", "recalls.png"):
-                tracking.Tracker(wd, run_id).artifact(wd.results_dir(cfg.data.dataset) / name)
+                path = wd.results_dir(cfg.data.dataset) / name
+                if path.exists():
+                    tracking.Tracker(wd, run_id).artifact(path)
     results["mlflow_run_id"] = run_id
+    results["stages"] = decisions
     return results

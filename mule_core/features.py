@@ -14,10 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torchvision
 from PIL import Image
 from torch import nn
-from torchvision import transforms
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -91,6 +89,8 @@ def build_classifier(name: str, state_dict: dict | None = None, seed: int = 0) -
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)  # random weights are reproducible, and don't disturb the caller's RNG
         if spec.family == "resnet":
+            import torchvision  # imported when needed: it costs 1.5 s, which a reused stage never pays
+
             model = getattr(torchvision.models, name)(weights=None)
         else:
             import timm
@@ -166,6 +166,8 @@ class CropTransform:
         if crops not in (1, 5, 10):
             raise ValueError(f"crops must be 1, 5 or 10, got {crops}")
         self.crops = crops
+        from torchvision import transforms
+
         self.resize = transforms.Resize(resize_for(input_size, resize))
         self.crop = {1: transforms.CenterCrop, 5: transforms.FiveCrop, 10: transforms.TenCrop}[crops](input_size)
 

@@ -17,7 +17,7 @@ from data_catalog.datasets import embedded_ceiling
 from mule_core.metrics import mean_mr
 from mule_core.training import SplitTensors, encode_split, evaluate_split, resolve_device
 
-from . import plots
+from . import plots, registry
 from .common import context, logger
 from .features import image_file_count
 from .model_io import load_model, load_split
@@ -141,6 +141,9 @@ def evaluate_model(workdir: str, config: dict[str, Any], run_id: str | None) -> 
         metrics[f"ceiling.{lang}.mR"] = row["mR"]
     tracker.metrics(metrics | _cross_lingual_metrics(crossing))
     log.info("test recalls (%s, %d images):\n%s", cfg.eval.split, data.n_images, markdown)
+    if cfg.train.model_name == "model":
+        summary["registered_version"] = registry.tag_test_results(wd, dataset, meta.get("mlflow_run_id"),
+                                                                  summary["mean_mR"], table)  # fmt: skip
     return summary | {"markdown": markdown, "results_dir": str(out)}
 
 

@@ -16,12 +16,12 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from importlib.metadata import version
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import torch
-import torchvision
 from PIL import Image, UnidentifiedImageError
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -138,6 +138,11 @@ def image_file_count(catalog: Catalog, dataset: str) -> int:
         '''SELECT count(*) AS n FROM images WHERE dataset = ? AND "exists"''', [dataset])["n"][0].as_py())  # fmt: skip
 
 
+def image_digests(catalog: Catalog, dataset: str) -> dict[str, str | None]:
+    rows = catalog.query("SELECT image_id, sha256 FROM images WHERE dataset = ?", [dataset])
+    return dict(zip(rows["image_id"].to_pylist(), rows["sha256"].to_pylist()))
+
+
 def images_with_files(catalog: Catalog, dataset: str) -> tuple[list[str], list[str], list[dict]]:
     """(image ids with a file, their paths, rows of the images without one)."""
     rows = catalog.query(
@@ -219,19 +224,24 @@ def plan_features(workdir: str, config: dict[str, Any]) -> dict[str, Any]:
         "extractor": extractor, "arch": f.arch, **weights_info, "input_size": f.input_size,
         "resize": resize_for(f.input_size, f.resize), "crops": f.crops, "pool": f.pool,
         "normalisation": {"mean": backbone(f.arch).mean, "std": backbone(f.arch).std},
-        "torch": torch.__version__, "torchvision": torchvision.__version__, "device": str(device),
+        "torch": torch.__version__, "torchvision": version("torchvision"), "device": str(device),
         "host": platform.node(),
     }  # fmt: skip
     catalog.write_extractor_info(dataset, extractor, info)
-    done = catalog.extracted_image_ids(dataset, extractor)
-    todo = [(i, p) for i, p in zip(image_ids, paths) if i not in done]
-    log.info("extractor %s: %d images to extract, %d already done", extractor, len(todo), len(done))
+    # An image is done when its features came from the bytes it has now: a file replaced
+    # under the same name is extracted again (and its old row dropped in finish_features).
+    done = catalog.extracted_images(dataset, extractor)
+    sha_of = image_digests(catalog, dataset)
+    todo = [(i, p, sha_of[i]) for i, p in zip(image_ids, paths) if i not in done or done[i] != sha_of[i]]
+    changed = sum(1 for i, _, _ in todo if i in done)
+    log.info("extractor %s: %d images to extract (%d whose file changed), %d already done", extractor, len(todo),
+             changed, len(image_ids) - len(todo))  # fmt: skip
     stamp = time.strftime("%Y%m%dT%H%M%S")
     shards = [{"name": f"{stamp}-{n:05d}", "images": todo[b : b + f.shard_images], "offset": b}
               for n, b in enumerate(range(0, len(todo), f.shard_images))]  # fmt: skip
     missing = [{"path": r["path"], "reason": "image file missing"} for r in without_file]
     return {"extractor": extractor, "info": info, "images": len(image_ids) + len(without_file), "todo": len(todo),
-            "shards": shards, "missing": missing}  # fmt: skip
+            "shards": shards, "missing": missing, "changed": [i for i, _, _ in todo if i in done]}  # fmt: skip
 
 
 def run_shard(workdir: str, config: dict[str, Any], shard: dict, total: int) -> dict[str, Any]:
@@ -240,8 +250,9 @@ def run_shard(workdir: str, config: dict[str, Any], shard: dict, total: int) -> 
     f, dataset = cfg.features, cfg.data.dataset
     device = device_for_worker(resolve_device(f.device))
     model, _ = load_extractor(f, device)
-    image_ids = [i for i, _ in shard["images"]]
-    paths = [p for _, p in shard["images"]]
+    image_ids = [i for i, _, _ in shard["images"]]
+    paths = [p for _, p, _ in shard["images"]]
+    sha_of = {i: sha for i, _, sha in shard["images"]}
     files = _ImageFiles(paths, crop_transform(f.input_size, f.resize, f.crops))
     loader = prefetched_batches(files, batch_size_for(f, device), loader_workers_for(f, device))
     progress = Progress(f"features ({f.arch}, {f.crops} crop(s) of {f.input_size}px)", total, "images", logger())
@@ -257,8 +268,10 @@ def run_shard(workdir: str, config: dict[str, Any], shard: dict, total: int) -> 
             kept += [image_ids[i] for i in positions]
         progress.update(len(positions) + len(bad))
     if kept:
-        catalog.write_feature_part(dataset, extractor_for(f), kept, torch.cat(vectors).numpy(), name=shard["name"])
-    return {"extracted": len(kept), "rejects": rejects, "seconds": time.perf_counter() - started}
+        catalog.write_feature_part(dataset, extractor_for(f), kept, torch.cat(vectors).numpy(), name=shard["name"],
+                                   image_sha256=[sha_of[i] for i in kept])  # fmt: skip
+    return {"extracted": len(kept), "rejects": rejects, "seconds": time.perf_counter() - started,
+            "part": f"part-{shard['name']}.parquet" if kept else None, "image_ids": kept}  # fmt: skip
 
 
 @task(name="extract-shard", cache_policy=NO_CACHE)
@@ -298,6 +311,11 @@ def finish_features(workdir: str, config: dict[str, Any], run_id: str | None, pl
     if rejects:
         log.warning("%d images rejected (missing or not decodable; see the rejects table), e.g. %s: %s",
                     len(rejects), rejects[0]["path"], rejects[0]["reason"])  # fmt: skip
+    replaced = set(plan["changed"]) & {i for s in shards for i in s["image_ids"]}
+    if replaced:  # the features of the old bytes go; the new ones are in this run's parts
+        catalog.drop_superseded_features(dataset, extractor, replaced, {s["part"] for s in shards if s["part"]})
+        log.info("%d images whose file changed were extracted again: %s", len(replaced),
+                 ", ".join(sorted(replaced)[:5]) + (", ..." if len(replaced) > 5 else ""))  # fmt: skip
     catalog.refresh_views()
     with_features = len(catalog.extracted_image_ids(dataset, extractor))
     if not with_features:
@@ -307,6 +325,7 @@ def finish_features(workdir: str, config: dict[str, Any], run_id: str | None, pl
     )
     rate = round(extracted / seconds, 1) if extracted and seconds > 0 else None
     summary = {"extractor": extractor, "dim": dim, "images": with_features, "extracted_now": extracted,
+               "extracted_again": sorted(replaced),
                "rejected": len(rejects), "images_per_second": rate, **info}  # fmt: skip
     tracker = Tracker(wd, run_id)
     tracker.tags({"mule.extractor": extractor, "mule.weights": info["weights"]})

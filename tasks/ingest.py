@@ -10,6 +10,7 @@ import pyarrow as pa
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from data_catalog.content import FileHasher
 from data_catalog.datasets import locate, prepare
 from data_catalog.readers.coco import CocoOptions, read_coco
 from data_catalog.readers.common import ReadOptions
@@ -44,12 +45,14 @@ def ingest_captions(workdir: str, config: dict[str, Any], run_id: str | None) ->
     source = locate(wd, cfg.data)
     started = time.perf_counter()
     options = ReadOptions(tuple(cfg.data.languages), cfg.data.strict, cfg.data.max_caption_bytes)
+    hasher = FileHasher(wd)  # image digests, cached by stat across runs
     if cfg.data.format == "coco":
         d = cfg.data
         coco = CocoOptions(d.coco_split, d.val_images, d.test_images, d.split_seed, d.japanese)
-        result = read_coco(source.root, d.dataset, source.images, progress=log.info, options=options, coco=coco)
+        result = read_coco(source.root, d.dataset, source.images, hasher.digest, log.info, options, coco)
     else:
-        result = read_multi30k(source.root, cfg.data.dataset, source.images, progress=log.info, options=options)
+        result = read_multi30k(source.root, cfg.data.dataset, source.images, hasher.digest, log.info, options)
+    hasher.save()
     merged = (
         f"; {result.merged_task1_lines} task1 English lines merged into task2 captions"
         if cfg.data.format == "multi30k"

@@ -83,7 +83,7 @@ def load_split(
 ) -> SplitTensors:
     """Captions of one split in the vocabulary's languages, as tensors.
 
-    selector names a split (test_2016) or a role (train, val, test).
+    selector names a split (test_2016), a role (train, val, test), or "all".
 
     features: (extractor, reader) to attach image features; images without a file (and
     their captions) are then left out, since they have no features.
@@ -97,10 +97,10 @@ def load_split(
     rows = catalog.query(
         f"""SELECT c.caption_id, c.image_id, c.lang, c.tokens, i."exists" AS has_file
             FROM captions c JOIN images i ON i.dataset = c.dataset AND i.image_id = c.image_id
-            WHERE c.dataset = ? AND (c.split = ? OR c.role = ?)
+            WHERE c.dataset = ? AND (? = 'all' OR c.split = ? OR c.role = ?)
               AND c.lang IN ({placeholders}) AND {CAPTION_SOURCES[captions]}
             ORDER BY c.image_id, c.lang, c.caption_id""",
-        [dataset, selector, selector, *languages],
+        [dataset, selector, selector, selector, *languages],
     )
     if rows.num_rows == 0:
         raise ValueError(f"dataset {dataset!r} has no captions in split {selector!r} for languages {languages}")

@@ -148,3 +148,40 @@ def ablation_bars(rows, languages: list[str], title: str):
     ax.legend(fontsize=7, ncol=2, loc="upper right")
     fig.tight_layout()
     return fig
+
+
+def _show(ax, path: str) -> None:
+    ax.axis("off")
+    try:
+        with Image.open(path) as image:
+            ax.imshow(image.convert("RGB"))
+    except OSError:
+        ax.text(0.5, 0.5, "missing", ha="center")
+
+
+def search_sheet(found: dict):
+    """A contact sheet of `mule search`: the images found for a sentence, or an image and
+    the sentences found for it in each language."""
+    if "query" in found:
+        results = found["results"]
+        fig, axes = plt.subplots(1, max(len(results), 1), figsize=(2.3 * max(len(results), 1), 2.9), squeeze=False)
+        for ax, result in zip(axes[0], results):
+            _show(ax, result["path"])
+            ax.set_title(
+                f"#{result['rank']} {result['score']:.3f}\n{result['image_id']} ({result['split']})", fontsize=7
+            )
+        query = found["query"] if len(found["query"]) < 80 else found["query"][:77] + "..."
+        fig.suptitle(f"[{found['lang']}] {query}\n{found['model']}", fontsize=9)
+    else:
+        per_language = found["results"]
+        lines = []
+        for lang, results in per_language.items():
+            lines.append(f"[{lang}]")
+            lines += [f"  {r['rank']}. {r['score']:.3f}  {r['text'][:70]}" for r in results]
+        fig = plt.figure(figsize=(11, max(3.0, 0.22 * len(lines) + 1)))
+        _show(fig.add_axes((0.01, 0.1, 0.25, 0.8)), found["image"])
+        text = fig.add_axes((0.28, 0.02, 0.71, 0.96))
+        text.axis("off")
+        text.text(0, 1, "\n".join(lines), va="top", ha="left", fontsize=8, family="sans-serif")
+        fig.suptitle(f"{Path(found['image']).name}: nearest sentences ({found['model']})", fontsize=9)
+    return fig

@@ -13,6 +13,7 @@ import logging
 from pathlib import Path
 
 from data_catalog.catalog import Catalog
+from data_catalog.content import restamp_outputs
 from data_catalog.workdir import Workdir
 
 from . import tracking
@@ -26,6 +27,7 @@ def adopt(workdir: Workdir) -> Path | None:
     moved = previous is not None and previous != workdir.root
     if moved:
         paths = Catalog(workdir).relocate(previous)
+        restamp_outputs(workdir, "catalog/images")  # new paths, same images: ingest need not run again
         rows = tracking.relocate_store(workdir, previous)
         log.warning(
             "workdir %s was copied or moved from %s: pointed %d image paths and %d MLflow artifact locations "

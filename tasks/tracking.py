@@ -212,14 +212,19 @@ class Tracker:
             path.write_text(json.dumps(data, indent=2, default=str))
             self.client.log_artifact(self.run_id, str(path), folder)
 
+    def text(self, text: str, name: str) -> None:
+        if self.client:
+            self.client.log_text(self.run_id, text, name)
+
     def figure(self, figure, name: str) -> None:
         if self.client:
             self.client.log_figure(self.run_id, figure, name)
 
-    def pytorch_model(self, model, name: str = "model") -> None:
-        """The model as an MLflow PyTorch model (pickled; loads with mlflow.pytorch.load_model)."""
+    def pytorch_model(self, model, name: str = "model") -> str | None:
+        """The model as an MLflow PyTorch model (pickled; loads with mlflow.pytorch.load_model);
+        returns its URI (models:/m-...), which the registry's versions point at."""
         if not self.client:
-            return
+            return None
         import mlflow.pytorch
         import torch
 
@@ -231,7 +236,7 @@ class Tracker:
         quiet.setLevel(logging.ERROR)
         try:
             with mlflow.start_run(run_id=self.run_id, nested=True):
-                mlflow.pytorch.log_model(
+                info = mlflow.pytorch.log_model(
                     model,
                     name=name,
                     serialization_format="pickle",
@@ -239,6 +244,7 @@ class Tracker:
                 )
         finally:
             quiet.setLevel(level)
+        return info.model_uri
 
 
 def prefect_context() -> dict[str, str]:
@@ -257,7 +263,8 @@ def prefect_context() -> dict[str, str]:
 
         if deployment.id:
             tags["prefect.deployment"] = f"{flow_run.flow_name}/{deployment.name}"
-        if os.environ.get("PREFECT_API_URL"):  # the ephemeral API has no UI to link to
+        if os.environ.get("PREFECT_API_URL") and not os.environ.get("MULE_PREFECT_TEMPORARY"):
+            # a server the user runs; the ephemeral/temporary one has no UI to link to
             url = url_for("flow-run", obj_id=flow_run_id)  # the route the Prefect UI serves
             if url:
                 tags["prefect.flow_run_url"] = url

@@ -21,7 +21,7 @@ from mule_core.metrics import mean_mr
 from mule_core.model import count_parameters
 from mule_core.training import Trainer, evaluate_split, resolve_device
 
-from . import plots
+from . import plots, registry
 from .common import context, logger
 from .features import extractor_for, images_with_files
 from .model_io import (
@@ -143,15 +143,22 @@ def train_model(workdir: str, config: dict[str, Any], run_id: str | None) -> dic
     best = next((r for r in history if r.epoch == trainer.best_epoch), None)
     save_model(path, model, cfg, vocabulary, kind="joint", dataset=dataset, extractor=extractor,
                best_epoch=trainer.best_epoch, val_score=trainer.best_score,
-               val_table=best.validation if best else None, parameters=counts, key=key)  # fmt: skip
+               val_table=best.validation if best else None, parameters=counts, key=key, mlflow_run_id=run_id)  # fmt: skip
     checkpoint.unlink(missing_ok=True)
     tracker.metrics({"best_epoch": trainer.best_epoch, "val.best_mean_mR": trainer.best_score})
     figure = plots.training_curves(history, "Joint training", score_label="val mean mR")
     tracker.figure(figure, "training_curves.png")
     plots.close(figure)
-    tracker.pytorch_model(model.cpu())
+    source = tracker.pytorch_model(model.cpu())
     tracker.artifact(path)  # weights + vocabularies, loadable without pickle (tasks.model_io.load_model)
     log.info("training done: best epoch %d of %d, val mean mR %.2f; model at %s",
              trainer.best_epoch, cfg.train.epochs, trainer.best_score, path)  # fmt: skip
-    return {"path": str(path), "best_epoch": trainer.best_epoch, "val_mean_mR": trainer.best_score,
-            "seconds": round(time.perf_counter() - started, 1), "parameters": counts}  # fmt: skip
+    summary = {"path": str(path), "best_epoch": trainer.best_epoch, "val_mean_mR": trainer.best_score,
+               "seconds": round(time.perf_counter() - started, 1), "parameters": counts}  # fmt: skip
+    if source and cfg.train.model_name == "model":  # the pipeline's model; the ablation's variants are not
+        candidate = registry.Candidate(dataset, run_id, source, trainer.best_score, tuple(train.languages),
+                                       registry.split_digest(val.image_ids), cfg.eval.split)  # fmt: skip
+        summary["registry"] = registry.register(wd, candidate)
+        tracker.tags({"mule.registered_version": str(summary["registry"]["version"]),
+                      "mule.champion": str(summary["registry"]["champion"]).lower()})  # fmt: skip
+    return summary

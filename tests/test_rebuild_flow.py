@@ -96,6 +96,11 @@ def test_mlflow_runs(rebuilt):
         assert tags["mlflow.user"] and tags["mlflow.source.type"] == "LOCAL" and tags["mlflow.source.name"]
         assert tags["mule.code_version"]  # the git commit (+dirty) or the package version
         assert run.data.params["train.epochs"] == "3" and run.data.params["preset"] == "demo"
+    for run in children:  # the first rebuild runs every stage, and each run says so
+        assert run.data.tags["mule.stage_status"] == "ran"
+        assert run.data.tags["mule.stage_reason"] == "no earlier run" and run.data.tags["mule.stage_key"]
+    assert parent.data.tags["mule.stages_reused"] == "none"
+    assert parent.data.tags["mule.stages_ran"] == ",".join(STAGES)
     by_name = {r.info.run_name: r for r in children}
     train = by_name["train"].info.run_id
     assert [m.step for m in client.get_metric_history(train, "val.mean_mR")] == [1, 2, 3]
@@ -113,19 +118,166 @@ def test_mlflow_runs(rebuilt):
     assert len(features["features.weights_sha256"]) == 64 and features["features.weights_file_used"].endswith(".pth")
 
 
+def _copy_of(rebuilt, tmp_path):
+    """A copy of the rebuilt workdir, to change without disturbing the other tests."""
+    copy = tmp_path / "copy"
+    shutil.copytree(rebuilt[0].root, copy)
+    return copy
+
+
+def _ran(results) -> set[str]:
+    return {stage for stage, decision in results["stages"].items() if decision.startswith("ran")}
+
+
+@pytest.mark.slow
+def test_a_rebuild_with_nothing_changed_runs_no_stage(rebuilt, tmp_path):
+    from flows.stages import rebuild_flow
+
+    copy = _copy_of(rebuilt, tmp_path)  # a copied workdir too: new paths are not new content
+    results = rebuild_flow(workdir=str(copy), overrides=TINY)
+    assert _ran(results) == set(), results["stages"]
+    assert results["evaluate"]["table"] == rebuilt[1]["evaluate"]["table"]
+    assert results["evaluate"]["results_dir"] == str(Workdir.at(copy).results_dir("embedded"))  # not the original's
+    client = MlflowClient(Workdir.at(copy).mlflow_uri)
+    parent = client.get_run(results["mlflow_run_id"])
+    children = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert sorted(r.info.run_name for r in children) == sorted(STAGES)
+    first = {r.info.run_name: r.info.run_id for r in client.search_runs(
+        [parent.info.experiment_id], f"tags.mlflow.parentRunId = '{rebuilt[1]['mlflow_run_id']}'")}  # fmt: skip
+    for run in children:
+        tags = run.data.tags
+        assert tags["mule.stage_status"] == "reused" and tags["mule.stage_reason"].startswith("key ")
+        assert tags["mule.reused_from_run"] == first[run.info.run_name]  # the run that made what is reused
+        assert tags["prefect.flow_run_id"] == parent.data.tags["prefect.flow_run_id"]  # no flow run of its own
+    assert parent.data.tags["mule.stages_ran"] == "none"
+    stages_md = client.download_artifacts(parent.info.run_id, "stages.md", str(tmp_path))
+    assert "| train | reused (key " in open(stages_md).read()
+
+
+@pytest.mark.slow
+def test_a_caption_edit_reruns_the_text_side_and_not_the_features(rebuilt, tmp_path):
+    import gzip
+
+    from flows.stages import rebuild_flow
+
+    copy = _copy_of(rebuilt, tmp_path)
+    captions = copy / "raw" / "embedded" / "data" / "task2" / "raw" / "train.1.de.gz"
+    lines = gzip.decompress(captions.read_bytes()).decode().splitlines()
+    lines[0] = "Ein großes rotes Quadrat links vor weißem Hintergrund."
+    captions.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
+    results = rebuild_flow(workdir=str(copy), overrides=TINY)
+    assert _ran(results) == {"ingest", "translate", "text", "pretrain", "train", "evaluate"}, results["stages"]
+    assert results["stages"]["ingest"] == "ran (raw files changed)"
+    assert results["stages"]["text"] == "ran (captions changed)"
+    assert results["stages"]["features"].startswith("reused")
+    text = Catalog(Workdir.at(copy)).query(
+        "SELECT text FROM captions WHERE source_file LIKE '%train.1.de.gz' AND line = 1"
+    )
+    assert text["text"].to_pylist() == [lines[0]]
+    # The retrained model is registered; the champion is the better of the two on validation.
+    client = MlflowClient(Workdir.at(copy).mlflow_uri)
+    versions = client.search_model_versions("name = 'mule-embedded'")
+    assert sorted(int(v.version) for v in versions) == [1, 2]
+    best = max(versions, key=lambda v: (float(v.tags["mule.val_mR"]), -int(v.version)))
+    assert client.get_model_version_by_alias("mule-embedded", "champion").version == best.version
+    assert all(v.tags["mule.test_mR"] and v.tags["mule.champion_decision"] for v in versions)
+
+
+@pytest.mark.slow
+def test_a_replaced_image_is_extracted_again_and_no_other(rebuilt, tmp_path):
+    from PIL import Image
+
+    from flows.stages import rebuild_flow
+
+    copy = _copy_of(rebuilt, tmp_path)
+    wd = Workdir.at(copy)
+    extractor = rebuilt[1]["features"]["extractor"]
+    before = Catalog(wd).query("SELECT image_id, vector FROM features ORDER BY image_id").to_pydict()
+    image = copy / "raw" / "embedded" / "images" / "train-000005.jpg"
+    with Image.open(image) as picture:
+        picture.transpose(Image.Transpose.FLIP_LEFT_RIGHT).save(image)  # same name, new bytes
+    results = rebuild_flow(workdir=str(copy), overrides=TINY, stages=["ingest", "features", "text"])
+    assert results["stages"]["ingest"] == "ran (raw files changed)"
+    assert results["stages"]["features"] == "ran (images changed)"
+    assert results["stages"]["text"].startswith("reused")  # the captions did not change
+    assert results["features"]["extracted_now"] == 1 and results["features"]["extracted_again"] == ["train-000005"]
+    after = Catalog(wd).query("SELECT image_id, vector FROM features ORDER BY image_id").to_pydict()
+    assert after["image_id"] == before["image_id"]  # one row per image: the old features are gone
+    changed = [i for i, a, b in zip(after["image_id"], after["vector"], before["vector"]) if a != b]
+    assert changed == ["train-000005"]
+    assert len(Catalog(wd).extracted_images("embedded", extractor)) == 88
+
+
+@pytest.mark.slow
+def test_search_finds_test_captions_images_and_an_image_s_captions(rebuilt, capsys, tmp_path):
+    import functools
+
+    import numpy as np
+
+    from flows.cli import main
+    from mule_core.training import encode_split
+    from tasks.model_io import load_model, load_split
+
+    wd, _ = rebuilt
+    catalog = Catalog(wd)
+    model, meta = load_model(wd.models_dir("embedded") / "model.pt")
+    reader = functools.partial(catalog.read_features, "embedded")
+    data = load_split(catalog, "embedded", "test", meta["vocabulary"], 32, (meta["extractor"], reader))
+    encoded = encode_split(model, data, torch.device("cpu"))
+    similarity = encoded["caption_joint"] @ encoded["image"].T
+    texts = dict(zip(*catalog.query("SELECT caption_id, text FROM captions").to_pydict().values()))
+    paths = dict(zip(*catalog.query("SELECT image_id, path FROM images").to_pydict().values()))
+    for index, lang in enumerate(data.languages):  # sentence -> images, the language detected
+        rows = np.nonzero(data.caption_lang == index)[0]
+        found = [r for r in rows if int(similarity[r].argmax()) == data.caption_image[r]]
+        assert found, f"the model ranks no {lang} test caption's image first"
+        caption = texts[data.caption_ids[found[0]]]
+        assert main(["search", caption, "--workdir", str(wd.root), "--split", "test", "--k", "3"]) == 0
+        out = capsys.readouterr().out.splitlines()
+        assert "(champion)" in out[0] and f"query in {lang} (detected:" in out[0]
+        first = next(line for line in out if line.startswith("  1 "))
+        assert first.split()[2] == data.image_ids[data.caption_image[found[0]]]
+    # image -> sentences: an image whose own English caption the model ranks first
+    english = np.nonzero(data.caption_lang == data.languages.index("en"))[0]
+    by_image = {}
+    for image in range(data.n_images):
+        top = english[int(similarity[english, image].argmax())]
+        by_image[image] = data.caption_image[top] == image
+    image = next(i for i, hit in by_image.items() if hit)
+    sheet = tmp_path / "sheet.png"
+    argv = ["search", "--image", paths[data.image_ids[image]], "--workdir", str(wd.root), "--split", "test", "--k", "2"]
+    assert main([*argv, "--out", str(sheet)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "image features: catalog image" in out[0]
+    assert out[out.index("[en]") + 1].endswith(f"({data.image_ids[image]})")
+    assert [line for line in out if line.startswith("[")] == ["[en]", "[de]", "[fr]", "[cs]"]
+    assert sheet.stat().st_size > 1000
+    # what a user gets wrong: a language the model lacks, words no language knows
+    assert main(["search", "ein Bild", "--lang", "ja", "--workdir", str(wd.root)]) == 2
+    assert main(["search", "xyzzy qwrtp", "--workdir", str(wd.root)]) == 2
+    err = capsys.readouterr().err
+    assert "does not know 'ja'; its languages are en, de, fr, cs" in err
+    assert "none of the words of 'xyzzy qwrtp' is in the vocabulary of any language" in err
+
+
+# The tests below change the rebuilt workdir's outputs in place; the ones above copy it first.
+
+
 @pytest.mark.slow
 def test_a_stage_reruns_alone_and_resumes(rebuilt):
     from flows.stages import evaluate_flow, features_flow
 
     wd, results = rebuilt
     again = features_flow(workdir=str(wd.root), overrides=TINY)
-    assert again["extracted_now"] == 0 and again["images"] == 88  # nothing to redo
-    alone = evaluate_flow(workdir=str(wd.root), overrides=TINY)
+    assert again["reused"] and again["images"] == 88  # nothing changed: nothing to redo
+    forced = features_flow(workdir=str(wd.root), overrides=TINY, force=True)
+    assert not forced.get("reused") and forced["extracted_now"] == 0  # forced, and still nothing to extract
+    alone = evaluate_flow(workdir=str(wd.root), overrides=TINY, force=True)
     assert alone["table"] == results["evaluate"]["table"]  # same model, same numbers
     client = MlflowClient(wd.mlflow_uri)
     experiment = client.get_experiment_by_name("mule/embedded")
     top_level = [r for r in client.search_runs([experiment.experiment_id]) if "mlflow.parentRunId" not in r.data.tags]
-    assert sorted(r.info.run_name for r in top_level) == ["evaluate", "features", "rebuild"]
+    assert sorted(r.info.run_name for r in top_level) == ["evaluate", "features", "features", "rebuild"]
 
 
 @pytest.mark.slow

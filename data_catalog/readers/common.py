@@ -93,10 +93,15 @@ def clean_caption(raw: bytes | TooLong, cap: int) -> tuple[str | None, str, str]
     return text, "", ""
 
 
-def image_record(path: Path, with_hash: bool) -> tuple[bool, str | None, int | None, int | None]:
+def image_record(path: Path, with_hash) -> tuple[bool, str | None, int | None, int | None]:
+    """(exists, SHA-256, width, height); with_hash: True, False, or a function path -> digest
+    (data_catalog.content.FileHasher.digest, which skips files whose stat is unchanged)."""
     if not path.is_file():
         return False, None, None, None
-    sha = hashlib.sha256(path.read_bytes()).hexdigest() if with_hash else None
+    if callable(with_hash):
+        sha = with_hash(path)
+    else:
+        sha = hashlib.sha256(path.read_bytes()).hexdigest() if with_hash else None
     try:
         with Image.open(path) as image:
             width, height = image.size

@@ -270,7 +270,7 @@ def read_multi30k(
     root: Path,
     dataset: str,
     images_dir: Path | None = None,
-    hash_images: bool = True,
+    hash_images: bool | Callable[[Path], str | None] = True,  # or a cached digest function
     progress: Callable[[str], None] | None = None,
     options: ReadOptions | None = None,
 ) -> ReadResult:

@@ -1,0 +1,123 @@
+"""Content digests of files, folders and tables: what stage keys are made of.
+
+Hashing every image of a dataset on every rebuild would cost minutes at COCO's size, so a
+file's SHA-256 is cached against its (size, mtime in ns, inode); a file whose stat
+changed is hashed again. The digest is always of the bytes: a file rewritten with the
+same bytes keeps its digest, whatever its timestamp says (as git's index does).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pyarrow as pa
+
+from .faults import remove_stale_temporaries
+from .workdir import Workdir
+
+CHUNK = 1 << 20
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(CHUNK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def combine(parts: dict[str, str | None]) -> str:
+    """One digest for named digests (order-independent)."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def arrow_digest(table: pa.Table) -> str:
+    """The digest of a table's content (column names, types and values), not of its file."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table.combine_chunks())
+    return hashlib.sha256(sink.getvalue().to_pybytes()).hexdigest()
+
+
+class FileHasher:
+    """SHA-256 of files with a stat cache kept in the workdir (state/file_hashes.json)."""
+
+    def __init__(self, workdir: Workdir):
+        self.path = workdir.state_dir / "file_hashes.json"
+        try:
+            self.cache: dict[str, list] = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            self.cache = {}
+        self.changed = False
+
+    def digest(self, path: Path) -> str | None:
+        """The file's SHA-256, or None when it does not exist."""
+        try:
+            stat = os.stat(path)
+        except FileNotFoundError:
+            return None
+        stamp = [stat.st_size, stat.st_mtime_ns, stat.st_ino]
+        cached = self.cache.get(str(path))
+        if cached and cached[:3] == stamp:
+            return cached[3]
+        digest = sha256_file(path)
+        self.cache[str(path)] = [*stamp, digest]
+        self.changed = True
+        return digest
+
+    def tree(self, root: Path, exclude: tuple[str, ...] = ()) -> str | None:
+        """One digest over every file under root (names relative to root, and contents);
+        hidden files and names matching `exclude` are left out. None when root is absent."""
+        if not root.exists():
+            return None
+        if root.is_file():
+            return self.digest(root)
+        parts: dict[str, str | None] = {}
+        for folder, dirs, files in os.walk(root):
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            for name in files:
+                if name.startswith(".") or any(fnmatch.fnmatch(name, pattern) for pattern in exclude):
+                    continue
+                path = Path(folder) / name
+                parts[str(path.relative_to(root))] = self.digest(path)
+        return combine(parts)
+
+    def save(self) -> None:
+        """Writes the cache back (atomically) when a file was hashed."""
+        if not self.changed:
+            return
+        existing = {k: v for k, v in self.cache.items() if os.path.exists(k)}  # forget deleted files
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(self.path)
+        tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(existing, separators=(",", ":")))
+        os.replace(tmp, self.path)
+        self.changed = False
+
+
+def restamp_outputs(workdir: Workdir, folder: str) -> int:
+    """After a move rewrote the paths inside the tables under `folder` (catalog/images),
+    the stage records that list them get their new digests: the content that matters did
+    not change, so the stage that wrote them must not run again. Returns records updated."""
+    updated = 0
+    for record_path in sorted((workdir.state_dir / "stages").glob("*/*.json")):
+        try:
+            record = json.loads(record_path.read_text())
+        except (OSError, ValueError):
+            continue
+        outputs = record.get("outputs", {})
+        moved = [name for name in outputs if name.startswith(folder.rstrip("/") + "/")]
+        if not moved:
+            continue
+        for name in moved:
+            path = workdir.root / name
+            outputs[name] = sha256_file(path) if path.exists() else None
+        tmp = record_path.with_name(f".{record_path.name}.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(record, indent=2, sort_keys=True, default=str))
+        os.replace(tmp, record_path)
+        updated += 1
+    return updated

@@ -1,0 +1,154 @@
+"""The MLflow Model Registry: every model the train stage completes is a version of
+`mule-<dataset>`; the alias `champion` names the best one.
+
+A version carries its validation mR (and, once the evaluate stage ran, its test mR) as
+tags, with what makes two numbers comparable: the languages and the validation images.
+`champion` moves to a new version only when it beats the champion's validation mR on the
+same languages and validation images; a worse model, or one measured on other images,
+is registered and left where it is, with the reason as a tag. A rebuild never demotes a
+better model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from mlflow.exceptions import MlflowException
+
+from data_catalog.workdir import Workdir
+from mule_core.errors import UserError
+
+from . import tracking
+from .common import logger
+
+CHAMPION = "champion"
+
+
+class RegistryError(UserError, LookupError):
+    pass
+
+
+def model_name(dataset: str) -> str:
+    return f"mule-{dataset}"
+
+
+def split_digest(image_ids: list[str]) -> str:
+    return hashlib.sha256("\n".join(sorted(image_ids)).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    dataset: str
+    run_id: str
+    source: str  # the logged model's URI (models:/m-...), loadable with mlflow.pytorch.load_model
+    val_mR: float
+    languages: tuple[str, ...]
+    val_split: str  # digest of the validation image ids
+    eval_split: str  # the evaluation split's name (test, test_2016, ...)
+
+
+def _tags(c: Candidate) -> dict[str, str]:
+    return {"mule.val_mR": f"{c.val_mR:.4f}", "mule.languages": ",".join(c.languages),
+            "mule.val_split": c.val_split, "mule.eval_split": c.eval_split, "mule.dataset": c.dataset,
+            "mule.train_run_id": c.run_id}  # fmt: skip
+
+
+def _champion(client, name: str):
+    try:
+        return client.get_model_version_by_alias(name, CHAMPION)
+    except MlflowException:
+        return None
+
+
+def register(workdir: Workdir, candidate: Candidate) -> dict[str, Any]:
+    """Registers the candidate; moves `champion` to it when it is better (see the module doc)."""
+    client, name = tracking.client(workdir), model_name(candidate.dataset)
+    try:
+        client.get_registered_model(name)
+    except MlflowException:
+        client.create_registered_model(name, description=f"mule models trained on {candidate.dataset}; "
+                                       f"alias {CHAMPION!r}: the best validation mR so far")  # fmt: skip
+    version = client.create_model_version(name, candidate.source, run_id=candidate.run_id, tags=_tags(candidate))
+    champion = _champion(client, name)
+    if champion is None:
+        promote, why = True, "first model of this dataset"
+    else:
+        tags = champion.tags
+        same = (tags.get("mule.languages"), tags.get("mule.val_split"), tags.get("mule.eval_split")) == (
+            ",".join(candidate.languages), candidate.val_split, candidate.eval_split)  # fmt: skip
+        best = float(tags.get("mule.val_mR", "nan"))
+        if not same:
+            promote, why = False, (f"not comparable with champion v{champion.version} (other languages or "
+                                   "validation images); promote it by hand if it should serve")  # fmt: skip
+        elif candidate.val_mR > best:
+            promote, why = True, f"val mR {candidate.val_mR:.2f} beats champion v{champion.version} ({best:.2f})"
+        else:
+            promote, why = (
+                False,
+                f"val mR {candidate.val_mR:.2f} does not beat champion v{champion.version} ({best:.2f})",
+            )
+    if promote:
+        client.set_registered_model_alias(name, CHAMPION, version.version)
+    client.set_model_version_tag(name, version.version, "mule.champion_decision", why)
+    logger().info("registered %s version %s; %s: %s", name, version.version,
+                  f"now {CHAMPION}" if promote else f"{CHAMPION} stays", why)  # fmt: skip
+    return {"model": name, "version": int(version.version), "champion": promote, "why": why}
+
+
+def tag_test_results(workdir: Workdir, dataset: str, train_run_id: str | None, mean_mr: float | None,
+                     table: dict) -> int | None:  # fmt: skip
+    """Adds the test mR to the version that train run registered; returns its number."""
+    if not train_run_id or mean_mr is None:
+        return None
+    client = tracking.client(workdir)
+    try:
+        versions = client.search_model_versions(f"name = '{model_name(dataset)}' and run_id = '{train_run_id}'")
+    except MlflowException:
+        return None
+    for version in versions:
+        client.set_model_version_tag(version.name, version.version, "mule.test_mR", f"{mean_mr:.4f}")
+        for lang, row in table.items():
+            client.set_model_version_tag(version.name, version.version, f"mule.test_mR.{lang}", f"{row['mR']:.4f}")
+    return int(versions[0].version) if versions else None
+
+
+def resolve_model_file(
+    workdir: Workdir, dataset: str, run_id: str | None = None, version: str | None = None
+) -> tuple[Path, str]:
+    """The weights-only model file (tasks.model_io format) of a train run: the champion's
+    unless a run id or version is given. Returns (path, what it is, for messages)."""
+    client, name = tracking.client(workdir), model_name(dataset)
+    if run_id is None:
+        try:
+            found = (
+                client.get_model_version(name, version)
+                if version
+                else client.get_model_version_by_alias(name, CHAMPION)
+            )
+        except MlflowException:
+            what = f"version {version}" if version else f"no {CHAMPION}"
+            raise RegistryError(f"registered model {name} has {what} in {workdir.root}: train a model first "
+                                "(mule demo, or mule run train), or pass --run RUN_ID") from None  # fmt: skip
+        run_id, label = found.run_id, f"{name} v{found.version}" + (" (champion)" if not version else "")
+    else:
+        label = f"run {run_id}"
+    try:
+        root = client.get_run(run_id).info.artifact_uri
+    except MlflowException:
+        raise RegistryError(f"no MLflow run {run_id} in {workdir.root}") from None
+    if root.startswith("file://"):  # the workdir's own artifact store: read in place
+        path = Path(urlparse(root).path) / "model.pt"
+    else:
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+        try:
+            path = Path(client.download_artifacts(run_id, "model.pt"))
+        except (MlflowException, OSError):
+            path = Path("/nonexistent")
+    if not path.is_file():
+        raise RegistryError(f"{label}: its run {run_id} has no model.pt artifact (not a train run?)")
+    return path, label

@@ -1,0 +1,176 @@
+"""Querying a trained model: sentence -> images, image -> sentences per language.
+
+The model is the registry's champion for the dataset (or a train run named by id); the
+gallery is the catalog's images that have features from the model's extractor (or the
+captions, for an image query), of every split unless one is named.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from data_catalog.catalog import Catalog
+from data_catalog.content import sha256_file
+from data_catalog.workdir import Workdir
+from mule_core.errors import UserError
+from mule_core.model import MuleModel, TextBatch
+from mule_core.text import detect_language, pad_batch, tokenize
+from mule_core.training import SplitTensors, encode_split, resolve_device
+
+from .features import load_extractor
+from .model_io import load_model, load_split
+from .registry import resolve_model_file
+
+
+class SearchError(UserError, ValueError):
+    pass
+
+
+@dataclass
+class Searcher:
+    model: MuleModel
+    meta: dict
+    label: str  # which model, for people
+    dataset: str
+    catalog: Catalog
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    @property
+    def languages(self) -> list[str]:
+        return list(self.meta["vocabulary"].languages)
+
+    def split(self, selector: str, with_features: bool) -> SplitTensors:
+        reader = functools.partial(self.catalog.read_features, self.dataset)
+        features = (self.meta["extractor"], reader) if with_features else None
+        try:
+            return load_split(self.catalog, self.dataset, selector, self.meta["vocabulary"],
+                              self.meta["cfg"].text.max_tokens, features)  # fmt: skip
+        except ValueError as error:
+            raise SearchError(str(error)) from None
+
+
+def open_searcher(workdir: Workdir, dataset: str, run_id: str | None = None, version: str | None = None) -> Searcher:
+    path, label = resolve_model_file(workdir, dataset, run_id, version)
+    model, meta = load_model(path)
+    if model.image_branch is None:
+        raise SearchError(f"{label} was trained without images (a text-only dataset): it cannot search images")
+    return Searcher(model.eval(), meta, label, dataset, Catalog(workdir), resolve_device("cpu"))
+
+
+def choose_language(searcher: Searcher, text: str, lang: str | None) -> tuple[str, str]:
+    """(language, how it was chosen). An unsupported or undetectable language is an error."""
+    vocabs = searcher.meta["vocabulary"].vocabs
+    if lang:
+        if lang not in vocabs:
+            raise SearchError(f"{searcher.label} does not know {lang!r}; its languages are {', '.join(vocabs)}")
+        return lang, "given"
+    guess = detect_language(text, vocabs)
+    if guess.lang is None:
+        raise SearchError(f"none of the words of {text!r} is in the vocabulary of any language of {searcher.label} "
+                          f"({', '.join(vocabs)}); pass --lang if you know the language")  # fmt: skip
+    return guess.lang, f"detected: {guess.describe()} words known"
+
+
+def _encode_text(searcher: Searcher, text: str, lang: str) -> tuple[torch.Tensor, list[str]]:
+    vocab = searcher.meta["vocabulary"].vocabs[lang]
+    tokens = tokenize(text, lang)
+    if not tokens:
+        raise SearchError("the query is empty")
+    unknown = [t for t in tokens if vocab.index.get(t, 1) <= 1]
+    if len(unknown) == len(tokens):
+        raise SearchError(f"none of the words of {text!r} ({', '.join(tokens)}) is in the {lang} vocabulary of "
+                          f"{searcher.label}: no query to search with")  # fmt: skip
+    ids, lengths = pad_batch([vocab.encode(tokens)], searcher.meta["cfg"].text.max_tokens)
+    with torch.no_grad():
+        encoded = searcher.model.encode_text(TextBatch(ids, lengths, [(lang, 0, 1)]))
+    return encoded.joint[0], unknown
+
+
+def search_text(searcher: Searcher, text: str, lang: str | None = None, k: int = 5, split: str = "all") -> dict:
+    """The k images closest to the sentence, best first."""
+    lang, how = choose_language(searcher, text, lang)
+    query, unknown = _encode_text(searcher, text, lang)
+    data = searcher.split(split, with_features=True)
+    with torch.no_grad():
+        images = torch.cat([searcher.model.encode_image(data.features[s : s + 1024])
+                            for s in range(0, len(data.features), 1024)])  # fmt: skip
+    scores = images @ query
+    top = torch.topk(scores, min(k, len(scores)))
+    ids = [data.image_ids[i] for i in top.indices.tolist()]
+    info = _image_info(searcher, ids)
+    results = [{"rank": r + 1, "image_id": i, "score": float(s), **info[i]}
+               for r, (i, s) in enumerate(zip(ids, top.values.tolist()))]  # fmt: skip
+    return {"query": text, "lang": lang, "language": how, "unknown_words": unknown, "model": searcher.label,
+            "split": split, "gallery": len(data.image_ids), "results": results}  # fmt: skip
+
+
+def _image_info(searcher: Searcher, image_ids: list[str]) -> dict[str, dict]:
+    rows = searcher.catalog.query(
+        f"SELECT image_id, path, split FROM images WHERE dataset = ? AND image_id IN ({', '.join('?' * len(image_ids))})",
+        [searcher.dataset, *image_ids],
+    ).to_pylist()  # fmt: skip
+    return {r["image_id"]: {"path": r["path"], "split": r["split"]} for r in rows}
+
+
+def image_features(searcher: Searcher, path: Path) -> tuple[torch.Tensor, str]:
+    """The image's CNN features: the catalog's when it holds these very bytes, else the
+    model's extractor run on the file. Returns (features, where they came from)."""
+    if not path.is_file():
+        raise SearchError(f"{path}: no such image file")
+    sha = sha256_file(path)
+    match = searcher.catalog.query("SELECT image_id FROM images WHERE dataset = ? AND sha256 = ? LIMIT 1",
+                                   [searcher.dataset, sha])["image_id"].to_pylist()  # fmt: skip
+    if match:
+        try:
+            vector = searcher.catalog.read_features(searcher.dataset, searcher.meta["extractor"], match)
+            return torch.from_numpy(np.ascontiguousarray(vector, np.float32)), f"catalog image {match[0]}"
+        except UserError:
+            pass  # not extracted with this model's extractor: extract it below
+    from PIL import Image, UnidentifiedImageError
+
+    from mule_core.features import crop_transform, extract
+
+    f = searcher.meta["cfg"].features
+    extractor, _ = load_extractor(f, searcher.device)
+    try:
+        with Image.open(path) as image:
+            crops = crop_transform(f.input_size, f.resize, f.crops)(image)
+    except (UnidentifiedImageError, OSError) as error:
+        raise SearchError(f"{path}: not an image that can be read ({error})") from None
+    with torch.no_grad():
+        return extract(extractor, crops.unsqueeze(0)).float().cpu(), f"extracted with {searcher.meta['extractor']}"
+
+
+def search_image(searcher: Searcher, path: Path, k: int = 5, split: str = "all") -> dict:
+    """The k sentences closest to the image, per language, best first."""
+    features, origin = image_features(searcher, Path(path))
+    with torch.no_grad():
+        query = searcher.model.encode_image(features)[0]
+    data = searcher.split(split, with_features=False)
+    captions = encode_split(searcher.model, data, searcher.device)["caption_joint"]
+    scores = captions @ query
+    texts = _caption_texts(searcher, data.caption_ids)
+    per_language = {}
+    for index, lang in enumerate(data.languages):
+        rows = np.nonzero(data.caption_lang == index)[0]
+        if len(rows) == 0:
+            continue
+        top = torch.topk(scores[rows], min(k, len(rows)))
+        per_language[lang] = [
+            {"rank": r + 1, "score": float(s), "caption_id": data.caption_ids[rows[i]],
+             "image_id": data.image_ids[data.caption_image[rows[i]]], "text": texts[data.caption_ids[rows[i]]]}
+            for r, (i, s) in enumerate(zip(top.indices.tolist(), top.values.tolist()))
+        ]  # fmt: skip
+    return {"image": str(path), "features": origin, "model": searcher.label, "split": split,
+            "results": per_language}  # fmt: skip
+
+
+def _caption_texts(searcher: Searcher, caption_ids: list[str]) -> dict[str, str]:
+    rows = searcher.catalog.query("SELECT caption_id, text FROM captions WHERE dataset = ?", [searcher.dataset])
+    wanted = set(caption_ids)
+    return {c: t for c, t in zip(rows["caption_id"].to_pylist(), rows["text"].to_pylist()) if c in wanted}

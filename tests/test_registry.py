@@ -1,0 +1,46 @@
+"""The champion alias moves only on improvement, among comparable models (real MLflow,
+SQLite in a temp dir)."""
+
+from data_catalog.workdir import Workdir
+from tasks import registry, tracking
+
+
+def test_the_champion_moves_only_when_a_comparable_model_is_better_and_test_results_are_tagged(tmp_path):
+    wd = Workdir.at(tmp_path)
+    client = tracking.client(wd)
+    experiment = tracking.experiment_id(wd, "toy")
+
+    def candidate(val_mr: float, val_images: list[str], languages=("en", "de")) -> registry.Candidate:
+        run = client.create_run(experiment).info.run_id
+        client.log_text(run, "weights", "model/weights.txt")
+        return registry.Candidate("toy", run, f"runs:/{run}/model", val_mr, languages,
+                                  registry.split_digest(val_images), "test")  # fmt: skip
+
+    val = ["img-3", "img-1", "img-2"]
+    decisions = [
+        registry.register(wd, candidate(50.0, val)),  # v1: the first is champion
+        registry.register(wd, candidate(40.0, val)),  # v2: worse, stays behind
+        registry.register(wd, candidate(60.0, list(reversed(val)))),  # v3: better (same images, any order)
+        registry.register(wd, candidate(70.0, ["img-9"])),  # v4: other validation images: not comparable
+        registry.register(wd, candidate(75.0, val, ("en",))),  # v5: other languages: not comparable
+        registry.register(wd, candidate(60.0, val)),  # v6: a tie does not beat
+    ]
+    assert [d["version"] for d in decisions] == [1, 2, 3, 4, 5, 6]
+    assert [d["champion"] for d in decisions] == [True, False, True, False, False, False]
+    assert client.get_model_version_by_alias("mule-toy", "champion").version == 3
+    assert decisions[0]["why"] == "first model of this dataset"
+    assert decisions[2]["why"] == "val mR 60.00 beats champion v1 (50.00)"
+    assert decisions[3]["why"].startswith("not comparable with champion v3")
+    assert decisions[4]["why"].startswith("not comparable with champion v3")
+    assert decisions[5]["why"] == "val mR 60.00 does not beat champion v3 (60.00)"
+    version = client.get_model_version("mule-toy", "2")
+    assert version.tags["mule.val_mR"] == "40.0000" and version.tags["mule.languages"] == "en,de"
+    assert version.tags["mule.champion_decision"] == decisions[1]["why"]
+
+    # The evaluate stage adds the test mR to the version its model's train run registered.
+    table = {"en": {"mR": 41.25}}
+    run = client.get_model_version("mule-toy", "5").run_id
+    assert registry.tag_test_results(wd, "toy", run, 41.25, table) == 5
+    tags = client.get_model_version("mule-toy", "5").tags
+    assert tags["mule.test_mR"] == "41.2500" and tags["mule.test_mR.en"] == "41.2500"
+    assert registry.tag_test_results(wd, "toy", "no-such-run", 41.25, table) is None
