@@ -29,6 +29,7 @@ from data_catalog.content import FileHasher, arrow_digest, combine
 from data_catalog.datasets import locate
 from data_catalog.workdir import Workdir
 from mule_core.config import MuleConfig, flatten
+from mule_core.errors import is_user_error
 from mule_core.text import tokenizer_version
 
 from . import tracking
@@ -219,8 +220,13 @@ def decide(wd: Workdir, cfg: MuleConfig, stage: str, force: bool = False) -> Dec
     """Whether `stage` must run, and why: forced, never run, its key changed (saying which
     part), or an output missing or changed since it was written."""
     catalog, hasher = Catalog(wd), FileHasher(wd)
-    slot = slot_for(wd, catalog, cfg, stage)
-    parts = {"code": code_digest(stage), **config_parts(cfg, stage), **input_parts(wd, catalog, cfg, stage, hasher)}
+    try:
+        slot = slot_for(wd, catalog, cfg, stage)
+        parts = {"code": code_digest(stage), **config_parts(cfg, stage), **input_parts(wd, catalog, cfg, stage, hasher)}
+    except Exception as error:  # an input is missing: the stage runs, and fails saying which
+        if not is_user_error(error):
+            raise
+        return Decision(stage, "", {}, True, f"its inputs cannot be read: {error}")
     key = combine(parts)[:24]
     path = wd.stage_record_path(cfg.data.dataset, stage, slot)
     try:
@@ -252,6 +258,8 @@ def _outputs_changed(wd: Workdir, hasher: FileHasher, record: dict) -> str:
 def record(wd: Workdir, cfg: MuleConfig, decision: Decision, result: Any, run_id: str | None) -> None:
     """After the stage ran: its key (of the inputs it started from), its outputs' digests
     and its result."""
+    if not decision.key:  # no key could be taken before it ran: the next run takes one
+        return
     catalog, hasher = Catalog(wd), FileHasher(wd)
     stage = decision.stage
     outputs = {str(p.relative_to(wd.root)): hasher.digest(p) for p in output_paths(wd, catalog, cfg, stage)}

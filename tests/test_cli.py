@@ -23,6 +23,20 @@ def test_unknown_stage_is_a_one_line_error(capsys):
     assert "unknown stage(s) trian" in capsys.readouterr().err
 
 
+def test_force_names_stages(capsys, tmp_path):
+    args = build_parser().parse_args(["demo", "--force", "features", "--force", "train"])
+    assert args.force == ["features", "train"]
+    assert main(["run", "evaluate", "--force", "featurs", "--workdir", str(tmp_path)]) == 2
+    assert "--force featurs: not a stage; stages are: ingest, translate," in capsys.readouterr().err
+
+
+def test_search_needs_a_sentence_or_an_image_and_a_trained_model(capsys, tmp_path):
+    assert main(["search", "--workdir", str(tmp_path)]) == 2
+    assert "search needs a sentence or --image PATH" in capsys.readouterr().err
+    assert main(["search", "a red circle", "--workdir", str(tmp_path)]) == 2
+    assert "registered model mule-embedded has no champion" in capsys.readouterr().err
+
+
 def test_bad_option_is_a_one_line_error(capsys, tmp_path):
     assert main(["run", "train", "--workdir", str(tmp_path), "--set", "train.epochs=lots"]) == 2
     assert "config option train.epochs" in capsys.readouterr().err

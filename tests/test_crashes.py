@@ -120,6 +120,26 @@ def test_killed_stages_resume_and_end_as_if_never_interrupted(tmp_path, prefect_
     assert recalls[0] == recalls[1]  # the resumed training is the same training
     assert not leftovers(crashed)  # the killed writers' temporary files were cleaned up
 
+    # 5. History reads well: the last rebuild's runs, read back from MLflow, say what they
+    # are, which code and Prefect flow run made them (with its link: a server was used),
+    # and which stages the rerun reused (those that had finished before the kills).
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{crashed / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("mule/embedded")
+    parent = client.search_runs([experiment.experiment_id], "attributes.run_name = 'rebuild'",
+                                order_by=["attributes.start_time DESC"])[0]  # fmt: skip
+    children = client.search_runs([experiment.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    status = {r.info.run_name: r.data.tags["mule.stage_status"] for r in children}
+    assert status == {"ingest": "reused", "translate": "reused", "features": "reused", "text": "reused",
+                      "pretrain": "reused", "train": "ran", "evaluate": "ran"}  # fmt: skip
+    for run in [parent, *children]:
+        tags = run.data.tags
+        assert tags["mule.dataset"] == "embedded" and tags["mule.preset"] == "demo"
+        assert tags["mule.stage"] == run.info.run_name and tags["mule.code_version"]
+        url = tags["prefect.flow_run_url"]
+        assert url.startswith(prefect_api_url.removesuffix("/api")) and url.endswith(tags["prefect.flow_run_id"])
+
 
 def test_a_second_process_on_the_same_workdir_is_refused_naming_the_first(tmp_path):
     from data_catalog.locks import holder, workdir_lock

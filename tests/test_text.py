@@ -44,3 +44,46 @@ def test_the_tokeniser_is_chosen_by_language_code():
     assert [tokenizer_name(code) for code in ("en", "de", "ja", "zh")] == ["moses", "moses", "janome", "jieba"]
     with pytest.raises(ValueError, match="no tokeniser for language code 'xx'; supported codes: as, bn"):
         tokenizer_name("xx")
+
+
+def test_the_language_is_the_one_whose_vocabulary_knows_most_of_the_words():
+    from mule_core.text import PAD, UNK, Vocab, detect_language
+
+    vocabs = {"en": Vocab([PAD, UNK, "a", "red", "circle", "on", "the", "left"]),
+              "de": Vocab([PAD, UNK, "ein", "roter", "kreis", "links", "a"]),
+              "fr": Vocab([PAD, UNK, "un", "cercle", "rouge", "à", "gauche"])}  # fmt: skip
+    guess = detect_language("Ein roter Kreis links", vocabs)
+    assert guess.lang == "de" and guess.known == {"en": 0, "de": 4, "fr": 0}
+    assert guess.describe() == "de 4/4, en 0/4, fr 0/4"
+    assert detect_language("a red circle", vocabs).lang == "en"  # 3/3 against German's 1/3 ("a")
+    # A tie (1/1 each): the language where the word is more frequent (earlier in its vocabulary) wins.
+    assert detect_language("a", vocabs).lang == "en"
+    vocabs["de"] = Vocab([PAD, UNK, "a", "ein"])
+    vocabs["en"] = Vocab([PAD, UNK, "the", "red", "a"])
+    assert detect_language("a", vocabs).lang == "de"
+    assert detect_language("xyzzy", vocabs).lang is None  # no language knows it: no guess
+
+
+def test_file_digests_follow_the_bytes_not_the_timestamps(tmp_path):
+    import os
+
+    from data_catalog.content import FileHasher, sha256_file
+    from data_catalog.workdir import Workdir
+
+    wd = Workdir.at(tmp_path / "work")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.txt").write_text("one")
+    (data / "b.txt").write_text("two")
+    hasher = FileHasher(wd)
+    tree = hasher.tree(data)
+    assert hasher.digest(data / "a.txt") == sha256_file(data / "a.txt")
+    hasher.save()
+    os.utime(data / "a.txt", ns=(1, 1))  # touched: same bytes, same digest
+    assert FileHasher(wd).tree(data) == tree
+    (data / "b.txt").write_text("TWO")  # new bytes: new digest
+    assert FileHasher(wd).tree(data) != tree
+    (data / "b.txt").write_text("two")
+    assert FileHasher(wd).tree(data) == tree
+    (data / "b.txt").rename(data / "c.txt")  # a renamed file changes the tree
+    assert FileHasher(wd).tree(data) != tree
