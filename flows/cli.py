@@ -160,8 +160,11 @@ def cmd_run(args: argparse.Namespace, stages: list[str], overrides: dict) -> int
         server.wait_ready()
 
     started = time.perf_counter()
-    results = rebuild_flow(workdir=str(workdir.root), preset=args.preset, overrides=overrides, stages=stages,
-                           force=args.force or None)  # fmt: skip
+    from .runtime import local_flow_settings
+
+    with local_flow_settings():
+        results = rebuild_flow(workdir=str(workdir.root), preset=args.preset, overrides=overrides, stages=stages,
+                               force=args.force or None)  # fmt: skip
     _print_results(results, workdir, started)
     return 0
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -145,3 +147,22 @@ def start_prefect_early() -> TemporaryPrefectServer | None:
     if "prefect" in sys.modules:  # its settings are read: it would start its own server regardless
         return None
     return TemporaryPrefectServer()
+
+
+@contextmanager
+def local_flow_settings() -> Iterator[None]:
+    """Prefect settings for flows run by this process itself.
+
+    Flow-run heartbeats let a Prefect server mark a run as crashed when its process died.
+    With the ephemeral or temporary server, which lives and dies with this process, no one
+    listens, and every flow run waits up to a second at its end for the heartbeat thread
+    (about 1 s of a stage's 1.2 s of Prefect overhead here). They are off then, and with a
+    user's server when MULE_PREFECT_HEARTBEATS=off; deployments run by a worker keep them."""
+    own_server = not os.environ.get("PREFECT_API_URL") or os.environ.get("MULE_PREFECT_TEMPORARY")
+    if not own_server and os.environ.get("MULE_PREFECT_HEARTBEATS", "").lower() != "off":
+        yield
+        return
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        yield

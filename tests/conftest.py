@@ -23,6 +23,15 @@ prepare_environment(_PREFECT_HOME)
 SHARED_MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "multi30k"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _local_flow_settings():
+    """Flows in the tests run as `mule` runs them locally (no heartbeats: see flows.runtime)."""
+    from flows.runtime import local_flow_settings
+
+    with local_flow_settings():
+        yield
+
+
 @pytest.fixture(scope="session")
 def prefect_api_url() -> str:
     """The session's ephemeral Prefect server (the one in-process flows use), for mule

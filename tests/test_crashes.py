@@ -35,6 +35,7 @@ def demo(workdir: Path, api_url: str, crash_at: str | None = None) -> tuple[int,
     """`mule demo` in a subprocess (on the session's Prefect server); (exit code, output)."""
     env = {k: v for k, v in os.environ.items() if k != "MULE_CRASH_AT"}
     env["PREFECT_API_URL"] = api_url
+    env["MULE_PREFECT_HEARTBEATS"] = "off"  # the session's server: nobody watches for crashed flow runs
     env["PREFECT_LOGGING_LEVEL"] = "INFO"
     if crash_at:
         env["MULE_CRASH_AT"] = crash_at
