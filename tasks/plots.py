@@ -178,9 +178,11 @@ def search_sheet(found: dict):
         for lang, results in per_language.items():
             lines.append(f"[{lang}]")
             lines += [f"  {r['rank']}. {r['score']:.3f}  {r['text'][:70]}" for r in results]
-        fig = plt.figure(figsize=(11, max(3.0, 0.22 * len(lines) + 1)))
-        _show(fig.add_axes((0.01, 0.1, 0.25, 0.8)), found["image"])
-        text = fig.add_axes((0.28, 0.02, 0.71, 0.96))
+        height = max(3.0, 0.2 * len(lines) + 0.8)
+        fig = plt.figure(figsize=(11, height))
+        top = 1 - 0.6 / height  # room for the title
+        _show(fig.add_axes((0.01, 0.05, 0.25, top - 0.08)), found["image"])
+        text = fig.add_axes((0.28, 0.02, 0.71, top - 0.04))
         text.axis("off")
         text.text(0, 1, "\n".join(lines), va="top", ha="left", fontsize=8, family="sans-serif")
         fig.suptitle(f"{Path(found['image']).name}: nearest sentences ({found['model']})", fontsize=9)
