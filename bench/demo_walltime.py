@@ -13,28 +13,16 @@ import argparse
 import os
 import platform
 import shutil
-import subprocess
-import sys
-import tempfile
-import time
-from pathlib import Path
+
+from demo_process import empty_workdir, run_demo
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--keep", help="workdir to keep (default: a temporary one, removed)")
     args, extra = parser.parse_known_args()
-    workdir = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="mule-bench-"))
-    if workdir.exists() and any(workdir.iterdir()):
-        sys.exit(f"{workdir} is not empty: the benchmark starts from an empty workdir")
-    mule = shutil.which("mule") or sys.exit("`mule` is not on PATH: install the package first")
-    env = dict(os.environ, PREFECT_HOME=str(workdir / "prefect"))
-    started = time.perf_counter()
-    process = subprocess.run([mule, "demo", "--workdir", str(workdir), *extra], env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - started
-    if process.returncode != 0:
-        print(process.stdout[-3000:], process.stderr[-3000:])
-        sys.exit(f"mule demo failed with exit code {process.returncode}")
+    workdir = empty_workdir(args.keep)
+    wall, stdout = run_demo(workdir, extra)
 
     from mlflow.tracking import MlflowClient
 
@@ -52,7 +40,7 @@ def main() -> None:
         if run.info.run_name != "rebuild":
             print(f"{run.info.run_name:<10} {(run.info.end_time - run.info.start_time) / 1000:>8.1f}")
     print(f"{'total':<10} {wall:>8.1f}   (process wall time, Prefect and MLflow start-up included)")
-    table = [line for line in process.stdout.splitlines() if line.startswith("|") or "mean mR" in line]
+    table = [line for line in stdout.splitlines() if line.startswith("|") or "mean mR" in line]
     print("\n".join(table))
     if not args.keep:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -19,24 +19,16 @@ import gzip
 import os
 import platform
 import shutil
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
+from demo_process import empty_workdir, run_demo
 
-def run_demo(mule: str, workdir: Path, extra: list[str]) -> tuple[float, dict[str, str], str]:
-    env = dict(os.environ, PREFECT_HOME=str(workdir / "prefect"))
-    env.pop("PREFECT_API_URL", None)
-    started = time.perf_counter()
-    process = subprocess.run([mule, "demo", "--workdir", str(workdir), *extra], env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - started
-    if process.returncode != 0:
-        print(process.stdout[-3000:], process.stderr[-3000:])
-        sys.exit(f"mule demo failed with exit code {process.returncode}")
+
+def decisions(stdout: str) -> tuple[dict[str, str], str]:
+    """The "Stages:" block `mule` prints (stage -> ran (why) / reused (key)), and the mean mR line."""
     stages, inside = {}, False
-    for line in process.stdout.splitlines():
+    for line in stdout.splitlines():
         if line.strip() == "Stages:":
             inside = True
         elif inside and line.startswith("  ") and line.split():
@@ -44,8 +36,8 @@ def run_demo(mule: str, workdir: Path, extra: list[str]) -> tuple[float, dict[st
             stages[stage] = decision
         elif inside:
             inside = False
-    mean = next((line for line in process.stdout.splitlines() if line.startswith("mean mR")), "")
-    return wall, stages, mean
+    mean = next((line for line in stdout.splitlines() if line.startswith("mean mR")), "")
+    return stages, mean
 
 
 def edit_one_caption(workdir: Path) -> str:
@@ -71,10 +63,7 @@ def main() -> None:
     args, extra = parser.parse_known_args()
     if any(a.startswith("--dataset") for a in extra):
         sys.exit("this benchmark edits the Multi30K-style demo's files: run it without --dataset")
-    workdir = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="mule-bench-"))
-    if workdir.exists() and any(workdir.iterdir()):
-        sys.exit(f"{workdir} is not empty: the benchmark starts from an empty workdir")
-    mule = shutil.which("mule") or sys.exit("`mule` is not on PATH: install the package first")
+    workdir = empty_workdir(args.keep)
     import torch
 
     print(f"machine: {platform.node()}, {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, "
@@ -84,7 +73,8 @@ def main() -> None:
     for label, change in (("full rebuild (empty workdir)", None), ("no change", None),
                           ("one caption edited", edit_one_caption), ("one image replaced", replace_one_image)):  # fmt: skip
         what = change(workdir) if change else ""
-        wall, stages, mean = run_demo(mule, workdir, extra)
+        wall, stdout = run_demo(workdir, extra)
+        stages, mean = decisions(stdout)
         ran = [s for s, d in stages.items() if d.startswith("ran")]
         rows.append((label + (f": {what}" if what else ""), wall, ran, mean))
         print(f"{label}{f' ({what})' if what else ''}: {wall:.1f} s")

@@ -147,8 +147,8 @@ def resolve_model_file(
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
         try:
             path = Path(client.download_artifacts(run_id, "model.pt"))
-        except (MlflowException, OSError):
-            path = Path("/nonexistent")
-    if not path.is_file():
+        except (MlflowException, OSError):  # no such artifact: the error below says so
+            path = None
+    if path is None or not path.is_file():
         raise RegistryError(f"{label}: its run {run_id} has no model.pt artifact (not a train run?)")
     return path, label

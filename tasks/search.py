@@ -125,12 +125,10 @@ def image_features(searcher: Searcher, path: Path) -> tuple[torch.Tensor, str]:
     sha = sha256_file(path)
     match = searcher.catalog.query("SELECT image_id FROM images WHERE dataset = ? AND sha256 = ? LIMIT 1",
                                    [searcher.dataset, sha])["image_id"].to_pylist()  # fmt: skip
-    if match:
-        try:
-            vector = searcher.catalog.read_features(searcher.dataset, searcher.meta["extractor"], match)
-            return torch.from_numpy(np.ascontiguousarray(vector, np.float32)), f"catalog image {match[0]}"
-        except UserError:
-            pass  # not extracted with this model's extractor: extract it below
+    extracted = searcher.catalog.extracted_images(searcher.dataset, searcher.meta["extractor"])
+    if match and extracted.get(match[0]) == sha:  # the catalog has this image's features from this extractor
+        vector = searcher.catalog.read_features(searcher.dataset, searcher.meta["extractor"], match)
+        return torch.from_numpy(np.ascontiguousarray(vector, np.float32)), f"catalog image {match[0]}"
     from PIL import Image, UnidentifiedImageError
 
     from mule_core.features import crop_transform, extract

@@ -136,7 +136,10 @@ def slot_for(wd: Workdir, catalog: Catalog, cfg: MuleConfig, stage: str) -> str:
 def input_parts(wd: Workdir, catalog: Catalog, cfg: MuleConfig, stage: str, hasher: FileHasher) -> dict[str, Any]:
     dataset, captions = cfg.data.dataset, cfg.data.captions
     parts: dict[str, Any] = {}
-    table = functools.partial(lambda name, ds: _file(hasher, wd.table_path(name, ds)))
+
+    def table(name: str, ds: str) -> str | None:
+        return _file(hasher, wd.table_path(name, ds))
+
     with_mt = captions != "human"
     extractor = extractor_for(cfg.features)
     if stage == "ingest":
