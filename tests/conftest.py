@@ -9,6 +9,13 @@ from pathlib import Path
 
 import pytest
 
+# Under pytest-xdist each worker gets one CPU thread for torch/ONNX Runtime (and so do
+# the mule processes the tests start): two workers each running two threads on two cores
+# spin against each other, and the suite's training tests ran 3-4x slower.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_variable, "1")
+
 _PREFECT_HOME = Path(tempfile.mkdtemp(prefix="mule-tests-prefect-"))
 os.environ.pop("PREFECT_API_URL", None)
 os.environ["PREFECT_HOME"] = str(_PREFECT_HOME)
