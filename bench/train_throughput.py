@@ -50,7 +50,7 @@ def bench_training(preset: str, device: torch.device, steps: int, compile_: bool
     optim = OptimConfig(epochs=1, lr=cfg.train.lr, batch_images=cfg.train.batch_images, grad_clip=cfg.train.grad_clip,
                         sentences_per_image={"en": 2, "de": 2, "fr": 1, "cs": 1}, amp=cfg.train.amp, compile=compile_)  # fmt: skip
     trainer = Trainer(model, data, cfg.loss, optim, device)
-    trainer.epoch = cfg.loss.warmup_epochs  # time the hard-negative (top-K) phase
+    trainer.scheduler.last_epoch = cfg.loss.mining_warmup_steps  # time the hard-negative (top-K) phase
     batches = list(trainer.sampler.batches(1))[: steps + 1]
 
     def step(batch):

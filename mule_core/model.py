@@ -229,8 +229,14 @@ class MuleModel(nn.Module):
         return F.normalize(self.image_branch((features - self.image_mean) / self.image_std), dim=-1)
 
     def classify_language(self, mule: torch.Tensor, reverse_scale: float = 1.0) -> torch.Tensor:
-        """Language logits; the gradient reaching MULE is reversed (adversarial)."""
-        return self.classifier(grad_reverse(mule, reverse_scale))
+        """Language logits of MULE sentence vectors; the gradient reaching MULE is reversed
+        (adversarial) and scaled by reverse_scale.
+
+        The classifier reads the L2-normalised vector, the one NC and retrieval compare by
+        cosine. On the raw vector, the reversed gradient can raise the classifier's loss
+        without bound by growing the vectors' norms, which saturates the LSTM above MULE:
+        every sentence then maps to one point (seen at 29,000 images)."""
+        return self.classifier(grad_reverse(F.normalize(mule, dim=-1), reverse_scale))
 
     def word_drift(self) -> torch.Tensor:
         return sum(branch.drift() for branch in self.branches.values())

@@ -2,10 +2,21 @@
 
 The trainer keeps the epoch with the best validation score and can be checkpointed
 after every epoch (state_dict / load_state_dict) so an interrupted run resumes.
+
+Schedules count optimizer steps, not epochs, so that one config behaves the same on 3,000
+and on 120,000 images (an epoch of the latter is 40 times as many steps): the learning
+rate warms up linearly over `warmup_steps` and decays by `lr_decay` every
+`decay_steps`; the adversary's gradient reversal ramps up over `loss.lc_ramp_steps`.
+
+A divergence guard watches every epoch: losses that are not finite, or a validation score
+that fell far below its best, are logged, recorded on the epoch's result, and handled as
+configured (warn, stop, or roll back to the best epoch's weights and optimizer state with
+a lower learning rate).
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import time
@@ -76,6 +87,23 @@ class OptimConfig:
     balance_language_groups: bool = False
     amp: bool = True  # CUDA only
     compile: bool = False
+    warmup_steps: int = 0  # linear learning-rate warm-up from lr / warmup_steps
+    decay_steps: int = 0  # lr_decay applies once every decay_steps (smoothly); 0: once an epoch
+    # The divergence guard: "rollback" (to the best epoch, learning rate x divergence_lr_factor,
+    # at most divergence_retries times, then stop), "stop", "warn", or "off".
+    divergence: str = "rollback"
+    divergence_drop: float = 0.5  # validation score below this fraction of its best: diverged
+    divergence_lr_factor: float = 0.5
+    divergence_retries: int = 2
+
+
+GUARD_ACTIONS = ("rollback", "stop", "warn", "off")
+# A fall of fewer points than this never counts as divergence: early epochs' scores are
+# small and noisy (3 -> 1 is not a collapse).
+MIN_DIVERGENCE_DROP = 5.0
+# An epoch whose mean total loss is this many times the first batch's (or 1.0, whichever is
+# larger) has exploded, finite or not: no healthy run of these losses grows 1000-fold.
+LOSS_EXPLOSION_FACTOR = 1000.0
 
 
 @dataclass
@@ -87,6 +115,9 @@ class EpochResult:
     score: float | None = None  # validation score (higher is better)
     validation: dict | None = None
     is_best: bool = False
+    lr: float | None = None  # at the end of the epoch
+    divergence: str | None = None  # why the guard fired this epoch, if it did
+    action: str | None = None  # what it did about it
 
 
 def resolve_device(name: str) -> torch.device:
@@ -131,7 +162,8 @@ class Trainer:
             ],
             lr=optim.lr,
         )
-        self.scheduler = torch.optim.lr_scheduler.ExponentialLR(self.optimizer, gamma=optim.lr_decay)
+        if optim.divergence not in GUARD_ACTIONS:
+            raise ValueError(f"divergence must be one of {GUARD_ACTIONS}, got {optim.divergence!r}")
         self.sampler = ImageBatchSampler(
             data.caption_image,
             data.caption_lang,
@@ -147,16 +179,42 @@ class Trainer:
         if optim.compile:
             self._image_sentence_loss = torch.compile(image_sentence_loss, dynamic=True)
             self._neighborhood_loss = torch.compile(neighborhood_loss, dynamic=True)
+        self.decay_steps = optim.decay_steps or len(self.sampler)
+        self.lr_scale = 1.0  # lowered by the divergence guard's rollbacks
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.epoch = 0
         self.best_score = -math.inf
         self.best_epoch = 0
         self.best_state: dict | None = None
+        self.best_optimizer: dict | None = None
+        # Where a rollback goes before any epoch was best: the weights training started from.
+        self.start_state = _cpu_copy(model.state_dict())
+        self.first_loss: float | None = None  # the total loss of training's first batch
+        self.rollbacks = 0
+        self.stopped: str | None = None  # why training stopped early, if it did
         self.history: list[EpochResult] = []
+
+    # -- schedules (in optimizer steps) ------------------------------------------------
+    @property
+    def step(self) -> int:
+        return self.scheduler.last_epoch  # LambdaLR counts the steps it was stepped
+
+    def _lr_factor(self, step: int) -> float:
+        warm = min(1.0, (step + 1) / self.optim.warmup_steps) if self.optim.warmup_steps > 0 else 1.0
+        return warm * self.optim.lr_decay ** (step / self.decay_steps) * self.lr_scale
+
+    def lc_scale(self) -> float:
+        """The adversary's strength on the encoder now: DANN's schedule (Ganin & Lempitsky,
+        2015), 2 / (1 + exp(-10 p)) - 1 with p = step / lc_ramp_steps, times loss.lc_weight."""
+        ramp = self.loss.lc_ramp_steps
+        p = min(1.0, self.step / ramp) if ramp > 0 else 1.0
+        return self.loss.lc_weight * (2.0 / (1.0 + math.exp(-10.0 * p)) - 1.0)
 
     # -- one step -------------------------------------------------------------------
     def losses(self, batch: Batch) -> dict[str, torch.Tensor]:
         cfg, dev = self.loss, self.device
-        k = cfg.top_k if self.epoch >= cfg.warmup_epochs else self.optim.batch_images * 64  # warm-up: all negatives
+        # Mining warm-up: every negative counts until the embeddings are past their first chaos.
+        k = cfg.top_k if self.step >= cfg.mining_warmup_steps else self.optim.batch_images * 64
         text = self.data.text_batch(batch.captions, batch.groups).to(dev)
         encoded = self.model.encode_text(text, joint=self.mode == "joint")
         sentence_image = batch.sentence_image.to(dev, non_blocking=True)
@@ -180,9 +238,11 @@ class Trainer:
                     encoded.joint, sentence_image, pairs, cfg.margin, k
                 )
         if cfg.lc and mule is not None and len(batch.groups) > 1:
-            logits = self.model.classify_language(encoded.mule)
+            # The classifier learns at full strength (a weak adversary teaches nothing); the
+            # encoder receives its gradient reversed and scaled by lc_scale() (lambda2, ramped).
+            logits = self.model.classify_language(encoded.mule, reverse_scale=self.lc_scale())
             language = batch.sentence_lang.to(dev, non_blocking=True)
-            parts["lc"] = cfg.lc_weight * language_classifier_loss(logits, language)
+            parts["lc"] = language_classifier_loss(logits, language)
             parts["lc_accuracy"] = (logits.argmax(1) == language).float().mean().detach()
         if cfg.word_l2 > 0 and any(b.embed.weight.requires_grad for b in self.model.branches.values()):
             parts["word_l2"] = cfg.word_l2 * self.model.word_drift()
@@ -200,6 +260,8 @@ class Trainer:
                 module.eval()
 
     def run_epoch(self) -> EpochResult:
+        if self.stopped:
+            raise RuntimeError(f"training stopped: {self.stopped}")
         self._train_mode()
         epoch = self.epoch + 1
         sums: dict[str, float] = {}
@@ -220,30 +282,88 @@ class Trainer:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim.grad_clip)
             self.scaler.step(self.optimizer)
             self.scaler.update()
+            self.scheduler.step()
             parts["total"] = total
+            if self.first_loss is None:  # one host sync, once per training
+                self.first_loss = float(total.detach())
             for key, value in parts.items():  # summed on the device: no host sync per step
                 sums[key] = sums.get(key, 0.0) + value.detach().float()
             steps += 1
             sentences += len(batch.captions)
             progress.update(1)
-        self.scheduler.step()
         seconds = time.perf_counter() - started
         result = EpochResult(
-            epoch, {k: float(v) / max(steps, 1) for k, v in sums.items()}, seconds, sentences / seconds
-        )
-        if self.validate is not None:
+            epoch, {k: float(v) / max(steps, 1) for k, v in sums.items()}, seconds, sentences / seconds,
+            lr=self.optimizer.param_groups[0]["lr"],
+        )  # fmt: skip
+        finite = all(math.isfinite(v) for v in result.losses.values())
+        if self.validate is not None and finite:
             result.score, result.validation = self.validate(self.model)
-            if result.score > self.best_score:
-                result.is_best = True
-                self.best_score, self.best_epoch = result.score, epoch
-                self.best_state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        result.divergence = self._divergence(result)
+        if result.divergence is None and result.score is not None and result.score > self.best_score:
+            result.is_best = True
+            self.best_score, self.best_epoch = result.score, epoch
+            self.best_state = _cpu_copy(self.model.state_dict())
+            self.best_optimizer = _cpu_copy(self.optimizer.state_dict())
         self.epoch = epoch
+        if result.divergence is not None:
+            result.action = self._handle_divergence(result)
         self.history.append(result)
         return result
 
+    # -- the divergence guard ---------------------------------------------------------
+    def _divergence(self, result: EpochResult) -> str | None:
+        if self.optim.divergence == "off":
+            return None
+        bad = {k: v for k, v in result.losses.items() if not math.isfinite(v)}
+        if bad:
+            return "losses not finite (" + ", ".join(f"{k} {v}" for k, v in bad.items()) + ")"
+        total, first = result.losses.get("total"), self.first_loss
+        if total is not None and first is not None and total > LOSS_EXPLOSION_FACTOR * max(first, 1.0):
+            return f"losses exploded (total {total:.4g}, from {first:.4g} at the first batch)"
+        if result.score is None or not math.isfinite(self.best_score):
+            return None
+        if not math.isfinite(result.score):
+            return f"validation score {result.score}"
+        floor = self.best_score * self.optim.divergence_drop
+        if result.score < floor and self.best_score - result.score >= MIN_DIVERGENCE_DROP:
+            return (f"validation score {result.score:.2f} fell below {self.optim.divergence_drop:.0%} of its best, "
+                    f"{self.best_score:.2f} at epoch {self.best_epoch}")  # fmt: skip
+        return None
+
+    def _handle_divergence(self, result: EpochResult) -> str:
+        mode = self.optim.divergence
+        if mode == "warn":
+            action = "warned only (divergence=warn)"
+        elif mode == "rollback" and self.rollbacks < self.optim.divergence_retries:
+            self.rollbacks += 1
+            self.lr_scale *= self.optim.divergence_lr_factor
+            if self.best_state is not None:
+                self.model.load_state_dict(self.best_state)
+                self.optimizer.load_state_dict(self.best_optimizer)
+                where = f"epoch {self.best_epoch}"
+            else:
+                self.model.load_state_dict(self.start_state)
+                self.optimizer.state.clear()  # Adam's moments from diverged steps would carry it away again
+                where = "the starting weights"
+            for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
+                group["lr"] = base * self._lr_factor(self.step)
+            action = (f"rolled back to {where}, learning rate x{self.lr_scale:g} "
+                      f"(rollback {self.rollbacks} of {self.optim.divergence_retries})")  # fmt: skip
+        else:
+            reason = "divergence=stop" if mode == "stop" else f"{self.rollbacks} rollbacks did not help"
+            self.stopped = f"diverged at epoch {result.epoch} ({reason})"
+            if self.best_state is None:  # no good epoch: what training started from beats diverged weights
+                self.model.load_state_dict(self.start_state)
+                action = f"stopped ({reason}); no epoch was good, the starting weights are kept"
+            else:
+                action = f"stopped ({reason}); the best epoch is kept"
+        log.warning("%s epoch %d diverged: %s; %s", self.mode, result.epoch, result.divergence, action)
+        return action
+
     def fit(self, on_epoch_end: Callable[[EpochResult], None] | None = None) -> list[EpochResult]:
         started, first_epoch = time.perf_counter(), self.epoch
-        while self.epoch < self.optim.epochs:
+        while self.epoch < self.optim.epochs and not self.stopped:
             result = self.run_epoch()
             per_epoch = (time.perf_counter() - started) / (self.epoch - first_epoch)  # validation included
             eta = format_seconds(per_epoch * (self.optim.epochs - self.epoch))
@@ -268,12 +388,20 @@ class Trainer:
             "best_score": self.best_score,
             "best_epoch": self.best_epoch,
             "best_state": self.best_state,
+            "best_optimizer": self.best_optimizer,
+            "lr_scale": self.lr_scale,
+            "rollbacks": self.rollbacks,
+            "stopped": self.stopped,
+            "first_loss": self.first_loss,
             "history": [vars(r) for r in self.history],
         }
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        self.lr_scale, self.rollbacks = state.get("lr_scale", 1.0), state.get("rollbacks", 0)
+        self.stopped, self.best_optimizer = state.get("stopped"), state.get("best_optimizer")
+        self.first_loss = state.get("first_loss")
         self.scheduler.load_state_dict(state["scheduler"])
         if state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
@@ -284,6 +412,17 @@ class Trainer:
             state["best_state"],
         )
         self.history = [EpochResult(**r) for r in state["history"]]
+
+
+def _cpu_copy(state):
+    """A detached CPU copy of a (nested) state dict: the kept best epoch must not move with training."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        return {k: _cpu_copy(v) for k, v in state.items()}
+    if isinstance(state, list):
+        return [_cpu_copy(v) for v in state]
+    return copy.deepcopy(state)
 
 
 # -- encoding and evaluation ----------------------------------------------------------

@@ -16,7 +16,7 @@ from . import plots
 from .common import context, logger
 from .model_io import build_model, load_split, load_vocabulary, save_model
 from .tracking import Tracker
-from .training_common import cross_lingual, mean_r1, optim_config
+from .training_common import cross_lingual, mean_r1, optim_config, record_divergence
 
 
 def pretrain_path(workdir, dataset: str, captions: str = "human", languages: tuple[str, ...] | None = None):
@@ -67,8 +67,9 @@ def pretrain_mule(workdir: str, config: dict[str, Any], run_id: str | None) -> d
         metrics = {f"lp.{k}": v for k, v in result.losses.items()}
         metrics["lp.val_cross_lingual_r1"] = result.score
         metrics["lp.sentences_per_second"] = result.sentences_per_second
-        metrics |= {f"lp.val.{pair}.r1": row["r1"] for pair, row in result.validation.items()}
+        metrics |= {f"lp.val.{pair}.r1": row["r1"] for pair, row in (result.validation or {}).items()}
         tracker.metrics(metrics, step=result.epoch)
+        record_divergence(tracker, trainer, result, "pretrain")
 
     started = time.perf_counter()
     history = trainer.fit(on_epoch)

@@ -191,7 +191,7 @@ class Tracker:
         items = [
             Metric(metric_name(k), float(v), now, step or 0)
             for k, v in values.items()
-            if v is not None and not (isinstance(v, float) and math.isnan(v))
+            if v is not None and not (isinstance(v, float) and not math.isfinite(v))
         ]
         for start in range(0, len(items), 1000):
             self.client.log_batch(self.run_id, metrics=items[start : start + 1000])

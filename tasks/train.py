@@ -36,7 +36,7 @@ from .model_io import (
 )
 from .pretrain import lp_path
 from .tracking import Tracker
-from .training_common import optim_config
+from .training_common import optim_config, record_divergence
 
 
 class MissingPretrainError(UserError, RuntimeError):
@@ -132,10 +132,12 @@ def train_model(workdir: str, config: dict[str, Any], run_id: str | None) -> dic
         metrics = {f"train.{k}": v for k, v in result.losses.items()}
         metrics["train.sentences_per_second"] = result.sentences_per_second
         metrics["train.lr"] = trainer.optimizer.param_groups[0]["lr"]
+        metrics["train.lc_scale"] = trainer.lc_scale()
         metrics["val.mean_mR"] = result.score
-        for lang, row in result.validation.items():
+        for lang, row in (result.validation or {}).items():
             metrics[f"val.{lang}.mR"] = row["mR"]
         tracker.metrics(metrics, step=result.epoch)
+        record_divergence(tracker, trainer, result, "train")
         save_atomic({"key": key, "trainer": trainer.state_dict()}, checkpoint)
 
     started = time.perf_counter()
@@ -146,6 +148,8 @@ def train_model(workdir: str, config: dict[str, Any], run_id: str | None) -> dic
                val_table=best.validation if best else None, parameters=counts, key=key, mlflow_run_id=run_id)  # fmt: skip
     checkpoint.unlink(missing_ok=True)
     tracker.metrics({"best_epoch": trainer.best_epoch, "val.best_mean_mR": trainer.best_score})
+    if trainer.stopped:
+        tracker.tags({"mule.train.stopped": trainer.stopped})
     figure = plots.training_curves(history, "Joint training", score_label="val mean mR")
     tracker.figure(figure, "training_curves.png")
     plots.close(figure)
@@ -154,7 +158,8 @@ def train_model(workdir: str, config: dict[str, Any], run_id: str | None) -> dic
     log.info("training done: best epoch %d of %d, val mean mR %.2f; model at %s",
              trainer.best_epoch, cfg.train.epochs, trainer.best_score, path)  # fmt: skip
     summary = {"path": str(path), "best_epoch": trainer.best_epoch, "val_mean_mR": trainer.best_score,
-               "seconds": round(time.perf_counter() - started, 1), "parameters": counts}  # fmt: skip
+               "seconds": round(time.perf_counter() - started, 1), "parameters": counts,
+               "diverged": [r.epoch for r in history if r.divergence], "stopped": trainer.stopped}  # fmt: skip
     if source and cfg.train.model_name == "model":  # the pipeline's model; the ablation's variants are not
         candidate = registry.Candidate(dataset, run_id, source, trainer.best_score, tuple(train.languages),
                                        registry.split_digest(val.image_ids), cfg.eval.split)  # fmt: skip

@@ -33,6 +33,12 @@ def optim_config(cfg: MuleConfig, train: SplitTensors, lp: bool) -> OptimConfig:
         balance_language_groups=cfg.train.balance_language_groups,
         amp=cfg.train.amp,
         compile=cfg.train.compile,
+        warmup_steps=0 if lp else cfg.train.warmup_steps,
+        decay_steps=cfg.train.decay_steps,
+        divergence=cfg.train.divergence,
+        divergence_drop=cfg.train.divergence_drop,
+        divergence_lr_factor=cfg.train.divergence_lr_factor,
+        divergence_retries=cfg.train.divergence_retries,
     )
 
 
@@ -52,3 +58,15 @@ def cross_lingual(model: MuleModel, data: SplitTensors, device: torch.device, la
 
 def mean_r1(table: dict) -> float:
     return float(np.mean([row["r1"] for row in table.values()])) if table else 0.0
+
+
+def record_divergence(tracker, trainer, result, stage: str) -> None:
+    """The guard's verdict on an epoch, where people look: a warning in the run's log (the
+    trainer's) and MLflow tags on the stage's run: the first epoch that diverged, and the
+    latest divergence with what the guard did about it."""
+    if result.divergence is None:
+        return
+    first = next(r.epoch for r in [*trainer.history, result] if r.divergence)
+    tracker.tags({"mule.diverged": "true", "mule.diverged_epoch": str(first),
+                  f"mule.{stage}.divergence": f"epoch {result.epoch}: {result.divergence}",
+                  f"mule.{stage}.divergence_action": result.action or ""})  # fmt: skip

@@ -19,7 +19,7 @@ TINY = {
     "pretrain.batch_images": 16,
     "train.epochs": 2,
     "train.batch_images": 16,
-    "loss.warmup_epochs": 1,
+    "loss.mining_warmup_steps": 2,  # one epoch of 32 images
     "eval.examples": 0,
 }
 ROWS = ["EmbN (one model per language)", "Translate the query (EmbN en + lexicon)", "PARALLEL-EmbN", "MULE EmbN",

@@ -17,7 +17,7 @@ TINY = {
     "pretrain.batch_images": 16,
     "train.epochs": 2,
     "train.batch_images": 16,
-    "loss.warmup_epochs": 1,
+    "loss.mining_warmup_steps": 10,  # one epoch of 160 images
     "eval.examples": 0,
 }
 

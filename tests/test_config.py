@@ -86,3 +86,22 @@ def test_a_coco_dataset_implies_its_reader_languages_and_sampling_unless_set():
     mine = resolve("demo", {"data.dataset": "coco", "data.languages": "en,ja", "data.test_images": 500})
     assert mine.data.languages == ("en", "ja") and mine.data.test_images == 500 and mine.data.format == "coco"
     assert resolve("demo").data.format == "multi30k"
+
+
+def test_a_model_file_s_config_with_a_retired_option_still_reads():
+    stored = to_dict(resolve("demo"))
+    stored["loss"]["warmup_epochs"] = 3  # written by mule before schedules counted steps
+    assert from_dict(stored).loss.mining_warmup_steps == 150
+    with pytest.raises(ConfigError, match="unknown config option 'loss.warmup_epochs'"):
+        resolve("demo", {"loss.warmup_epochs": 3})  # but it is no option to set
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("train.divergence", "explode", "rollback, stop, warn or off"),
+    ("train.divergence_drop", "1.5", "between 0 and 1"),
+    ("train.divergence_lr_factor", "0", "in \\(0, 1\\]"),
+    ("loss.mining_warmup_steps", "-1", "at least 0"),
+])  # fmt: skip
+def test_guard_and_schedule_options_are_checked(key, value, message):
+    with pytest.raises(ConfigError, match=message):
+        resolve("demo", {key: value})

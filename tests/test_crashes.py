@@ -28,7 +28,7 @@ from data_catalog.workdir import Workdir
 SIZES = ["--train-images", "32", "--val-images", "16", "--test-images", "16"]
 TINY = ["data.image_size=48", "features.input_size=32", "features.shard_images=16", "text.fasttext_epochs=2",
         "pretrain.epochs=1", "pretrain.batch_images=16", "train.epochs=3", "train.batch_images=16",
-        "loss.warmup_epochs=1", "eval.examples=1"]  # fmt: skip
+        "loss.mining_warmup_steps=2", "eval.examples=1"]  # fmt: skip
 
 
 def demo(workdir: Path, api_url: str, crash_at: str | None = None) -> tuple[int, str]:

@@ -26,7 +26,7 @@ TINY = {
     "pretrain.batch_images": 16,
     "train.epochs": 3,
     "train.batch_images": 16,
-    "loss.warmup_epochs": 1,
+    "loss.mining_warmup_steps": 3,  # one epoch of 48 images
     "eval.examples": 1,
     "features.shard_images": 32,  # several parts, to check that extraction resumes
 }
@@ -356,3 +356,27 @@ def test_a_copied_workdir_never_writes_into_the_original(rebuilt, tmp_path):
     assert any(r.data.tags.get("mlflow.parentRunId") == train for r in runs)
     images = Catalog(Workdir.at(copy)).query("SELECT path FROM images")["path"].to_pylist()
     assert all(p.startswith(str(copy.resolve()) + "/") for p in images)
+
+
+@pytest.mark.slow
+def test_a_diverging_training_says_so_in_the_log_and_in_mlflow(rebuilt, tmp_path, caplog):
+    """An absurd learning rate: the guard fires, rolls back twice, stops, keeps the best
+    weights (or the starting ones), and the train stage's MLflow run carries the tags."""
+    import logging
+
+    from flows.stages import rebuild_flow
+
+    copy = _copy_of(rebuilt, tmp_path)
+    with caplog.at_level(logging.WARNING):
+        results = rebuild_flow(workdir=str(copy), overrides={**TINY, "train.lr": 1e9, "train.epochs": 6},
+                               stages=["train"])  # fmt: skip
+    assert "diverged" in caplog.text and "rolled back" in caplog.text
+    client = MlflowClient(Workdir.at(copy).mlflow_uri)
+    parent = client.get_run(results["mlflow_run_id"])
+    (train,) = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    tags = train.data.tags
+    assert tags["mule.diverged"] == "true" and int(tags["mule.diverged_epoch"]) >= 1
+    assert tags["mule.train.divergence_action"].startswith("stopped (2 rollbacks did not help)")
+    assert tags["mule.train.stopped"].startswith("diverged at epoch")
+    model = torch.load(results["train"]["path"], map_location="cpu", weights_only=True)
+    assert all(torch.isfinite(t).all() for t in model["state_dict"].values() if t.is_floating_point())

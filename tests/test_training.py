@@ -1,5 +1,7 @@
 """The trainer: it learns, keeps the best validation epoch, and resumes exactly."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -31,7 +33,7 @@ def toy_model(n_images=24) -> MuleModel:
     return model
 
 
-LOSS = LossConfig(margin=0.2, top_k=5, warmup_epochs=1, lc_weight=0.1)
+LOSS = LossConfig(margin=0.2, top_k=5, mining_warmup_steps=3, lc_weight=0.1)  # 3 steps: one epoch
 
 
 def optim(epochs):
@@ -157,3 +159,128 @@ def test_adding_a_language_trains_it_and_leaves_the_others_bit_identical():
         assert torch.equal(again[key], reference[key]), key
     # BatchNorm's running statistics in the frozen image branch did not move either
     assert torch.equal(model.image_branch[1].running_mean, base.image_branch[1].running_mean)
+
+
+# -- the divergence guard -------------------------------------------------------------
+
+
+def _mean_mr_on(data):
+    from mule_core.metrics import mean_mr
+
+    return lambda m: (mean_mr(evaluate_split(m, data, torch.device("cpu"))), {})
+
+
+def test_an_absurd_learning_rate_fires_the_guard_which_rolls_back_then_stops():
+    from dataclasses import replace
+
+    data = toy_split()
+    trainer = Trainer(toy_model(), data, LOSS, replace(optim(30), divergence_retries=2), torch.device("cpu"),
+                      validate=_mean_mr_on(data))  # fmt: skip
+    for _ in range(15):
+        trainer.run_epoch()
+    learned, best_epoch = trainer.best_score, trainer.best_epoch
+    assert learned > 60, learned
+    trainer.lr_scale = 1e6  # from the next step on, lr 3e3: training blows up
+    history = trainer.fit()
+    fired = [r for r in history if r.divergence]
+    assert fired and fired[0].epoch == 16, [(r.epoch, r.score, r.losses.get("total")) for r in history]
+    assert fired[0].action.startswith(f"rolled back to epoch {best_epoch}, learning rate x500000 (rollback 1 of 2)")
+    # lr x 1e6 x 0.5 is as absurd: both rollbacks fail, and the guard stops the run...
+    assert [r.epoch for r in fired] == [16, 17, 18], [(r.epoch, r.score) for r in history]
+    assert fired[-1].action.startswith("stopped (2 rollbacks did not help)")
+    assert trainer.stopped and trainer.epoch == 18 < 30
+    # ...with the best epoch's weights, not the diverged ones
+    assert trainer.best_epoch == best_epoch
+    assert _mean_mr_on(data)(trainer.model)[0] == pytest.approx(learned)
+
+
+def test_losses_that_are_not_finite_fire_the_guard_even_without_validation():
+    from dataclasses import replace
+
+    model = toy_model()
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer = Trainer(model, toy_split(), LOSS, replace(optim(5), lr=float("inf")), torch.device("cpu"))
+    history = trainer.fit()
+    assert "losses not finite" in history[0].divergence
+    assert history[0].action.startswith("rolled back to the starting weights")
+    assert trainer.stopped and len(history) == 3
+    for key, value in model.state_dict().items():  # no epoch was good: back where it started
+        assert torch.equal(value, start[key]), key
+
+
+def test_losses_that_explode_but_stay_finite_fire_the_guard_from_the_first_epoch():
+    """lr 1e9 wrecks the model within epoch 1: no good epoch to fall from, losses huge but finite."""
+    from dataclasses import replace
+
+    trainer = Trainer(toy_model(), toy_split(), LOSS, replace(optim(5), lr=1e9), torch.device("cpu"))
+    history = trainer.fit()
+    assert all(math.isfinite(v) for v in history[0].losses.values())
+    assert "losses exploded" in history[0].divergence, history[0].losses
+    assert [r.epoch for r in history if r.divergence] == [1, 2, 3] and trainer.stopped
+
+
+def test_a_healthy_run_never_counts_as_exploded():
+    data = toy_split()
+    trainer = Trainer(toy_model(), data, LOSS, optim(15), torch.device("cpu"), validate=_mean_mr_on(data))
+    assert not [r for r in trainer.fit() if r.divergence] and trainer.first_loss > 0
+
+
+@pytest.mark.parametrize("mode", ["stop", "warn", "off"])
+def test_the_guard_does_what_the_config_says(mode):
+    from dataclasses import replace
+
+    data = toy_split()
+    trainer = Trainer(toy_model(), data, LOSS, replace(optim(17), divergence=mode), torch.device("cpu"),
+                      validate=_mean_mr_on(data))  # fmt: skip
+    for _ in range(15):
+        trainer.run_epoch()
+    trainer.lr_scale = 1e6
+    history = trainer.fit()
+    fired = [r for r in history if r.divergence]
+    if mode == "off":
+        assert not fired and trainer.epoch == 17
+    elif mode == "warn":
+        assert fired and all(r.action == "warned only (divergence=warn)" for r in fired) and trainer.epoch == 17
+    else:
+        assert len(fired) == 1 and fired[0].action.startswith("stopped (divergence=stop)") and trainer.epoch == 16
+
+
+def test_a_resumed_run_keeps_the_guards_state():
+    data = toy_split()
+    first = Trainer(toy_model(), data, LOSS, optim(20), torch.device("cpu"), validate=_mean_mr_on(data))
+    for _ in range(15):
+        first.run_epoch()
+    first.lr_scale = 1e6
+    first.run_epoch()  # diverges: rolled back, lr scale 5e5
+    assert first.rollbacks == 1
+    resumed = Trainer(toy_model(), data, LOSS, optim(20), torch.device("cpu"), validate=_mean_mr_on(data))
+    resumed.load_state_dict(first.state_dict())
+    assert (resumed.rollbacks, resumed.lr_scale, resumed.best_epoch) == (1, first.lr_scale, first.best_epoch)
+    assert resumed.optimizer.param_groups[0]["lr"] == first.optimizer.param_groups[0]["lr"]
+
+
+def test_learning_rate_warms_up_and_decays_in_steps():
+    from dataclasses import replace
+
+    trainer = Trainer(toy_model(), toy_split(), LOSS, replace(optim(2), warmup_steps=4, lr_decay=0.5, decay_steps=2),
+                      torch.device("cpu"))  # fmt: skip
+    lrs = [trainer.optimizer.param_groups[0]["lr"]]
+    for _ in range(5):
+        trainer.optimizer.step()
+        trainer.scheduler.step()
+        lrs.append(trainer.optimizer.param_groups[0]["lr"])
+    base = 3e-3
+    expected = [base * min(1, (s + 1) / 4) * 0.5 ** (s / 2) for s in range(6)]
+    assert lrs == pytest.approx(expected)
+
+
+def test_the_adversary_ramps_up_in_steps():
+    from dataclasses import replace
+
+    trainer = Trainer(toy_model(), toy_split(), replace(LOSS, lc_weight=0.2, lc_ramp_steps=100), optim(1),
+                      torch.device("cpu"))  # fmt: skip
+    assert trainer.lc_scale() == 0.0
+    trainer.scheduler.last_epoch = 50
+    assert trainer.lc_scale() == pytest.approx(0.2 * (2 / (1 + np.exp(-5)) - 1))
+    trainer.scheduler.last_epoch = 500
+    assert trainer.lc_scale() == pytest.approx(0.2 * (2 / (1 + np.exp(-10)) - 1))
