@@ -137,8 +137,17 @@ class PooledBackbone(nn.Module):
         pooled = fmap.mean((2, 3))
         if self.pool == "avg":
             return pooled
-        grid = nn.functional.adaptive_avg_pool2d(fmap, 2).flatten(1)  # channel-major: c0q0 c0q1 ...
-        return torch.cat([pooled, grid], 1)
+        return torch.cat([pooled, quadrant_means(fmap)], 1)
+
+
+def quadrant_means(fmap: torch.Tensor) -> torch.Tensor:
+    """adaptive_avg_pool2d(fmap, 2).flatten(1) (channel-major: c0q0 c0q1 c0q2 c0q3 c1q0 ...),
+    odd sizes sharing their middle row or column as it does, written with slices so that
+    ONNX export works (its adaptive pooling needs static sizes, which a dynamic batch lacks)."""
+    h, w = fmap.shape[-2:]
+    rows, cols = (slice(0, (h + 1) // 2), slice(h // 2, h)), (slice(0, (w + 1) // 2), slice(w // 2, w))
+    quadrants = [fmap[:, :, r, c].mean((2, 3)) for r in rows for c in cols]
+    return torch.stack(quadrants, 2).flatten(1)
 
 
 def build_backbone(name: str, state_dict: dict | None = None, seed: int = 0, pool: str = "avg") -> nn.Module:

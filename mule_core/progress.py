@@ -27,16 +27,19 @@ class Progress:
         logger: logging.Logger | None = None,
         interval: float = 10.0,
         clock=time.perf_counter,
+        done: int = 0,
     ):
+        """done: items finished before this counter started (a resumed run, an earlier shard):
+        they count toward done/total, not toward the rate."""
         self.label, self.total, self.unit = label, total, unit
         self.logger = logger or logging.getLogger("mule.progress")
         self.interval, self.clock = interval, clock
-        self.done = 0
+        self.done = self.base = done
         self.started = self.last = clock()
 
     def line(self) -> str:
         elapsed = max(self.clock() - self.started, 1e-9)
-        rate = self.done / elapsed
+        rate = (self.done - self.base) / elapsed
         eta = (self.total - self.done) / rate if rate > 0 else float("inf")
         eta_text = format_seconds(eta) if eta != float("inf") else "?"
         return (

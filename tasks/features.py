@@ -255,8 +255,8 @@ def run_shard(workdir: str, config: dict[str, Any], shard: dict, total: int) -> 
     sha_of = {i: sha for i, _, sha in shard["images"]}
     files = _ImageFiles(paths, crop_transform(f.input_size, f.resize, f.crops))
     loader = prefetched_batches(files, batch_size_for(f, device), loader_workers_for(f, device))
-    progress = Progress(f"features ({f.arch}, {f.crops} crop(s) of {f.input_size}px)", total, "images", logger())
-    progress.done = shard["offset"]
+    progress = Progress(f"features ({f.arch}, {f.crops} crop(s) of {f.input_size}px)", total, "images", logger(),
+                        done=shard["offset"])  # fmt: skip
     kept, vectors, rejects = [], [], []
     started = time.perf_counter()
     for positions, crops, bad in loader:

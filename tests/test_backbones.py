@@ -71,6 +71,14 @@ def test_pooled_features_and_their_sizes():
     torch.testing.assert_close(extract(grid, x)[:, :1280], extract(model, x))  # the global average comes first
 
 
+@pytest.mark.parametrize("size", [(7, 7), (4, 6), (1, 1)])
+def test_quadrant_means_are_adaptive_average_pooling_to_two_by_two(size):
+    from mule_core.features import quadrant_means
+
+    fmap = torch.randn(2, 3, *size)
+    torch.testing.assert_close(quadrant_means(fmap), torch.nn.functional.adaptive_avg_pool2d(fmap, 2).flatten(1))
+
+
 def test_a_local_weights_file_and_a_bad_one(tmp_path):
     import torchvision
 
@@ -118,13 +126,14 @@ def test_crop_geometry_on_a_hand_made_image():
     torch.testing.assert_close(ten[5:], five[[1, 0, 3, 2, 4]].flip(-1))
 
 
-@pytest.mark.parametrize("arch,weights", [("efficientnet_lite0", "imagenet"), ("resnet18", "random")])
-def test_onnx_runtime_gives_the_vectors_pytorch_gives(arch, weights):
+@pytest.mark.parametrize("arch,weights,pool", [("efficientnet_lite0", "imagenet", "avg"), ("resnet18", "random", "avg"),
+                                               ("efficientnet_lite0", "imagenet", "avg+grid")])  # fmt: skip
+def test_onnx_runtime_gives_the_vectors_pytorch_gives(arch, weights, pool):
     pytest.importorskip("onnxruntime")
     from mule_core.onnx_engine import OnnxExtractor
 
     state = imagenet_weights(arch)[0] if weights == "imagenet" else None
-    model = build_backbone(arch, state, seed=0)
+    model = build_backbone(arch, state, seed=0, pool=pool)
     crops = torch.stack([crop_transform(64, 64, 1)(photo(n)) for n in ("chelsea", "coffee", "astronaut")])
     engine = OnnxExtractor(model, input_size=64, threads=1)
     torch.testing.assert_close(extract(engine, crops), extract(model, crops), atol=1e-4, rtol=1e-4)
