@@ -105,8 +105,8 @@ def test_stair_captions_and_the_choice_between_japanese_files(coco):
 def test_coco_cn_second_captions_and_manual_translations(coco):
     with open(coco / "coco-cn/imageid.human-written-caption.txt", "a", encoding="utf-8") as handle:
         handle.write("COCO_train2014_000000000009#1\t桌上摆着两盒饭菜。\n")
-    write(coco / "coco-cn/imageid.manually-translated-caption.txt",
-          "COCO_train2014_000000000025#0\t一只长颈鹿在吃树顶上的食物。\n")  # fmt: skip
+    write(coco / "coco-cn/imageid.manually-translated-caption.txt",  # the release's layout: #zhm#<n>, one space
+          "COCO_train2014_000000000025#zhm#0 一只长颈鹿在吃树顶上的食物。\n")  # fmt: skip
     rows = [r for r in read(coco).captions.to_pylist() if r["lang"] == "zh"]
     assert sorted((r["image_id"][-2:], r["source"], r["line"]) for r in rows) == [
         ("09", "coco-cn", 1), ("09", "coco-cn", 3), ("25", "coco-cn/translated", 1), ("42", "coco-cn", 2)]  # fmt: skip
@@ -201,7 +201,7 @@ def test_bad_records_are_rejected_with_their_reason(coco):
         ("yjcaptions26k_clean.json", 4): ("no_image", "image id 777 is not in the file's images list"),
         ("yjcaptions26k_clean.json", 5): ("bad_record", "caption is int, not text"),
         ("yjcaptions26k_clean.json", 6): ("bad_record", "annotations[5]: no integer image_id or no caption"),
-        ("coco-cn/imageid.human-written-caption.txt", 3): ("bad_line", "expected 'COCO_<folder>_<id>#<n><TAB>caption'"),
+        ("coco-cn/imageid.human-written-caption.txt", 3): ("bad_line", "expected 'COCO_<folder>_<id>#<n>', a TAB or a space, then the caption"),
     }
     assert [r["text"] for r in result.captions.to_pylist() if r["lang"] == "ja"] == ["ブロッコリー。"]
     with pytest.raises(CocoError, match=r"yjcaptions26k_clean\.json:2: empty caption \(data.strict=true"):

@@ -5,7 +5,8 @@
     yjcaptions26k_clean.json                           YJ Captions 26k (Japanese, COCO-style)
     stair_captions_v1.2_train.json, _val.json          STAIR Captions (Japanese, COCO-style)
     imageid.human-written-caption.txt                  COCO-CN (Chinese): `COCO_val2014_000000573854#0<TAB>caption`
-      (or imageid.caption.txt), imageid.manually-translated-caption.txt when present
+      (or imageid.caption.txt, as in the 201805 release), and imageid.manually-translated-caption.txt
+      when present (`COCO_train2014_000000503310#zhm#3 caption`: a space, not a TAB)
     coco-cn_train.txt, coco-cn_val.txt, coco-cn_test.txt   COCO-CN's split (one image name a line)
     images/<train2014|val2014>/COCO_<...>.jpg          the image files (or images/<file name>)
 
@@ -123,9 +124,14 @@ class _State:
 
 
 def _find(root: Path, name: str) -> list[Path]:
-    """Files called `name` (a glob) in the dataset folder, else in its direct subfolders."""
-    found = sorted(p for p in root.glob(name) if p.is_file())
-    return found or sorted(p for p in root.glob(f"*/{name}") if p.is_file())
+    """Files called `name` (a glob) in the dataset folder, else in its direct subfolders.
+    AppleDouble files (`._name`, macOS metadata that archives made on a Mac carry beside
+    every file, COCO-CN's release among them) are never data."""
+
+    def files(pattern: str) -> list[Path]:
+        return sorted(p for p in root.glob(pattern) if p.is_file() and not p.name.startswith("._"))
+
+    return files(name) or files(f"*/{name}")
 
 
 def _load_json(state: _State, path: Path, lists: tuple[str, ...]) -> dict:
@@ -192,20 +198,29 @@ def _coco_cn_id(name: str) -> tuple[int, str] | None:
     return (int(match["id"]), match["folder"] or "") if match else None
 
 
+# The release's two caption files differ: imageid.caption.txt puts a TAB after the key
+# (COCO_val2014_000000573854#0), imageid.manually-translated-caption.txt one space after
+# COCO_train2014_000000503310#zhm#3 (the translation of that image's COCO caption 3).
+_COCO_CN_LINE = re.compile(rb"^(?P<key>[^\s#]+#[^\s]*)[\t ](?P<caption>.*)$", re.S)
+
+
 def _read_coco_cn(state: _State, path: Path, source: str) -> int:
-    """Lines `COCO_val2014_000000573854#0<TAB>caption`."""
+    """Lines `COCO_val2014_000000573854#0<TAB>caption` or `COCO_train2014_000000503310#zhm#3 caption`."""
     if not state.wanted("zh", path):
         return 0
     before = len(state.captions)
     for number, raw in enumerate(path.read_bytes().splitlines(), start=1):
         if not raw.strip():
             continue
-        key, tab, caption = raw.partition(b"\t")
-        parsed = _coco_cn_id(key.decode("utf-8", "replace").split("#", 1)[0]) if tab else None
+        match = _COCO_CN_LINE.match(raw)
+        key = match["key"] if match else b""
+        parsed = _coco_cn_id(key.decode("utf-8", "replace").split("#", 1)[0]) if match else None
         if parsed is None:
-            reason = "expected 'COCO_<folder>_<id>#<n><TAB>caption'" if not tab else f"bad image name {key[:80]!r}"
+            reason = ("expected 'COCO_<folder>_<id>#<n>', a TAB or a space, then the caption" if not match
+                      else f"bad image name {key[:80]!r}")  # fmt: skip
             state.rejects.add(state.rel(path), number, "bad_line", reason, raw)
             continue
+        caption = match["caption"]
         coco_id, folder = parsed
         state.register(coco_id, "", folder)
         text, kind, reason = clean_caption(caption, state.options.max_caption_bytes)
