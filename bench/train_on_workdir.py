@@ -1,84 +1,257 @@
 """Joint training on a workdir's catalog, outside Prefect and MLflow: for choosing settings.
 
     python bench/train_on_workdir.py --workdir W [--dataset embedded] [--set K=V ...] [--test]
+    python bench/train_on_workdir.py --workdir W --export inputs.pt [--features-bits 8]
+    python bench/train_on_workdir.py --inputs inputs.pt [--variants runs.json] [--lp] [--test]
 
 Reads what the train stage reads (train and val splits with their features, the word
 vectors, LP's model when pretrain.enabled), trains with the resolved config and prints
 every epoch (losses, language-classifier accuracy, validation mean mR, seconds), then the
 best epoch and, with --test, the test split's mean mR. Nothing is written to the workdir.
+
+`--export` writes those inputs (and the test split) to one file that `--inputs` reads
+without the catalog, DuckDB, Prefect or MLflow: to try settings on another machine (a GPU
+one, which has torch but not the pipeline's other dependencies). `--features-bits 8`
+stores image features as 8 bits per value (per-dimension range) to keep the file small;
+such runs choose settings, the figures that count come from the real features.
+`--variants FILE` (JSON: {"name": {"section.option": value, ...}, ...}) trains each variant
+from the same inputs in one process; `--lp` runs LP first (from the word vectors) instead
+of loading the workdir's LP model.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
+import json
 import logging
 import platform
+import sys
 import time
+from pathlib import Path
 
+import numpy as np
 import torch
 
-from data_catalog.catalog import Catalog
-from data_catalog.workdir import Workdir
-from mule_core.config import parse_assignments, resolve
-from mule_core.metrics import mean_mr
-from mule_core.training import Trainer, evaluate_split, resolve_device
-from tasks.features import extractor_for
-from tasks.model_io import build_model, load_split, load_vocabulary
-from tasks.pretrain import lp_path
-from tasks.train import load_pretrained_mule
-from tasks.training_common import optim_config
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere, installed or not
+
+from mule_core.config import parse_assignments, resolve  # noqa: E402
+from mule_core.metrics import cross_lingual_recalls, mean_mr  # noqa: E402
+from mule_core.model import MuleModel  # noqa: E402
+from mule_core.training import SplitTensors, Trainer, encode_split, evaluate_split, resolve_device  # noqa: E402
+
+SPLIT_FIELDS = ("tokens", "lengths", "caption_lang", "caption_image", "image_ids")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--workdir", required=True)
-    parser.add_argument("--dataset", default="embedded")
-    parser.add_argument("--preset", default="demo")
-    parser.add_argument("--set", dest="assignments", action="append", default=[])
-    parser.add_argument("--test", action="store_true", help="also evaluate the kept model on the test split")
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    logging.getLogger("mule.training").setLevel(logging.WARNING)  # per-epoch lines are printed below
+# -- export: the catalog's inputs to one file -------------------------------------------
+def export(workdir: str, dataset: str, preset: str, overrides: dict, out: str, bits: int) -> None:
+    import functools
 
-    overrides = {"data.dataset": args.dataset, **parse_assignments(args.assignments)}
-    cfg = resolve(args.preset, overrides)
-    wd = Workdir.at(args.workdir)
+    from data_catalog.catalog import Catalog
+    from data_catalog.workdir import Workdir
+    from tasks.features import extractor_for
+    from tasks.model_io import load_model, load_split, load_vocabulary
+    from tasks.pretrain import lp_path
+
+    cfg = resolve(preset, {"data.dataset": dataset, **overrides})
+    wd = Workdir.at(workdir)
+    catalog = Catalog(wd)
+    extractor = extractor_for(cfg.features)
+    reader = functools.partial(catalog.read_features, dataset)
+    vocabulary = load_vocabulary(catalog, dataset, cfg.data.languages)
+    splits = {}
+    for name, selector in (("train", "train"), ("val", "val"), ("test", cfg.eval.split)):
+        split = load_split(catalog, dataset, selector, vocabulary, cfg.text.max_tokens, (extractor, reader),
+                           cfg.data.captions if name == "train" else "human")  # fmt: skip
+        entry = {f: getattr(split, f) for f in SPLIT_FIELDS}
+        entry["tokens"] = split.tokens.to(torch.int32 if max(vocabulary.sizes.values()) > 32767 else torch.int16)
+        entry["features"] = _pack(split.features, bits)
+        splits[name] = entry
+    lp_file = lp_path(wd, catalog, cfg)
+    lp_state = load_model(lp_file)[0].state_dict() if lp_file.exists() else None
+    torch.save({"languages": vocabulary.languages, "vocab_sizes": vocabulary.sizes,
+                "vectors": {k: v.half() for k, v in vocabulary.vectors.items()}, "splits": splits,
+                "lp_state": lp_state, "extractor": extractor, "dataset": dataset}, out)  # fmt: skip
+    sizes = ", ".join(f"{name} {len(entry['image_ids'])} images" for name, entry in splits.items())
+    print(f"wrote {out}: {Path(out).stat().st_size / 2**20:.1f} MiB ({sizes})")
+
+
+def _pack(features: torch.Tensor, bits: int):
+    if bits == 32:
+        return features
+    if bits == 16:
+        return features.half()
+    low, high = features.min(0).values, features.max(0).values
+    scale = (high - low).clamp(min=1e-12) / 255
+    return {"q": ((features - low) / scale).round().to(torch.uint8), "low": low, "scale": scale}
+
+
+def _unpack(features) -> torch.Tensor:
+    if isinstance(features, dict):
+        return features["q"].float() * features["scale"] + features["low"]
+    return features.float()
+
+
+def load_inputs(path: str):
+    data = torch.load(path, map_location="cpu", weights_only=False)
+    splits = {}
+    for name, entry in data["splits"].items():
+        splits[name] = SplitTensors(data["languages"], entry["tokens"].long(), entry["lengths"], entry["caption_lang"],
+                                    entry["caption_image"], entry["image_ids"], _unpack(entry["features"]))  # fmt: skip
+    return data, splits
+
+
+# -- training ---------------------------------------------------------------------------
+def build(cfg, data, image_dim: int | None) -> MuleModel:
+    vectors = {k: v.float() for k, v in data["vectors"].items()}
+    dim = next(iter(vectors.values())).shape[1]
+    model = MuleModel(data["languages"], data["vocab_sizes"], dim, image_dim, cfg.model)
+    for lang, v in vectors.items():
+        model.branches[lang].init_vectors(v)
+    return model
+
+
+def optim_for(cfg, train: SplitTensors, lp: bool):
+    from mule_core.batching import default_sentences_per_image
+    from mule_core.training import OptimConfig
+
+    section = cfg.pretrain if lp else cfg.train
+    counts = default_sentences_per_image(train.caption_image, train.caption_lang, train.languages)
+    counts.update({k: v for k, v in cfg.train.sentences_per_image.items() if k in counts})
+    t = cfg.train
+    return OptimConfig(epochs=section.epochs, lr=section.lr, lr_decay=1.0 if lp else t.lr_decay,
+                       word_lr_scale=t.word_lr_scale, grad_clip=t.grad_clip, batch_images=section.batch_images,
+                       sentences_per_image=counts, seed=t.seed, balance_language_groups=t.balance_language_groups,
+                       amp=t.amp, compile=t.compile, warmup_steps=0 if lp else t.warmup_steps,
+                       decay_steps=t.decay_steps, divergence=t.divergence, divergence_drop=t.divergence_drop,
+                       divergence_lr_factor=t.divergence_lr_factor, divergence_retries=t.divergence_retries,
+                       ema=0.0 if lp else t.ema)  # fmt: skip
+
+
+def printer(tag: str, started: float):
+    def on_epoch(r) -> None:
+        losses = " ".join(f"{k} {v:.3f}" for k, v in r.losses.items())
+        flag = f" [{r.divergence}]" if r.divergence else ""
+        score = "  -  " if r.score is None else f"{r.score:5.1f}"
+        print(f"{tag} epoch {r.epoch:>2}  val {score}{'*' if r.is_best else ' '}  {losses}  "
+              f"{r.seconds:.0f}s ({time.perf_counter() - started:.0f}s){flag}", flush=True)  # fmt: skip
+
+    return on_epoch
+
+
+def run_lp(cfg, data, train, val, device, tag: str) -> dict:
+    model = build(cfg, data, None)
+
+    def validate(m):
+        encoded = encode_split(m, val, device, joint=False)
+        emb = torch.nn.functional.normalize(encoded["caption_mule"], dim=-1)
+        table = cross_lingual_recalls(emb, torch.from_numpy(val.caption_image).to(device),
+                                      torch.from_numpy(val.caption_lang).to(device), val.languages)  # fmt: skip
+        return float(np.mean([row["r1"] for row in table.values()])), table
+
+    trainer = Trainer(model, train, cfg.loss, optim_for(cfg, train, lp=True), device, mode="lp", validate=validate)
+    trainer.fit(printer(f"{tag} lp", time.perf_counter()))
+    print(f"{tag} LP best epoch {trainer.best_epoch}: val cross-lingual R@1 {trainer.best_score:.2f}", flush=True)
+    return model.cpu().state_dict()
+
+
+def train_variant(tag: str, cfg, data, splits, device, run_lp_first: bool, test: bool) -> dict:
+    train, val = splits["train"], splits["val"]
+    torch.manual_seed(cfg.train.seed)
+    lp_state = data.get("lp_state")
+    if cfg.pretrain.enabled and run_lp_first:
+        torch.manual_seed(cfg.train.seed)
+        lp_state = run_lp(cfg, data, train, val, device, tag)
+        torch.manual_seed(cfg.train.seed)
+    model = build(cfg, data, train.features.shape[1])
+    model.set_image_normalization(train.features)
+    if cfg.pretrain.enabled:
+        if lp_state is None:
+            sys.exit("pretrain.enabled but the inputs hold no LP model: --lp, or --set pretrain.enabled=false")
+        own = {k: v for k, v in lp_state.items() if k.startswith("branches.") or k.startswith("classifier.")}
+        model.load_state_dict(own, strict=False)
+
+    def validate(m):
+        table = evaluate_split(m, val, device, cfg.eval.ks)
+        return mean_mr(table), table
+
+    started = time.perf_counter()
+    trainer = Trainer(model, train, cfg.loss, optim_for(cfg, train, lp=False), device, validate=validate)
+    trainer.fit(printer(tag, started))
+    result = {"variant": tag, "best_epoch": trainer.best_epoch, "val": round(trainer.best_score, 2),
+              "seconds": round(time.perf_counter() - started, 1), "stopped": trainer.stopped}  # fmt: skip
+    if test:
+        table = evaluate_split(model, splits["test"], device, cfg.eval.ks)
+        result["test"] = round(mean_mr(table), 2)
+        result["test_per_language"] = {k: round(v["mR"], 1) for k, v in table.items()}
+    print("RESULT " + json.dumps(result), flush=True)
+    return result
+
+
+def from_workdir(workdir: str, cfg):
+    import functools
+
+    from data_catalog.catalog import Catalog
+    from data_catalog.workdir import Workdir
+    from tasks.features import extractor_for
+    from tasks.model_io import load_model, load_split, load_vocabulary
+    from tasks.pretrain import lp_path
+
+    wd = Workdir.at(workdir)
     catalog = Catalog(wd)
     extractor = extractor_for(cfg.features)
     reader = functools.partial(catalog.read_features, cfg.data.dataset)
     vocabulary = load_vocabulary(catalog, cfg.data.dataset, cfg.data.languages)
     load = functools.partial(load_split, catalog, cfg.data.dataset, vocabulary=vocabulary,
                              max_tokens=cfg.text.max_tokens, features=(extractor, reader))  # fmt: skip
-    train, val = load("train", captions=cfg.data.captions), load("val")
-    device = resolve_device(cfg.train.device)
-    torch.manual_seed(cfg.train.seed)
-    model = build_model(cfg, vocabulary, image_dim=train.features.shape[1])
-    model.set_image_normalization(train.features)
-    if cfg.pretrain.enabled:
-        load_pretrained_mule(model, lp_path(wd, catalog, cfg), vocabulary)
-    print(f"machine: {platform.node()}, {torch.get_num_threads()} threads; {train.n_images} train images, "
-          f"{len(train.caption_image)} captions; overrides {overrides}", flush=True)  # fmt: skip
+    splits = {"train": load("train", captions=cfg.data.captions), "val": load("val"), "test": load(cfg.eval.split)}
+    lp_file = lp_path(wd, catalog, cfg)
+    data = {"languages": vocabulary.languages, "vocab_sizes": vocabulary.sizes, "vectors": vocabulary.vectors,
+            "lp_state": load_model(lp_file)[0].state_dict() if lp_file.exists() else None}  # fmt: skip
+    return data, splits
 
-    def validate(m):
-        table = evaluate_split(m, val, device, cfg.eval.ks)
-        return mean_mr(table), table
 
-    trainer = Trainer(model, train, cfg.loss, optim_config(cfg, train, lp=False), device, validate=validate)
-    started = time.perf_counter()
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workdir")
+    parser.add_argument("--inputs", help="a file written by --export, instead of --workdir")
+    parser.add_argument("--dataset", default="embedded")
+    parser.add_argument("--preset", default="demo")
+    parser.add_argument("--set", dest="assignments", action="append", default=[])
+    parser.add_argument("--variants", help="JSON file: {name: {option: value}}, each trained in turn")
+    parser.add_argument("--only", action="append", help="train only this variant of --variants (repeatable)")
+    parser.add_argument("--lp", action="store_true", help="run LP on the inputs first instead of loading LP's model")
+    parser.add_argument("--test", action="store_true", help="also evaluate the kept model on the test split")
+    parser.add_argument("--export", help="write the inputs to this file and stop")
+    parser.add_argument("--features-bits", type=int, default=32, choices=(8, 16, 32))
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("mule.training").setLevel(logging.WARNING)  # per-epoch lines are printed below
+    logging.getLogger("mule.progress").setLevel(logging.WARNING)
 
-    def on_epoch(r) -> None:
-        losses = " ".join(f"{k} {v:.3f}" for k, v in r.losses.items())
-        flag = f" [{r.divergence}]" if getattr(r, "divergence", None) else ""
-        print(f"epoch {r.epoch:>2}  val {r.score:5.1f}{'*' if r.is_best else ' '}  {losses}  "
-              f"{r.seconds:.0f}s ({time.perf_counter() - started:.0f}s){flag}", flush=True)  # fmt: skip
-
-    trainer.fit(on_epoch)
-    print(f"best epoch {trainer.best_epoch}: val {trainer.best_score:.2f}; {time.perf_counter() - started:.0f}s")
-    if args.test:
-        test = load(cfg.eval.split)
-        table = evaluate_split(model, test, device, cfg.eval.ks)
-        print(f"test mean mR {mean_mr(table):.2f}: " + ", ".join(f"{k} {v['mR']:.1f}" for k, v in table.items()))
+    base = {"data.dataset": args.dataset, **parse_assignments(args.assignments)}
+    if args.export:
+        export(args.workdir, args.dataset, args.preset, base, args.export, args.features_bits)
+        return
+    variants = json.loads(Path(args.variants).read_text()) if args.variants else {"run": {}}
+    variants = {k: v for k, v in variants.items() if not args.only or k in args.only}
+    if args.inputs:
+        data, splits = load_inputs(args.inputs)
+    else:
+        data, splits = from_workdir(args.workdir, resolve(args.preset, base))
+    device = resolve_device(resolve(args.preset, base).train.device)
+    train = splits["train"]
+    print(f"machine: {platform.node()}, {device}, {torch.cuda.get_device_name() if device.type == 'cuda' else ''} "
+          f"{torch.get_num_threads()} threads, torch {torch.__version__}; {train.n_images} train images, "
+          f"{len(train.caption_image)} captions", flush=True)  # fmt: skip
+    results = []
+    for name, overrides in variants.items():
+        cfg = resolve(args.preset, {**base, **overrides})
+        print(f"== {name}: {overrides}", flush=True)
+        results.append(train_variant(name, cfg, data, splits, device, args.lp, args.test))
+    if len(results) > 1:
+        print("\n| variant | val mR | best epoch | test mR | seconds |\n|---|---|---|---|---|")
+        for r in results:
+            print(f"| {r['variant']} | {r['val']} | {r['best_epoch']} | {r.get('test', '')} | {r['seconds']} |")
 
 
 if __name__ == "__main__":

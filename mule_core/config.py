@@ -134,6 +134,9 @@ class TrainConfig:
     divergence_drop: float = 0.5
     divergence_lr_factor: float = 0.5
     divergence_retries: int = 2
+    # Exponential moving average of the weights per step (0: off): validation, the kept
+    # epoch and the saved model use the averaged weights
+    ema: float = 0.0
     # Word embeddings learn at lr * word_lr_scale: vectors trained on a small caption corpus
     # barely separate words used in the same contexts (red / blue) until fine-tuned.
     word_lr_scale: float = 10.0
@@ -404,6 +407,8 @@ def validate(cfg: MuleConfig) -> None:
         raise ConfigError(f"train.divergence must be rollback, stop, warn or off, got {tr.divergence!r}")
     if not 0 < tr.divergence_drop < 1:
         raise ConfigError(f"train.divergence_drop must be between 0 and 1, got {tr.divergence_drop}")
+    if not 0 <= tr.ema < 1:
+        raise ConfigError(f"train.ema must be in [0, 1), got {tr.ema}")
     if not 0 < tr.divergence_lr_factor <= 1:
         raise ConfigError(f"train.divergence_lr_factor must be in (0, 1], got {tr.divergence_lr_factor}")
     for key, value in (("train.warmup_steps", tr.warmup_steps), ("train.decay_steps", tr.decay_steps),

@@ -95,6 +95,9 @@ class OptimConfig:
     divergence_drop: float = 0.5  # validation score below this fraction of its best: diverged
     divergence_lr_factor: float = 0.5
     divergence_retries: int = 2
+    # Polyak averaging: validation and the kept model use an exponential moving average of
+    # the weights (this decay per step; 0: off), which smooths the noise of the last steps.
+    ema: float = 0.0
 
 
 GUARD_ACTIONS = ("rollback", "stop", "warn", "off")
@@ -191,6 +194,10 @@ class Trainer:
         self.start_state = _cpu_copy(model.state_dict())
         self.first_loss: float | None = None  # the total loss of training's first batch
         self.rollbacks = 0
+        # The averaged model: validated, kept and saved in place of the raw weights when on.
+        self.ema = copy.deepcopy(model) if optim.ema > 0 else None
+        if self.ema is not None:
+            self.ema.requires_grad_(False)
         self.stopped: str | None = None  # why training stopped early, if it did
         self.history: list[EpochResult] = []
 
@@ -283,6 +290,8 @@ class Trainer:
             self.scaler.step(self.optimizer)
             self.scaler.update()
             self.scheduler.step()
+            if self.ema is not None:
+                self._update_ema()
             parts["total"] = total
             if self.first_loss is None:  # one host sync, once per training
                 self.first_loss = float(total.detach())
@@ -298,18 +307,34 @@ class Trainer:
         )  # fmt: skip
         finite = all(math.isfinite(v) for v in result.losses.values())
         if self.validate is not None and finite:
-            result.score, result.validation = self.validate(self.model)
+            result.score, result.validation = self.validate(self.kept_model)
         result.divergence = self._divergence(result)
         if result.divergence is None and result.score is not None and result.score > self.best_score:
             result.is_best = True
             self.best_score, self.best_epoch = result.score, epoch
-            self.best_state = _cpu_copy(self.model.state_dict())
+            self.best_state = _cpu_copy(self.kept_model.state_dict())
             self.best_optimizer = _cpu_copy(self.optimizer.state_dict())
         self.epoch = epoch
         if result.divergence is not None:
             result.action = self._handle_divergence(result)
         self.history.append(result)
         return result
+
+    # -- weight averaging ---------------------------------------------------------------
+    @property
+    def kept_model(self) -> MuleModel:
+        """What validation sees and training keeps: the averaged weights when train.ema is on."""
+        return self.ema if self.ema is not None else self.model
+
+    @torch.no_grad()
+    def _update_ema(self) -> None:
+        # The usual warm-up of the decay, (1 + t) / (10 + t): early averages forget the random start.
+        decay = min(self.optim.ema, (1 + self.step) / (10 + self.step))
+        averaged = [p for p in self.ema.parameters()]
+        current = [p.detach() for p in self.model.parameters()]
+        torch._foreach_lerp_(averaged, current, 1.0 - decay)
+        for mine, theirs in zip(self.ema.buffers(), self.model.buffers()):  # BatchNorm statistics
+            mine.copy_(theirs)
 
     # -- the divergence guard ---------------------------------------------------------
     def _divergence(self, result: EpochResult) -> str | None:
@@ -339,11 +364,11 @@ class Trainer:
             self.rollbacks += 1
             self.lr_scale *= self.optim.divergence_lr_factor
             if self.best_state is not None:
-                self.model.load_state_dict(self.best_state)
+                self._load_weights(self.best_state)
                 self.optimizer.load_state_dict(self.best_optimizer)
                 where = f"epoch {self.best_epoch}"
             else:
-                self.model.load_state_dict(self.start_state)
+                self._load_weights(self.start_state)
                 self.optimizer.state.clear()  # Adam's moments from diverged steps would carry it away again
                 where = "the starting weights"
             for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
@@ -354,12 +379,17 @@ class Trainer:
             reason = "divergence=stop" if mode == "stop" else f"{self.rollbacks} rollbacks did not help"
             self.stopped = f"diverged at epoch {result.epoch} ({reason})"
             if self.best_state is None:  # no good epoch: what training started from beats diverged weights
-                self.model.load_state_dict(self.start_state)
+                self._load_weights(self.start_state)
                 action = f"stopped ({reason}); no epoch was good, the starting weights are kept"
             else:
                 action = f"stopped ({reason}); the best epoch is kept"
         log.warning("%s epoch %d diverged: %s; %s", self.mode, result.epoch, result.divergence, action)
         return action
+
+    def _load_weights(self, state: dict) -> None:
+        self.model.load_state_dict(state)
+        if self.ema is not None:
+            self.ema.load_state_dict(state)
 
     def fit(self, on_epoch_end: Callable[[EpochResult], None] | None = None) -> list[EpochResult]:
         started, first_epoch = time.perf_counter(), self.epoch
@@ -394,6 +424,7 @@ class Trainer:
             "stopped": self.stopped,
             "first_loss": self.first_loss,
             "history": [vars(r) for r in self.history],
+            "ema": self.ema.state_dict() if self.ema is not None else None,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -412,6 +443,8 @@ class Trainer:
             state["best_state"],
         )
         self.history = [EpochResult(**r) for r in state["history"]]
+        if self.ema is not None:
+            self.ema.load_state_dict(state.get("ema") or state["model"])
 
 
 def _cpu_copy(state):

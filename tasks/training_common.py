@@ -39,6 +39,7 @@ def optim_config(cfg: MuleConfig, train: SplitTensors, lp: bool) -> OptimConfig:
         divergence_drop=cfg.train.divergence_drop,
         divergence_lr_factor=cfg.train.divergence_lr_factor,
         divergence_retries=cfg.train.divergence_retries,
+        ema=0.0 if lp else cfg.train.ema,
     )
 
 

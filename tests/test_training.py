@@ -67,6 +67,41 @@ def test_the_best_validation_epoch_is_kept():
         assert torch.equal(value, kept[2][key]), key  # the model holds epoch 2's weights, not epoch 3's
 
 
+def test_weight_averaging_validates_and_keeps_the_average_of_the_steps():
+    """train.ema: after each step, average <- average + (1 - d) (weights - average), with the
+    decay warmed up as d = min(ema, (1 + t) / (10 + t)); validation sees the average, and
+    the kept model is the average of the best epoch, not the raw weights."""
+    seen = []
+
+    def validate(m):
+        seen.append({k: v.clone() for k, v in m.state_dict().items()})
+        return float(len(seen)), {}
+
+    model = toy_model()
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    options = OptimConfig(epochs=1, lr=3e-3, batch_images=8, sentences_per_image={"en": 2, "fr": 1}, ema=0.99)
+    trainer = Trainer(model, toy_split(), LOSS, options, torch.device("cpu"), validate=validate)
+    expected = {k: v.clone() for k, v in start.items()}
+    raw = []  # the raw weights after each step
+    original_update = trainer._update_ema
+
+    def spy():
+        raw.append({k: v.detach().clone() for k, v in trainer.model.named_parameters()})
+        original_update()
+
+    trainer._update_ema = spy
+    trainer.fit()
+    for t, weights in enumerate(raw, start=1):  # the scheduler has counted t steps when the average updates
+        decay = min(0.99, (1 + t) / (10 + t))
+        for name, value in weights.items():
+            expected[name] = expected[name] + (1 - decay) * (value - expected[name])
+    assert len(raw) == len(trainer.sampler) == 3
+    for name, _ in model.named_parameters():
+        assert torch.allclose(seen[0][name], expected[name], atol=1e-6), name  # validation saw the average
+        assert torch.allclose(model.state_dict()[name], expected[name], atol=1e-6), name  # and it is what is kept
+    assert not torch.allclose(model.state_dict()["encoder.fc.weight"], raw[-1]["encoder.fc.weight"])
+
+
 @pytest.mark.parametrize("mode", ["joint", "lp"])
 def test_resuming_from_a_checkpoint_gives_the_same_model(mode):
     data = toy_split()
