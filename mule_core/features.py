@@ -177,7 +177,8 @@ class CropTransform:
         self.crops = crops
         from torchvision import transforms
 
-        self.resize = transforms.Resize(resize_for(input_size, resize))
+        self.shorter_side = resize_for(input_size, resize)  # what the image is resized to before cropping
+        self.resize = transforms.Resize(self.shorter_side)
         self.crop = {1: transforms.CenterCrop, 5: transforms.FiveCrop, 10: transforms.TenCrop}[crops](input_size)
 
     def __call__(self, image: Image.Image) -> torch.Tensor:

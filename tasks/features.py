@@ -22,11 +22,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import torch
-from PIL import Image, UnidentifiedImageError
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from data_catalog.catalog import Catalog
+from data_catalog.images import BadImage, load_rgb
 from data_catalog.pretrained import imagenet_weights
 from data_catalog.schemas import REJECTS
 from mule_core import onnx_engine
@@ -92,16 +92,13 @@ class _ImageFiles:
     def __getitem__(self, index: int):
         path = self.paths[index]
         try:
-            with Image.open(path) as image:
-                image.load()  # decode now: a truncated file fails here, not later
-                return index, self.transform(image), None
+            image = load_rgb(path, min_side=self.transform.shorter_side)
         except FileNotFoundError:
             return index, None, "image file missing"
-        except UnidentifiedImageError:
-            kind = "empty file (0 bytes)" if os.path.getsize(path) == 0 else "not an image PIL can read"
-            return index, None, f"image does not decode: {kind}"
-        except (OSError, ValueError, SyntaxError) as error:  # truncated or corrupt data
-            return index, None, f"image does not decode: {error}"
+        except BadImage as error:
+            return index, None, f"image does not decode: {error.reason}"
+        with image:
+            return index, self.transform(image), None
 
 
 def _collate(items):

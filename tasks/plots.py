@@ -13,7 +13,8 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from PIL import Image  # noqa: E402
+
+from data_catalog.images import BadImage, load_rgb  # noqa: E402
 
 from .report import RECALL_COLUMNS, RECALL_HEADERS  # noqa: E402
 
@@ -120,11 +121,7 @@ def retrieved_images(examples: list[dict], top: int = 5):
             ax = axes[row][col]
             ax.axis("off")
             if col < len(example["paths"]):
-                try:
-                    with Image.open(example["paths"][col]) as image:
-                        ax.imshow(image.convert("RGB"))
-                except OSError:
-                    ax.text(0.5, 0.5, "missing", ha="center")
+                _show(ax, example["paths"][col])
                 if example["hits"][col]:
                     ax.add_patch(plt.Rectangle((0, 0), 1, 1, transform=ax.transAxes, fill=False, lw=4, ec="limegreen"))
         text = example["query"] if len(example["query"]) < 70 else example["query"][:67] + "..."
@@ -153,10 +150,10 @@ def ablation_bars(rows, languages: list[str], title: str):
 def _show(ax, path: str) -> None:
     ax.axis("off")
     try:
-        with Image.open(path) as image:
-            ax.imshow(image.convert("RGB"))
-    except OSError:
-        ax.text(0.5, 0.5, "missing", ha="center")
+        with load_rgb(path, min_side=256) as image:
+            ax.imshow(image)
+    except (OSError, BadImage) as error:
+        ax.text(0.5, 0.5, "missing" if isinstance(error, FileNotFoundError) else "unreadable", ha="center")
 
 
 def search_sheet(found: dict):

@@ -129,17 +129,17 @@ def image_features(searcher: Searcher, path: Path) -> tuple[torch.Tensor, str]:
     if match and extracted.get(match[0]) == sha:  # the catalog has this image's features from this extractor
         vector = searcher.catalog.read_features(searcher.dataset, searcher.meta["extractor"], match)
         return torch.from_numpy(np.ascontiguousarray(vector, np.float32)), f"catalog image {match[0]}"
-    from PIL import Image, UnidentifiedImageError
-
+    from data_catalog.images import BadImage, load_rgb
     from mule_core.features import crop_transform, extract
 
     f = searcher.meta["cfg"].features
     extractor, _ = load_extractor(f, searcher.device)
+    transform = crop_transform(f.input_size, f.resize, f.crops)
     try:
-        with Image.open(path) as image:
-            crops = crop_transform(f.input_size, f.resize, f.crops)(image)
-    except (UnidentifiedImageError, OSError) as error:
-        raise SearchError(f"{path}: not an image that can be read ({error})") from None
+        with load_rgb(path, min_side=transform.shorter_side) as image:
+            crops = transform(image)
+    except BadImage as error:
+        raise SearchError(f"{path}: not an image that can be read ({error.reason})") from None
     with torch.no_grad():
         return extract(extractor, crops.unsqueeze(0)).float().cpu(), f"extracted with {searcher.meta['extractor']}"
 

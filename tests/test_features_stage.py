@@ -7,6 +7,7 @@ import shutil
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from PIL import Image
 
 from data_catalog.catalog import Catalog
 from data_catalog.workdir import Workdir
@@ -14,6 +15,7 @@ from mule_core.config import resolve, to_dict
 from tasks.features import extract_features, extractor_for
 from tasks.ingest import generate_embedded, ingest_captions
 from tasks.relocation import adopt
+from tests.test_image_kinds import png_claiming_size
 
 TINY = {"data.train_images": 24, "data.val_images": 8, "data.test_images": 8, "data.image_size": 48,
         "features.input_size": 32, "features.shard_images": 8, "text.fasttext_epochs": 2}  # fmt: skip
@@ -36,10 +38,17 @@ def test_bad_images_become_rejects_and_the_stage_completes(tmp_path, caplog):
     generate_embedded.fn(str(root), config)
     wd = Workdir.at(root)
     images = sorted(p.name for p in (wd.raw_dir("embedded") / "images").iterdir())
-    bad = [name for name in images if name.startswith("train-")][:5]  # training images, to see them left out
-    gone_before_ingest = bad[0]
+    train_images = [name for name in images if name.startswith("train-")]
+    bad = train_images[:6]  # training images, to see them left out
+    gone_before_ingest, bomb = bad[0], bad[5]
     image_path(wd, gone_before_ingest).unlink()
-    ingest_captions.fn(str(root), config, None)
+    # Hostile files already there at ingest, which opens every image for its size: a PNG of
+    # a few bytes that claims 10^10 pixels; and odd but valid ones (16-bit grey, CMYK).
+    image_path(wd, bomb).write_bytes(png_claiming_size(100_000, 100_000))
+    odd = train_images[6:8]
+    Image.fromarray((np.arange(128 * 128, dtype=np.uint16) * 3).reshape(128, 128)).save(image_path(wd, odd[0]), "PNG")
+    Image.open(image_path(wd, odd[1])).convert("CMYK").save(image_path(wd, odd[1]), "JPEG")
+    ingest_captions.fn(str(root), config, None)  # completes
     truncated, empty, not_an_image, gone_after_ingest = bad[1:5]
     data = image_path(wd, truncated).read_bytes()
     image_path(wd, truncated).write_bytes(data[: len(data) // 2])
@@ -49,14 +58,15 @@ def test_bad_images_become_rejects_and_the_stage_completes(tmp_path, caplog):
 
     summary = extract_features(str(root), config, None)  # completes
 
-    assert summary["rejected"] == 5 and summary["images"] == len(images) - 5
+    assert summary["rejected"] == 6 and summary["images"] == len(images) - 6
     catalog = Catalog(wd)
     rows = catalog.query("SELECT source_file, reason FROM rejects WHERE source_file LIKE 'images/%'").to_pylist()
     reasons = {r["source_file"].removeprefix("images/"): r["reason"] for r in rows}
     assert reasons[gone_before_ingest] == reasons[gone_after_ingest] == "image file missing"
     assert reasons[truncated].startswith("image does not decode:") and "truncated" in reasons[truncated]
     assert reasons[empty] == "image does not decode: empty file (0 bytes)"
-    assert reasons[not_an_image] == "image does not decode: not an image PIL can read"
+    assert reasons[not_an_image] == "image does not decode: not an image format Pillow can read"
+    assert reasons[bomb].startswith("image does not decode: refused by Pillow as a decompression bomb")
     extracted = catalog.extracted_image_ids("embedded", extractor_for(resolve("demo", TINY).features))
     stem = lambda name: name.removesuffix(".jpg")  # noqa: E731 - image ids are the file names' stems
     assert extracted == {stem(name) for name in images} - {stem(name) for name in bad}
@@ -64,8 +74,8 @@ def test_bad_images_become_rejects_and_the_stage_completes(tmp_path, caplog):
     # A rerun retries only the rejects (a fixed file gets its features), and rejects are not duplicated.
     image_path(wd, empty).write_bytes(data)
     again = extract_features(str(root), config, None)
-    assert again["extracted_now"] == 1 and again["rejected"] == 4
-    assert catalog.query("SELECT count(*) AS n FROM rejects WHERE source_file LIKE 'images/%'")["n"][0].as_py() == 4
+    assert again["extracted_now"] == 1 and again["rejected"] == 5
+    assert catalog.query("SELECT count(*) AS n FROM rejects WHERE source_file LIKE 'images/%'")["n"][0].as_py() == 5
 
     # Training data leaves the images without features out, and says how many.
     from tasks.model_io import load_split, load_vocabulary
@@ -76,10 +86,10 @@ def test_bad_images_become_rejects_and_the_stage_completes(tmp_path, caplog):
     extractor = extractor_for(resolve("demo", TINY).features)
     with caplog.at_level(logging.WARNING, logger="mule.tasks"):
         split = load_split(catalog, "embedded", "train", vocabulary, 32, (extractor, lambda e, ids: catalog.read_features("embedded", e, ids)))  # fmt: skip
-    left_out = {stem(name) for name in (gone_before_ingest, truncated, not_an_image, gone_after_ingest)}
+    left_out = {stem(name) for name in (gone_before_ingest, truncated, not_an_image, gone_after_ingest, bomb)}
     train_ids = set(catalog.query("SELECT image_id FROM images WHERE role = 'train'")["image_id"].to_pylist())
     assert left_out <= train_ids and set(split.image_ids) == train_ids - left_out
-    assert "train: 4 images have no features" in caplog.text
+    assert "train: 5 images have no features" in caplog.text
 
 
 SMALL = {**TINY, "data.train_images": 8, "data.val_images": 4, "data.test_images": 4, "features.shard_images": 4}

@@ -4,15 +4,16 @@ cleaning and image records."""
 
 from __future__ import annotations
 
-import hashlib
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
-from PIL import Image
 
 from mule_core.errors import UserError
+
+from ..content import sha256_file
+from ..images import BadImage, probe
 
 
 class DatasetReadError(UserError, ValueError):
@@ -95,17 +96,18 @@ def clean_caption(raw: bytes | TooLong, cap: int) -> tuple[str | None, str, str]
 
 def image_record(path: Path, with_hash) -> tuple[bool, str | None, int | None, int | None]:
     """(exists, SHA-256, width, height); with_hash: True, False, or a function path -> digest
-    (data_catalog.content.FileHasher.digest, which skips files whose stat is unchanged)."""
-    if not path.is_file():
+    (data_catalog.content.FileHasher.digest, which skips files whose stat is unchanged).
+    Width and height come from the header and are None for a file that is no usable image
+    (data_catalog.images): the features stage rejects it with the reason."""
+    if not path.is_file():  # also a folder, a FIFO or a device named like an image: never opened
         return False, None, None, None
     if callable(with_hash):
         sha = with_hash(path)
     else:
-        sha = hashlib.sha256(path.read_bytes()).hexdigest() if with_hash else None
+        sha = sha256_file(path) if with_hash else None
     try:
-        with Image.open(path) as image:
-            width, height = image.size
-    except OSError:
+        width, height = probe(path)
+    except BadImage:
         width = height = None
     return True, sha, width, height
 
