@@ -11,7 +11,7 @@ from pathlib import Path
 from mule_core.config import DataConfig
 from mule_core.errors import UserError
 
-from .embedded.coco_layout import CocoSpec, generate_coco
+from .embedded.coco_layout import CocoSpec, EmbeddedSizeError, generate_coco
 from .embedded.multi30k_layout import EmbeddedSpec, generate_multi30k
 from .workdir import Workdir
 
@@ -89,7 +89,7 @@ def prepare(workdir: Workdir, data: DataConfig, progress: Callable[[int, int], N
     if source.generated and data.dataset == EMBEDDED_COCO:
         try:
             generate_coco(source.root, coco_spec(data), progress)
-        except ValueError as error:
+        except EmbeddedSizeError as error:
             raise DatasetError(f"embedded-coco: {error}") from None
     elif source.generated:
         generate_multi30k(source.root, embedded_spec(data), progress)

@@ -6,6 +6,10 @@ matches the glob pattern. Every atomic write is a point, between writing its tem
 file and renaming it into place: `write:<folder>/<file>` (write:captions/embedded.parquet,
 write:*/part-00001.parquet, write:embedded/model-checkpoint.pt). Unset, a point costs one
 dictionary lookup.
+
+`MULE_BUG_AT=<pattern>` raises an internal error there instead: a FileNotFoundError for a
+path no user gave, the kind of bug that must keep its traceback (exit 1, mule.error_kind=bug)
+and never be reported as bad input.
 """
 
 from __future__ import annotations
@@ -18,7 +22,14 @@ from pathlib import Path
 _hits: dict[str, int] = {}
 
 
+class InjectedBug(FileNotFoundError):
+    """What MULE_BUG_AT raises: an internal error, not one of mule's input checks."""
+
+
 def crash_point(name: str) -> None:
+    bug = os.environ.get("MULE_BUG_AT")
+    if bug and fnmatch(name, bug):
+        raise InjectedBug(2, "No such file or directory (injected by MULE_BUG_AT)", f"/internal/{name}")
     spec = os.environ.get("MULE_CRASH_AT")
     if not spec:
         return

@@ -299,7 +299,7 @@ def check_stages(stages: list[str] | None) -> list[str]:
     stages = list(stages or STAGES)
     unknown = [s for s in stages if s not in STAGE_FLOWS]
     if unknown:
-        raise ValueError(f"unknown stage(s) {', '.join(unknown)}; stages are: {', '.join(STAGES)}")
+        raise ConfigError(f"unknown stage(s) {', '.join(unknown)}; stages are: {', '.join(STAGES)}")
     order = STAGES + EXTRA_STAGES
     return sorted(set(stages), key=order.index)  # always in pipeline order
 

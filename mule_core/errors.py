@@ -11,6 +11,16 @@ class UserError(Exception):
     pass
 
 
+class MissingInputError(UserError, FileNotFoundError):
+    """A file the user names, or an earlier stage writes, is not there: the message says which
+    and what to do. Any other FileNotFoundError is a bug (a path mule itself got wrong)."""
+
+
+class InputError(UserError, ValueError):
+    """The data given cannot be used as it is (no captions in a split, no word vectors)."""
+
+
 def is_user_error(error: BaseException) -> bool:
-    # FileNotFoundError names the path the user gave (a --source, a weights file).
-    return isinstance(error, UserError | FileNotFoundError)
+    """Only errors raised by mule's own input checks: everything else, a FileNotFoundError
+    or a ValueError from deep inside included, is a bug and keeps its traceback."""
+    return isinstance(error, UserError)

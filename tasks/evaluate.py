@@ -14,6 +14,7 @@ from prefect.cache_policies import NO_CACHE
 
 from data_catalog.catalog import write_json_atomic, write_text_atomic
 from data_catalog.datasets import embedded_ceiling
+from mule_core.errors import MissingInputError
 from mule_core.metrics import mean_mr
 from mule_core.training import SplitTensors, encode_split, evaluate_split, resolve_device
 
@@ -80,7 +81,7 @@ def _evaluate_text_only(wd, catalog, cfg, tracker, log) -> dict[str, Any]:
     dataset = cfg.data.dataset
     path = lp_path(wd, catalog, cfg)
     if not path.exists():
-        raise FileNotFoundError(
+        raise MissingInputError(
             f"dataset {dataset!r} has no images, so only the MULE layer can be evaluated, and there is no LP "
             f"model at {path}: run the text and pretrain stages first"
         )

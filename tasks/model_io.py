@@ -20,6 +20,7 @@ import torch
 from data_catalog.catalog import Catalog
 from data_catalog.faults import remove_stale_temporaries, write_point
 from mule_core.config import MuleConfig, from_dict, to_dict
+from mule_core.errors import InputError, MissingInputError
 from mule_core.model import MuleModel
 from mule_core.text import Vocab, pad_batch
 from mule_core.training import SplitTensors
@@ -61,7 +62,7 @@ def load_vocabulary(catalog: Catalog, dataset: str, languages: list[str] | tuple
         out_vectors[lang] = torch.from_numpy(flat[rows].astype(np.float32))
         used.append(lang)
     if not used:
-        raise ValueError(f"no word vectors for {list(languages)} in dataset {dataset!r}: run the text stage first")
+        raise InputError(f"no word vectors for {list(languages)} in dataset {dataset!r}: run the text stage first")
     return Vocabulary(used, out_vocabs, out_vectors)
 
 
@@ -103,7 +104,7 @@ def load_split(
         [dataset, selector, selector, selector, *languages],
     )
     if rows.num_rows == 0:
-        raise ValueError(f"dataset {dataset!r} has no captions in split {selector!r} for languages {languages}")
+        raise InputError(f"dataset {dataset!r} has no captions in split {selector!r} for languages {languages}")
     image_col = rows["image_id"].to_pylist()
     keep = np.ones(len(image_col), dtype=bool)
     if features is not None:
@@ -195,10 +196,10 @@ def save_model(path: Path, model: MuleModel, cfg: MuleConfig, vocabulary: Vocabu
 
 def load_model(path: Path) -> tuple[MuleModel, dict]:
     if not path.exists():
-        raise FileNotFoundError(f"no trained model at {path}: run the train stage first (mule run train)")
+        raise MissingInputError(f"no trained model at {path}: run the train stage first (mule run train)")
     data = torch.load(path, map_location="cpu", weights_only=True)
     if data.get("format") != MODEL_FORMAT:
-        raise ValueError(f"{path} is not a mule model file (format {data.get('format')!r})")
+        raise InputError(f"{path} is not a mule model file (format {data.get('format')!r})")
     cfg = from_dict(data["config"])
     vocabs = {lang: Vocab(tokens) for lang, tokens in data["vocab"].items()}
     sizes = {lang: len(v) for lang, v in vocabs.items()}

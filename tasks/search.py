@@ -17,7 +17,7 @@ import torch
 from data_catalog.catalog import Catalog
 from data_catalog.content import sha256_file
 from data_catalog.workdir import Workdir
-from mule_core.errors import UserError
+from mule_core.errors import InputError, UserError
 from mule_core.model import MuleModel, TextBatch
 from mule_core.text import detect_language, pad_batch, tokenize
 from mule_core.training import SplitTensors, encode_split, resolve_device
@@ -50,7 +50,7 @@ class Searcher:
         try:
             return load_split(self.catalog, self.dataset, selector, self.meta["vocabulary"],
                               self.meta["cfg"].text.max_tokens, features)  # fmt: skip
-        except ValueError as error:
+        except InputError as error:
             raise SearchError(str(error)) from None
 
 

@@ -227,7 +227,7 @@ def decide(wd: Workdir, cfg: MuleConfig, stage: str, force: bool = False) -> Dec
         slot = slot_for(wd, catalog, cfg, stage)
         parts = {"code": code_digest(stage), **config_parts(cfg, stage), **input_parts(wd, catalog, cfg, stage, hasher)}
     except Exception as error:  # an input is missing: the stage runs, and fails saying which
-        if not is_user_error(error):
+        if not (is_user_error(error) or isinstance(error, FileNotFoundError)):
             raise
         return Decision(stage, "", {}, True, f"its inputs cannot be read: {error}")
     key = combine(parts)[:24]

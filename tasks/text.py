@@ -18,6 +18,7 @@ from prefect.cache_policies import NO_CACHE
 
 from data_catalog.catalog import Catalog
 from data_catalog.pretrained import VectorFile
+from mule_core.errors import InputError
 from mule_core.progress import format_seconds
 from mule_core.text import PAD, UNK
 
@@ -106,7 +107,7 @@ def build_word_vectors(workdir: str, config: dict[str, Any], run_id: str | None)
             dim = source.dim
         else:
             if not train:
-                raise ValueError(f"no training captions in {lang!r} to train word vectors on")
+                raise InputError(f"no training captions in {lang!r} to train word vectors on")
             model = train_fasttext(train, t.word_dim, t.fasttext_model, t.fasttext_epochs, t.fasttext_min_count,
                                    t.fasttext_threads)  # fmt: skip
             origin, lookup, dim = "fasttext:trained", model.get_word_vector, t.word_dim
@@ -130,7 +131,7 @@ def build_word_vectors(workdir: str, config: dict[str, Any], run_id: str | None)
         log.info("%s: %d words (%d unseen in training), vectors from %s, %.1fs", lang, len(vocab),
                  summary[lang]["unseen_in_train"], origin, summary[lang]["seconds"])  # fmt: skip
     if len(dims) > 1:
-        raise ValueError(f"word vectors of all languages must have one dimension, got {sorted(dims)}: {summary}")
+        raise InputError(f"word vectors of all languages must have one dimension, got {sorted(dims)}: {summary}")
     columns["vector"] = pa.array([v.tolist() for v in columns["vector"]], pa.list_(pa.float32()))
     catalog.write_table("word_vectors", dataset, pa.table(columns))
     tracker = Tracker(wd, run_id)

@@ -144,3 +144,39 @@ def test_a_user_error_is_one_line_exit_2_and_the_failed_runs_say_the_same(tmp_pa
     with get_client(sync_client=True) as prefect:
         state = prefect.read_flow_run(flow_run_id).state
     assert state.is_failed() and state.message == expected
+
+
+def test_a_bug_keeps_its_traceback_exits_1_and_is_tagged_a_bug(tmp_path, prefect_api_url):
+    """An internal error inside a stage (here a FileNotFoundError for a path no user gave,
+    injected where ingest writes its captions table) is not bad input: the traceback stays on
+    the console and in Prefect's log, the exit code is 1, and MLflow says mule.error_kind=bug."""
+    import os
+
+    from mlflow.tracking import MlflowClient
+    from prefect.client.orchestration import get_client
+
+    from data_catalog.workdir import Workdir
+    from tests.conftest import write_tiny_multi30k
+
+    source = write_tiny_multi30k(tmp_path / "multi30k")
+    workdir = tmp_path / "work"
+    env = dict(os.environ, PREFECT_API_URL=prefect_api_url, PREFECT_LOGGING_LEVEL="INFO",
+               MULE_BUG_AT="write:captions/*")  # fmt: skip
+    command = [sys.executable, "-m", "flows.cli", "run", "ingest", "--workdir", str(workdir),
+               "--dataset", "buggy", "--source", str(source)]  # fmt: skip
+    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
+    output = run.stderr + run.stdout
+    assert run.returncode == 1, output[-3000:]
+    assert "mule: error:" not in output
+    assert run.stderr.rstrip().splitlines()[-1].startswith("data_catalog.faults.InjectedBug: [Errno 2]")
+    assert "in crash_point" in run.stderr  # the frames that lead to the bug are there
+    # Prefect's log of the failed task and flow run keeps the traceback too (besides the console's)
+    assert output.count("Traceback (most recent call last)") >= 2, output[-3000:]
+
+    client = MlflowClient(Workdir.at(workdir).mlflow_uri)
+    experiment = client.get_experiment_by_name("mule/buggy")
+    ingest = [r for r in client.search_runs([experiment.experiment_id]) if r.info.run_name == "ingest"][0]
+    assert ingest.info.status == "FAILED" and ingest.data.tags["mule.error_kind"] == "bug"
+    with get_client(sync_client=True) as prefect:
+        state = prefect.read_flow_run(ingest.data.tags["prefect.flow_run_id"]).state
+    assert state.is_failed()

@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from mule_core.errors import UserError
+
 from . import lang_en, lang_ja, lang_zh, staging
 from .plans import sample_plan
 from .scenes import render_scene, sample_scene
@@ -31,6 +33,10 @@ GENERATOR_VERSION = 1
 REALISERS = {"en": lang_en, "ja": lang_ja, "zh": lang_zh}
 JA_SHARE, ZH_SHARE, EXTRA_TRILINGUAL_SHARE = 0.20, 0.15, 0.02
 CAPTIONS_PER_IMAGE = {"en": 5, "ja": 5}  # zh: COCO-CN has about one human-written caption per image
+
+
+class EmbeddedSizeError(UserError, ValueError):
+    """Sizes (data.*_images) the COCO-style dataset cannot be generated with."""
 
 
 @dataclass(frozen=True)
@@ -46,7 +52,7 @@ class CocoSpec:
         ja = max(round(JA_SHARE * self.images), trilingual)
         zh = max(round(ZH_SHARE * self.images), trilingual)
         if ja + zh - trilingual > self.images:
-            raise ValueError(f"{self.images} images cannot hold {ja} Japanese and {zh} Chinese ones")
+            raise EmbeddedSizeError(f"{self.images} images cannot hold {ja} Japanese and {zh} Chinese ones")
         return {"trilingual": trilingual, "ja": ja, "zh": zh}
 
 
