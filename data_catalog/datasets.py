@@ -70,16 +70,16 @@ def embedded_ceiling(workdir: Workdir, data: DataConfig, split: str) -> dict[str
     if data.dataset != EMBEDDED or data.source or split not in _EMBEDDED_SPLITS:
         return None
     from .catalog import write_json_atomic
-    from .embedded.ceiling import ceiling
+    from .embedded.ceiling import ceiling, code_digest
 
-    spec = embedded_spec(data)
+    spec, code = embedded_spec(data), code_digest()
     path = workdir.state_dir / EMBEDDED / f"ceiling-{_EMBEDDED_SPLITS[split]}.json"  # derived: not in raw/
     if path.exists():
         cached = json.loads(path.read_text())
-        if cached.get("spec") == asdict(spec):
+        if cached.get("spec") == asdict(spec) and cached.get("code") == code:  # same data, same generator
             return cached["table"]
     table = ceiling(spec, _EMBEDDED_SPLITS[split])
-    write_json_atomic({"spec": asdict(spec), "table": table}, path)
+    write_json_atomic({"spec": asdict(spec), "code": code, "table": table}, path)
     return table
 
 

@@ -130,7 +130,9 @@ def _print_results(results: dict, workdir: Workdir, started: float) -> None:
             ceiling = evaluation["ceiling"]
             per_language = ", ".join(f"{lang} {row['mR']:.1f}" for lang, row in ceiling.items())
             mean = sum(row["mR"] for row in ceiling.values()) / len(ceiling)
-            print(f"the data's ceiling (a model that knew every scene): mean mR {mean:.1f} ({per_language})")
+            print(
+                f"the data's ceiling (Bayes-optimal: knows every scene and the generator): mean mR {mean:.1f} ({per_language})"
+            )
         print(f"figures and tables: {evaluation['results_dir']}")
     if results.get("ablation"):
         print("\nAblation: mR per language (test)\n")

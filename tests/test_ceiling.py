@@ -1,10 +1,15 @@
-"""The embedded dataset's ceiling: expected recalls of a perfect model, checked by hand."""
+"""The embedded dataset's ceiling: the Bayes-optimal model's expected recalls, checked by
+hand and against the generator itself on a world small enough to enumerate."""
+
+import math
+import random
+from collections import Counter, defaultdict
 
 import pytest
 
-from data_catalog.embedded.ceiling import ceiling, plan_fits
+from data_catalog.embedded.ceiling import bayes_recalls, ceiling, plan_fits, plan_likelihood
 from data_catalog.embedded.multi30k_layout import EmbeddedSpec
-from data_catalog.embedded.plans import CaptionPlan, Mention
+from data_catalog.embedded.plans import CaptionPlan, Mention, sample_plan
 from data_catalog.embedded.scenes import Scene, SceneObject
 from mule_core.metrics import ceiling_recalls, expected_hit_rate, expected_hit_rate_ranked
 
@@ -60,3 +65,80 @@ def test_the_ceiling_of_a_small_embedded_test_set():
         assert 0 < row["t2i_r1"] <= row["t2i_r5"] <= row["t2i_r10"] <= 100
         assert 0 < row["i2t_r1"] <= row["i2t_r5"] <= row["i2t_r10"] <= 100
     assert table["fr"] == table["cs"]  # both are translations of the same English plan
+
+
+WORLD = [  # three scenes that share a red circle on the left
+    Scene((obj("circle", "red", "large", "left"),), "white", ((0, 0, 1, 0),), 0),
+    Scene((obj("circle", "red", "large", "left"), obj("square", "blue", "small", "right")), "white",
+          ((0, 0, 1, 0),) * 2, 0),
+    Scene((obj("circle", "red", "small", "top"), obj("circle", "red", "large", "left"), obj("star", "green", "small", "middle")),
+          "black", ((0, 0, 1, 0),) * 3, 0),
+]  # fmt: skip
+
+
+def content(plan: CaptionPlan) -> tuple:
+    """What a caption says: the mentions in order with their named attributes, background, count."""
+    said = tuple((m.obj.shape, m.obj.color if m.color else None, m.obj.size if m.size else None,
+                  m.obj.place if m.place else None) for m in plan.mentions)  # fmt: skip
+    return said, plan.background, plan.count
+
+
+@pytest.fixture(scope="module")
+def drawn():
+    """60,000 captions from the real generator: per content, how often each scene produced it,
+    and one plan with that content."""
+    counts: dict[tuple, Counter] = defaultdict(Counter)
+    example = {}
+    rng = random.Random(7)
+    for _ in range(20_000):
+        for s, scene in enumerate(WORLD):
+            plan = sample_plan(scene, rng)
+            counts[content(plan)][s] += 1
+            example.setdefault(content(plan), plan)
+    return counts, example
+
+
+def test_the_likelihood_is_the_generators_own_distribution(drawn):
+    """Every caption content the generator drew has the probability the formula gives it:
+    no frequent one is off by more than sampling noise (z < 5), and for the one- and
+    two-object scenes, whose contents the draw exhausts, the formula puts no mass elsewhere."""
+    counts, example = drawn
+    n = 20_000
+    for s, scene in enumerate(WORLD):
+        analytic = {key: plan_likelihood(example[key], scene) for key in counts}
+        assert all(analytic[k] > 0 for k in counts if counts[k][s])  # never 0 for what it produced
+        frequent = [k for k in counts if analytic[k] * n >= 30]
+        z = max(abs(counts[k][s] / n - analytic[k]) / math.sqrt(analytic[k] * (1 - analytic[k]) / n) for k in frequent)
+        assert z < 5, (s, z)
+        if s < 2:
+            assert sum(analytic.values()) == pytest.approx(1.0, abs=1e-3)
+
+
+def test_no_ranking_from_the_same_information_beats_bayes(drawn):
+    """Sentence -> image R@1 over this world (each scene a priori alike): ranking by the
+    likelihood is as good as the best ranking chosen per caption content with hindsight
+    (up to sampling noise), and clearly better than treating every fitting scene as alike."""
+    counts, example = drawn
+    total = 3 * 20_000
+    best = sum(max(c.values()) for c in counts.values()) / total  # hindsight: the best possible
+    bayes = uniform = 0.0
+    for key, c in counts.items():
+        scores = [plan_likelihood(example[key], scene) for scene in WORLD]
+        top = [s for s, v in enumerate(scores) if v == max(scores)]
+        fits = [s for s in range(3) if plan_fits(example[key], WORLD[s])]
+        bayes += sum(c[s] for s in top) / len(top) / total
+        uniform += sum(c[s] for s in fits) / len(fits) / total
+    assert bayes > best - 0.005, (bayes, best)
+    assert bayes > uniform + 0.1, (bayes, uniform)
+
+
+def test_bayes_recalls_by_hand():
+    """Scene 0 has one red circle, scene 1 a red circle and a square. "A red circle" from each:
+    both captions prefer scene 0, so t2i R@1 = 1/2; image 0's best caption is its own or its
+    twin (tied: 1/2), image 1 has only its own caption among those that fit it... both fit."""
+    circle = Mention(obj("circle", "red"), color=True, size=False, place=False)
+    plan = CaptionPlan((circle,), None, None)
+    scenes = WORLD[:2]
+    recalls = bayes_recalls(scenes, [(0, plan), (1, plan)], ks=(1,))
+    assert recalls["t2i_r1"] == 50.0  # both rank scene 0 first; only caption 0 is right
+    assert recalls["i2t_r1"] == 50.0  # each image: two identical captions tied, one its own

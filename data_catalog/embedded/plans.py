@@ -28,20 +28,29 @@ class CaptionPlan:
     count: int | None  # number of objects in the scene, when mentioned
 
 
+# An annotator's habits are drawn uniformly from these ranges (the ceiling integrates them out).
+OBJECT_P = (0.55, 1.0)  # how often an object is mentioned
+COLOR_P = (0.6, 1.0)  # how often a mentioned object's colour, size, place is named
+SIZE_P = (0.15, 0.7)
+PLACE_P = (0.15, 0.7)
+BACKGROUND_P = 0.25  # the background is named
+COUNT_P = 0.2  # the number of objects is named (scenes of two or more)
+
+
 def sample_plan(scene: Scene, rng: random.Random) -> CaptionPlan:
     """One annotator: own habits (how often they name colour, size, place), own subset."""
-    p_object = rng.uniform(0.55, 1.0)
-    p_color = rng.uniform(0.6, 1.0)
-    p_size = rng.uniform(0.15, 0.7)
-    p_place = rng.uniform(0.15, 0.7)
+    p_object = rng.uniform(*OBJECT_P)
+    p_color = rng.uniform(*COLOR_P)
+    p_size = rng.uniform(*SIZE_P)
+    p_place = rng.uniform(*PLACE_P)
     chosen = [o for o in scene.objects if rng.random() < p_object] or [rng.choice(scene.objects)]
     rng.shuffle(chosen)
     mentions = tuple(
         Mention(o, color=rng.random() < p_color, size=rng.random() < p_size, place=rng.random() < p_place)
         for o in chosen
     )
-    background = scene.background if rng.random() < 0.25 else None
-    count = len(scene.objects) if len(scene.objects) > 1 and rng.random() < 0.2 else None
+    background = scene.background if rng.random() < BACKGROUND_P else None
+    count = len(scene.objects) if len(scene.objects) > 1 and rng.random() < COUNT_P else None
     return CaptionPlan(mentions, background, count)
 
 
