@@ -39,11 +39,9 @@ from mule_core.metrics import cross_lingual_recalls, mean_mr  # noqa: E402
 from mule_core.model import MuleModel  # noqa: E402
 from mule_core.training import SplitTensors, Trainer, encode_split, evaluate_split, resolve_device  # noqa: E402
 
-SPLIT_FIELDS = ("tokens", "lengths", "caption_lang", "caption_image", "image_ids")
-
 
 # -- export: the catalog's inputs to one file -------------------------------------------
-def export(workdir: str, dataset: str, preset: str, overrides: dict, out: str, bits: int) -> None:
+def export(workdir: str, dataset: str, preset: str, overrides: dict, out: str, bits: int, text_only: bool) -> None:
     import functools
 
     from data_catalog.catalog import Catalog
@@ -60,11 +58,17 @@ def export(workdir: str, dataset: str, preset: str, overrides: dict, out: str, b
     vocabulary = load_vocabulary(catalog, dataset, cfg.data.languages)
     splits = {}
     for name, selector in (("train", "train"), ("val", "val"), ("test", cfg.eval.split)):
-        split = load_split(catalog, dataset, selector, vocabulary, cfg.text.max_tokens, (extractor, reader),
+        features = None if text_only else (extractor, reader)
+        split = load_split(catalog, dataset, selector, vocabulary, cfg.text.max_tokens, features,
                            cfg.data.captions if name == "train" else "human")  # fmt: skip
-        entry = {f: getattr(split, f) for f in SPLIT_FIELDS}
-        entry["tokens"] = split.tokens.to(torch.int32 if max(vocabulary.sizes.values()) > 32767 else torch.int16)
-        entry["features"] = _pack(split.features, bits)
+        # Compact: tokens without padding (uint16 while vocabularies fit), small integer types.
+        mask = torch.arange(split.tokens.shape[1])[None, :] < split.lengths[:, None]
+        wide = max(vocabulary.sizes.values()) > 65535
+        entry = {"tokens": split.tokens[mask].numpy().astype(np.int32 if wide else np.uint16),
+                 "width": split.tokens.shape[1], "lengths": split.lengths.numpy().astype(np.uint8),
+                 "caption_lang": split.caption_lang.astype(np.int8), "caption_image": split.caption_image.astype(np.int32),
+                 "image_ids": split.image_ids}  # fmt: skip
+        entry["features"] = None if text_only else _pack(split.features, bits)
         splits[name] = entry
     lp_file = lp_path(wd, catalog, cfg)
     lp_state = load_model(lp_file)[0].state_dict() if lp_file.exists() else None
@@ -85,7 +89,9 @@ def _pack(features: torch.Tensor, bits: int):
     return {"q": ((features - low) / scale).round().to(torch.uint8), "low": low, "scale": scale}
 
 
-def _unpack(features) -> torch.Tensor:
+def _unpack(features) -> torch.Tensor | None:
+    if features is None:
+        return None
     if isinstance(features, dict):
         return features["q"].float() * features["scale"] + features["low"]
     return features.float()
@@ -95,8 +101,14 @@ def load_inputs(path: str):
     data = torch.load(path, map_location="cpu", weights_only=False)
     splits = {}
     for name, entry in data["splits"].items():
-        splits[name] = SplitTensors(data["languages"], entry["tokens"].long(), entry["lengths"], entry["caption_lang"],
-                                    entry["caption_image"], entry["image_ids"], _unpack(entry["features"]))  # fmt: skip
+        lengths = torch.from_numpy(entry["lengths"].astype(np.int64))
+        tokens = torch.zeros(len(lengths), entry["width"], dtype=torch.long)
+        tokens[torch.arange(entry["width"])[None, :] < lengths[:, None]] = torch.from_numpy(
+            entry["tokens"].astype(np.int64)
+        )
+        splits[name] = SplitTensors(data["languages"], tokens, lengths, entry["caption_lang"].astype(np.int64),
+                                    entry["caption_image"].astype(np.int64), entry["image_ids"],
+                                    _unpack(entry["features"]))  # fmt: skip
     return data, splits
 
 
@@ -115,7 +127,8 @@ def optim_for(cfg, train: SplitTensors, lp: bool):
     from mule_core.training import OptimConfig
 
     section = cfg.pretrain if lp else cfg.train
-    counts = default_sentences_per_image(train.caption_image, train.caption_lang, train.languages)
+    counts = default_sentences_per_image(train.caption_image, train.caption_lang, train.languages,
+                                         cfg.train.sentences_per_image_many)  # fmt: skip
     counts.update({k: v for k, v in cfg.train.sentences_per_image.items() if k in counts})
     t = cfg.train
     return OptimConfig(epochs=section.epochs, lr=section.lr, lr_decay=1.0 if lp else t.lr_decay,
@@ -187,6 +200,24 @@ def train_variant(tag: str, cfg, data, splits, device, run_lp_first: bool, test:
     return result
 
 
+def lp_variant(tag: str, cfg, data, splits, device) -> dict:
+    """LP alone, then cross-lingual R@1 at the MULE layer on the test split (text-only data)."""
+    torch.manual_seed(cfg.train.seed)
+    started = time.perf_counter()
+    model = build(cfg, data, None)
+    model.load_state_dict(run_lp(cfg, data, splits["train"], splits["val"], device, tag), strict=False)
+    test = splits["test"]
+    encoded = encode_split(model, test, device, joint=False)
+    emb = torch.nn.functional.normalize(encoded["caption_mule"], dim=-1)
+    table = cross_lingual_recalls(emb, torch.from_numpy(test.caption_image).to(device),
+                                  torch.from_numpy(test.caption_lang).to(device), test.languages)  # fmt: skip
+    result = {"variant": tag, "test_r1": {pair: round(row["r1"], 1) for pair, row in table.items()},
+              "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
+    result["val"], result["best_epoch"] = None, None
+    print("RESULT " + json.dumps(result), flush=True)
+    return result
+
+
 def from_workdir(workdir: str, cfg):
     import functools
 
@@ -223,6 +254,7 @@ def main() -> None:
     parser.add_argument("--test", action="store_true", help="also evaluate the kept model on the test split")
     parser.add_argument("--export", help="write the inputs to this file and stop")
     parser.add_argument("--features-bits", type=int, default=32, choices=(8, 16, 32))
+    parser.add_argument("--text-only", action="store_true", help="LP alone (no image features): export or train")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("mule.training").setLevel(logging.WARNING)  # per-epoch lines are printed below
@@ -230,7 +262,7 @@ def main() -> None:
 
     base = {"data.dataset": args.dataset, **parse_assignments(args.assignments)}
     if args.export:
-        export(args.workdir, args.dataset, args.preset, base, args.export, args.features_bits)
+        export(args.workdir, args.dataset, args.preset, base, args.export, args.features_bits, args.text_only)
         return
     variants = json.loads(Path(args.variants).read_text()) if args.variants else {"run": {}}
     variants = {k: v for k, v in variants.items() if not args.only or k in args.only}
@@ -247,7 +279,10 @@ def main() -> None:
     for name, overrides in variants.items():
         cfg = resolve(args.preset, {**base, **overrides})
         print(f"== {name}: {overrides}", flush=True)
-        results.append(train_variant(name, cfg, data, splits, device, args.lp, args.test))
+        if args.text_only:
+            results.append(lp_variant(name, cfg, data, splits, device))
+        else:
+            results.append(train_variant(name, cfg, data, splits, device, args.lp, args.test))
     if len(results) > 1:
         print("\n| variant | val mR | best epoch | test mR | seconds |\n|---|---|---|---|---|")
         for r in results:

@@ -23,17 +23,30 @@ class Batch:
     sentence_image: torch.Tensor  # S, row of each sentence's image in `images` (0..B-1)
     sentence_lang: torch.Tensor  # S, language index
     same_image_pairs: tuple[torch.Tensor, torch.Tensor]  # (a, p), a != p, same image, both orders
+    # S, one id per distinct sentence (language and words): identical sentences of other
+    # images are no negatives (see duplicate_ids); None when not asked for
+    sentence_text: torch.Tensor | None = None
+
+
+def duplicate_ids(tokens: torch.Tensor, lengths: torch.Tensor, caption_lang: np.ndarray) -> np.ndarray:
+    """One id per distinct sentence: captions with the same language and the same words
+    share it. Many images have a caption word for word like another image's ("A dog runs
+    on the grass."); such a caption is no negative for the other image: no model can rank
+    one copy above the other, and hardest-negative mining picks exactly those first."""
+    width = int(lengths.max()) if len(lengths) else 0
+    rows = np.concatenate([caption_lang[:, None].astype(np.int64), tokens[:, :width].numpy().astype(np.int64)], axis=1)
+    return np.unique(rows, axis=0, return_inverse=True)[1].reshape(-1).astype(np.int64)
 
 
 def default_sentences_per_image(
-    caption_image: np.ndarray, caption_lang: np.ndarray, languages: Sequence[str]
+    caption_image: np.ndarray, caption_lang: np.ndarray, languages: Sequence[str], many: int = 2
 ) -> dict[str, int]:
-    """2 for languages with several captions per image on average, else 1."""
+    """`many` (the paper: 2) for languages with several captions per image on average, else 1."""
     out = {}
     for index, lang in enumerate(languages):
         images = caption_image[caption_lang == index]
         per_image = len(images) / max(len(np.unique(images)), 1)
-        out[lang] = 2 if per_image >= 1.5 else 1
+        out[lang] = many if per_image >= 1.5 else 1
     return out
 
 
@@ -72,8 +85,10 @@ class ImageBatchSampler:
         batch_images: int,
         seed: int = 0,
         balance_groups: bool = False,
+        caption_text: np.ndarray | None = None,
     ):
         self.languages = list(languages)
+        self.caption_text = caption_text
         self.per_image = [sentences_per_image.get(lang, 1) for lang in self.languages]
         self.batch_images = batch_images
         self.seed = seed
@@ -165,4 +180,7 @@ class ImageBatchSampler:
             sentence_image=torch.from_numpy(sentence_image_np.astype(np.int64)),
             sentence_lang=torch.from_numpy(np.concatenate(sentence_lang).astype(np.int64)),
             same_image_pairs=(torch.from_numpy(a.astype(np.int64)), torch.from_numpy(p.astype(np.int64))),
+            sentence_text=None
+            if self.caption_text is None
+            else torch.from_numpy(self.caption_text[np.concatenate(captions)]),
         )

@@ -8,7 +8,9 @@ Every loss here is a triplet loss on cosine similarities s (higher = closer):
 averaged over the pairs and their k constraints. The k hardest negatives of an anchor
 do not depend on the positive, so they are found once per anchor with one top-k.
 Positives are never negatives: a candidate that shares the anchor's group (its image)
-is masked out of the negatives, whatever its language.
+is masked out of the negatives, whatever its language. With `sentence_text` (an id per
+distinct sentence), neither is a sentence identical to one of the anchor's own: it
+cannot be ranked below its copy, so as a "negative" it only teaches collapse.
 """
 
 from __future__ import annotations
@@ -42,7 +44,12 @@ def triplet_topk(
 
 
 def image_sentence_loss(
-    images: torch.Tensor, sentences: torch.Tensor, sentence_image: torch.Tensor, margin: float, k: int
+    images: torch.Tensor,
+    sentences: torch.Tensor,
+    sentence_image: torch.Tensor,
+    margin: float,
+    k: int,
+    sentence_text: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Bidirectional: image anchors against sentences, sentence anchors against images.
 
@@ -53,6 +60,9 @@ def image_sentence_loss(
     rows = torch.arange(images.shape[0], device=images.device)
     cols = torch.arange(sentences.shape[0], device=images.device)
     positive = rows[:, None] == sentence_image[None, :]
+    if sentence_text is not None:  # image i "owns" every copy of its own sentences
+        same_text = sentence_text[:, None] == sentence_text[None, :]
+        positive = (positive.to(sim.dtype) @ same_text.to(sim.dtype)) > 0
     image_anchored = triplet_topk(sim, positive, (sentence_image, cols), margin, k)
     sentence_anchored = triplet_topk(sim.T, positive.T, (cols, sentence_image), margin, k)
     return image_anchored + sentence_anchored
@@ -64,12 +74,15 @@ def neighborhood_loss(
     pairs: tuple[torch.Tensor, torch.Tensor],
     margin: float,
     k: int,
+    sentence_text: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Neighborhood constraints: sentences of the same image (any language) closer than
     sentences of other images. sentences: S x D, L2-normalised; pairs: same-image pairs
     (a != p) in both orders."""
     sim = sentences @ sentences.T
     positive = sentence_image[:, None] == sentence_image[None, :]  # includes the anchor itself
+    if sentence_text is not None:
+        positive = positive | (sentence_text[:, None] == sentence_text[None, :])
     return triplet_topk(sim, positive, pairs, margin, k)
 
 

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .batching import Batch, ImageBatchSampler
+from .batching import Batch, ImageBatchSampler, duplicate_ids
 from .config import LossConfig
 from .losses import image_sentence_loss, language_classifier_loss, neighborhood_loss
 from .metrics import per_language_recalls
@@ -175,6 +175,7 @@ class Trainer:
             optim.batch_images,
             optim.seed,
             balance_groups=optim.balance_language_groups,
+            caption_text=duplicate_ids(data.tokens, data.lengths, data.caption_lang) if loss.mask_duplicates else None,
         )
         self.amp = optim.amp and device.type == "cuda"
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp)
@@ -226,23 +227,24 @@ class Trainer:
         encoded = self.model.encode_text(text, joint=self.mode == "joint")
         sentence_image = batch.sentence_image.to(dev, non_blocking=True)
         pairs = tuple(t.to(dev, non_blocking=True) for t in batch.same_image_pairs)
+        text = batch.sentence_text.to(dev, non_blocking=True) if batch.sentence_text is not None else None
         parts: dict[str, torch.Tensor] = {}
         # Without a MULE layer (PARALLEL-EmbN, EmbN) there is no MULE-layer NC and no LC.
         mule = F.normalize(encoded.mule, dim=-1) if encoded.mule is not None else None
         if self.mode == "lp":
-            parts["nc_mule"] = self._neighborhood_loss(mule, sentence_image, pairs, cfg.margin, k)
+            parts["nc_mule"] = self._neighborhood_loss(mule, sentence_image, pairs, cfg.margin, k, text)
         else:
             images = self.model.encode_image(self.features[batch.images.to(dev, non_blocking=True)])
             parts["match"] = cfg.match_weight * self._image_sentence_loss(
-                images, encoded.joint, sentence_image, cfg.margin, k
+                images, encoded.joint, sentence_image, cfg.margin, k, text
             )
             if cfg.nc:
                 if mule is not None:
                     parts["nc_mule"] = cfg.nc_weight * self._neighborhood_loss(
-                        mule, sentence_image, pairs, cfg.margin, k
+                        mule, sentence_image, pairs, cfg.margin, k, text
                     )
                 parts["nc_joint"] = cfg.nc_weight * self._neighborhood_loss(
-                    encoded.joint, sentence_image, pairs, cfg.margin, k
+                    encoded.joint, sentence_image, pairs, cfg.margin, k, text
                 )
         if cfg.lc and mule is not None and len(batch.groups) > 1:
             # The classifier learns at full strength (a weak adversary teaches nothing); the

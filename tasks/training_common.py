@@ -14,7 +14,8 @@ from mule_core.training import OptimConfig, SplitTensors, encode_split
 
 def sentences_per_image(cfg: MuleConfig, train: SplitTensors) -> dict[str, int]:
     """The paper's per-image sentence counts, from the data, with the config's overrides."""
-    counts = default_sentences_per_image(train.caption_image, train.caption_lang, train.languages)
+    counts = default_sentences_per_image(train.caption_image, train.caption_lang, train.languages,
+                                         cfg.train.sentences_per_image_many)  # fmt: skip
     counts.update({k: v for k, v in cfg.train.sentences_per_image.items() if k in counts})
     return counts
 

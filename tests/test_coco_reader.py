@@ -201,7 +201,10 @@ def test_bad_records_are_rejected_with_their_reason(coco):
         ("yjcaptions26k_clean.json", 4): ("no_image", "image id 777 is not in the file's images list"),
         ("yjcaptions26k_clean.json", 5): ("bad_record", "caption is int, not text"),
         ("yjcaptions26k_clean.json", 6): ("bad_record", "annotations[5]: no integer image_id or no caption"),
-        ("coco-cn/imageid.human-written-caption.txt", 3): ("bad_line", "expected 'COCO_<folder>_<id>#<n>', a TAB or a space, then the caption"),
+        ("coco-cn/imageid.human-written-caption.txt", 3): (
+            "bad_line",
+            "expected 'COCO_<folder>_<id>#<n>', a TAB or a space, then the caption",
+        ),
     }
     assert [r["text"] for r in result.captions.to_pylist() if r["lang"] == "ja"] == ["ブロッコリー。"]
     with pytest.raises(CocoError, match=r"yjcaptions26k_clean\.json:2: empty caption \(data.strict=true"):

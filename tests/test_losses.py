@@ -1,5 +1,6 @@
 """The losses, on cases small enough to compute by hand."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -82,3 +83,34 @@ def test_the_loss_gradient_pulls_the_positive_closer():
     positive = torch.tensor([[True, False]])
     triplet_topk(sim, positive, (torch.tensor([0]), torch.tensor([0])), margin=0.5, k=1).backward()
     assert sim.grad[0, 0] < 0 < sim.grad[0, 1]  # descent raises s(a,p) and lowers s(a,n)
+
+
+def test_a_copy_of_one_of_the_anchors_sentences_is_no_negative():
+    """Image 0's sentence and image 1's are the same words. With every embedding equal, each
+    direction of the image-sentence loss costs the margin per constraint; once the copies are
+    known (sentence_text), neither image has a negative left: nothing to pay."""
+    e = torch.nn.functional.normalize(torch.ones(2, 4), dim=-1)
+    owner = torch.tensor([0, 1])
+    assert image_sentence_loss(e, e, owner, 0.2, 1).item() == pytest.approx(0.4)
+    assert image_sentence_loss(e, e, owner, 0.2, 1, sentence_text=torch.tensor([7, 7])).item() == 0.0
+    assert image_sentence_loss(e, e, owner, 0.2, 1, sentence_text=torch.tensor([7, 8])).item() == pytest.approx(0.4)
+
+
+def test_neighborhood_constraints_skip_copies_of_the_anchors_own_sentence():
+    """s0, s1 describe image 0; s2 (image 1) repeats s0 word for word. Anchor s0 has no
+    negative left (s2 is its copy); anchor s1 still has s2: (0 + 0.2) / 2 pairs."""
+    e = torch.nn.functional.normalize(torch.ones(3, 4), dim=-1)
+    image = torch.tensor([0, 0, 1])
+    pairs = (torch.tensor([0, 1]), torch.tensor([1, 0]))
+    assert neighborhood_loss(e, image, pairs, 0.2, 1).item() == pytest.approx(0.2)
+    assert neighborhood_loss(e, image, pairs, 0.2, 1, sentence_text=torch.tensor([5, 6, 5])).item() == pytest.approx(
+        0.1
+    )
+
+
+def test_duplicate_ids_are_per_language_and_exact_words():
+    from mule_core.batching import duplicate_ids
+
+    tokens = torch.tensor([[4, 5, 0], [4, 5, 0], [4, 5, 6], [4, 5, 0]])
+    ids = duplicate_ids(tokens, torch.tensor([2, 2, 3, 2]), np.array([0, 0, 0, 1]))
+    assert ids[0] == ids[1] and len({ids[0], ids[2], ids[3]}) == 3  # the same ids in another language differ
