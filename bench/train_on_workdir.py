@@ -128,7 +128,7 @@ def optim_for(cfg, train: SplitTensors, lp: bool):
 
     section = cfg.pretrain if lp else cfg.train
     counts = default_sentences_per_image(train.caption_image, train.caption_lang, train.languages,
-                                         cfg.train.sentences_per_image_many)  # fmt: skip
+                                         2 if lp else cfg.train.sentences_per_image_many)  # fmt: skip
     counts.update({k: v for k, v in cfg.train.sentences_per_image.items() if k in counts})
     t = cfg.train
     return OptimConfig(epochs=section.epochs, lr=section.lr, lr_decay=1.0 if lp else t.lr_decay,

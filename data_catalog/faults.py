@@ -4,7 +4,8 @@
 finally, like a power cut or the OOM killer) the n-th time it passes a point whose name
 matches the glob pattern. Every atomic write is a point, between writing its temporary
 file and renaming it into place: `write:<folder>/<file>` (write:captions/embedded.parquet,
-write:*/part-00001.parquet, write:embedded/model-checkpoint.pt). Unset, a point costs one
+write:*/part-00001.parquet, write:embedded/model-checkpoint.pt); so is every translation
+appended to the translate stage's journal (journal:<dataset>). Unset, a point costs one
 dictionary lookup.
 
 `MULE_BUG_AT=<pattern>` raises an internal error there instead: a FileNotFoundError for a

@@ -163,3 +163,14 @@ def ceiling_recalls(image_groups: Sequence[Sequence[tuple[int, int]]], sentence_
         out[f"t2i_r{k}"] = 100 * sum(expected_hit_rate(n, 1, k) for n in sentence_matches) / len(sentence_matches)
     out["mR"] = sum(out[f"{d}_r{k}"] for d in ("i2t", "t2i") for k in ks) / (2 * len(ks))
     return out
+
+
+def chance_recalls(captions_per_image: Sequence[int], ks: Sequence[int] = KS) -> dict[str, float]:
+    """The expected recalls of a model that ranks at random, for one language's test set
+    (each image with its number of captions): what a trained model must clearly beat."""
+    sentences, images = sum(captions_per_image), len(captions_per_image)
+    out = {f"i2t_r{k}": 100 * sum(expected_hit_rate(sentences, m, k) for m in captions_per_image) / images
+           for k in ks}  # fmt: skip
+    out |= {f"t2i_r{k}": 100 * expected_hit_rate(images, 1, k) for k in ks}
+    out["mR"] = sum(out.values()) / len(out)
+    return out

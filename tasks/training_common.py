@@ -12,10 +12,12 @@ from mule_core.model import MuleModel
 from mule_core.training import OptimConfig, SplitTensors, encode_split
 
 
-def sentences_per_image(cfg: MuleConfig, train: SplitTensors) -> dict[str, int]:
-    """The paper's per-image sentence counts, from the data, with the config's overrides."""
-    counts = default_sentences_per_image(train.caption_image, train.caption_lang, train.languages,
-                                         cfg.train.sentences_per_image_many)  # fmt: skip
+def sentences_per_image(cfg: MuleConfig, train: SplitTensors, lp: bool = False) -> dict[str, int]:
+    """Per-image sentence counts from the data (train.sentences_per_image_many for languages
+    with several captions; LP keeps the paper's 2: its all-pairs constraints grow with the
+    square of it), with the config's overrides."""
+    many = 2 if lp else cfg.train.sentences_per_image_many
+    counts = default_sentences_per_image(train.caption_image, train.caption_lang, train.languages, many)
     counts.update({k: v for k, v in cfg.train.sentences_per_image.items() if k in counts})
     return counts
 
@@ -29,7 +31,7 @@ def optim_config(cfg: MuleConfig, train: SplitTensors, lp: bool) -> OptimConfig:
         word_lr_scale=cfg.train.word_lr_scale,
         grad_clip=cfg.train.grad_clip,
         batch_images=section.batch_images,
-        sentences_per_image=sentences_per_image(cfg, train),
+        sentences_per_image=sentences_per_image(cfg, train, lp),
         seed=cfg.train.seed,
         balance_language_groups=cfg.train.balance_language_groups,
         amp=cfg.train.amp,

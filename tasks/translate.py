@@ -29,6 +29,7 @@ from prefect.cache_policies import NO_CACHE
 
 from data_catalog.catalog import Catalog
 from data_catalog.datasets import locate
+from data_catalog.faults import crash_point
 from data_catalog.lexicons import LexiconError, read_muse
 from data_catalog.schemas import CAPTIONS, TRANSLATIONS
 from mule_core.config import MuleConfig
@@ -207,6 +208,7 @@ class TranslationCache:
         if self.durable:  # a request's answer is on disk before the next request is made
             self._journal.flush()
             os.fsync(self._journal.fileno())
+        crash_point(f"journal:{self.dataset}")
 
     def commit(self) -> None:
         """The journal folded into the table (atomic), then emptied."""

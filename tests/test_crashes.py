@@ -1,6 +1,6 @@
-"""Crashes lose nothing: `mule demo` killed with SIGKILL in the middle of ingest, of
-features and of training (a real kill of the real command, at the worst moment: a
-table's temporary file written, not yet renamed), then rerun. At every moment the
+"""Crashes lose nothing: `mule demo` killed with SIGKILL in the middle of every stage
+(a real kill of the real command, at the worst moment: a table's temporary file written,
+not yet renamed; the translate stage mid-way through its journal), then rerun. At every moment the
 catalog's tables are whole and readable, and the rerun ends with the same tables and
 the same recalls as a run that was never interrupted.
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -63,8 +64,9 @@ def reference_run(workdir: Path) -> None:
 def tables(workdir: Path) -> dict[str, list[dict]]:
     """Every catalog table, rows sorted, without the columns that name the workdir."""
     out = {}
-    for name in ("images", "captions", "rejects", "word_vectors"):
-        rows = pq.read_table(workdir / "catalog" / name / "embedded.parquet").to_pylist()
+    for name in ("images", "captions", "rejects", "word_vectors", "captions.mt"):
+        folder, _, suffix = name.partition(".")
+        rows = pq.read_table(workdir / "catalog" / folder / f"embedded{'.' + suffix if suffix else ''}.parquet").to_pylist()
         out[name] = sorted(json.dumps({k: v for k, v in r.items() if k != "path"}, sort_keys=True, default=str)
                             for r in rows)  # fmt: skip
     return out
@@ -97,20 +99,41 @@ def test_killed_stages_resume_and_end_as_if_never_interrupted(tmp_path, prefect_
     catalog = Catalog(Workdir.at(crashed))
     assert catalog.query("SELECT count(*) AS n FROM images").to_pylist()[0]["n"] == 64  # readable meanwhile
 
-    # 2. Features killed while writing their second part: the first part stays whole.
-    code, _ = demo(crashed, prefect_api_url, crash_at="write:*/part-*-00001.parquet")
+    # 2. Translate killed after its 40th translation: the journal holds them, no table yet.
+    code, _ = demo(crashed, prefect_api_url, crash_at="journal:embedded@40")
     assert code == -signal.SIGKILL
+    journal = crashed / "catalog" / "translations" / "embedded.journal.jsonl"
+    assert len(journal.read_text().splitlines()) == 40
+    assert not (crashed / "catalog" / "translations" / "embedded.parquet").exists()
+
+    # 3. Features killed while writing their second part: the first part stays whole; the
+    # translate stage ran again first and took its 40 translations from the journal.
+    code, output = demo(crashed, prefect_api_url, crash_at="write:*/part-*-00001.parquet")
+    assert code == -signal.SIGKILL
+    replayed = re.search(r"(\d+) translated now, (\d+) from the cache", output)
+    assert replayed and int(replayed[2]) == 40, output[-3000:]
     assert len(features(crashed)) == 16
 
-    # 3. Training killed while writing the checkpoint after its second epoch.
+    # 4.-5. Text and LP killed while writing their outputs: nothing half-written.
+    for point, output_file in (("write:word_vectors/embedded.parquet", "catalog/word_vectors/embedded.parquet"),
+                               ("write:embedded/pretrain.pt", "models/embedded/pretrain.pt")):  # fmt: skip
+        code, _ = demo(crashed, prefect_api_url, crash_at=point)
+        assert code == -signal.SIGKILL and not (crashed / output_file).exists(), point
+
+    # 6. Training killed while writing the checkpoint after its second epoch.
     code, _ = demo(crashed, prefect_api_url, crash_at="write:embedded/model-checkpoint.pt@2")
     assert code == -signal.SIGKILL
     assert (crashed / "models" / "embedded" / "model-checkpoint.pt").exists()  # epoch 1's
 
-    # 4. The rerun finishes, resuming, and equals the uninterrupted run.
+    # 7. Evaluation killed while writing its results; training resumed from epoch 1 first.
+    code, output = demo(crashed, prefect_api_url, crash_at="write:embedded/evaluation.json")
+    assert code == -signal.SIGKILL
+    assert "resuming from the checkpoint after epoch 1" in output
+    assert not (crashed / "results" / "embedded" / "evaluation.json").exists()
+
+    # 8. The rerun finishes and equals the uninterrupted run.
     code, output = demo(crashed, prefect_api_url)
     assert code == 0, output[-3000:]
-    assert "resuming from the checkpoint after epoch 1" in output
     assert tables(crashed) == tables(reference)
     got, want = features(crashed), features(reference)
     assert got.keys() == want.keys()
@@ -133,7 +156,7 @@ def test_killed_stages_resume_and_end_as_if_never_interrupted(tmp_path, prefect_
     children = client.search_runs([experiment.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     status = {r.info.run_name: r.data.tags["mule.stage_status"] for r in children}
     assert status == {"ingest": "reused", "translate": "reused", "features": "reused", "text": "reused",
-                      "pretrain": "reused", "train": "ran", "evaluate": "ran"}  # fmt: skip
+                      "pretrain": "reused", "train": "reused", "evaluate": "ran"}  # fmt: skip
     for run in [parent, *children]:
         tags = run.data.tags
         assert tags["mule.dataset"] == "embedded" and tags["mule.preset"] == "demo"

@@ -68,3 +68,13 @@ def test_cross_lingual_retrieval():
     assert table["en->de"]["r1"] == 50.0  # s0 -> s2 right, s1 -> s2 wrong
     assert table["en->de"]["r2"] == 100.0
     assert table["de->en"]["queries"] == 2
+
+
+def test_chance_recalls_by_hand():
+    from mule_core.metrics import chance_recalls
+
+    # Two images with one caption each: a random ranking puts the right one first half the time.
+    two = chance_recalls([1, 1], ks=(1, 5))
+    assert two == {"i2t_r1": 50.0, "i2t_r5": 100.0, "t2i_r1": 50.0, "t2i_r5": 100.0, "mR": 75.0}
+    # Image with 2 of 4 captions: at least one of its two in the top 1 of 4: 1/2; in the top 2: 1 - (2/4)(1/3).
+    assert chance_recalls([2, 2], ks=(1, 2))["i2t_r2"] == pytest.approx(100 * (1 - 1 / 6))

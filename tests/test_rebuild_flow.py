@@ -58,6 +58,33 @@ def test_recall_table(rebuilt):
         rows = {r["lang"]: r for r in csv.DictReader(handle)}
     assert float(rows["cs"]["mR"]) == pytest.approx(round(table["cs"]["mR"], 1))
     assert json.loads((wd.results_dir("embedded") / "evaluation.json").read_text())["cross_lingual"]["mule"]["en->fr"]
+
+
+# A trained model must beat random ranking by this much mean mR on the tiny test split;
+# the same model with the test images' features shuffled must not (it then ranks at random).
+OVER_CHANCE = 10.0
+
+
+@pytest.mark.slow
+def test_the_model_beats_chance_and_a_model_with_shuffled_features_does_not(rebuilt):
+    from mule_core.metrics import chance_recalls, mean_mr
+    from mule_core.training import evaluate_split
+    from tasks.model_io import load_model, load_split
+
+    wd, results = rebuilt
+    table = results["evaluate"]["table"]
+    chance = {lang: chance_recalls([round(row["sentences"] / row["images"])] * int(row["images"]))
+              for lang, row in table.items()}  # fmt: skip
+    assert mean_mr(table) >= mean_mr(chance) + OVER_CHANCE, (mean_mr(table), mean_mr(chance))
+
+    model, meta = load_model(wd.models_dir("embedded") / "model.pt")
+    catalog = Catalog(wd)
+    test = load_split(catalog, "embedded", "test", meta["vocabulary"], meta["cfg"].text.max_tokens,
+                      (meta["extractor"], lambda e, ids: catalog.read_features("embedded", e, ids)))  # fmt: skip
+    assert mean_mr(evaluate_split(model, test, torch.device("cpu"))) == pytest.approx(mean_mr(table), abs=0.01)
+    test.features = test.features[torch.randperm(len(test.features), generator=torch.Generator().manual_seed(0))]
+    shuffled = mean_mr(evaluate_split(model, test, torch.device("cpu")))
+    assert shuffled < mean_mr(chance) + OVER_CHANCE, (shuffled, mean_mr(chance))
     for name in ("recalls.png", "retrieved_images.png", "cross_lingual_mule.png"):
         assert (wd.results_dir("embedded") / name).stat().st_size > 1000
 
