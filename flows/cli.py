@@ -184,6 +184,8 @@ def _adopted(path: str | None) -> Workdir:
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
+    if args.workers < 1:
+        raise ConfigError(f"--workers must be at least 1, got {args.workers}")
     workdir = _adopted(args.workdir)
     workdir.artifacts_dir.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", workdir.mlflow_uri,

@@ -42,6 +42,11 @@ def test_bad_option_is_a_one_line_error(capsys, tmp_path):
     assert "config option train.epochs" in capsys.readouterr().err
 
 
+def test_ui_needs_a_server_process(capsys, tmp_path):
+    assert main(["ui", "--workdir", str(tmp_path), "--workers", "0"]) == 2
+    assert "--workers must be at least 1, got 0" in capsys.readouterr().err
+
+
 def test_a_dataset_without_source_fails_before_prefect_starts(capsys, tmp_path):
     started = time.perf_counter()
     assert main(["run", "ingest", "--dataset", "multi30k", "--workdir", str(tmp_path)]) == 2
