@@ -62,9 +62,22 @@ def dask_task_runner(features: dict, shards: int):
     workers = max(1, min(workers, shards))
     threads = str(max(1, cores // workers))
     env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}  # no oversubscription of the cores
+    env |= _prefect_server_for_workers()
     return DaskTaskRunner(cluster_class="distributed.LocalCluster",
                           cluster_kwargs={"n_workers": workers, "threads_per_worker": 1, "processes": True,
                                           "env": env, "dashboard_address": None})  # fmt: skip
+
+
+def _prefect_server_for_workers() -> dict[str, str]:
+    """The API this process talks to, for the Dask workers: a worker without
+    PREFECT_API_URL starts an ephemeral server of its own (15-20 s each on 2 cores) and
+    reports its task runs where nobody looks."""
+    if os.environ.get("PREFECT_API_URL"):
+        return {}  # inherited by the workers already
+    from prefect.client.orchestration import get_client
+
+    url = str(get_client().api_url or "")
+    return {"PREFECT_API_URL": url.rstrip("/")} if url.startswith("http") else {}
 
 
 class TemporaryPrefectServer:
