@@ -28,6 +28,8 @@ from pathlib import Path
 
 import psutil
 
+from pipeline.declaration import REBUILD
+
 # name -> mule demo arguments. Multi30K-style rows use Multi30K's val and test sizes beyond
 # the 3k demo (which is `mule demo` as it is); COCO-style rows keep the demo's val and test.
 SIZES = {
@@ -37,7 +39,7 @@ SIZES = {
     "coco-4.5k": ["--dataset", "coco"],
     "coco-18k": ["--dataset", "coco", "--train-images", "18000"],
 }
-STAGES = ("ingest", "translate", "features", "text", "pretrain", "train", "evaluate")
+STAGES = REBUILD
 
 
 class PeakMemory:

@@ -48,7 +48,6 @@ def export(workdir: str, dataset: str, preset: str, overrides: dict, out: str, b
     from data_catalog.workdir import Workdir
     from tasks.features import extractor_for
     from tasks.model_io import load_model, load_split, load_vocabulary
-    from tasks.pretrain import lp_path
 
     cfg = resolve(preset, {"data.dataset": dataset, **overrides})
     wd = Workdir.at(workdir)
@@ -70,7 +69,7 @@ def export(workdir: str, dataset: str, preset: str, overrides: dict, out: str, b
                  "image_ids": split.image_ids}  # fmt: skip
         entry["features"] = None if text_only else _pack(split.features, bits)
         splits[name] = entry
-    lp_file = lp_path(wd, catalog, cfg)
+    lp_file = catalog.lp_model_path(cfg.data)
     lp_state = load_model(lp_file)[0].state_dict() if lp_file.exists() else None
     torch.save({"languages": vocabulary.languages, "vocab_sizes": vocabulary.sizes,
                 "vectors": {k: v.half() for k, v in vocabulary.vectors.items()}, "splits": splits,
@@ -225,7 +224,6 @@ def from_workdir(workdir: str, cfg):
     from data_catalog.workdir import Workdir
     from tasks.features import extractor_for
     from tasks.model_io import load_model, load_split, load_vocabulary
-    from tasks.pretrain import lp_path
 
     wd = Workdir.at(workdir)
     catalog = Catalog(wd)
@@ -235,7 +233,7 @@ def from_workdir(workdir: str, cfg):
     load = functools.partial(load_split, catalog, cfg.data.dataset, vocabulary=vocabulary,
                              max_tokens=cfg.text.max_tokens, features=(extractor, reader))  # fmt: skip
     splits = {"train": load("train", captions=cfg.data.captions), "val": load("val"), "test": load(cfg.eval.split)}
-    lp_file = lp_path(wd, catalog, cfg)
+    lp_file = catalog.lp_model_path(cfg.data)
     data = {"languages": vocabulary.languages, "vocab_sizes": vocabulary.sizes, "vectors": vocabulary.vectors,
             "lp_state": load_model(lp_file)[0].state_dict() if lp_file.exists() else None}  # fmt: skip
     return data, splits

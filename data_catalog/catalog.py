@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import glob
 import json
-import os
 import re
 from pathlib import Path
-from typing import Any
 
 import duckdb
 import numpy as np
@@ -22,14 +20,18 @@ import pyarrow.parquet as pq
 
 from mule_core.errors import UserError
 
-from .faults import remove_stale_temporaries, write_point
+from .atomic import write_atomic, write_json_atomic, write_text_atomic  # noqa: F401 - the catalog's writers
 from .schemas import TABLES, features_schema
 from .workdir import Workdir
 
 VIEWS = ("images", "captions", "rejects", "word_vectors", "translations", "features")
-# Which stage writes each table, so a missing table's error says what to run.
-PRODUCED_BY = {"images": "ingest", "captions": "ingest", "rejects": "ingest", "word_vectors": "text", "translations": "translate",
-               "features": "features"}  # fmt: skip
+# Which stage writes each table, so a missing table's error says what to run: filled from
+# the stage declarations (pipeline.reuse registers them; the catalog cannot import upwards).
+PRODUCED_BY: dict[str, str] = {}
+
+
+def register_producers(producers: dict[str, str]) -> None:
+    PRODUCED_BY.update(producers)
 _MISSING_TABLE = re.compile(r"Table with name (\w+) does not exist", re.IGNORECASE)
 
 
@@ -44,29 +46,8 @@ def missing_table_error(table: str, workdir: Workdir, dataset: str | None = None
     return CatalogError(f"the catalog in {workdir.root} has no {table} table {where}yet: {run}")
 
 
-def write_parquet_atomic(table: pa.Table, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temporaries(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        pq.write_table(table, tmp, compression="zstd")
-        write_point(path)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def write_text_atomic(text: str, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temporaries(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    write_point(path)
-    os.replace(tmp, path)
-
-
-def write_json_atomic(data: Any, path: Path) -> None:
-    write_text_atomic(json.dumps(data, indent=2, sort_keys=True, default=str), path)
+def write_parquet_atomic(table: pa.Table, path: Path) -> Path:
+    return write_atomic(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
 
 
 class Catalog:
@@ -148,6 +129,23 @@ class Catalog:
                 rewritten += changed
         self.refresh_views()
         return rewritten
+
+    def image_identity(self, dataset: str) -> pa.Table:
+        """What makes the images what they are (id, split role, has a file, bytes), not
+        where they are."""
+        return self.query('SELECT image_id, role, "exists", sha256 FROM images WHERE dataset = ? ORDER BY image_id',
+                          [dataset])  # fmt: skip
+
+    def lp_model_path(self, data) -> Path:
+        """The LP model for a data config's captions and languages (Workdir.lp_model_path):
+        named after its languages when they are not all the dataset has."""
+        present = set(self.languages(data.dataset))
+        used = tuple(lang for lang in data.languages if lang in present)
+        return self.workdir.lp_model_path(data.dataset, data.captions, None if set(used) == present else used)
+
+    def languages(self, dataset: str) -> list[str]:
+        """The languages of a dataset's captions (human or machine-translated)."""
+        return sorted(self.query("SELECT DISTINCT lang FROM captions WHERE dataset = ?", [dataset])["lang"].to_pylist())
 
     def datasets(self) -> list[str]:
         return sorted(p.stem for p in (self.workdir.catalog_dir / "images").glob("*.parquet"))

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from .faults import remove_stale_temporaries
+from .atomic import write_json_atomic
 from .workdir import Workdir
 
 CHUNK = 1 << 20
@@ -69,6 +69,15 @@ class FileHasher:
         self.changed = True
         return digest
 
+    def derived(self, kind: str, file_digest: str, compute) -> str | None:
+        """A digest computed from a file's content (a model's weights), remembered by the
+        file's digest: compute() runs once per content."""
+        key = f"{kind}:{file_digest}"
+        if key not in self.cache:
+            self.cache[key] = compute()
+            self.changed = True
+        return self.cache[key]
+
     def tree(self, root: Path, exclude: tuple[str, ...] = ()) -> str | None:
         """One digest over every file under root (names relative to root, and contents);
         hidden files and names matching `exclude` are left out. None when root is absent."""
@@ -90,12 +99,11 @@ class FileHasher:
         """Writes the cache back (atomically) when a file was hashed."""
         if not self.changed:
             return
-        existing = {k: v for k, v in self.cache.items() if os.path.exists(k)}  # forget deleted files
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale_temporaries(self.path)
-        tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
-        tmp.write_text(json.dumps(existing, separators=(",", ":")))
-        os.replace(tmp, self.path)
+        # forget deleted files (derived digests: those of files that still exist)
+        digests = {v[3] for k, v in self.cache.items() if isinstance(v, list) and os.path.exists(k)}
+        existing = {k: v for k, v in self.cache.items()
+                    if (os.path.exists(k) if isinstance(v, list) else k.partition(":")[2] in digests)}  # fmt: skip
+        write_json_atomic(existing, self.path, compact=True, crash_point=False)
         self.changed = False
 
 
@@ -116,8 +124,6 @@ def restamp_outputs(workdir: Workdir, folder: str) -> int:
         for name in moved:
             path = workdir.root / name
             outputs[name] = sha256_file(path) if path.exists() else None
-        tmp = record_path.with_name(f".{record_path.name}.tmp-{os.getpid()}")
-        tmp.write_text(json.dumps(record, indent=2, sort_keys=True, default=str))
-        os.replace(tmp, record_path)
+        write_json_atomic(record, record_path, crash_point=False)
         updated += 1
     return updated

@@ -52,6 +52,11 @@ def holder(workdir: Workdir) -> dict | None:
         return None
 
 
+def holds_lock(workdir: Workdir) -> bool:
+    """This process holds the workdir's lock already (a stage run by rebuild)."""
+    return str(workdir.lock_path) in _held
+
+
 @contextmanager
 def workdir_lock(workdir: Workdir, stage: str) -> Iterator[None]:
     path = str(workdir.lock_path)

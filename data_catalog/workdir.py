@@ -69,6 +69,25 @@ class Workdir:
     def results_dir(self, dataset: str) -> Path:
         return self.root / "results" / dataset
 
+    def model_path(self, dataset: str, name: str = "model") -> Path:
+        """A trained model: "model" is the pipeline's, the others the ablation's and add-language's variants."""
+        return self.models_dir(dataset) / f"{name}.pt"
+
+    def checkpoint_path(self, dataset: str, name: str = "model") -> Path:
+        return self.models_dir(dataset) / f"{name}-checkpoint.pt"
+
+    def model_results_dir(self, dataset: str, name: str = "model") -> Path:
+        """results/<dataset>/ for the main model, results/<dataset>/<name>/ for the others."""
+        return self.results_dir(dataset) if name == "model" else self.results_dir(dataset) / name
+
+    def lp_model_path(self, dataset: str, captions: str = "human", languages: tuple[str, ...] | None = None) -> Path:
+        """One LP model per training-caption selection (data.captions): LP on human + MT
+        captions is another model than LP on human captions only. LP over only some of the
+        dataset's languages (a base model a language will be added to) is its own file too."""
+        suffix = "" if captions == "human" else "." + captions.replace("+", "-")
+        suffix += "." + "-".join(languages) if languages else ""
+        return self.models_dir(dataset) / f"pretrain{suffix}.pt"
+
     @property
     def mlflow_uri(self) -> str:
         return f"sqlite:///{self.root / 'mlflow.db'}"
@@ -104,6 +123,6 @@ class Workdir:
             return None
 
     def record_root(self) -> None:
-        tmp = self.home_marker.with_name(f".{self.home_marker.name}.tmp-{os.getpid()}")
-        tmp.write_text(json.dumps({"root": str(self.root)}) + "\n")
-        os.replace(tmp, self.home_marker)
+        from .atomic import write_json_atomic
+
+        write_json_atomic({"root": str(self.root)}, self.home_marker, crash_point=False)

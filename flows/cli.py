@@ -23,9 +23,8 @@ from pathlib import Path
 from data_catalog.workdir import Workdir
 from mule_core.config import PRESETS, ConfigError, parse_assignments, resolve, to_dict
 from mule_core.errors import is_user_error
+from pipeline.declaration import ALL, REBUILD
 
-STAGE_NAMES = ("ingest", "translate", "features", "text", "pretrain", "train", "evaluate")
-EXTRA_STAGES = ("ablation", "add-language")  # not part of `all`
 DEMO_DATASETS = {"multi30k": "embedded", "coco": "embedded-coco"}  # mule demo --dataset -> generated dataset
 
 
@@ -63,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0, help="embedded dataset seed (default: 0)")
     _force(demo)
 
-    run = sub.add_parser("run", help="run some stages: " + ", ".join(STAGE_NAMES + EXTRA_STAGES) + " (or all)")
+    run = sub.add_parser("run", help="run some stages: " + ", ".join(ALL) + " (or all)")
     run.add_argument("stages", nargs="+", metavar="STAGE")
     run.add_argument("--lang", help="add-language: the language to add (train.add_language)")
     _common(run)
@@ -146,9 +145,9 @@ def _print_results(results: dict, workdir: Workdir, started: float) -> None:
 
 
 def cmd_run(args: argparse.Namespace, stages: list[str], overrides: dict) -> int:
-    unknown = [s for s in args.force if s not in STAGE_NAMES]
+    unknown = [s for s in args.force if s not in REBUILD]
     if unknown:
-        raise ConfigError(f"--force {', '.join(unknown)}: not a stage; stages are: {', '.join(STAGE_NAMES)}")
+        raise ConfigError(f"--force {', '.join(unknown)}: not a stage; stages are: {', '.join(REBUILD)}")
     workdir = Workdir.at(args.workdir)
     cfg = resolve(args.preset, overrides)  # config errors before Prefect starts
     if "ingest" in stages:
@@ -176,7 +175,7 @@ def cmd_run(args: argparse.Namespace, stages: list[str], overrides: dict) -> int
 
 def _adopted(path: str | None) -> Workdir:
     """The workdir, its stored paths pointed at itself if it was copied or moved."""
-    from tasks.relocation import adopt
+    from experiments.relocation import adopt
 
     workdir = Workdir.at(path)
     adopt(workdir)
@@ -203,7 +202,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     if args.k < 1:
         raise ConfigError(f"--k must be at least 1, got {args.k}")
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    from tasks import search
+    from serving import search
 
     workdir = _adopted(args.workdir)
     searcher = search.open_searcher(workdir, args.dataset, args.run, args.version)
@@ -224,7 +223,7 @@ def cmd_search(args: argparse.Namespace) -> int:
             for r in results:
                 print(f"{r['rank']:>3}  {r['score']:.3f}  {r['text']}   ({r['image_id']})")
     if args.out:
-        from tasks import plots
+        from experiments import plots
 
         figure = plots.search_sheet(found)
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -272,12 +271,12 @@ def main(argv: list[str] | None = None) -> int:
             for option in ("train_images", "val_images", "test_images"):
                 if getattr(args, option) is not None:
                     overrides[f"data.{option}"] = getattr(args, option)
-            return cmd_run(args, list(STAGE_NAMES), overrides)
+            return cmd_run(args, list(REBUILD), overrides)
         if args.command == "run":
-            stages = list(STAGE_NAMES) if args.stages == ["all"] else args.stages
-            unknown = [s for s in stages if s not in STAGE_NAMES + EXTRA_STAGES]
+            stages = list(REBUILD) if args.stages == ["all"] else args.stages
+            unknown = [s for s in stages if s not in ALL]
             if unknown:
-                names = ", ".join(STAGE_NAMES + EXTRA_STAGES)
+                names = ", ".join(ALL)
                 raise ConfigError(f"unknown stage(s) {', '.join(unknown)}; stages are: {names}, all")
             return cmd_run(args, stages, overrides_from(args))
         if args.command == "ui":

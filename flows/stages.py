@@ -1,9 +1,12 @@
-"""One Prefect flow per stage, and `rebuild`, which chains them.
+"""The Prefect flows: one per stage declared in pipeline.declaration, and `rebuild`,
+which chains them.
 
 Stages talk only through the catalog and the workdir, so each flow runs alone: rerun
 `train` after changing a loss weight, or `features` after adding images. Every flow
 takes the same parameters: workdir, preset, overrides (dotted config options), and,
-when called by `rebuild`, the MLflow run to nest under.
+when called by `rebuild`, the MLflow run to nest under and the rebuild's decision (the
+key is taken once). A stage's task module is imported when the stage runs: a rebuild
+that reuses everything never imports torch's training code.
 """
 
 from __future__ import annotations
@@ -17,25 +20,13 @@ from prefect import flow, unmapped
 from prefect.states import Failed
 
 from data_catalog.catalog import Catalog, write_text_atomic
-from data_catalog.datasets import GENERATED
-from data_catalog.locks import workdir_lock
+from data_catalog.locks import holds_lock, workdir_lock
 from data_catalog.workdir import Workdir
 from flows.runtime import dask_task_runner, quiet_user_errors
-from mule_core.config import ConfigError, MuleConfig, resolve, to_dict
+from mule_core.config import ConfigError, MuleConfig, from_dict, resolve, to_dict
 from mule_core.errors import is_user_error
-from tasks import ablation, relocation, stage_keys, tracking
-from tasks.add_language import add_language, added_model_name, base_model_name
-from tasks.common import logger
-from tasks.evaluate import evaluate_model
-from tasks.features import extract_shard, finish_features, plan_features
-from tasks.ingest import generate_embedded, ingest_captions
-from tasks.pretrain import pretrain_mule
-from tasks.text import build_word_vectors
-from tasks.train import train_model
-from tasks.translate import translate_captions
-
-STAGES = ("ingest", "translate", "features", "text", "pretrain", "train", "evaluate")  # the rebuild
-EXTRA_STAGES = ("ablation", "add-language")  # run when named
+from pipeline import reuse
+from pipeline.declaration import ALL, BY_NAME, NAMED_ONLY, REBUILD, STAGES, Stage
 
 
 def _workdir(workdir: str | None) -> Workdir:
@@ -52,14 +43,19 @@ def _workdir(workdir: str | None) -> Workdir:
 
 
 @contextmanager
-def _working(workdir: str | None, preset: str, overrides: dict[str, Any] | None,
-             stage: str) -> Iterator[tuple[Workdir, MuleConfig, dict]]:  # fmt: skip
+def _working(workdir: str | None, preset: str, overrides: dict[str, Any] | None, stage: str,
+             config: dict | None = None) -> Iterator[tuple[Workdir, MuleConfig, dict]]:  # fmt: skip
     """The workdir, under its lock (one mule process at a time), its stored paths pointed
-    at itself if it was copied or moved, and the resolved config."""
+    at itself if it was copied or moved, and the config: resolved here, or handed down
+    already resolved by the rebuild (which took the lock and checked the workdir)."""
+    from experiments import relocation
+
     wd = _workdir(workdir)
-    cfg = resolve(preset, overrides)
+    cfg = from_dict(config) if config is not None else resolve(preset, overrides)
+    nested = holds_lock(wd)
     with workdir_lock(wd, stage):
-        relocation.adopt(wd)
+        if not nested:
+            relocation.adopt(wd)
         yield wd, cfg, to_dict(cfg)
 
 
@@ -75,103 +71,73 @@ def _failing_quietly(body):
         raise
 
 
-def _stage(stage: str, work, workdir, preset, overrides, parent_run_id, force: bool = False, reason: str = "") -> dict:
-    """One stage: its MLflow run around its task(s), under the workdir's lock, run only when
-    its key changed (tasks.stage_keys) or when forced. `work(root, config, run_id)`."""
+def _features_on_dask(root: str, config: dict, run_id: str) -> dict:
+    """The features stage with features.runner=dask: its shards mapped over Dask workers."""
+    from tasks.features import extract_features, extract_shard, finish_features, plan_features
 
-    def body() -> dict:
-        with _working(workdir, preset, overrides, stage) as (wd, cfg, config):
-            PREPARE.get(stage, lambda *_: None)(str(wd.root), config)
-            decision = stage_keys.decide(wd, cfg, stage, force)
-            if reason and decision.run:  # rebuild decided, and says why
-                decision.reason = reason
-            if not decision.run:
-                return stage_keys.reuse_stage(wd, cfg, decision, parent_run_id)
-            with tracking.run(wd, cfg, stage, parent_run_id) as run_id:
-                tracking.Tracker(wd, run_id).tags(stage_keys.tags(decision))
-                logger().info("%s: %s", stage, decision.describe())
-                result = work(str(wd.root), config, run_id)
-                stage_keys.record(wd, cfg, decision, result, run_id)
-                return result
-
-    return _failing_quietly(body)
-
-
-def _generate(root: str, config: dict) -> None:
-    """The generated datasets are written before ingest's key is taken (it covers their files)."""
-    data = config["data"]
-    if data["dataset"] in GENERATED and not data["source"]:
-        generate_embedded(root, config)
-
-
-PREPARE = {"ingest": _generate}
-
-
-@flow(name="ingest")
-def ingest_flow(workdir: str | None = None, preset: str = "demo", overrides: dict[str, Any] | None = None,
-                parent_run_id: str | None = None, force: bool = False, reason: str = "") -> dict:  # fmt: skip
-    """Raw files -> images, captions, rejects (generating the embedded dataset if needed)."""
-    return _stage("ingest", ingest_captions, workdir, preset, overrides, parent_run_id, force, reason)
-
-
-@flow(name="translate")
-def translate_flow(workdir: str | None = None, preset: str = "demo", overrides: dict[str, Any] | None = None,
-                   parent_run_id: str | None = None, force: bool = False, reason: str = "") -> dict:  # fmt: skip
-    """Human captions -> machine-translated captions (translate.backend), cached and resumable."""
-    return _stage("translate", translate_captions, workdir, preset, overrides, parent_run_id, force, reason)
-
-
-@flow(name="features-shards")
-def features_shards_flow(workdir: str, config: dict, plan: dict) -> list[dict]:
-    """The shards mapped over this flow's task runner (Dask when features.runner=dask)."""
-    futures = extract_shard.map(unmapped(workdir), unmapped(config), plan["shards"], unmapped(plan["todo"]))
-    return [future.result() for future in futures]
-
-
-def _features(root: str, config: dict, run_id: str) -> dict:
+    if config["features"]["runner"] != "dask":
+        return extract_features(root, config, run_id)
     plan = plan_features(root, config)
-    if config["features"]["runner"] == "dask" and plan["shards"]:
-        runner = dask_task_runner(config["features"], len(plan["shards"]))
-        shards = features_shards_flow.with_options(task_runner=runner)(root, config, plan)
-    else:  # one shard after another in this process: the CNN already uses every core
-        shards = [extract_shard(root, config, shard, plan["todo"]) for shard in plan["shards"]]
-    return finish_features(root, config, run_id, plan, shards)
+    if not plan["shards"]:
+        return finish_features(root, config, run_id, plan, [])
+    runner = dask_task_runner(config["features"], len(plan["shards"]))
+
+    @flow(name="features-shards", task_runner=runner)
+    def shards_flow() -> list[dict]:
+        futures = extract_shard.map(unmapped(root), unmapped(config), plan["shards"], unmapped(plan["todo"]))
+        return [future.result() for future in futures]
+
+    return finish_features(root, config, run_id, plan, shards_flow())
 
 
-@flow(name="features")
-def features_flow(workdir: str | None = None, preset: str = "demo", overrides: dict[str, Any] | None = None,
-                  parent_run_id: str | None = None, force: bool = False, reason: str = "") -> dict:  # fmt: skip
-    """Image files -> CNN features (resumes after the last written part); shards run in
-    this process or over Dask workers (features.runner)."""
-    return _stage("features", _features, workdir, preset, overrides, parent_run_id, force, reason)
+# A stage whose work is more than its task: how it runs, by stage name.
+RUNNERS = {"features": _features_on_dask}
 
 
-@flow(name="text")
-def text_flow(workdir: str | None = None, preset: str = "demo", overrides: dict[str, Any] | None = None,
-              parent_run_id: str | None = None, force: bool = False, reason: str = "") -> dict:  # fmt: skip
-    """Captions -> vocabulary and word vectors per language."""
-    return _stage("text", build_word_vectors, workdir, preset, overrides, parent_run_id, force, reason)
+def run_stage(stage: Stage, workdir: str | None, preset: str, overrides: dict[str, Any] | None,
+              parent_run_id: str | None, force: bool = False, decided: dict | None = None,
+              config: dict | None = None) -> dict:  # fmt: skip
+    """One stage: its MLflow run around its task, under the workdir's lock, run only when
+    its key changed (pipeline.reuse) or when forced. `decided`: the rebuild's decision."""
+    from experiments import tracking
+
+    with _working(workdir, preset, overrides, stage.name, config) as (wd, cfg, config):
+        if decided is None:
+            prepare = stage.load_prepare()
+            if prepare:
+                prepare(str(wd.root), config)
+            decision = reuse.decide(wd, cfg, stage.name, force)
+        else:
+            decision = reuse.Decision(**decided)
+            decision.record = reuse.previous_record(wd, cfg, decision)
+        if not decision.run:
+            return reuse.reuse_stage(wd, cfg, decision, parent_run_id)
+        work = RUNNERS.get(stage.name) or stage.load_task()
+        with tracking.run(wd, cfg, stage.name, parent_run_id) as run_id:
+            tracking.Tracker(wd, run_id).tags(reuse.tags(decision))
+            reuse.logger().info("%s: %s", stage.name, decision.describe())
+            result = work(str(wd.root), config, run_id)
+            reuse.record(wd, cfg, decision, result, run_id)
+            return result
 
 
-@flow(name="pretrain")
-def pretrain_flow(workdir: str | None = None, preset: str = "demo", overrides: dict[str, Any] | None = None,
-                  parent_run_id: str | None = None, force: bool = False, reason: str = "") -> dict:  # fmt: skip
-    """LP: the MULE layers on sentences of the same image across languages."""
-    return _stage("pretrain", pretrain_mule, workdir, preset, overrides, parent_run_id, force, reason)
+def _stage_flow(stage: Stage):
+    """The Prefect flow of a content-addressed stage (they differ only in their declaration)."""
+
+    def stage_flow(workdir: str | None = None, preset: str = "demo", overrides: dict[str, Any] | None = None,
+                   parent_run_id: str | None = None, force: bool = False, decided: dict | None = None,
+                   config: dict | None = None) -> dict:  # fmt: skip
+        return _failing_quietly(lambda: run_stage(stage, workdir, preset, overrides, parent_run_id, force, decided,
+                                                  config))  # fmt: skip
+
+    stage_flow.__name__ = stage_flow.__qualname__ = f"{stage.name.replace('-', '_')}_flow"
+    stage_flow.__doc__ = stage.summary
+    return flow(name=stage.name, description=stage.summary)(stage_flow)
 
 
-@flow(name="train")
-def train_flow(workdir: str | None = None, preset: str = "demo", overrides: dict[str, Any] | None = None,
-               parent_run_id: str | None = None, force: bool = False, reason: str = "") -> dict:  # fmt: skip
-    """Joint training (triplet + NC + LC), best epoch on validation mR."""
-    return _stage("train", train_model, workdir, preset, overrides, parent_run_id, force, reason)
-
-
-@flow(name="evaluate")
-def evaluate_flow(workdir: str | None = None, preset: str = "demo", overrides: dict[str, Any] | None = None,
-                  parent_run_id: str | None = None, force: bool = False, reason: str = "") -> dict:  # fmt: skip
-    """Recall table per language on the test split, cross-lingual retrieval, figures."""
-    return _stage("evaluate", evaluate_model, workdir, preset, overrides, parent_run_id, force, reason)
+STAGE_FLOWS: dict[str, Any] = {s.name: _stage_flow(s) for s in STAGES if s.keyed}
+# Module attributes for prefect.yaml's entrypoints (flows/stages.py:train_flow, ...).
+globals().update({f.fn.__name__: f for f in STAGE_FLOWS.values()})
 
 
 @flow(name="ablation")
@@ -183,6 +149,11 @@ def ablation_flow(workdir: str | None = None, preset: str = "demo", overrides: d
 
 
 def _ablation(workdir: str | None, preset: str, overrides: dict[str, Any] | None, parent_run_id: str | None) -> dict:
+    from experiments import tracking
+    from tasks import ablation
+    from tasks.evaluate import evaluate_model
+    from tasks.train import train_model
+
     with _working(workdir, preset, overrides, "ablation") as (wd, cfg, config):
         root = str(wd.root)
         with tracking.run(wd, cfg, "ablation", parent_run_id) as run_id:
@@ -193,7 +164,7 @@ def _ablation(workdir: str | None, preset: str, overrides: dict[str, Any] | None
             with_mt = Catalog(wd).has_table("captions", f"{cfg.data.dataset}.mt")  # the translate stage ran
             grid = ablation.grid(list(cfg.data.languages), seeds, with_mt)
             for captions in ablation.missing_lp_models(root, config, grid):  # LP on human + MT, on MT only
-                pretrain_flow(workdir=root, preset=preset, overrides={**(overrides or {}), "data.captions": captions},
+                STAGE_FLOWS["pretrain"](workdir=root, preset=preset, overrides={**(overrides or {}), "data.captions": captions},
                               parent_run_id=run_id)  # fmt: skip
             for row in grid:
                 evaluations, trainings = [], []
@@ -223,6 +194,13 @@ def add_language_flow(workdir: str | None = None, preset: str = "demo", override
 def _add_language(
     workdir: str | None, preset: str, overrides: dict[str, Any] | None, parent_run_id: str | None
 ) -> dict:
+    from experiments import tracking
+    from tasks import ablation
+    from tasks.add_language import add_language, added_model_name, base_model_name
+    from tasks.evaluate import evaluate_model
+    from tasks.pretrain import pretrain_mule
+    from tasks.train import train_model
+
     overrides = dict(overrides or {})
     with _working(workdir, preset, overrides, "add-language") as (wd, cfg, config):
         lang, root = cfg.train.add_language, str(wd.root)
@@ -260,6 +238,9 @@ def _add_language(
 
 
 def _add_language_report(wd: Workdir, cfg: MuleConfig, lang: str, rows: dict, run_id: str) -> dict:
+    from experiments import tracking
+    from tasks.common import logger
+
     languages = list(cfg.data.languages)
     lines = [
         f"| model | {' | '.join(languages)} | trained parameters | seconds |",
@@ -282,26 +263,16 @@ def _add_language_report(wd: Workdir, cfg: MuleConfig, lang: str, rows: dict, ru
             "existing_languages_max_change": change, "report": str(out)}  # fmt: skip
 
 
-STAGE_FLOWS = {
-    "ingest": ingest_flow,
-    "translate": translate_flow,
-    "features": features_flow,
-    "text": text_flow,
-    "pretrain": pretrain_flow,
-    "train": train_flow,
-    "evaluate": evaluate_flow,
-    "ablation": ablation_flow,
-    "add-language": add_language_flow,
-}
+STAGE_FLOWS |= {"ablation": ablation_flow, "add-language": add_language_flow}
+assert set(STAGE_FLOWS) == set(ALL), "a declared stage without a flow"
 
 
 def check_stages(stages: list[str] | None) -> list[str]:
-    stages = list(stages or STAGES)
-    unknown = [s for s in stages if s not in STAGE_FLOWS]
+    stages = list(stages or REBUILD)
+    unknown = [s for s in stages if s not in BY_NAME]
     if unknown:
-        raise ConfigError(f"unknown stage(s) {', '.join(unknown)}; stages are: {', '.join(STAGES)}")
-    order = STAGES + EXTRA_STAGES
-    return sorted(set(stages), key=order.index)  # always in pipeline order
+        raise ConfigError(f"unknown stage(s) {', '.join(unknown)}; stages are: {', '.join(ALL)}")
+    return sorted(set(stages), key=ALL.index)  # always in pipeline order
 
 
 @flow(name="rebuild")
@@ -315,28 +286,33 @@ def rebuild_flow(workdir: str | None = None, preset: str = "demo", overrides: di
 
 def _rebuild(workdir: str | None, preset: str, overrides: dict[str, Any] | None, stages: list[str] | None,
              force: list[str] | None) -> dict:  # fmt: skip
+    from experiments import tracking
+
     stages, forced = check_stages(stages), set(check_stages(force) if force else [])
-    name = "rebuild" if stages == list(STAGES) else "run: " + " ".join(stages)
+    name = "rebuild" if stages == list(REBUILD) else "run: " + " ".join(stages)
     results: dict[str, Any] = {}
     decisions: dict[str, str] = {}
     with _working(workdir, preset, overrides, name) as (wd, cfg, config), tracking.run(wd, cfg, name) as run_id:
         root = str(wd.root)
         for stage in stages:
-            if stage in EXTRA_STAGES:  # not content-addressed: they decide model by model
+            if stage in NAMED_ONLY:  # not content-addressed: they decide model by model
                 results[stage] = STAGE_FLOWS[stage](
                     workdir=root, preset=preset, overrides=overrides, parent_run_id=run_id
                 )
                 decisions[stage] = "ran"
                 continue
-            PREPARE.get(stage, lambda *_: None)(root, config)
-            decision = stage_keys.decide(wd, cfg, stage, stage in forced)
-            if decision.run:  # its own flow run (and MLflow run), told why
+            prepare = BY_NAME[stage].load_prepare()
+            if prepare:
+                prepare(root, config)
+            decision = reuse.decide(wd, cfg, stage, stage in forced)
+            if decision.run:  # its own flow run (and MLflow run), handed the decision and the config
                 results[stage] = STAGE_FLOWS[stage](workdir=root, preset=preset, overrides=overrides,
-                                                    parent_run_id=run_id, force=True, reason=decision.reason)  # fmt: skip
+                                                    parent_run_id=run_id, decided=reuse.as_dict(decision),
+                                                    config=config)  # fmt: skip
             else:  # no flow run to start: a task run in this one, and an MLflow run saying so
-                results[stage] = stage_keys.reuse_stage(wd, cfg, decision, run_id)
+                results[stage] = reuse.reuse_stage(wd, cfg, decision, run_id)
             decisions[stage] = decision.describe()
-        stage_keys.report_decisions(wd, cfg, decisions, run_id)
+        reuse.report_decisions(wd, cfg, decisions, run_id)
         if "ablation" in results:
             tracking.Tracker(wd, run_id).artifact(Path(results["ablation"]["results_dir"]) / "ablation.md")
         if "evaluate" in results and results["evaluate"]["table"]:

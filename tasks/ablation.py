@@ -22,14 +22,12 @@ from data_catalog.lexicons import english_lexicons
 from mule_core.text import Vocab, translate_tokens, word_translator
 from mule_core.training import evaluate_split, resolve_device
 
-from . import plots
+from experiments import plots
 from .common import context, logger
 from .features import extractor_for
 from .model_io import Vocabulary, load_model, load_split
-from .pretrain import pretrain_path
-from .report import to_csv
-from .tracking import Tracker
-from .train import model_path
+from experiments.report import to_csv
+from experiments.tracking import Tracker
 
 ABLATION_DIR = "ablation"
 
@@ -115,7 +113,7 @@ def missing_inputs(workdir: str, config: dict[str, Any]) -> list[str]:
         missing.append("features")
     if not catalog.has_table("word_vectors", dataset):
         return [*missing, "text", "pretrain"]
-    lp = pretrain_path(wd, dataset)
+    lp = wd.lp_model_path(dataset)
     if not lp.exists():
         missing.append("pretrain")
     else:
@@ -133,11 +131,11 @@ def missing_inputs(workdir: str, config: dict[str, Any]) -> list[str]:
 @task(name="ablation-lp-inputs", cache_policy=NO_CACHE)
 def missing_lp_models(workdir: str, config: dict[str, Any], rows: list[Row]) -> list[str]:
     """The caption selections (data.captions) whose LP model rows need and the workdir
-    lacks: LP on human + MT captions is its own model (tasks/pretrain.py: pretrain_path)."""
+    lacks: LP on human + MT captions is its own model (Workdir.lp_model_path)."""
     wd, _, cfg = context(workdir, config)
     needed = {m.overrides.get("data.captions", cfg.data.captions) for row in rows for m in row.models
               if m.overrides.get("pretrain.enabled", cfg.pretrain.enabled)}  # fmt: skip
-    return sorted(c for c in needed if not pretrain_path(wd, cfg.data.dataset, c).exists())
+    return sorted(c for c in needed if not wd.lp_model_path(cfg.data.dataset, c).exists())
 
 
 class _TranslatingVocab(Vocab):
@@ -173,7 +171,7 @@ def translate_the_query(
     result = RowResult("Translate the query (EmbN en + lexicon)",
                        note="lexicons: " + ", ".join(f"en-{lang}" for lang in lexicons))  # fmt: skip
     for english_model in english_models:
-        model, meta = load_model(model_path(wd, dataset, english_model))
+        model, meta = load_model(wd.model_path(dataset, english_model))
         english: Vocab = meta["vocabulary"].vocabs["en"]
         result.parameters, result.language_specific = (meta["parameters"]["total"],
                                                        meta["parameters"]["language_specific"])  # fmt: skip
@@ -238,7 +236,7 @@ def summarize(workdir: str, config: dict[str, Any], run_id: str | None, rows: li
     write_text_atomic(f"{header}\n\n{markdown}\n", out / "ablation.md")
     write_text_atomic(to_csv(records), out / "ablation.csv")
     figure = plots.ablation_bars(rows, languages, f"{cfg.data.dataset} {cfg.eval.split}: mR per language and model")
-    figure.savefig(out / "ablation.png", dpi=110)
+    plots.save(figure, out / "ablation.png")
     tracker = Tracker(wd, run_id)
     tracker.artifact(out / "ablation.png")
     plots.close(figure)

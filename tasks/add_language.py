@@ -26,11 +26,10 @@ from mule_core.errors import UserError
 from mule_core.model import count_parameters, with_added_language
 from mule_core.training import Trainer, encode_split, evaluate_split, resolve_device
 
-from . import plots
+from experiments import plots
 from .common import context, logger
 from .model_io import file_digest, load_model, load_split, load_vocabulary, model_digest, save_model
-from .tracking import Tracker
-from .train import model_path
+from experiments.tracking import Tracker
 from .training_common import cross_lingual, mean_r1, optim_config
 
 
@@ -53,7 +52,7 @@ def add_language(workdir: str, config: dict[str, Any], run_id: str | None) -> di
     lang = cfg.train.add_language
     if not lang:
         raise AddLanguageError("no language to add: set train.add_language (mule run add-language --lang ja)")
-    base_path = model_path(wd, dataset, base_model_name(lang, cfg.train.base_model))
+    base_path = wd.model_path(dataset, base_model_name(lang, cfg.train.base_model))
     if not base_path.exists():
         raise AddLanguageError(f"no base model at {base_path}: train one without {lang} first "
                                f"(mule run add-language trains it, or train.model_name={base_path.stem})")  # fmt: skip
@@ -83,7 +82,7 @@ def add_language(workdir: str, config: dict[str, Any], run_id: str | None) -> di
     log.info("adding %s to %s: %d training images with %s captions (of %d), %s trainable parameters of %s",
              lang, base_path.name, train.n_images, lang, all_train.n_images, f"{trainable:,}", f"{counts['total']:,}")  # fmt: skip
 
-    path = model_path(wd, dataset, cfg.train.model_name)
+    path = wd.model_path(dataset, cfg.train.model_name)
     key = fingerprint("add-language", lang, model_digest(base_path), cfg.data.captions, cfg.loss, cfg.pretrain,
                       replace(cfg.train, reuse=False), file_digest(wd.table_path("word_vectors", dataset)))  # fmt: skip
     if cfg.train.reuse and path.exists():

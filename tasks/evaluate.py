@@ -18,14 +18,12 @@ from mule_core.errors import MissingInputError
 from mule_core.metrics import mean_mr
 from mule_core.training import SplitTensors, encode_split, evaluate_split, resolve_device
 
-from . import plots, registry
+from experiments import plots, registry
 from .common import context, logger
 from .features import image_file_count
 from .model_io import load_model, load_split
-from .pretrain import lp_path
-from .report import cross_lingual_markdown, recall_markdown, recall_rows, to_csv
-from .tracking import Tracker
-from .train import model_path, results_dir
+from experiments.report import cross_lingual_markdown, recall_markdown, recall_rows, to_csv
+from experiments.tracking import Tracker
 from .training_common import cross_lingual
 
 
@@ -64,7 +62,7 @@ def _write_outputs(out, tracker, summary: dict, figures: dict, files: dict[str, 
         write_text_atomic(text, out / name)
     write_json_atomic(summary, out / "evaluation.json")
     for name, figure in figures.items():
-        figure.savefig(out / name, dpi=110)
+        plots.save(figure, out / name)
         plots.close(figure)
         tracker.artifact(out / name)  # the file just written: rendering it again for MLflow costs as much
     for name in (*files, "evaluation.json"):
@@ -79,7 +77,7 @@ def _cross_lingual_metrics(crossing: dict) -> dict[str, float]:
 def _evaluate_text_only(wd, catalog, cfg, tracker, log) -> dict[str, Any]:
     """No images: cross-lingual sentence retrieval of the LP model at the MULE layer."""
     dataset = cfg.data.dataset
-    path = lp_path(wd, catalog, cfg)
+    path = catalog.lp_model_path(cfg.data)
     if not path.exists():
         raise MissingInputError(
             f"dataset {dataset!r} has no images, so only the MULE layer can be evaluated, and there is no LP "
@@ -107,7 +105,7 @@ def evaluate_model(workdir: str, config: dict[str, Any], run_id: str | None) -> 
     log, dataset, tracker = logger(), cfg.data.dataset, Tracker(wd, run_id)
     if image_file_count(catalog, dataset) == 0:
         return _evaluate_text_only(wd, catalog, cfg, tracker, log)
-    path = model_path(wd, dataset, cfg.train.model_name)
+    path = wd.model_path(dataset, cfg.train.model_name)
     model, meta = load_model(path)
     device = resolve_device(cfg.train.device)
     reader = functools.partial(catalog.read_features, dataset)
@@ -132,7 +130,7 @@ def evaluate_model(workdir: str, config: dict[str, Any], run_id: str | None) -> 
         figures["retrieved_images.png"] = plots.retrieved_images(
             retrieval_examples(model, data, catalog, dataset, device, cfg.eval.examples)
         )
-    out = results_dir(wd, dataset, cfg.train.model_name)
+    out = wd.model_results_dir(dataset, cfg.train.model_name)
     _write_outputs(out, tracker, summary, figures, {"recalls.md": markdown + "\n",
                                                     "recalls.csv": to_csv(recall_rows(table)),
                                                     "cross_lingual.md": cross_lingual_markdown(crossing) + "\n"})  # fmt: skip

@@ -45,7 +45,7 @@ from mule_core.progress import Progress
 from mule_core.training import resolve_device
 
 from .common import context, logger
-from .tracking import Tracker
+from experiments.tracking import Tracker
 
 
 class NoImagesError(UserError, RuntimeError):

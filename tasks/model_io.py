@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,7 @@ import numpy as np
 import torch
 
 from data_catalog.catalog import Catalog
-from data_catalog.faults import remove_stale_temporaries, write_point
+from data_catalog.atomic import write_atomic
 from mule_core.config import MuleConfig, from_dict, to_dict
 from mule_core.errors import InputError, MissingInputError
 from mule_core.model import MuleModel
@@ -166,15 +165,7 @@ def model_digest(path: Path) -> str | None:
 
 
 def save_atomic(obj: Any, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temporaries(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        torch.save(obj, tmp)
-        write_point(path)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_atomic(path, lambda tmp: torch.save(obj, tmp))
 
 
 def save_model(path: Path, model: MuleModel, cfg: MuleConfig, vocabulary: Vocabulary, **meta: Any) -> None:

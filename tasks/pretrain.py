@@ -12,28 +12,11 @@ from prefect.cache_policies import NO_CACHE
 
 from mule_core.training import Trainer, resolve_device
 
-from . import plots
+from experiments import plots
 from .common import context, logger
 from .model_io import build_model, load_split, load_vocabulary, save_model
-from .tracking import Tracker
+from experiments.tracking import Tracker
 from .training_common import cross_lingual, mean_r1, optim_config, record_divergence
-
-
-def pretrain_path(workdir, dataset: str, captions: str = "human", languages: tuple[str, ...] | None = None):
-    """One LP model per training-caption selection (data.captions): LP on human + MT
-    captions is another model than LP on human captions only. LP over only some of the
-    dataset's languages (a base model a language will be added to) is its own file too."""
-    suffix = "" if captions == "human" else "." + captions.replace("+", "-")
-    suffix += "." + "-".join(languages) if languages else ""
-    return workdir.models_dir(dataset) / f"pretrain{suffix}.pt"
-
-
-def lp_path(workdir, catalog, cfg):
-    """The LP model for cfg's captions and languages (see pretrain_path)."""
-    dataset = cfg.data.dataset
-    present = set(catalog.query("SELECT DISTINCT lang FROM captions WHERE dataset = ?", [dataset])["lang"].to_pylist())
-    used = tuple(lang for lang in cfg.data.languages if lang in present)
-    return pretrain_path(workdir, dataset, cfg.data.captions, None if set(used) == present else used)
 
 
 @task(name="language-pretraining", cache_policy=NO_CACHE)
@@ -73,7 +56,7 @@ def pretrain_mule(workdir: str, config: dict[str, Any], run_id: str | None) -> d
 
     started = time.perf_counter()
     history = trainer.fit(on_epoch)
-    path = lp_path(wd, catalog, cfg)
+    path = catalog.lp_model_path(cfg.data)
     save_model(path, model, cfg, vocabulary, kind="lp", best_epoch=trainer.best_epoch, val_score=trainer.best_score)
     figure = plots.training_curves(history, "LP: neighborhood constraints at the MULE layer",
                                    score_label="val cross-lingual R@1 (MULE)")  # fmt: skip

@@ -24,7 +24,7 @@ from mule_core.text import PAD, UNK
 
 from .common import context, logger
 from .model_io import CAPTION_SOURCES
-from .tracking import Tracker
+from experiments.tracking import Tracker
 
 
 @contextlib.contextmanager

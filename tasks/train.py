@@ -21,7 +21,7 @@ from mule_core.metrics import mean_mr
 from mule_core.model import count_parameters
 from mule_core.training import Trainer, evaluate_split, resolve_device
 
-from . import plots, registry
+from experiments import plots, registry
 from .common import context, logger
 from .features import extractor_for, images_with_files
 from .model_io import (
@@ -34,22 +34,12 @@ from .model_io import (
     save_atomic,
     save_model,
 )
-from .pretrain import lp_path
-from .tracking import Tracker
+from experiments.tracking import Tracker
 from .training_common import optim_config, record_divergence
 
 
 class MissingPretrainError(UserError, RuntimeError):
     pass
-
-
-def model_path(workdir, dataset: str, name: str = "model"):
-    return workdir.models_dir(dataset) / f"{name}.pt"
-
-
-def results_dir(workdir, dataset: str, name: str = "model"):
-    """results/<dataset>/ for the main model, results/<dataset>/<name>/ for the others."""
-    return workdir.results_dir(dataset) if name == "model" else workdir.results_dir(dataset) / name
 
 
 def load_pretrained_mule(model, path, vocabulary) -> None:
@@ -82,7 +72,7 @@ def train_model(workdir: str, config: dict[str, Any], run_id: str | None) -> dic
     model = build_model(cfg, vocabulary, image_dim=train.features.shape[1])
     model.set_image_normalization(train.features)
 
-    lp_file = lp_path(wd, catalog, cfg)
+    lp_file = catalog.lp_model_path(cfg.data)
     if cfg.pretrain.enabled:
         if not lp_file.exists():
             raise MissingPretrainError(
@@ -108,8 +98,8 @@ def train_model(workdir: str, config: dict[str, Any], run_id: str | None) -> dic
     trainer = Trainer(model, train, cfg.loss, optim, device, mode="joint", validate=validate)
 
     # Resume only a checkpoint of this very setting: same config and the same inputs.
-    path = model_path(wd, dataset, cfg.train.model_name)
-    checkpoint = path.with_name(f"{path.stem}-checkpoint.pt")
+    path = wd.model_path(dataset, cfg.train.model_name)
+    checkpoint = wd.checkpoint_path(dataset, cfg.train.model_name)
     mt_digest = file_digest(wd.table_path("captions", f"{dataset}.mt")) if cfg.data.captions != "human" else None
     key = fingerprint(cfg.data.languages, cfg.data.captions, mt_digest, cfg.text, cfg.model, cfg.loss, replace(cfg.train, reuse=False), cfg.pretrain,
                       extractor, file_digest(wd.table_path("word_vectors", dataset)),

@@ -39,7 +39,7 @@ from mule_core.text import tokenize
 from mule_core.translation import WordTable, best_translations, ibm_model1
 
 from .common import context, logger
-from .tracking import Tracker
+from experiments.tracking import Tracker
 
 ENGLISH = "en"
 
@@ -158,7 +158,7 @@ def make_backend(cfg: MuleConfig, wd, catalog: Catalog, pairs):
     if backend == "induced":
         return induced_backend(cfg, catalog, pairs)
     if backend == "googletrans":
-        from .googletrans_backend import GoogleOptions, GoogleTranslateBackend
+        from clients.googletrans import GoogleOptions, GoogleTranslateBackend
 
         t = cfg.translate
         return GoogleTranslateBackend(

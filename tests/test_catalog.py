@@ -44,6 +44,8 @@ def test_a_crash_while_writing_leaves_the_old_table(tmp_path, monkeypatch):
 
 
 def test_missing_tables_say_which_stage_to_run(tmp_path):
+    import pipeline.reuse  # noqa: F401 - registers the stage that writes each table (from the declarations)
+
     catalog = Catalog(Workdir.at(tmp_path))
     with pytest.raises(CatalogError, match=r"no captions table for dataset 'nope' yet: run the ingest stage first"):
         catalog.read_table("captions", "nope")

@@ -8,8 +8,9 @@ import yaml
 from cronsim import CronSim
 from prefect.flows import load_flow_from_entrypoint
 
+from pipeline.declaration import BY_NAME, REBUILD
+
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = ["ingest", "translate", "features", "text", "pretrain", "train", "evaluate"]
 
 
 def deployments() -> list[dict]:
@@ -19,12 +20,14 @@ def deployments() -> list[dict]:
 def test_a_scheduled_rebuild_and_one_deployment_per_stage(monkeypatch):
     monkeypatch.chdir(ROOT)
     names = [d["name"] for d in deployments()]
-    assert names == ["weekly-rebuild", *STAGES]
+    assert names == ["weekly-rebuild", *REBUILD]  # one deployment per declared stage
     for deployment in deployments():
         flow = load_flow_from_entrypoint(deployment["entrypoint"])
         accepted = set(inspect.signature(flow.fn).parameters)
         assert set(deployment.get("parameters", {})) <= accepted, deployment["name"]
         assert flow.name == ("rebuild" if deployment["name"] == "weekly-rebuild" else deployment["name"])
+        if deployment["name"] in BY_NAME:  # described by its flow, that is by the stage's declaration
+            assert "description" not in deployment and flow.description == BY_NAME[deployment["name"]].summary
         assert deployment["work_pool"]["name"] == "mule-process"
         # The workdir travels with the deployment, from MULE_HOME at `prefect deploy` time.
         assert deployment["parameters"]["workdir"] == "{{ $MULE_HOME }}", deployment["name"]

@@ -14,6 +14,7 @@ from mlflow.tracking import MlflowClient
 from data_catalog.catalog import Catalog
 from data_catalog.workdir import Workdir
 from mule_core.config import resolve, to_dict
+from pipeline.declaration import REBUILD
 
 TINY = {
     "data.train_images": 48,
@@ -30,7 +31,7 @@ TINY = {
     "eval.examples": 1,
     "features.shard_images": 32,  # several parts, to check that extraction resumes
 }
-STAGES = ["ingest", "translate", "features", "text", "pretrain", "train", "evaluate"]
+STAGES = list(REBUILD)  # every declared stage of the rebuild, in order
 
 
 @pytest.fixture(scope="module")
@@ -177,6 +178,33 @@ def test_a_rebuild_with_nothing_changed_runs_no_stage(rebuilt, tmp_path):
     assert parent.data.tags["mule.stages_ran"] == "none"
     stages_md = client.download_artifacts(parent.info.run_id, "stages.md", str(tmp_path))
     assert "| train | reused (key " in open(stages_md).read()
+
+
+def test_a_code_edit_reruns_the_stages_whose_imports_reach_it(rebuilt, tmp_path):
+    """The rebuilt workdir against a copy of the repository: unchanged, every stage is
+    reused; mule_core/text.py edited (train reaches it only through tasks/model_io.py),
+    train runs again and says why; the googletrans client edited, train is reused."""
+    from pipeline import code_keys, reuse
+    from tests.test_code_keys import PACKAGES, edit
+
+    wd, _ = rebuilt
+    cfg = resolve("demo", TINY)
+    repo = tmp_path / "repo"
+    for package in PACKAGES:
+        shutil.copytree(code_keys.REPO / package, repo / package, ignore=shutil.ignore_patterns("__pycache__"))
+    try:
+        assert not reuse.decide(wd, cfg, "train", repo=repo).run
+        edit(repo / "mule_core" / "text.py")
+        code_keys.code_parts.cache_clear()
+        decision = reuse.decide(wd, cfg, "train", repo=repo)
+        assert decision.run and decision.reason == "code mule_core/text.py changed", decision.reason
+        shutil.copy(code_keys.REPO / "mule_core" / "text.py", repo / "mule_core" / "text.py")
+        edit(repo / "clients" / "googletrans.py")
+        code_keys.code_parts.cache_clear()
+        assert not reuse.decide(wd, cfg, "train", repo=repo).run
+        assert reuse.decide(wd, cfg, "translate", repo=repo).reason == "code clients/googletrans.py changed"
+    finally:
+        code_keys.code_parts.cache_clear()
 
 
 @pytest.mark.slow

@@ -2,7 +2,7 @@
 SQLite in a temp dir)."""
 
 from data_catalog.workdir import Workdir
-from tasks import registry, tracking
+from experiments import registry, tracking
 
 
 def test_the_champion_moves_only_when_a_comparable_model_is_better_and_test_results_are_tagged(tmp_path):

@@ -6,8 +6,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from data_catalog.workdir import Workdir
-from tasks import tracking
-from tasks.relocation import adopt
+from experiments import tracking
+from experiments.relocation import adopt
 
 
 def a_workdir_with_a_run(root) -> tuple[Workdir, str]:

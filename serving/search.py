@@ -22,9 +22,9 @@ from mule_core.model import MuleModel, TextBatch
 from mule_core.text import detect_language, pad_batch, tokenize
 from mule_core.training import SplitTensors, encode_split, resolve_device
 
-from .features import load_extractor
-from .model_io import load_model, load_split
-from .registry import resolve_model_file
+from tasks.features import load_extractor
+from tasks.model_io import load_model, load_split
+from experiments.registry import resolve_model_file
 
 
 class SearchError(UserError, ValueError):

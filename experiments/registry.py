@@ -12,6 +12,7 @@ better model.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,6 @@ from data_catalog.workdir import Workdir
 from mule_core.errors import UserError
 
 from . import tracking
-from .common import logger
 
 CHAMPION = "champion"
 
@@ -95,7 +95,7 @@ def register(workdir: Workdir, candidate: Candidate) -> dict[str, Any]:
     if promote:
         client.set_registered_model_alias(name, CHAMPION, version.version)
     client.set_model_version_tag(name, version.version, "mule.champion_decision", why)
-    logger().info("registered %s version %s; %s: %s", name, version.version,
+    logging.getLogger("mule.registry").info("registered %s version %s; %s: %s", name, version.version,
                   f"now {CHAMPION}" if promote else f"{CHAMPION} stays", why)  # fmt: skip
     return {"model": name, "version": int(version.version), "champion": promote, "why": why}
 

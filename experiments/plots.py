@@ -51,6 +51,13 @@ def close(figure) -> None:
     plt.close(figure)
 
 
+def save(figure, path) -> None:
+    """A PNG written atomically (a figure is an output like any other)."""
+    from data_catalog.atomic import write_atomic
+
+    write_atomic(path, lambda tmp: figure.savefig(tmp, dpi=110, format="png"))
+
+
 def training_curves(history, title: str, score_label: str):
     epochs = [r.epoch for r in history]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))

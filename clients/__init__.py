@@ -1,0 +1,1 @@
+"""Clients of remote services (googletrans), behind the interfaces the stages use."""

@@ -1,0 +1,113 @@
+"""A stage's code key: the repository files its task module really imports, read from
+their source, and the versions of the libraries those files import.
+
+A hand list of "the code train depends on" drifts as soon as someone adds an import;
+the import closure cannot. Imports are found by parsing (never by importing), inside
+functions too, so a lazily imported module counts like any other. The closure is
+deliberately generous: a module that is imported but does not change the output still
+reruns the stage when edited, which costs time; the other way round would cost a stale
+model.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import sys
+from importlib.metadata import PackageNotFoundError, packages_distributions, version
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Libraries that run and record a stage but do not compute what it writes: upgrading
+# Prefect or MLflow must not retrain every model.
+RUNNERS = frozenset({"prefect", "prefect_dask", "mlflow", "dask", "distributed"})
+
+
+def module_path(module: str, repo: Path = REPO) -> Path | None:
+    """The file of a repository module (a package is its __init__.py); None when the
+    module is not in the repository."""
+    base = repo.joinpath(*module.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _imported_names(path: Path, module: str, is_package: bool) -> set[str]:
+    """Every module name an import statement in `path` may load (absolute names)."""
+    package = module if is_package else module.rpartition(".")[0]
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_bytes(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # from . import x, from ..a import b
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1])
+                source = f"{base}.{node.module}" if node.module else base
+            else:
+                source = node.module or ""
+            names.add(source)
+            names.update(f"{source}.{alias.name}" for alias in node.names)  # `from pkg import submodule`
+    return names
+
+
+def _with_parents(module: str) -> list[str]:
+    """Importing a.b.c runs a/__init__.py and a/b/__init__.py first."""
+    parts = module.split(".")
+    return [".".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+def closure(module: str, repo: Path = REPO) -> tuple[dict[str, Path], set[str]]:
+    """(repository modules reached from `module`, by name -> file; top-level names of the
+    other modules they import)."""
+    reached: dict[str, Path] = {}
+    outside: set[str] = set()
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        for candidate in _with_parents(name):
+            if candidate in reached:
+                continue
+            path = module_path(candidate, repo)
+            if path is None:
+                if module_path(candidate.split(".")[0], repo) is None:
+                    outside.add(candidate.split(".")[0])
+                continue  # `from pkg import function`: pkg.function is not a module
+            reached[candidate] = path
+            todo.extend(_imported_names(path, candidate, path.name == "__init__.py"))
+    return reached, outside
+
+
+def libraries(top_level_names: set[str]) -> dict[str, str]:
+    """Installed distribution -> version for the third-party modules named (the standard
+    library and the runners left out)."""
+    distributions = packages_distributions()
+    found: dict[str, str] = {}
+    for name in sorted(top_level_names - set(sys.stdlib_module_names) - RUNNERS):
+        for distribution in distributions.get(name, []):
+            try:
+                found[distribution] = version(distribution)
+            except PackageNotFoundError:
+                pass
+    return found
+
+
+@functools.cache
+def code_parts(module: str, repo: Path = REPO) -> dict[str, str]:
+    """What a change of code means for the stage whose task lives in `module`: each
+    reached file's digest, each library's version."""
+    reached, outside = closure(module, repo)
+    parts = {f"file {path.relative_to(repo)}": hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+             for path in sorted(reached.values())}  # fmt: skip
+    parts |= {f"library {name}": v for name, v in libraries(outside).items()}
+    return parts
+
+
+def code_digest(module: str, repo: Path = REPO) -> str:
+    digest = hashlib.sha256()
+    for name, value in sorted(code_parts(module, repo).items()):
+        digest.update(f"{name}={value}\n".encode())
+    return digest.hexdigest()[:16]

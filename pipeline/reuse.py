@@ -1,0 +1,266 @@
+"""Content-addressed stages: a stage's key covers what it reads, the config it uses and
+the code it runs; a rebuild runs a stage only when its key changed.
+
+Everything about a stage comes from its declaration (pipeline.declaration): its code is
+the import closure of its task's module (pipeline.code_keys), its config the options it
+declares (less the operational ones), its inputs the digests of the catalog entries it
+reads (data_catalog.entries), its outputs those it writes. Inputs are digests of
+content, never paths or timestamps, so a rebuild after editing one caption file reruns
+ingest and then only the stages whose inputs really changed: the images table is the
+same, so features are reused; the captions table is not, so the text side runs again. A
+stage's record (state/stages/<dataset>/<stage>.json) keeps its key, the parts the key was
+made of (to say why a stage ran), digests of its outputs (a deleted or edited output
+makes it run again) and its result (what a reused stage returns).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from data_catalog.catalog import Catalog, register_producers, write_json_atomic
+from data_catalog.content import FileHasher, arrow_digest, combine
+from data_catalog.entries import ENTRIES, TABLE_ENTRIES, output_files
+from data_catalog.workdir import Workdir
+from mule_core.config import MuleConfig, flatten
+from mule_core.errors import is_user_error
+
+from experiments import tracking
+from tasks.common import logger
+
+from . import code_keys
+from .declaration import BY_NAME, Stage, writer_of
+
+register_producers({table: writer_of(entry) for table, entry in TABLE_ENTRIES.items() if writer_of(entry)})
+
+
+def config_parts(cfg: MuleConfig, stage: Stage) -> dict[str, str]:
+    excluded = stage.operational | stage.ignores
+    return {f"config {k}": v for k, v in flatten(cfg).items()
+            if k not in excluded and any(k == w or (w.endswith(".") and k.startswith(w)) for w in stage.config)}  # fmt: skip
+
+
+def _images_digest(catalog: Catalog, dataset: str) -> str | None:
+    """The images' identity, split and bytes (not their paths: a moved workdir keeps its key)."""
+    if not catalog.has_table("images", dataset):
+        return None
+    return arrow_digest(catalog.image_identity(dataset))[:16]
+
+
+def _model_digest(path: Path, hasher: FileHasher) -> str | None:
+    """A model's weights and vocabularies (tasks.model_io.model_digest), remembered by the
+    file's digest: torch is imported only for a model not seen before."""
+    file_digest = hasher.digest(path)
+    if file_digest is None:
+        return None
+    return hasher.derived("model", file_digest, lambda: _load_model_digest(path))
+
+
+def _load_model_digest(path: Path) -> str | None:
+    from tasks.model_io import model_digest
+
+    return model_digest(path)
+
+
+def entry_digest(name: str, wd: Workdir, catalog: Catalog, cfg: MuleConfig, hasher: FileHasher) -> str | None:
+    entry = ENTRIES[name]
+    paths = entry.locate(wd, catalog, cfg)
+    if entry.kind == "images":
+        return _images_digest(catalog, cfg.data.dataset)
+    if entry.kind == "model":
+        return _model_digest(paths[0], hasher)
+    if entry.kind == "tree":
+        digests = [hasher.tree(p, exclude=("extractor.json",)) for p in paths]
+        return combine({str(i): d for i, d in enumerate(digests)})[:16] if any(digests) else None
+    digests = [hasher.digest(p) for p in paths]
+    if entry.kind == "files":
+        return combine({str(p): d for p, d in zip(paths, digests)})[:16] if paths else None
+    return digests[0][:16] if digests[0] else None
+
+
+def input_parts(wd: Workdir, catalog: Catalog, cfg: MuleConfig, stage: Stage, hasher: FileHasher) -> dict[str, Any]:
+    return {f"input {name}": entry_digest(name, wd, catalog, cfg, hasher) for name in stage.entries_read(cfg)}
+
+
+def code_parts(stage: Stage, repo: Path | None = None) -> dict[str, str]:
+    """"code tasks/train.py", "code library torch": so a rerun's reason names the file."""
+    return {f"code {k.removeprefix('file ')}": v
+            for k, v in code_keys.code_parts(stage.module, repo or code_keys.REPO).items()}  # fmt: skip
+
+
+def slot_for(wd: Workdir, catalog: Catalog, cfg: MuleConfig, stage: Stage) -> str:
+    """Stages that write one of several files (LP per caption selection, a model per
+    name) keep one record per file, named after it; the default file has the plain name."""
+    if stage.slot is None:
+        return ""
+    name = ENTRIES[stage.slot].locate(wd, catalog, cfg)[0].stem
+    return "" if name in ("pretrain", "model") else name
+
+
+def output_paths(wd: Workdir, catalog: Catalog, cfg: MuleConfig, stage: Stage) -> list[Path]:
+    return [path for name in stage.writes for path in output_files(ENTRIES[name], ENTRIES[name].locate(wd, catalog, cfg))]
+
+
+@dataclass
+class Decision:
+    stage: str
+    key: str
+    parts: dict[str, Any]
+    run: bool
+    reason: str  # why it runs, or "key <key>" when reused
+    record: dict | None = None  # the previous record
+    slot: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def describe(self) -> str:
+        return f"ran ({self.reason})" if self.run else f"reused (key {self.key[:12]})"
+
+
+def _changes(old: dict, new: dict, limit: int = 4) -> str:
+    changed = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    names = [k.removeprefix("input ") + " changed" if k.startswith("input ") else
+             f"{k.removeprefix('config ')} {old.get(k)} -> {new.get(k)}" if k.startswith(("config ", "code library "))
+             else f"{k} changed" for k in changed]  # fmt: skip
+    more = f", and {len(names) - limit} more" if len(names) > limit else ""
+    return "; ".join(names[:limit]) + more
+
+
+def decide(wd: Workdir, cfg: MuleConfig, name: str, force: bool = False, repo: Path | None = None) -> Decision:
+    """Whether stage `name` must run, and why: forced, never run, its key changed (saying
+    which part: a file of its code, an option, an input), or an output missing or changed
+    since it was written. `repo`: the code to key (default: this checkout)."""
+    stage = BY_NAME[name]
+    catalog, hasher = Catalog(wd), FileHasher(wd)
+    try:
+        slot = slot_for(wd, catalog, cfg, stage)
+        parts = {**code_parts(stage, repo), **config_parts(cfg, stage), **input_parts(wd, catalog, cfg, stage, hasher)}
+    except Exception as error:  # an input is missing: the stage runs, and fails saying which
+        if not (is_user_error(error) or isinstance(error, FileNotFoundError)):
+            raise
+        return Decision(name, "", {}, True, f"its inputs cannot be read: {error}")
+    key = combine(parts)[:24]
+    path = wd.stage_record_path(cfg.data.dataset, name, slot)
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        record = None
+    if force:
+        reason = "forced with --force"
+    elif record is None:
+        reason = "no earlier run"
+    elif record["key"] != key:
+        reason = _changes(record["parts"], parts)
+    else:
+        reason = _outputs_changed(wd, hasher, record)
+    hasher.save()
+    return Decision(name, key, parts, bool(reason), reason or f"key {key[:12]}", record, slot)
+
+
+def previous_record(wd: Workdir, cfg: MuleConfig, decision: Decision) -> dict | None:
+    try:
+        return json.loads(wd.stage_record_path(cfg.data.dataset, decision.stage, decision.slot).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _outputs_changed(wd: Workdir, hasher: FileHasher, record: dict) -> str:
+    for name, digest in record["outputs"].items():
+        now = hasher.digest(wd.root / name)
+        if now is None:
+            return f"output {name} missing"
+        if now != digest:
+            return f"output {name} changed since it was written"
+    return ""
+
+
+def record(wd: Workdir, cfg: MuleConfig, decision: Decision, result: Any, run_id: str | None) -> None:
+    """After the stage ran: its key (of the inputs it started from), its outputs' digests
+    and its result."""
+    if not decision.key:  # no key could be taken before it ran: the next run takes one
+        return
+    catalog, hasher = Catalog(wd), FileHasher(wd)
+    stage = decision.stage
+    outputs = {str(p.relative_to(wd.root)): hasher.digest(p) for p in output_paths(wd, catalog, cfg, BY_NAME[stage])}
+    hasher.save()
+    path = wd.stage_record_path(cfg.data.dataset, stage, decision.slot)
+    write_json_atomic({"stage": stage, "key": decision.key, "parts": decision.parts, "outputs": outputs,
+                       "result": result, "run_id": run_id, "finished": time.time(), "reason": decision.reason,
+                       "root": str(wd.root)}, path)  # fmt: skip
+
+
+def reused_result(decision: Decision, wd: Workdir) -> dict:
+    """What a reused stage returns: the result it recorded (its paths in this workdir, if
+    it was copied or moved since), marked as reused."""
+    result = decision.record["result"] if isinstance(decision.record["result"], dict) else {}
+    old = decision.record.get("root")
+    if old and old != str(wd.root):
+        result = _moved(result, old.rstrip("/") + "/", str(wd.root) + "/")
+    return result | {"reused": True, "stage_key": decision.key, "reused_from_run": decision.record.get("run_id")}
+
+
+def _moved(value: Any, old: str, new: str) -> Any:
+    if isinstance(value, str):
+        return new + value[len(old) :] if value.startswith(old) else value
+    if isinstance(value, dict):
+        return {k: _moved(v, old, new) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_moved(v, old, new) for v in value]
+    return value
+
+
+def as_dict(decision: Decision) -> dict:
+    data = asdict(decision)
+    data.pop("record")
+    return data
+
+
+def tags(decision: Decision) -> dict[str, str]:
+    """What an MLflow run says about its stage: ran or reused, why, under which key."""
+    values = {"mule.stage_status": "ran" if decision.run else "reused", "mule.stage_key": decision.key,
+              "mule.stage_reason": decision.reason[:4900]}  # fmt: skip
+    if not decision.run and decision.record and decision.record.get("run_id"):
+        values["mule.reused_from_run"] = decision.record["run_id"]
+    return values
+
+
+@task(name="reuse-stage", task_run_name="{decision.stage}: reused", cache_policy=NO_CACHE)
+def reuse_stage(wd: Workdir, cfg: MuleConfig, decision: Decision, parent_run_id: str | None) -> dict:
+    """A stage whose key is unchanged: no work, an MLflow run that says so (and points at the
+    run that produced what is reused), and the result that run recorded."""
+    with tracking.run(wd, cfg, decision.stage, parent_run_id) as run_id:
+        tracking.Tracker(wd, run_id).tags(tags(decision))
+    logger().info("%s: %s, from MLflow run %s", decision.stage, decision.describe(), decision.record.get("run_id"))
+    return reused_result(decision, wd)
+
+
+def decisions_markdown(decisions: dict[str, str]) -> str:
+    return "| stage | decision |\n|---|---|\n" + "\n".join(f"| {s} | {d} |" for s, d in decisions.items()) + "\n"
+
+
+def report_decisions(wd: Workdir, cfg: MuleConfig, decisions: dict[str, str], run_id: str | None) -> None:
+    """Ran or reused, stage by stage: in the log, on the parent MLflow run (a tag and
+    stages.md) and as a Prefect artifact of the flow run."""
+    markdown = decisions_markdown(decisions)
+    ran = [s for s, d in decisions.items() if d.startswith("ran")]
+    logger().info("stages: %s ran, %d reused\n%s", ", ".join(ran) or "none", len(decisions) - len(ran), markdown)
+    tracker = tracking.Tracker(wd, run_id)
+    tracker.tags({"mule.stages_ran": ",".join(ran) or "none",
+                  "mule.stages_reused": ",".join(s for s in decisions if s not in ran) or "none"})  # fmt: skip
+    tracker.text(markdown, "stages.md")
+    try:
+        from prefect.artifacts import create_markdown_artifact
+
+        create_markdown_artifact(markdown=markdown, key=f"stages-{_artifact_key(cfg.data.dataset)}",
+                                 description="What this rebuild ran, and what it reused")  # fmt: skip
+    except Exception as error:  # noqa: BLE001 - the log and MLflow already say it
+        logger().debug("no Prefect artifact: %s", error)
+
+
+def _artifact_key(name: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in name.lower())

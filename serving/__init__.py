@@ -1,0 +1,1 @@
+"""Using a trained model: search the catalog's images and sentences with it."""

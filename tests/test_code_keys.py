@@ -1,0 +1,74 @@
+"""A stage's code is what its task module imports, followed through the repository: never
+a hand list. Edits are made in a copy of the repository."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pipeline.code_keys import REPO, closure, code_digest, code_parts
+from pipeline.declaration import BY_NAME, REBUILD
+
+PACKAGES = ("flows", "pipeline", "tasks", "experiments", "serving", "clients", "data_catalog", "mule_core")
+
+
+@pytest.fixture
+def repo_copy(tmp_path) -> Path:
+    copy = tmp_path / "repo"
+    for package in PACKAGES:
+        shutil.copytree(REPO / package, copy / package, ignore=shutil.ignore_patterns("__pycache__"))
+    return copy
+
+
+def edit(path: Path) -> None:
+    path.write_text(path.read_text() + "\n# an edit\n")
+
+
+def reached(module: str, repo: Path = REPO) -> set[str]:
+    return {str(p.relative_to(repo)) for p in closure(module, repo)[0].values()}
+
+
+def test_train_reaches_what_it_imports_indirectly_and_not_the_rest():
+    files = reached(BY_NAME["train"].module)
+    # tasks/train.py -> tasks/model_io.py -> mule_core/text.py (Vocab, pad_batch); the config
+    # through tasks/common.py: both missing from the old hand list.
+    assert {"tasks/train.py", "tasks/model_io.py", "mule_core/text.py", "mule_core/config.py"} <= files
+    assert {"tasks/__init__.py", "mule_core/__init__.py"} <= files  # packages run their __init__ first
+    assert not files & {"tasks/translate.py", "clients/googletrans.py", "serving/search.py", "flows/stages.py"}
+
+
+def test_relative_and_lazy_imports_count(tmp_path):
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "a.py").write_text("from .sub import b\nfrom . import c\n\ndef f():\n    from pkg.sub.d import g\n")
+    (package / "sub" / "b.py").write_text("import numpy\n")
+    (package / "c.py").write_text("from .sub.b import x\n")
+    (package / "sub" / "d.py").write_text("import os\n")
+    (package / "unused.py").write_text("")
+    modules, outside = closure("pkg.a", tmp_path)
+    assert set(modules) == {"pkg", "pkg.a", "pkg.sub", "pkg.sub.b", "pkg.c", "pkg.sub.d"}
+    assert "numpy" in outside and "library numpy" in code_parts("pkg.a", tmp_path)
+
+
+def test_an_edit_reruns_the_stages_that_reach_it_and_no_other(repo_copy):
+    before = {stage: code_digest(BY_NAME[stage].module, repo_copy) for stage in REBUILD}
+    code_parts.cache_clear()
+    edit(repo_copy / "mule_core" / "text.py")  # train reaches it only through tasks/model_io.py
+    after = {stage: code_digest(BY_NAME[stage].module, repo_copy) for stage in REBUILD}
+    changed = {stage for stage in REBUILD if before[stage] != after[stage]}
+    assert "train" in changed and "evaluate" in changed and "pretrain" in changed
+    assert "features" not in changed  # tasks/features.py never imports the tokenisers
+
+    code_parts.cache_clear()
+    edit(repo_copy / "clients" / "googletrans.py")  # the translate stage's network client
+    again = {stage: code_digest(BY_NAME[stage].module, repo_copy) for stage in REBUILD}
+    assert {stage for stage in REBUILD if again[stage] != after[stage]} == {"translate"}
+    code_parts.cache_clear()
+
+
+def test_library_versions_are_part_of_the_key_but_not_the_runners():
+    parts = code_parts(BY_NAME["train"].module)
+    assert "library torch" in parts and "library numpy" in parts
+    assert not [p for p in parts if p in ("library prefect", "library mlflow", "library mlflow-skinny")]
