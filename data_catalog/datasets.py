@@ -83,6 +83,19 @@ def embedded_ceiling(workdir: Workdir, data: DataConfig, split: str) -> dict[str
     return table
 
 
+def generated_and_current(workdir: Workdir, data: DataConfig) -> bool:
+    """The generated dataset is already in the workdir, made by this generator from this
+    spec (nothing to generate)."""
+    from .embedded import coco_layout, multi30k_layout
+
+    source = locate(workdir, data)
+    if not source.generated:
+        return True
+    if data.dataset == EMBEDDED_COCO:
+        return coco_layout.manifest_matches(source.root, coco_spec(data))
+    return multi30k_layout.manifest_matches(source.root, embedded_spec(data))
+
+
 def prepare(workdir: Workdir, data: DataConfig, progress: Callable[[int, int], None] | None = None) -> DatasetSource:
     """Locates the raw files, generating the embedded dataset if it is not there yet."""
     source = locate(workdir, data)

@@ -26,7 +26,7 @@ class Entry:
 
 
 def _extractor(cfg) -> str:
-    from mule_core.features import extractor_name
+    from mule_core.extractor_names import extractor_name
 
     f = cfg.features
     return extractor_name(f.arch, f.weights, f.input_size, f.resize, f.crops, f.seed, f.pool)

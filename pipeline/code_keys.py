@@ -15,7 +15,7 @@ import ast
 import functools
 import hashlib
 import sys
-from importlib.metadata import PackageNotFoundError, packages_distributions, version
+from importlib.metadata import PackageNotFoundError, distribution, distributions, version
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -25,6 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 RUNNERS = frozenset({"prefect", "prefect_dask", "mlflow", "dask", "distributed"})
 
 
+@functools.cache
 def module_path(module: str, repo: Path = REPO) -> Path | None:
     """The file of a repository module (a package is its __init__.py); None when the
     module is not in the repository."""
@@ -35,11 +36,28 @@ def module_path(module: str, repo: Path = REPO) -> Path | None:
     return None
 
 
+def _stamp(path: Path) -> tuple[str, int, int]:
+    stat = path.stat()
+    return str(path), stat.st_mtime_ns, stat.st_size
+
+
+@functools.cache
+def _parsed(stamp: tuple[str, int, int]) -> tuple[ast.AST, str]:
+    """A file's syntax tree and digest, read once per content (stages share most files)."""
+    data = Path(stamp[0]).read_bytes()
+    return ast.parse(data, filename=stamp[0]), hashlib.sha256(data).hexdigest()[:16]
+
+
 def _imported_names(path: Path, module: str, is_package: bool) -> set[str]:
-    """Every module name an import statement in `path` may load (absolute names)."""
+    return _imports_in(_stamp(path), module, is_package)
+
+
+@functools.cache
+def _imports_in(stamp: tuple[str, int, int], module: str, is_package: bool) -> frozenset[str]:
+    """Every module name an import statement in the file may load (absolute names)."""
     package = module if is_package else module.rpartition(".")[0]
     names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_bytes(), filename=str(path))):
+    for node in ast.walk(_parsed(stamp)[0]):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -51,7 +69,7 @@ def _imported_names(path: Path, module: str, is_package: bool) -> set[str]:
                 source = node.module or ""
             names.add(source)
             names.update(f"{source}.{alias.name}" for alias in node.names)  # `from pkg import submodule`
-    return names
+    return frozenset(names)
 
 
 def _with_parents(module: str) -> list[str]:
@@ -81,15 +99,35 @@ def closure(module: str, repo: Path = REPO) -> tuple[dict[str, Path], set[str]]:
     return reached, outside
 
 
+@functools.cache
+def _top_level_names() -> dict[str, tuple]:
+    """Import name -> distributions, from the distributions' top_level.txt (a few ms;
+    importlib's packages_distributions() also reads every RECORD: 2 s here)."""
+    found: dict[str, list] = {}
+    for dist in distributions():
+        for name in (dist.read_text("top_level.txt") or "").split():
+            found.setdefault(name, []).append(dist)
+    return {name: tuple(dists) for name, dists in found.items()}
+
+
+@functools.cache
+def _distributions_of(name: str) -> tuple[str, ...]:
+    if name in _top_level_names():
+        return tuple(dist.metadata["Name"] for dist in _top_level_names()[name])
+    try:
+        return (distribution(name).metadata["Name"],)  # most import names are their distribution's
+    except PackageNotFoundError:
+        return ()
+
+
 def libraries(top_level_names: set[str]) -> dict[str, str]:
     """Installed distribution -> version for the third-party modules named (the standard
     library and the runners left out)."""
-    distributions = packages_distributions()
     found: dict[str, str] = {}
     for name in sorted(top_level_names - set(sys.stdlib_module_names) - RUNNERS):
-        for distribution in distributions.get(name, []):
+        for dist in _distributions_of(name):
             try:
-                found[distribution] = version(distribution)
+                found[dist] = version(dist)
             except PackageNotFoundError:
                 pass
     return found
@@ -100,8 +138,7 @@ def code_parts(module: str, repo: Path = REPO) -> dict[str, str]:
     """What a change of code means for the stage whose task lives in `module`: each
     reached file's digest, each library's version."""
     reached, outside = closure(module, repo)
-    parts = {f"file {path.relative_to(repo)}": hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-             for path in sorted(reached.values())}  # fmt: skip
+    parts = {f"file {path.relative_to(repo)}": _parsed(_stamp(path))[1] for path in sorted(reached.values())}
     parts |= {f"library {name}": v for name, v in libraries(outside).items()}
     return parts
 

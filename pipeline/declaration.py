@@ -87,7 +87,7 @@ _FEATURE_IDENTITY = ("features.arch", "features.weights", "features.input_size",
 
 STAGES: tuple[Stage, ...] = (
     Stage("ingest", "Raw dataset files -> images, captions, rejects (generating the embedded dataset if needed).",
-          task="tasks.ingest:ingest_captions", prepare="tasks.ingest:generate_if_needed",
+          task="tasks.ingest:ingest_captions", prepare="tasks.generate:generate_if_needed",
           reads=("raw files",), writes=("images", "captions", "rejects"),
           config=("data.",), operational=frozenset({"data.source", "data.images", "data.dictionaries"}),
           ignores=frozenset({"data.captions"})),

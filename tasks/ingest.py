@@ -11,7 +11,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from data_catalog.content import FileHasher
-from data_catalog.datasets import GENERATED, locate, prepare
+from data_catalog.datasets import locate, prepare
 from data_catalog.readers.coco import CocoOptions, read_coco
 from data_catalog.readers.common import ReadOptions
 from data_catalog.readers.multi30k import read_multi30k
@@ -36,14 +36,6 @@ def generate_embedded(workdir: str, config: dict[str, Any]) -> str:
     else:
         log.info("embedded dataset already at %s (same spec), reusing it", source.root)
     return str(source.root)
-
-
-def generate_if_needed(workdir: str, config: dict[str, Any]) -> None:
-    """The ingest stage's preparation: a generated dataset is written before ingest's key
-    is taken (the key covers its files)."""
-    data = config["data"]
-    if data["dataset"] in GENERATED and not data["source"]:
-        generate_embedded(workdir, config)
 
 
 @task(name="read-and-tokenise", cache_policy=NO_CACHE)
