@@ -234,6 +234,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 def cmd_catalog(args: argparse.Namespace) -> int:
+    from data_catalog import queries
     from data_catalog.catalog import Catalog
 
     workdir = _adopted(args.workdir)
@@ -243,21 +244,14 @@ def cmd_catalog(args: argparse.Namespace) -> int:
         return 0
     catalog.refresh_views()
     print(f"catalog: {workdir.duckdb_path}")
-    for row in catalog.query(
-        """SELECT dataset, split, count(*) AS images, sum(CASE WHEN "exists" THEN 1 ELSE 0 END) AS with_file
-           FROM images GROUP BY ALL ORDER BY dataset, split"""
-    ).to_pylist():
+    held = queries.summary(catalog)
+    for row in held["images"]:
         print(
             f"  images    {row['dataset']:<12} {row['split']:<18} {row['images']:>7}  ({row['with_file']} with a file)"
         )
-    for row in catalog.query(
-        """SELECT dataset, split, lang, CASE WHEN source LIKE 'mt:%' THEN source ELSE 'human' END AS origin,
-                  count(*) AS n FROM captions GROUP BY ALL ORDER BY dataset, split, lang, origin"""
-    ).to_pylist():
+    for row in held["captions"]:
         print(f"  captions  {row['dataset']:<12} {row['split']:<18} {row['lang']:<4} {row['n']:>7}  {row['origin']}")
-    for row in catalog.query(
-        "SELECT dataset, coalesce(kind, '?') AS kind, count(*) AS n FROM rejects GROUP BY ALL ORDER BY dataset, n DESC"
-    ).to_pylist() if (workdir.catalog_dir / "rejects").exists() else []:  # fmt: skip
+    for row in held["rejects"]:
         print(f"  rejects   {row['dataset']:<12} {row['kind']:<18} {row['n']:>7}")
     return 0
 

@@ -17,6 +17,7 @@ import torch
 from data_catalog.catalog import Catalog
 from data_catalog.content import sha256_file
 from data_catalog.workdir import Workdir
+from data_catalog import queries
 from mule_core.errors import InputError, UserError
 from mule_core.model import MuleModel, TextBatch
 from mule_core.text import detect_language, pad_batch, tokenize
@@ -110,10 +111,7 @@ def search_text(searcher: Searcher, text: str, lang: str | None = None, k: int =
 
 
 def _image_info(searcher: Searcher, image_ids: list[str]) -> dict[str, dict]:
-    rows = searcher.catalog.query(
-        f"SELECT image_id, path, split FROM images WHERE dataset = ? AND image_id IN ({', '.join('?' * len(image_ids))})",
-        [searcher.dataset, *image_ids],
-    ).to_pylist()  # fmt: skip
+    rows = queries.image_rows(searcher.catalog, searcher.dataset, image_ids)
     return {r["image_id"]: {"path": r["path"], "split": r["split"]} for r in rows}
 
 
@@ -123,8 +121,8 @@ def image_features(searcher: Searcher, path: Path) -> tuple[torch.Tensor, str]:
     if not path.is_file():
         raise SearchError(f"{path}: no such image file")
     sha = sha256_file(path)
-    match = searcher.catalog.query("SELECT image_id FROM images WHERE dataset = ? AND sha256 = ? LIMIT 1",
-                                   [searcher.dataset, sha])["image_id"].to_pylist()  # fmt: skip
+    found = queries.image_with_bytes(searcher.catalog, searcher.dataset, sha)
+    match = [found] if found else []
     extracted = searcher.catalog.extracted_images(searcher.dataset, searcher.meta["extractor"])
     if match and extracted.get(match[0]) == sha:  # the catalog has this image's features from this extractor
         vector = searcher.catalog.read_features(searcher.dataset, searcher.meta["extractor"], match)
@@ -169,6 +167,4 @@ def search_image(searcher: Searcher, path: Path, k: int = 5, split: str = "all")
 
 
 def _caption_texts(searcher: Searcher, caption_ids: list[str]) -> dict[str, str]:
-    rows = searcher.catalog.query("SELECT caption_id, text FROM captions WHERE dataset = ?", [searcher.dataset])
-    wanted = set(caption_ids)
-    return {c: t for c, t in zip(rows["caption_id"].to_pylist(), rows["text"].to_pylist()) if c in wanted}
+    return queries.caption_texts(searcher.catalog, searcher.dataset, caption_ids)

@@ -19,6 +19,7 @@ from prefect.cache_policies import NO_CACHE
 from data_catalog.catalog import write_text_atomic
 from data_catalog.datasets import locate
 from data_catalog.lexicons import english_lexicons
+from data_catalog import queries
 from mule_core.text import Vocab, translate_tokens, word_translator
 from mule_core.training import evaluate_split, resolve_device
 
@@ -163,8 +164,7 @@ def translate_the_query(
     if not lexicons:
         log.warning("no en-<lang>.txt lexicons in %s: the translate-the-query row is left out", folder)
         return None
-    counts = dict(zip(*catalog.query(
-        "SELECT token, train_count FROM word_vectors WHERE dataset = ? AND lang = 'en'", [dataset]).to_pydict().values()))  # fmt: skip
+    counts = queries.training_word_counts(catalog, dataset, "en")
     reader = functools.partial(catalog.read_features, dataset)
     device = resolve_device(cfg.train.device)
     per_language: dict[str, list[float]] = {}

@@ -14,13 +14,13 @@ from prefect.cache_policies import NO_CACHE
 
 from data_catalog.catalog import write_json_atomic, write_text_atomic
 from data_catalog.datasets import embedded_ceiling
+from data_catalog import queries
 from mule_core.errors import MissingInputError
 from mule_core.metrics import mean_mr
 from mule_core.training import SplitTensors, encode_split, evaluate_split, resolve_device
 
 from experiments import plots, registry
 from .common import context, logger
-from .features import image_file_count
 from .model_io import load_model, load_split
 from experiments.report import cross_lingual_markdown, recall_markdown, recall_rows, to_csv
 from experiments.tracking import Tracker
@@ -30,22 +30,13 @@ from .training_common import cross_lingual
 def retrieval_examples(model, data: SplitTensors, catalog, dataset: str, device, per_language: int) -> list[dict]:
     """A few sentence -> image queries per language, with their top 5 images."""
     encoded = encode_split(model, data, device)
-    paths = dict(
-        zip(*catalog.query("SELECT image_id, path FROM images WHERE dataset = ?", [dataset]).to_pydict().values())
-    )
+    paths = queries.image_paths(catalog, dataset)
     rng = np.random.default_rng(0)
     chosen = []
     for index, lang in enumerate(data.languages):
         rows = np.nonzero(data.caption_lang == index)[0]
         chosen += [(lang, int(r)) for r in rng.choice(rows, size=min(per_language, len(rows)), replace=False)]
-    texts = dict(
-        zip(
-            *catalog.query(
-                f"SELECT caption_id, text FROM captions WHERE dataset = ? AND caption_id IN ({', '.join('?' * len(chosen))})",
-                [dataset, *[data.caption_ids[r] for _, r in chosen]],
-            ).to_pydict().values()
-        )
-    )  # fmt: skip
+    texts = queries.caption_texts(catalog, dataset, [data.caption_ids[r] for _, r in chosen])
     examples = []
     for lang, row in chosen:
         scores = encoded["image"] @ encoded["caption_joint"][row]
@@ -103,7 +94,7 @@ def _evaluate_text_only(wd, catalog, cfg, tracker, log) -> dict[str, Any]:
 def evaluate_model(workdir: str, config: dict[str, Any], run_id: str | None) -> dict[str, Any]:
     wd, catalog, cfg = context(workdir, config)
     log, dataset, tracker = logger(), cfg.data.dataset, Tracker(wd, run_id)
-    if image_file_count(catalog, dataset) == 0:
+    if queries.image_file_count(catalog, dataset) == 0:
         return _evaluate_text_only(wd, catalog, cfg, tracker, log)
     path = wd.model_path(dataset, cfg.train.model_name)
     model, meta = load_model(path)

@@ -29,6 +29,7 @@ from data_catalog.catalog import Catalog
 from data_catalog.images import BadImage, load_rgb
 from data_catalog.pretrained import imagenet_weights
 from data_catalog.schemas import REJECTS
+from data_catalog import queries
 from mule_core import onnx_engine
 from mule_core.config import ConfigError, FeaturesConfig
 from mule_core.errors import UserError
@@ -130,21 +131,9 @@ def prefetched_batches(files: _ImageFiles, batch_size: int, threads: int, depth:
             yield _collate([f.result() for f in pending.popleft()])
 
 
-def image_file_count(catalog: Catalog, dataset: str) -> int:
-    return int(catalog.query(
-        '''SELECT count(*) AS n FROM images WHERE dataset = ? AND "exists"''', [dataset])["n"][0].as_py())  # fmt: skip
-
-
-def image_digests(catalog: Catalog, dataset: str) -> dict[str, str | None]:
-    rows = catalog.query("SELECT image_id, sha256 FROM images WHERE dataset = ?", [dataset])
-    return dict(zip(rows["image_id"].to_pylist(), rows["sha256"].to_pylist()))
-
-
 def images_with_files(catalog: Catalog, dataset: str) -> tuple[list[str], list[str], list[dict]]:
     """(image ids with a file, their paths, rows of the images without one)."""
-    rows = catalog.query(
-        'SELECT image_id, path, "exists" FROM images WHERE dataset = ? ORDER BY image_id', [dataset]
-    ).to_pylist()
+    rows = queries.image_rows(catalog, dataset)
     present = [r for r in rows if r["exists"]]
     if not present:
         folder = rows[0]["path"].rsplit("/", 1)[0] if rows else "?"
@@ -228,7 +217,7 @@ def plan_features(workdir: str, config: dict[str, Any]) -> dict[str, Any]:
     # An image is done when its features came from the bytes it has now: a file replaced
     # under the same name is extracted again (and its old row dropped in finish_features).
     done = catalog.extracted_images(dataset, extractor)
-    sha_of = image_digests(catalog, dataset)
+    sha_of = queries.image_digests(catalog, dataset)
     todo = [(i, p, sha_of[i]) for i, p in zip(image_ids, paths) if i not in done or done[i] != sha_of[i]]
     changed = sum(1 for i, _, _ in todo if i in done)
     log.info("extractor %s: %d images to extract (%d whose file changed), %d already done", extractor, len(todo),
@@ -317,9 +306,7 @@ def finish_features(workdir: str, config: dict[str, Any], run_id: str | None, pl
     with_features = len(catalog.extracted_image_ids(dataset, extractor))
     if not with_features:
         raise NoImagesError(f"none of the {plan['images']} images of {dataset!r} could be read; see the rejects table")
-    dim = int(
-        catalog.query("SELECT len(vector) AS d FROM features WHERE extractor = ? LIMIT 1", [extractor])["d"][0].as_py()
-    )
+    dim = queries.feature_dim(catalog, extractor)
     rate = round(extracted / seconds, 1) if extracted and seconds > 0 else None
     summary = {"extractor": extractor, "dim": dim, "images": with_features, "extracted_now": extracted,
                "extracted_again": sorted(replaced),

@@ -18,6 +18,7 @@ import torch
 
 from data_catalog.catalog import Catalog
 from data_catalog.atomic import write_atomic
+from data_catalog import queries
 from mule_core.config import MuleConfig, from_dict, to_dict
 from mule_core.errors import InputError, MissingInputError
 from mule_core.model import MuleModel
@@ -43,9 +44,7 @@ class Vocabulary:
 
 
 def load_vocabulary(catalog: Catalog, dataset: str, languages: list[str] | tuple[str, ...]) -> Vocabulary:
-    table = catalog.query(
-        'SELECT lang, token, vector FROM word_vectors WHERE dataset = ? ORDER BY lang, "index"', [dataset]
-    )
+    table = queries.word_vectors(catalog, dataset)
     langs = table["lang"].to_numpy(zero_copy_only=False)
     tokens = table["token"].to_pylist()
     vectors = table["vector"].combine_chunks()
@@ -63,13 +62,6 @@ def load_vocabulary(catalog: Catalog, dataset: str, languages: list[str] | tuple
     if not used:
         raise InputError(f"no word vectors for {list(languages)} in dataset {dataset!r}: run the text stage first")
     return Vocabulary(used, out_vocabs, out_vectors)
-
-
-CAPTION_SOURCES = {
-    "human": "c.source NOT LIKE 'mt:%'",
-    "human+mt": "TRUE",
-    "mt": "((c.lang = 'en' AND c.source NOT LIKE 'mt:%') OR (c.lang <> 'en' AND c.source LIKE 'mt:%'))",
-}
 
 
 def load_split(
@@ -93,15 +85,7 @@ def load_split(
     replaced by machine translations).
     """
     languages = vocabulary.languages
-    placeholders = ", ".join("?" for _ in languages)
-    rows = catalog.query(
-        f"""SELECT c.caption_id, c.image_id, c.lang, c.tokens, i."exists" AS has_file
-            FROM captions c JOIN images i ON i.dataset = c.dataset AND i.image_id = c.image_id
-            WHERE c.dataset = ? AND (? = 'all' OR c.split = ? OR c.role = ?)
-              AND c.lang IN ({placeholders}) AND {CAPTION_SOURCES[captions]}
-            ORDER BY c.image_id, c.lang, c.caption_id""",
-        [dataset, selector, selector, selector, *languages],
-    )
+    rows = queries.caption_selection(catalog, dataset, selector, languages, captions)
     if rows.num_rows == 0:
         raise InputError(f"dataset {dataset!r} has no captions in split {selector!r} for languages {languages}")
     image_col = rows["image_id"].to_pylist()

@@ -18,12 +18,12 @@ from prefect.cache_policies import NO_CACHE
 
 from data_catalog.catalog import Catalog
 from data_catalog.pretrained import VectorFile
+from data_catalog import queries
 from mule_core.errors import InputError
 from mule_core.progress import format_seconds
 from mule_core.text import PAD, UNK
 
 from .common import context, logger
-from .model_io import CAPTION_SOURCES
 from experiments.tracking import Tracker
 
 
@@ -65,7 +65,7 @@ def train_fasttext(sentences: list[list[str]], dim: int, model: str, epochs: int
 
 
 def dataset_languages(catalog: Catalog, dataset: str, wanted: tuple[str, ...]) -> list[str]:
-    present = set(catalog.query("SELECT DISTINCT lang FROM captions WHERE dataset = ?", [dataset])["lang"].to_pylist())
+    present = set(catalog.languages(dataset))
     missing = [lang for lang in wanted if lang not in present]
     if missing:
         logger().warning(
@@ -86,15 +86,11 @@ def build_word_vectors(workdir: str, config: dict[str, Any], run_id: str | None)
     dims = set()
     for lang in languages:
         started = time.perf_counter()
-        rows = catalog.query(
-            "SELECT tokens, role, source LIKE 'mt:%' AS mt FROM captions c WHERE dataset = ? AND lang = ? AND "
-            f"(c.source NOT LIKE 'mt:%' OR {CAPTION_SOURCES[cfg.data.captions]})", [dataset, lang]
-        )  # fmt: skip
-        tokens, roles, mt = rows["tokens"].to_pylist(), rows["role"].to_pylist(), rows["mt"].to_pylist()
+        rows = queries.captions_for_word_vectors(catalog, dataset, lang, cfg.data.captions)
+        tokens, roles, selected = rows["tokens"].to_pylist(), rows["role"].to_pylist(), rows["selected"].to_pylist()
         # fastText learns from the captions training will see (data.captions); every human
         # caption's words get a vector, those of the test split included.
-        train = [tk for tk, role, m in zip(tokens, roles, mt) if role == "train" and (m or cfg.data.captions != "mt"
-                 or lang == "en")]  # fmt: skip
+        train = [tk for tk, role, used in zip(tokens, roles, selected) if role == "train" and used]
         train_counts = Counter(w for tk in train for w in tk)
         all_words = Counter(w for tk in tokens for w in tk)
         # Words of every split get a vector (fastText builds unseen words from subwords);

@@ -32,6 +32,7 @@ from data_catalog.datasets import locate
 from data_catalog.faults import crash_point
 from data_catalog.lexicons import LexiconError, read_muse
 from data_catalog.schemas import CAPTIONS, TRANSLATIONS
+from data_catalog import queries
 from mule_core.config import MuleConfig
 from mule_core.errors import UserError
 from mule_core.progress import Progress
@@ -108,12 +109,7 @@ def lexicon_backend(cfg: MuleConfig, wd, pairs) -> WordByWord:
 def induced_backend(cfg: MuleConfig, catalog: Catalog, pairs) -> WordByWord:
     """IBM Model 1 on the training split's parallel captions (a translation and the caption it translates)."""
     dataset = cfg.data.dataset
-    rows = catalog.query(
-        """SELECT o.lang AS src_lang, o.tokens AS src_tokens, c.lang AS dest_lang, c.tokens AS dest_tokens
-           FROM captions c JOIN captions o ON o.caption_id = c.origin_caption_id AND o.dataset = c.dataset
-           WHERE c.dataset = ? AND c.role = 'train' AND c.source NOT LIKE 'mt:%' AND o.source NOT LIKE 'mt:%'""",
-        [dataset],
-    ).to_pylist()
+    rows = queries.parallel_training_captions(catalog, dataset)
     tables, sizes = {}, {}
     for src, dest in pairs:
         forward = [(r["src_tokens"], r["dest_tokens"]) for r in rows if (r["src_lang"], r["dest_lang"]) == (src, dest)]
@@ -228,13 +224,7 @@ def translate_captions(workdir: str, config: dict[str, Any], run_id: str | None)
     log, dataset = logger(), cfg.data.dataset
     started = time.perf_counter()
     pairs = [(s, d) for s, d in language_pairs(cfg) if s in cfg.data.languages and d in cfg.data.languages]
-    placeholders = ", ".join("?" for _ in cfg.translate.splits)
-    captions = catalog.query(
-        f"""SELECT caption_id, image_id, split, role, lang, text, tokens FROM captions
-            WHERE dataset = ? AND source NOT LIKE 'mt:%' AND (split IN ({placeholders}) OR role IN ({placeholders}))
-            ORDER BY caption_id""",
-        [dataset, *cfg.translate.splits, *cfg.translate.splits],
-    ).to_pylist()
+    captions = queries.human_captions_to_translate(catalog, dataset, cfg.translate.splits)
     backend = make_backend(cfg, wd, catalog, pairs)
     if hasattr(backend, "tokens_of"):
         backend.tokens_of = {c["text"]: c["tokens"] for c in captions}
@@ -267,7 +257,7 @@ def translate_captions(workdir: str, config: dict[str, Any], run_id: str | None)
                 text = cache.get(backend.name, backend.version, src, dest, caption["text"])
                 if text:
                     out.append({**caption, "tokens": None, "lang": dest, "text": text, "origin_caption_id": caption["caption_id"],
-                                "caption_id": f"mt:{backend.name}:{dest}:{caption['caption_id']}"})  # fmt: skip
+                                "caption_id": f"{queries.mt_source(backend.name)}:{dest}:{caption['caption_id']}"})  # fmt: skip
     finally:
         cache.commit()  # whatever arrived is kept, even when the service gave up
 
@@ -297,7 +287,7 @@ def mt_captions_table(dataset: str, rows: list[dict], backend) -> pa.Table:
         values = {"dataset": dataset, "caption_id": row["caption_id"], "image_id": row["image_id"],
                   "split": row["split"], "role": row["role"], "lang": row["lang"], "text": row["text"],
                   "tokens": row["text"].split() if getattr(backend, "output_is_tokenised", False)
-                  else tokenize(row["text"], row["lang"]), "source": f"mt:{backend.name}", "source_file": None,
+                  else tokenize(row["text"], row["lang"]), "source": queries.mt_source(backend.name), "source_file": None,
                   "line": None, "origin_caption_id": row["origin_caption_id"], "also_in": None,
                   "source_version": backend.version}  # fmt: skip
         for name in CAPTIONS.names:

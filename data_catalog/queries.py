@@ -1,0 +1,152 @@
+"""Named reads of the catalog: every SQL statement over its tables lives here, so the
+tables' conventions (which captions are machine translations, which images have a file)
+are written once. Tasks ask for "the captions of this split", never for a SELECT.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from .catalog import Catalog
+
+# A caption is a machine translation when its source names the system: "mt:<backend>".
+MT_PREFIX = "mt:"
+_IS_MT = f"c.source LIKE '{MT_PREFIX}%'"
+
+# Which captions a training-caption selection (data.captions) uses.
+CAPTION_SELECTIONS = {
+    "human": f"NOT {_IS_MT}",
+    "human+mt": "TRUE",
+    "mt": f"((c.lang = 'en' AND NOT {_IS_MT}) OR (c.lang <> 'en' AND {_IS_MT}))",  # English stays human
+}
+
+
+def mt_source(backend: str) -> str:
+    """The source of a caption the backend translated."""
+    return f"{MT_PREFIX}{backend}"
+
+
+def _in(values) -> str:
+    return ", ".join("?" for _ in values)
+
+
+# -- captions -------------------------------------------------------------------------
+def caption_selection(catalog: Catalog, dataset: str, selector: str, languages, captions: str) -> pa.Table:
+    """The captions of a split (name, role or "all") in `languages` under a training-caption
+    selection, with whether their image has a file; ordered by image, language, caption."""
+    return catalog.query(
+        f"""SELECT c.caption_id, c.image_id, c.lang, c.tokens, i."exists" AS has_file
+            FROM captions c JOIN images i ON i.dataset = c.dataset AND i.image_id = c.image_id
+            WHERE c.dataset = ? AND (? = 'all' OR c.split = ? OR c.role = ?)
+              AND c.lang IN ({_in(languages)}) AND {CAPTION_SELECTIONS[captions]}
+            ORDER BY c.image_id, c.lang, c.caption_id""",
+        [dataset, selector, selector, selector, *languages],
+    )
+
+
+def captions_for_word_vectors(catalog: Catalog, dataset: str, lang: str, captions: str) -> pa.Table:
+    """Every human caption of a language (all splits: every word gets a vector) and the MT
+    captions the selection uses; columns tokens, role, selected (used by the selection)."""
+    return catalog.query(
+        f"""SELECT tokens, role, {CAPTION_SELECTIONS[captions]} AS selected FROM captions c
+            WHERE dataset = ? AND lang = ? AND (NOT {_IS_MT} OR {CAPTION_SELECTIONS[captions]})""",
+        [dataset, lang],
+    )
+
+
+def human_captions_to_translate(catalog: Catalog, dataset: str, splits) -> list[dict]:
+    return catalog.query(
+        f"""SELECT caption_id, image_id, split, role, lang, text, tokens FROM captions c
+            WHERE dataset = ? AND NOT {_IS_MT} AND (split IN ({_in(splits)}) OR role IN ({_in(splits)}))
+            ORDER BY caption_id""",
+        [dataset, *splits, *splits],
+    ).to_pylist()
+
+
+def parallel_training_captions(catalog: Catalog, dataset: str) -> list[dict]:
+    """Human translations of training captions beside the caption they translate."""
+    return catalog.query(
+        f"""SELECT o.lang AS src_lang, o.tokens AS src_tokens, c.lang AS dest_lang, c.tokens AS dest_tokens
+            FROM captions c JOIN captions o ON o.caption_id = c.origin_caption_id AND o.dataset = c.dataset
+            WHERE c.dataset = ? AND c.role = 'train' AND NOT {_IS_MT} AND o.source NOT LIKE '{MT_PREFIX}%'""",
+        [dataset],
+    ).to_pylist()
+
+
+def caption_texts(catalog: Catalog, dataset: str, caption_ids=None) -> dict[str, str]:
+    """caption id -> text, for the ids given (all of the dataset's when None)."""
+    if caption_ids is None:
+        rows = catalog.query("SELECT caption_id, text FROM captions WHERE dataset = ?", [dataset])
+    else:
+        caption_ids = list(caption_ids)
+        if not caption_ids:
+            return {}
+        rows = catalog.query(f"SELECT caption_id, text FROM captions WHERE dataset = ? AND caption_id IN "
+                             f"({_in(caption_ids)})", [dataset, *caption_ids])  # fmt: skip
+    return dict(zip(rows["caption_id"].to_pylist(), rows["text"].to_pylist()))
+
+
+# -- images ---------------------------------------------------------------------------
+def image_paths(catalog: Catalog, dataset: str) -> dict[str, str]:
+    rows = catalog.query("SELECT image_id, path FROM images WHERE dataset = ?", [dataset])
+    return dict(zip(rows["image_id"].to_pylist(), rows["path"].to_pylist()))
+
+
+def image_rows(catalog: Catalog, dataset: str, image_ids=None) -> list[dict]:
+    """image_id, path, split, "exists" of the images (ordered by id), or of those named."""
+    if image_ids is None:
+        return catalog.query('SELECT image_id, path, split, "exists" FROM images WHERE dataset = ? ORDER BY image_id',
+                             [dataset]).to_pylist()  # fmt: skip
+    image_ids = list(image_ids)
+    if not image_ids:
+        return []
+    return catalog.query(f'SELECT image_id, path, split, "exists" FROM images WHERE dataset = ? AND image_id IN '
+                         f"({_in(image_ids)}) ORDER BY image_id", [dataset, *image_ids]).to_pylist()  # fmt: skip
+
+
+def image_file_count(catalog: Catalog, dataset: str) -> int:
+    return int(catalog.query('SELECT count(*) AS n FROM images WHERE dataset = ? AND "exists"', [dataset])["n"][0]
+               .as_py())  # fmt: skip
+
+
+def image_digests(catalog: Catalog, dataset: str) -> dict[str, str | None]:
+    rows = catalog.query("SELECT image_id, sha256 FROM images WHERE dataset = ?", [dataset])
+    return dict(zip(rows["image_id"].to_pylist(), rows["sha256"].to_pylist()))
+
+
+def image_with_bytes(catalog: Catalog, dataset: str, sha256: str) -> str | None:
+    """The id of an image of the dataset whose file has these bytes."""
+    found = catalog.query("SELECT image_id FROM images WHERE dataset = ? AND sha256 = ? LIMIT 1",
+                          [dataset, sha256])["image_id"].to_pylist()  # fmt: skip
+    return found[0] if found else None
+
+
+# -- word vectors and features ------------------------------------------------------------
+def word_vectors(catalog: Catalog, dataset: str) -> pa.Table:
+    return catalog.query('SELECT lang, token, vector FROM word_vectors WHERE dataset = ? ORDER BY lang, "index"',
+                         [dataset])  # fmt: skip
+
+
+def training_word_counts(catalog: Catalog, dataset: str, lang: str) -> dict[str, int]:
+    rows = catalog.query("SELECT token, train_count FROM word_vectors WHERE dataset = ? AND lang = ?", [dataset, lang])
+    return dict(zip(rows["token"].to_pylist(), rows["train_count"].to_pylist()))
+
+
+def feature_dim(catalog: Catalog, extractor: str) -> int:
+    return int(catalog.query("SELECT len(vector) AS d FROM features WHERE extractor = ? LIMIT 1", [extractor])["d"][0]
+               .as_py())  # fmt: skip
+
+
+# -- what the catalog holds (mule catalog) ------------------------------------------------
+def summary(catalog: Catalog) -> dict[str, list[dict]]:
+    """Images per dataset and split, captions per language and origin, rejects per kind."""
+    out = {"images": catalog.query(
+        """SELECT dataset, split, count(*) AS images, sum(CASE WHEN "exists" THEN 1 ELSE 0 END) AS with_file
+           FROM images GROUP BY ALL ORDER BY dataset, split""").to_pylist()}  # fmt: skip
+    out["captions"] = catalog.query(
+        f"""SELECT dataset, split, lang, CASE WHEN {_IS_MT} THEN source ELSE 'human' END AS origin,
+                   count(*) AS n FROM captions c GROUP BY ALL ORDER BY dataset, split, lang, origin""").to_pylist()
+    out["rejects"] = catalog.query(
+        "SELECT dataset, coalesce(kind, '?') AS kind, count(*) AS n FROM rejects GROUP BY ALL ORDER BY dataset, n DESC"
+    ).to_pylist() if (catalog.workdir.catalog_dir / "rejects").exists() else []  # fmt: skip
+    return out

@@ -1,0 +1,56 @@
+"""The project's shape, checked: the floors import only downwards, SQL over the catalog
+lives in data_catalog, and the README's stage table is the declaration's."""
+
+import re
+
+from pipeline.code_keys import REPO, _imports_in, _stamp
+from pipeline.declaration import markdown_table
+
+# Each package, and the packages it may import (below it).
+FLOORS = {
+    "mule_core": set(),
+    "data_catalog": {"mule_core"},
+    "clients": {"mule_core"},
+    "experiments": {"data_catalog", "mule_core"},
+    "tasks": {"experiments", "clients", "data_catalog", "mule_core"},
+    "serving": {"tasks", "experiments", "data_catalog", "mule_core"},
+    "pipeline": {"tasks", "experiments", "data_catalog", "mule_core"},
+    "flows": {"pipeline", "serving", "tasks", "experiments", "clients", "data_catalog", "mule_core"},
+}
+
+
+def _modules(package: str):
+    for path in sorted((REPO / package).rglob("*.py")):
+        name = ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+        yield path, name
+
+
+def test_each_floor_imports_only_the_floors_below_it():
+    upward = []
+    for package, allowed in FLOORS.items():
+        for path, name in _modules(package):
+            for imported in _imports_in(_stamp(path), name, path.name == "__init__.py"):
+                top = imported.split(".")[0]
+                if top in FLOORS and top != package and top not in allowed:
+                    upward.append(f"{path.relative_to(REPO)} imports {imported}")
+    assert not upward, upward
+
+
+def test_mule_core_knows_nothing_of_prefect_mlflow_or_the_catalog():
+    for path, name in _modules("mule_core"):
+        tops = {i.split(".")[0] for i in _imports_in(_stamp(path), name, path.name == "__init__.py")}
+        assert not tops & {"prefect", "mlflow", "duckdb", "data_catalog"}, path
+
+
+def test_no_sql_over_the_catalog_outside_data_catalog():
+    sql = re.compile(r"\bSELECT\b.{0,400}?\bFROM\s+(images|captions|rejects|word_vectors|translations|features)\b", re.S)
+    offenders = [str(p.relative_to(REPO)) for package in FLOORS if package != "data_catalog"
+                 for p, _ in _modules(package) if sql.search(p.read_text())]  # fmt: skip
+    assert not offenders, offenders
+
+
+def test_the_readme_stage_table_is_the_declarations():
+    readme = (REPO / "README.md").read_text()
+    table = re.search(r"<!-- stages: python -m pipeline.declaration -->\n(.*?)<!-- /stages -->", readme, re.S)
+    assert table, "README.md lost its stage table markers"
+    assert table.group(1) == markdown_table(), "README's stage table is stale: python -m pipeline.declaration"
