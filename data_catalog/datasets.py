@@ -11,6 +11,7 @@ from pathlib import Path
 from mule_core.config import DataConfig
 from mule_core.errors import UserError
 
+from .embedded import coco_layout, multi30k_layout
 from .embedded.coco_layout import CocoSpec, EmbeddedSizeError, generate_coco
 from .embedded.multi30k_layout import EmbeddedSpec, generate_multi30k
 from .workdir import Workdir
@@ -86,8 +87,6 @@ def embedded_ceiling(workdir: Workdir, data: DataConfig, split: str) -> dict[str
 def generated_and_current(workdir: Workdir, data: DataConfig) -> bool:
     """The generated dataset is already in the workdir, made by this generator from this
     spec (nothing to generate)."""
-    from .embedded import coco_layout, multi30k_layout
-
     source = locate(workdir, data)
     if not source.generated:
         return True

@@ -70,9 +70,9 @@ def _load_model_digest(path: Path) -> str | None:
 
 def entry_digest(name: str, wd: Workdir, catalog: Catalog, cfg: MuleConfig, hasher: FileHasher) -> str | None:
     entry = ENTRIES[name]
-    paths = entry.locate(wd, catalog, cfg)
     if entry.kind == "images":
         return _images_digest(catalog, cfg.data.dataset)
+    paths = entry.locate(wd, catalog, cfg)
     if entry.kind == "model":
         return _model_digest(paths[0], hasher)
     if entry.kind == "tree":
@@ -145,11 +145,7 @@ def decide(wd: Workdir, cfg: MuleConfig, name: str, force: bool = False, repo: P
             raise
         return Decision(name, "", {}, True, f"its inputs cannot be read: {error}")
     key = combine(parts)[:24]
-    path = wd.stage_record_path(cfg.data.dataset, name, slot)
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
-        record = None
+    record = _read_record(wd.stage_record_path(cfg.data.dataset, name, slot))
     if force:
         reason = "forced with --force"
     elif record is None:
@@ -162,11 +158,16 @@ def decide(wd: Workdir, cfg: MuleConfig, name: str, force: bool = False, repo: P
     return Decision(name, key, parts, bool(reason), reason or f"key {key[:12]}", record, slot)
 
 
-def previous_record(wd: Workdir, cfg: MuleConfig, decision: Decision) -> dict | None:
+def _read_record(path: Path) -> dict | None:
     try:
-        return json.loads(wd.stage_record_path(cfg.data.dataset, decision.stage, decision.slot).read_text())
+        return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+def previous_record(wd: Workdir, cfg: MuleConfig, decision: Decision) -> dict | None:
+    """The record a decision taken elsewhere (by the rebuild) was made against."""
+    return _read_record(wd.stage_record_path(cfg.data.dataset, decision.stage, decision.slot))
 
 
 def _outputs_changed(wd: Workdir, hasher: FileHasher, record: dict) -> str:
