@@ -164,6 +164,8 @@ def code_version() -> dict[str, str]:
 
 
 def prefect_flow_run_id() -> str | None:
+    if "prefect" not in sys.modules:  # not in a flow run (a rebuild with nothing to run never imports it)
+        return None
     try:
         from prefect.runtime import flow_run
 

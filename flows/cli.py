@@ -154,6 +154,13 @@ def cmd_run(args: argparse.Namespace, stages: list[str], overrides: dict) -> int
         from data_catalog.datasets import locate
 
         locate(workdir, cfg.data)  # a missing --source fails here, in milliseconds
+    started = time.perf_counter()
+    results = _without_prefect_if_up_to_date(workdir, cfg, stages, args.force)
+    if results is not None:
+        print("every stage is up to date: nothing ran, and Prefect was not started (the MLflow run below "
+              "records the reuse; --force STAGE runs one anyway)")  # fmt: skip
+        _print_results(results, workdir, started)
+        return 0
     _prefect_ready(workdir)
     from .runtime import start_prefect_early
 
@@ -163,7 +170,6 @@ def cmd_run(args: argparse.Namespace, stages: list[str], overrides: dict) -> int
     if server:
         server.wait_ready()
 
-    started = time.perf_counter()
     from .runtime import local_flow_settings
 
     with local_flow_settings():
@@ -171,6 +177,33 @@ def cmd_run(args: argparse.Namespace, stages: list[str], overrides: dict) -> int
                                force=args.force or None)  # fmt: skip
     _print_results(results, workdir, started)
     return 0
+
+
+def _without_prefect_if_up_to_date(workdir: Workdir, cfg, stages: list[str], force: list[str]) -> dict | None:
+    """When no stage has to run, the rebuild's record (MLflow runs saying each stage was
+    reused, and why) is written here, without starting Prefect; None when a stage has
+    to run (then the rebuild flow decides again, stage by stage)."""
+    if force or os.environ.get("MULE_UP_TO_DATE_CHECK") == "0":
+        return None
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
+    from data_catalog.locks import workdir_lock
+    from experiments import relocation, tracking
+    from pipeline import rebuild, reuse
+
+    stages = sorted(set(stages), key=ALL.index)  # pipeline order, as the rebuild flow runs them
+    name = rebuild.run_name(stages)
+    config = to_dict(cfg)
+    with workdir_lock(workdir, name):
+        relocation.adopt(workdir)
+        decided = rebuild.up_to_date(workdir, cfg, config, stages, set())
+        if decided is None:
+            return None
+        with tracking.run(workdir, cfg, name) as run_id:
+            results, decisions = rebuild.run_stages(workdir, cfg, config, stages, set(), run_id, None,
+                                                    reuse.reuse_stage, decided)  # fmt: skip
+            rebuild.report(workdir, cfg, results, decisions, run_id)
+    return results | {"mlflow_run_id": run_id, "stages": decisions}
 
 
 def _adopted(path: str | None) -> Workdir:

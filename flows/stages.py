@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
-from prefect import flow, unmapped
+from prefect import flow, task, unmapped
+from prefect.cache_policies import NO_CACHE
 from prefect.states import Failed
 
 from data_catalog.catalog import Catalog, write_text_atomic
@@ -25,8 +25,8 @@ from data_catalog.workdir import Workdir
 from flows.runtime import dask_task_runner, quiet_user_errors
 from mule_core.config import ConfigError, MuleConfig, from_dict, resolve, to_dict
 from mule_core.errors import is_user_error
-from pipeline import reuse
-from pipeline.declaration import ALL, BY_NAME, NAMED_ONLY, REBUILD, STAGES, Stage
+from pipeline import rebuild, reuse
+from pipeline.declaration import ALL, BY_NAME, REBUILD, STAGES, Stage
 
 
 def _workdir(workdir: str | None) -> Workdir:
@@ -94,6 +94,12 @@ def _features_on_dask(root: str, config: dict, run_id: str) -> dict:
 RUNNERS = {"features": _features_on_dask}
 
 
+# A reused stage in a rebuild: no flow run of its own, a task run in the rebuild's.
+reuse_stage = task(name="reuse-stage", task_run_name="{decision.stage}: reused", cache_policy=NO_CACHE)(
+    reuse.reuse_stage
+)
+
+
 def run_stage(stage: Stage, workdir: str | None, preset: str, overrides: dict[str, Any] | None,
               parent_run_id: str | None, force: bool = False, decided: dict | None = None,
               config: dict | None = None) -> dict:  # fmt: skip
@@ -111,7 +117,7 @@ def run_stage(stage: Stage, workdir: str | None, preset: str, overrides: dict[st
             decision = reuse.Decision(**decided)
             decision.record = reuse.previous_record(wd, cfg, decision)
         if not decision.run:
-            return reuse.reuse_stage(wd, cfg, decision, parent_run_id)
+            return reuse_stage(wd, cfg, decision, parent_run_id)
         work = RUNNERS.get(stage.name) or stage.load_task()
         with tracking.run(wd, cfg, stage.name, parent_run_id) as run_id:
             tracking.Tracker(wd, run_id).tags(reuse.tags(decision))
@@ -289,40 +295,18 @@ def _rebuild(workdir: str | None, preset: str, overrides: dict[str, Any] | None,
     from experiments import tracking
 
     stages, forced = check_stages(stages), set(check_stages(force) if force else [])
-    name = "rebuild" if stages == list(REBUILD) else "run: " + " ".join(stages)
-    results: dict[str, Any] = {}
-    decisions: dict[str, str] = {}
+    name = rebuild.run_name(stages)
     with _working(workdir, preset, overrides, name) as (wd, cfg, config), tracking.run(wd, cfg, name) as run_id:
         root = str(wd.root)
-        for stage in stages:
-            if stage in NAMED_ONLY:  # not content-addressed: they decide model by model
-                results[stage] = STAGE_FLOWS[stage](
-                    workdir=root, preset=preset, overrides=overrides, parent_run_id=run_id
-                )
-                decisions[stage] = "ran"
-                continue
-            prepare = BY_NAME[stage].load_prepare()
-            if prepare:
-                prepare(root, config)
-            decision = reuse.decide(wd, cfg, stage, stage in forced)
-            if decision.run:  # its own flow run (and MLflow run), handed the decision and the config
-                results[stage] = STAGE_FLOWS[stage](workdir=root, preset=preset, overrides=overrides,
-                                                    parent_run_id=run_id, decided=reuse.as_dict(decision),
-                                                    config=config)  # fmt: skip
-            else:  # no flow run to start: a task run in this one, and an MLflow run saying so
-                results[stage] = reuse.reuse_stage(wd, cfg, decision, run_id)
-            decisions[stage] = decision.describe()
-        reuse.report_decisions(wd, cfg, decisions, run_id)
-        if "ablation" in results:
-            tracking.Tracker(wd, run_id).artifact(Path(results["ablation"]["results_dir"]) / "ablation.md")
-        if "evaluate" in results and results["evaluate"]["table"]:
-            table = results["evaluate"]["table"]
-            per_language = {f"test.{lang}.mR": row["mR"] for lang, row in table.items()}
-            tracking.Tracker(wd, run_id).metrics({"test.mean_mR": results["evaluate"]["mean_mR"], **per_language})
-            for name in ("recalls.md", "recalls.csv", "recalls.png"):
-                path = wd.results_dir(cfg.data.dataset) / name
-                if path.exists():
-                    tracking.Tracker(wd, run_id).artifact(path)
+
+        def run_stage(stage: str, decided: dict | None) -> dict:
+            if decided is None:  # a named-only stage (ablation, add-language)
+                return STAGE_FLOWS[stage](workdir=root, preset=preset, overrides=overrides, parent_run_id=run_id)
+            return STAGE_FLOWS[stage](workdir=root, preset=preset, overrides=overrides, parent_run_id=run_id,
+                                      decided=decided, config=config)  # fmt: skip
+
+        results, decisions = rebuild.run_stages(wd, cfg, config, stages, forced, run_id, run_stage, reuse_stage)
+        rebuild.report(wd, cfg, results, decisions, run_id)
     results["mlflow_run_id"] = run_id
     results["stages"] = decisions
     return results

@@ -52,7 +52,9 @@ class Stage:
     operational: frozenset[str] = frozenset()  # read, but change how fast or where it runs, not its output
     ignores: frozenset[str] = frozenset()  # under a prefix it reads, but not its business
     slot: str | None = None  # the written entry whose file name tells one record of this stage from another
-    prepare: str | None = None  # "module:function(workdir, config)", run before the key is taken
+    # "module:function(workdir, config, generate=True) -> bool", run before the key is taken;
+    # True when it had nothing to do; with generate=False it only says so
+    prepare: str | None = None
     in_rebuild: bool = True  # part of `mule run all` / the rebuild; else run only when named
 
     @property

@@ -16,22 +16,19 @@ makes it run again) and its result (what a reused stage returns).
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
-
 from data_catalog.catalog import Catalog, register_producers, write_json_atomic
 from data_catalog.content import FileHasher, arrow_digest, combine
 from data_catalog.entries import ENTRIES, TABLE_ENTRIES, output_files
 from data_catalog.workdir import Workdir
+from experiments import tracking
 from mule_core.config import MuleConfig, flatten
 from mule_core.errors import is_user_error
-
-from experiments import tracking
 from tasks.common import logger
 
 from . import code_keys
@@ -230,7 +227,6 @@ def tags(decision: Decision) -> dict[str, str]:
     return values
 
 
-@task(name="reuse-stage", task_run_name="{decision.stage}: reused", cache_policy=NO_CACHE)
 def reuse_stage(wd: Workdir, cfg: MuleConfig, decision: Decision, parent_run_id: str | None) -> dict:
     """A stage whose key is unchanged: no work, an MLflow run that says so (and points at the
     run that produced what is reused), and the result that run recorded."""
@@ -246,7 +242,7 @@ def decisions_markdown(decisions: dict[str, str]) -> str:
 
 def report_decisions(wd: Workdir, cfg: MuleConfig, decisions: dict[str, str], run_id: str | None) -> None:
     """Ran or reused, stage by stage: in the log, on the parent MLflow run (a tag and
-    stages.md) and as a Prefect artifact of the flow run."""
+    stages.md) and, inside a Prefect flow run, as its artifact."""
     markdown = decisions_markdown(decisions)
     ran = [s for s, d in decisions.items() if d.startswith("ran")]
     logger().info("stages: %s ran, %d reused\n%s", ", ".join(ran) or "none", len(decisions) - len(ran), markdown)
@@ -254,6 +250,8 @@ def report_decisions(wd: Workdir, cfg: MuleConfig, decisions: dict[str, str], ru
     tracker.tags({"mule.stages_ran": ",".join(ran) or "none",
                   "mule.stages_reused": ",".join(s for s in decisions if s not in ran) or "none"})  # fmt: skip
     tracker.text(markdown, "stages.md")
+    if "prefect" not in sys.modules:  # recorded without Prefect (pipeline.rebuild.up_to_date)
+        return
     try:
         from prefect.artifacts import create_markdown_artifact
 

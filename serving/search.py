@@ -14,18 +14,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from data_catalog import queries
 from data_catalog.catalog import Catalog
 from data_catalog.content import sha256_file
 from data_catalog.workdir import Workdir
-from data_catalog import queries
+from experiments.registry import resolve_model_file
 from mule_core.errors import InputError, UserError
 from mule_core.model import MuleModel, TextBatch
 from mule_core.text import detect_language, pad_batch, tokenize
 from mule_core.training import SplitTensors, encode_split, resolve_device
-
 from tasks.features import load_extractor
 from tasks.model_io import load_model, load_split
-from experiments.registry import resolve_model_file
 
 
 class SearchError(UserError, ValueError):

@@ -16,19 +16,19 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from data_catalog import queries
 from data_catalog.catalog import write_text_atomic
 from data_catalog.datasets import locate
 from data_catalog.lexicons import english_lexicons
-from data_catalog import queries
+from experiments import plots
+from experiments.report import to_csv
+from experiments.tracking import Tracker
 from mule_core.text import Vocab, translate_tokens, word_translator
 from mule_core.training import evaluate_split, resolve_device
 
-from experiments import plots
 from .common import context, logger
 from .features import extractor_for
 from .model_io import Vocabulary, load_model, load_split
-from experiments.report import to_csv
-from experiments.tracking import Tracker
 
 ABLATION_DIR = "ablation"
 

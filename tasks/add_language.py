@@ -21,15 +21,15 @@ import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from experiments import plots
+from experiments.tracking import Tracker
 from mule_core.config import fingerprint
 from mule_core.errors import UserError
 from mule_core.model import count_parameters, with_added_language
 from mule_core.training import Trainer, encode_split, evaluate_split, resolve_device
 
-from experiments import plots
 from .common import context, logger
 from .model_io import file_digest, load_model, load_split, load_vocabulary, model_digest, save_model
-from experiments.tracking import Tracker
 from .training_common import cross_lingual, mean_r1, optim_config
 
 

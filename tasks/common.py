@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 from data_catalog.catalog import Catalog
@@ -11,7 +12,10 @@ from mule_core.config import MuleConfig, from_dict
 
 
 def logger() -> logging.Logger | logging.LoggerAdapter:
-    """Prefect's run logger inside a run, a plain logger outside one (e.g. in a bench script)."""
+    """Prefect's run logger inside a run, a plain logger outside one (e.g. in a bench script,
+    or a rebuild with nothing to run, which never imports Prefect)."""
+    if "prefect" not in sys.modules:
+        return logging.getLogger("mule.tasks")
     try:
         from prefect import get_run_logger
 

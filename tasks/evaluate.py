@@ -12,18 +12,18 @@ import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from data_catalog import queries
 from data_catalog.catalog import write_json_atomic, write_text_atomic
 from data_catalog.datasets import embedded_ceiling
-from data_catalog import queries
+from experiments import plots, registry
+from experiments.report import cross_lingual_markdown, recall_markdown, recall_rows, to_csv
+from experiments.tracking import Tracker
 from mule_core.errors import MissingInputError
 from mule_core.metrics import mean_mr
 from mule_core.training import SplitTensors, encode_split, evaluate_split, resolve_device
 
-from experiments import plots, registry
 from .common import context, logger
 from .model_io import load_model, load_split
-from experiments.report import cross_lingual_markdown, recall_markdown, recall_rows, to_csv
-from experiments.tracking import Tracker
 from .training_common import cross_lingual
 
 

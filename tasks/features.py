@@ -25,11 +25,12 @@ import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from data_catalog import queries
 from data_catalog.catalog import Catalog
 from data_catalog.images import BadImage, load_rgb
 from data_catalog.pretrained import imagenet_weights
 from data_catalog.schemas import REJECTS
-from data_catalog import queries
+from experiments.tracking import Tracker
 from mule_core import onnx_engine
 from mule_core.config import ConfigError, FeaturesConfig
 from mule_core.errors import UserError
@@ -46,7 +47,6 @@ from mule_core.progress import Progress
 from mule_core.training import resolve_device
 
 from .common import context, logger
-from experiments.tracking import Tracker
 
 
 class NoImagesError(UserError, RuntimeError):

@@ -11,12 +11,16 @@ from data_catalog.workdir import Workdir
 from mule_core.config import from_dict
 
 
-def generate_if_needed(workdir: str, config: dict[str, Any]) -> None:
+def generate_if_needed(workdir: str, config: dict[str, Any], generate: bool = True) -> bool:
+    """True when there was nothing to write (not a generated dataset, or it is in place
+    and current). Otherwise writes it, unless `generate` is False (only asking)."""
     data = config["data"]
     if data["dataset"] not in GENERATED or data["source"]:
-        return
+        return True
     if generated_and_current(Workdir.at(workdir), from_dict(config).data):
-        return
-    from tasks.ingest import generate_embedded
+        return True
+    if generate:
+        from tasks.ingest import generate_embedded
 
-    generate_embedded(workdir, config)
+        generate_embedded(workdir, config)
+    return False

@@ -15,11 +15,11 @@ from data_catalog.datasets import locate, prepare
 from data_catalog.readers.coco import CocoOptions, read_coco
 from data_catalog.readers.common import ReadOptions
 from data_catalog.readers.multi30k import read_multi30k
+from experiments.tracking import Tracker
 from mule_core.progress import Progress
 from mule_core.text import tokenize, tokenizer_version
 
 from .common import context, logger
-from experiments.tracking import Tracker
 
 
 @task(name="generate-embedded-dataset", cache_policy=NO_CACHE)

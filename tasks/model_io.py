@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from data_catalog.catalog import Catalog
-from data_catalog.atomic import write_atomic
 from data_catalog import queries
+from data_catalog.atomic import write_atomic
+from data_catalog.catalog import Catalog
 from mule_core.config import MuleConfig, from_dict, to_dict
 from mule_core.errors import InputError, MissingInputError
 from mule_core.model import MuleModel

@@ -10,12 +10,12 @@ import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from experiments import plots
+from experiments.tracking import Tracker
 from mule_core.training import Trainer, resolve_device
 
-from experiments import plots
 from .common import context, logger
 from .model_io import build_model, load_split, load_vocabulary, save_model
-from experiments.tracking import Tracker
 from .training_common import cross_lingual, mean_r1, optim_config, record_divergence
 
 

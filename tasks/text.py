@@ -16,15 +16,15 @@ import pyarrow as pa
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from data_catalog import queries
 from data_catalog.catalog import Catalog
 from data_catalog.pretrained import VectorFile
-from data_catalog import queries
+from experiments.tracking import Tracker
 from mule_core.errors import InputError
 from mule_core.progress import format_seconds
 from mule_core.text import PAD, UNK
 
 from .common import context, logger
-from experiments.tracking import Tracker
 
 
 @contextlib.contextmanager

@@ -15,13 +15,14 @@ import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from experiments import plots, registry
+from experiments.tracking import Tracker
 from mule_core.config import fingerprint
 from mule_core.errors import UserError
 from mule_core.metrics import mean_mr
 from mule_core.model import count_parameters
 from mule_core.training import Trainer, evaluate_split, resolve_device
 
-from experiments import plots, registry
 from .common import context, logger
 from .features import extractor_for, images_with_files
 from .model_io import (
@@ -34,7 +35,6 @@ from .model_io import (
     save_atomic,
     save_model,
 )
-from experiments.tracking import Tracker
 from .training_common import optim_config, record_divergence
 
 

@@ -27,12 +27,13 @@ import pyarrow.parquet as pq
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from data_catalog import queries
 from data_catalog.catalog import Catalog
 from data_catalog.datasets import locate
 from data_catalog.faults import crash_point
 from data_catalog.lexicons import LexiconError, read_muse
 from data_catalog.schemas import CAPTIONS, TRANSLATIONS
-from data_catalog import queries
+from experiments.tracking import Tracker
 from mule_core.config import MuleConfig
 from mule_core.errors import UserError
 from mule_core.progress import Progress
@@ -40,7 +41,6 @@ from mule_core.text import tokenize
 from mule_core.translation import WordTable, best_translations, ibm_model1
 
 from .common import context, logger
-from experiments.tracking import Tracker
 
 ENGLISH = "en"
 

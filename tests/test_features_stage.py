@@ -11,10 +11,10 @@ from PIL import Image
 
 from data_catalog.catalog import Catalog
 from data_catalog.workdir import Workdir
+from experiments.relocation import adopt
 from mule_core.config import resolve, to_dict
 from tasks.features import extract_features, extractor_for
 from tasks.ingest import generate_embedded, ingest_captions
-from experiments.relocation import adopt
 from tests.test_image_kinds import png_claiming_size
 
 TINY = {"data.train_images": 24, "data.val_images": 8, "data.test_images": 8, "data.image_size": 48,

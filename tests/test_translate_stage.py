@@ -7,11 +7,11 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from clients.googletrans import GoogleOptions, GoogleTranslateBackend, TranslationServiceError
 from data_catalog.catalog import Catalog
 from data_catalog.workdir import Workdir
 from mule_core.config import resolve, to_dict
 from tasks import translate as stage
-from clients.googletrans import GoogleOptions, GoogleTranslateBackend, TranslationServiceError
 from tasks.ingest import ingest_captions
 from tasks.model_io import load_split
 from tests.test_googletrans_backend import FakeService
