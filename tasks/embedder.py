@@ -1,0 +1,140 @@
+"""A trained model as a function: sentences and images in, L2-normalised vectors in the
+shared space out.
+
+One implementation for every way a model is used after training: `mule search`, `mule
+serve` and the registered MLflow model (tasks/mlflow_model.py). A sentence's language is
+given or detected from the model's own vocabularies (a language it does not know is
+never guessed); an image is a file or its bytes, run through the model's extractor (the
+architecture, weights and crops named in its config).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mule_core.errors import UserError
+from mule_core.model import MuleModel, TextBatch
+from mule_core.text import detect_language, pad_batch, tokenize
+
+from .model_io import load_model
+
+MAX_QUERY_CHARS = 1000  # a caption is a sentence; longer text is a mistake, not a query
+
+
+class EmbedError(UserError, ValueError):
+    """A request the model cannot answer; `kind`: what was wrong (for HTTP status codes)."""
+
+    def __init__(self, message: str, kind: str = "bad request"):
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass(frozen=True)
+class TextVector:
+    vector: np.ndarray  # (dim,), float32, unit length
+    lang: str
+    language: str  # how the language was chosen: "given" or "detected: ..."
+    unknown_words: list[str]
+
+
+@dataclass
+class Embedder:
+    model: MuleModel
+    meta: dict  # tasks.model_io.load_model's: vocabulary, cfg, extractor, ...
+    label: str  # which model, for people
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    @classmethod
+    def from_file(cls, path: Path, label: str | None = None) -> Embedder:
+        model, meta = load_model(Path(path))
+        return cls(model.eval(), meta, label or str(path))
+
+    @property
+    def languages(self) -> list[str]:
+        return list(self.meta["vocabulary"].languages)
+
+    @property
+    def extractor(self) -> str:
+        """The image extractor's name (architecture, weights, crops): features from another are meaningless here."""
+        return self.meta["extractor"]
+
+    @property
+    def has_images(self) -> bool:
+        return self.model.image_branch is not None
+
+    def choose_language(self, text: str, lang: str | None) -> tuple[str, str]:
+        """(language, how it was chosen). An unsupported or undetectable language is an error."""
+        vocabs = self.meta["vocabulary"].vocabs
+        if lang:
+            if lang not in vocabs:
+                raise EmbedError(f"{self.label} does not know the language {lang!r}; its languages are "
+                                 f"{', '.join(vocabs)}", "unknown language")  # fmt: skip
+            return lang, "given"
+        guess = detect_language(text, vocabs)
+        if guess.lang is None:
+            raise EmbedError(f"none of the words of {text!r} is in the vocabulary of any language of {self.label} "
+                             f"({', '.join(vocabs)}); give the language if you know it", "unknown words")  # fmt: skip
+        return guess.lang, f"detected: {guess.describe()} words known"
+
+    def text(self, text: str, lang: str | None = None) -> TextVector:
+        if not isinstance(text, str) or not text.strip():
+            raise EmbedError("the sentence is empty", "empty")
+        if len(text) > MAX_QUERY_CHARS:
+            raise EmbedError(f"the sentence has {len(text):,} characters; at most {MAX_QUERY_CHARS:,}", "too large")
+        lang, how = self.choose_language(text, lang)
+        vocab = self.meta["vocabulary"].vocabs[lang]
+        tokens = tokenize(text, lang)
+        if not tokens:
+            raise EmbedError("the sentence has no words", "empty")
+        unknown = [t for t in tokens if vocab.index.get(t, 1) <= 1]
+        if len(unknown) == len(tokens):
+            raise EmbedError(f"none of the words of {text!r} ({', '.join(tokens)}) is in the {lang} vocabulary of "
+                             f"{self.label}: nothing to search with", "unknown words")  # fmt: skip
+        ids, lengths = pad_batch([vocab.encode(tokens)], self.meta["cfg"].text.max_tokens)
+        with torch.no_grad():
+            encoded = self.model.encode_text(TextBatch(ids, lengths, [(lang, 0, 1)]))
+        return TextVector(_unit(encoded.joint[0]), lang, how, unknown)
+
+    def image_features(self, source: Path | bytes) -> torch.Tensor:
+        """The CNN features of an image file or its bytes, from the model's extractor: (1, dim)."""
+        from data_catalog.images import BadImage, load_rgb
+        from mule_core.features import crop_transform, extract
+
+        from .features import load_extractor
+
+        if not self.has_images:
+            raise EmbedError(f"{self.label} was trained without images (a text-only dataset)", "no images")
+        f = self.meta["cfg"].features
+        transform = crop_transform(f.input_size, f.resize, f.crops)
+        try:
+            with load_rgb(source, min_side=transform.shorter_side) as image:
+                crops = transform(image)
+        except FileNotFoundError:
+            raise EmbedError(f"{source}: no such image file", "not found") from None
+        except BadImage as error:
+            what = "the upload" if isinstance(source, bytes) else str(source)
+            raise EmbedError(f"{what}: not an image that can be read ({error.reason})", "not an image") from None
+        extractor, _ = load_extractor(f, self.device)
+        with torch.no_grad():
+            return extract(extractor, crops.unsqueeze(0)).float().cpu()
+
+    def image(self, source: Path | bytes) -> np.ndarray:
+        return self.images_from_features(self.image_features(source))[0]
+
+    def images_from_features(self, features: torch.Tensor | np.ndarray, batch: int = 4096) -> np.ndarray:
+        """Image vectors from CNN features (n, dim) of this model's extractor: (n, 512) float32."""
+        if not self.has_images:
+            raise EmbedError(f"{self.label} was trained without images (a text-only dataset)", "no images")
+        features = torch.as_tensor(np.ascontiguousarray(features, dtype=np.float32))
+        with torch.no_grad():
+            parts = [self.model.encode_image(features[s : s + batch]) for s in range(0, len(features), batch)]
+        return _unit(torch.cat(parts)) if parts else np.zeros((0, self.meta["cfg"].model.joint_dim), np.float32)
+
+
+def _unit(vectors: torch.Tensor) -> np.ndarray:
+    vectors = torch.nn.functional.normalize(vectors.float(), dim=-1)
+    return vectors.cpu().numpy().astype(np.float32)

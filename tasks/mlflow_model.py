@@ -1,0 +1,132 @@
+"""The trained model as an MLflow pyfunc model: what the registry's versions are.
+
+    model = mlflow.pyfunc.load_model("models:/mule-embedded@champion")
+    model.predict(pd.DataFrame({"text": ["ein roter Kreis", "a red circle"], "lang": [None, "en"]}))
+    model.predict(pd.DataFrame({"image": [open("photo.jpg", "rb").read()]}))
+
+A row is a sentence (`text`, with `lang` or without: detected from the model's own
+vocabularies, as `mule search` does), or an image (`image`: its bytes, or `image_path`:
+a file). Out comes, per row, the L2-normalised vector in the shared space (`embedding`,
+512 floats), what the row was (`input`), its language and how it was chosen, and the
+words the vocabulary does not know. The model carries what it needs: the weights and
+vocabularies (the weights-only model file), the config, and the image extractor's name
+and weights source (a local weights file is carried too), so it loads in a fresh process
+and under `mlflow models serve` without the workdir.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import pandas as pd
+from mlflow.exceptions import MlflowException
+from mlflow.models import ModelSignature
+from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+from mlflow.pyfunc import PythonModel
+from mlflow.types.schema import Array, ColSpec, Schema
+
+INPUTS = Schema([
+    ColSpec("string", "text", required=False),
+    ColSpec("string", "lang", required=False),
+    ColSpec("binary", "image", required=False),
+    ColSpec("string", "image_path", required=False),
+])  # fmt: skip
+OUTPUTS = Schema([
+    ColSpec("string", "input"),  # "text" or "image"
+    ColSpec("string", "lang"),  # the sentence's language ("" for an image)
+    ColSpec("string", "language"),  # how it was chosen: "given" or "detected: ..."
+    ColSpec(Array("string"), "unknown_words"),
+    ColSpec(Array("float"), "embedding"),
+])  # fmt: skip
+SIGNATURE = ModelSignature(inputs=INPUTS, outputs=OUTPUTS)
+
+
+class MuleEmbeddings(PythonModel):
+    """Sentences and images -> vectors in the shared space (see the module's doc)."""
+
+    def load_context(self, context) -> None:
+        from tasks.embedder import Embedder
+
+        embedder = Embedder.from_file(Path(context.artifacts["model"]), (context.model_config or {}).get("label"))
+        weights = context.artifacts.get("extractor_weights")
+        if weights:  # the carried copy, not the path it had where it was trained
+            cfg = embedder.meta["cfg"]
+            features = dataclasses.replace(cfg.features, weights_file=str(weights))
+            embedder.meta["cfg"] = dataclasses.replace(cfg, features=features)
+        self.embedder = embedder
+
+    def predict(self, context, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> pd.DataFrame:
+        from tasks.embedder import EmbedError
+
+        frame = model_input if isinstance(model_input, pd.DataFrame) else pd.DataFrame(model_input)
+        rows = []
+        for number, row in enumerate(frame.to_dict("records"), 1):
+            try:
+                rows.append(self._row(row))
+            except EmbedError as error:
+                raise MlflowException(f"row {number}: {error}", error_code=INVALID_PARAMETER_VALUE) from None
+        return pd.DataFrame(rows, columns=[c.name for c in OUTPUTS.inputs])
+
+    def _row(self, row: dict) -> dict:
+        from tasks.embedder import EmbedError
+
+        text, image, path = (_given(row.get(k)) for k in ("text", "image", "image_path"))
+        if sum(x is not None for x in (text, image, path)) != 1:
+            raise EmbedError("give exactly one of text, image (bytes) or image_path")
+        if text is not None:
+            found = self.embedder.text(str(text), _given(row.get("lang")))
+            return {"input": "text", "lang": found.lang, "language": found.language,
+                    "unknown_words": found.unknown_words, "embedding": found.vector.tolist()}  # fmt: skip
+        source = bytes(image) if image is not None else Path(str(path))
+        vector = self.embedder.image(source)
+        return {"input": "image", "lang": "", "language": "", "unknown_words": [], "embedding": vector.tolist()}
+
+
+def _given(value: Any) -> Any:
+    """None for a missing cell (None, NaN, "")."""
+    if value is None or (isinstance(value, float) and value != value) or (isinstance(value, str) and not value):
+        return None
+    return value
+
+
+def log_model(tracking_uri: str, run_id: str, model_file: Path, examples: list[tuple[str, str]],
+              label: str, extractor: dict[str, str]) -> str:  # fmt: skip
+    """Logs the model file as a pyfunc model of run `run_id`; returns its URI (models:/m-...),
+    which the registry's versions point at. `examples`: (lang, sentence) pairs for the input
+    example; `extractor`: the extractor's name and weights source, kept as metadata."""
+    import torch
+
+    from mule_core.config import from_dict
+
+    import_cfg = from_dict(torch.load(model_file, map_location="cpu", weights_only=True)["config"])
+    artifacts = {"model": str(model_file)}
+    if import_cfg.features.weights == "imagenet" and import_cfg.features.weights_file:
+        artifacts["extractor_weights"] = import_cfg.features.weights_file
+    example = pd.DataFrame({"text": [text for _, text in examples],
+                            "lang": [lang if i == 0 else None for i, (lang, _) in enumerate(examples)]})  # fmt: skip
+    mlflow.set_tracking_uri(tracking_uri)
+    quiet = logging.getLogger("mlflow.models")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        with mlflow.start_run(run_id=run_id, nested=True):
+            info = mlflow.pyfunc.log_model(
+                name="model",
+                python_model=MuleEmbeddings(),
+                artifacts=artifacts,
+                signature=SIGNATURE,
+                input_example=example if examples else None,
+                model_config={"label": label},
+                metadata={
+                    "mule.extractor": extractor.get("name", ""),
+                    "mule.extractor_weights": extractor.get("weights", ""),
+                },  # fmt: skip
+                pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", "mule"],
+            )
+    finally:
+        quiet.setLevel(level)
+    return info.model_uri
