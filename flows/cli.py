@@ -290,15 +290,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     workdir = _adopted(args.workdir)
     searcher = search.open_searcher(workdir, args.dataset, args.run, args.version)
     gallery = galleries.load_gallery(searcher, args.split)
+    embedder = search.embedder(searcher)
+    weights = embedder.load_extractor()  # before the first image query, not during it
     captions = sum(len(c.ids) for c in gallery.captions.values())
     print(f"{searcher.label}: {len(gallery.image_ids):,} images and {captions:,} sentences "
           f"({', '.join(gallery.captions)}) of {args.dataset} ({args.split}) embedded in "
-          f"{time.perf_counter() - started:.1f} s, {gallery.nbytes / 2**20:.1f} MiB", flush=True)  # fmt: skip
+          f"{time.perf_counter() - started:.1f} s, {gallery.nbytes / 2**20:.1f} MiB; image extractor "
+          f"{embedder.extractor} ({weights})", flush=True)  # fmt: skip
     import uvicorn
 
     from serving.app import create_app
 
-    app = create_app(search.embedder(searcher), gallery, int(args.max_upload_mb * 2**20), args.dataset)
+    app = create_app(embedder, gallery, int(args.max_upload_mb * 2**20), args.dataset)
     print(f"search page: http://{_browsable(args.host)}:{args.port}/  (JSON API: /api/search?q=..., "
           f"POST /api/image; Ctrl-C stops)", flush=True)  # fmt: skip
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

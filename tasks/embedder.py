@@ -122,6 +122,16 @@ class Embedder:
         with torch.no_grad():
             return extract(extractor, crops.unsqueeze(0)).float().cpu()
 
+    def load_extractor(self) -> str:
+        """Loads the image extractor now (a server's first image query would wait for it);
+        returns where its weights came from."""
+        from .features import load_extractor
+
+        if not self.has_images:
+            return ""
+        _, info = load_extractor(self.meta["cfg"].features, self.device)
+        return str(info.get("weights", ""))
+
     def image(self, source: Path | bytes) -> np.ndarray:
         return self.images_from_features(self.image_features(source))[0]
 

@@ -84,19 +84,28 @@ def free_port() -> int:
 
 
 @pytest.mark.slow
-def test_ui_serves_the_workdir_store(tmp_path):
+def test_ui_serves_the_workdir_store_and_lands_on_the_runs(tmp_path):
+    """`mule ui` prints the address of the runs; opened in headless Chromium, it shows the
+    runs table in the model-training view, not MLflow 3's GenAI overview (which a plain
+    experiment address opens)."""
     from mlflow.tracking import MlflowClient
 
     from data_catalog.workdir import Workdir
+    from experiments.tracking import EXPERIMENT_KIND
+    from tests import browser
 
     wd = Workdir.at(tmp_path)
     client = MlflowClient(wd.mlflow_uri)
-    experiment = client.create_experiment("mule/ui-check", artifact_location=wd.artifacts_dir.as_uri())
-    client.create_run(experiment, run_name="probe")
+    experiment = client.create_experiment("mule/ui-check", artifact_location=wd.artifacts_dir.as_uri(),
+                                          tags=EXPERIMENT_KIND)  # fmt: skip
+    client.create_run(experiment, run_name="probe-run")
     port = free_port()
     ui = subprocess.Popen([sys.executable, "-m", "flows.cli", "ui", "--workdir", str(tmp_path), "--port", str(port)],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     try:
+        printed = [ui.stdout.readline(), ui.stdout.readline()]
+        runs = printed[1].removeprefix("runs: ").strip()
+        assert runs == f"http://127.0.0.1:{port}/#/experiments/{experiment}/runs?workflowType=machine_learning", printed
         deadline = time.time() + 90
         body = None
         while time.time() < deadline and body is None:
@@ -105,10 +114,16 @@ def test_ui_serves_the_workdir_store(tmp_path):
                 body = json.loads(urllib.request.urlopen(url, timeout=2).read())
             except OSError:
                 if ui.poll() is not None:
-                    pytest.fail(ui.stdout.read().decode()[-2000:])
+                    pytest.fail(ui.stdout.read()[-2000:])
                 time.sleep(0.5)
         assert body is not None, "the MLflow UI did not answer"
         assert "mule/ui-check" in {e["name"] for e in body["experiments"]}
+        with browser.page() as page:
+            page.goto(runs)
+            page.get_by_text("probe-run").wait_for(timeout=60_000)  # a row of the runs table
+            assert page.get_by_role("columnheader", name="Run Name").count() >= 1
+            assert "/runs" in page.url and "workflowType=machine_learning" in page.url
+            assert "overview" not in page.url and "genai" not in page.url
     finally:
         ui.terminate()
         ui.wait(timeout=20)
