@@ -71,7 +71,7 @@ class Embedder:
         vocabs = self.meta["vocabulary"].vocabs
         if lang:
             if lang not in vocabs:
-                raise EmbedError(f"{self.label} does not know the language {lang!r}; its languages are "
+                raise EmbedError(f"{self.label} does not know {lang!r}; its languages are "
                                  f"{', '.join(vocabs)}", "unknown language")  # fmt: skip
             return lang, "given"
         guess = detect_language(text, vocabs)

@@ -169,8 +169,11 @@ def rebuilt_as_built(rebuilt):
     """A copy of `rebuilt`'s workdir taken right after it was built (the tests in
     test_rebuild_flow.py change the original in place)."""
     from data_catalog.workdir import Workdir
+    from experiments.relocation import adopt
 
-    return Workdir.at(rebuilt[0].root.with_name(rebuilt[0].root.name + "-as-built")), rebuilt[1]
+    copy = Workdir.at(rebuilt[0].root.with_name(rebuilt[0].root.name + "-as-built"))
+    adopt(copy)  # its own image paths and MLflow artifacts, as `mule` makes a copied workdir
+    return copy, rebuilt[1]
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -167,7 +167,7 @@ def test_the_search_api_answers_and_says_what_is_wrong_with_a_bad_request(served
         assert "Traceback" not in response.text
 
     refused(client.get("/api/search", params={"q": "   "}), 400, "the sentence is empty")
-    refused(client.get("/api/search", params={"q": "ein Bild", "lang": "ja"}), 400, "does not know the language 'ja'")
+    refused(client.get("/api/search", params={"q": "ein Bild", "lang": "ja"}), 400, "does not know 'ja'")
     refused(client.get("/api/search", params={"q": "xyzzy qwrtp"}), 400, "none of the words")
     refused(client.get("/api/search", params={"q": "a dog", "k": 0}), 400, "k must be between 1 and 100")
     refused(client.get("/api/search", params={"q": "a dog", "k": "many"}), 400, "k: ")
