@@ -116,7 +116,7 @@ def log_model(tracking_uri: str, run_id: str, model_file: Path, examples: list[t
         with mlflow.start_run(run_id=run_id, nested=True):
             info = mlflow.pyfunc.log_model(
                 name="model",
-                python_model=MuleEmbeddings(),
+                python_model=str(Path(__file__).with_name("mlflow_model_entry.py")),  # code, not a pickle
                 artifacts=artifacts,
                 signature=SIGNATURE,
                 input_example=example if examples else None,
