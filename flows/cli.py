@@ -86,7 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--version", help="a registered version to serve instead of the champion")
     serve.add_argument("--run", help="a train run id to serve instead of the registry's champion")
     serve.add_argument("--split", default="all", help="the gallery: this split (name or role) only (default: all)")
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)"
+    )
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--max-upload-mb", type=float, default=10.0, help="largest image upload (default: 10)")
 
@@ -187,7 +189,7 @@ def cmd_run(args: argparse.Namespace, stages: list[str], overrides: dict) -> int
 
     with local_flow_settings():
         results = rebuild_flow(workdir=str(workdir.root), preset=args.preset, overrides=overrides, stages=stages,
-                               force=args.force or None)  # fmt: skip
+                               force=args.force or None, config=to_dict(cfg))  # fmt: skip
     _print_results(results, workdir, started)
     return 0
 
@@ -247,10 +249,16 @@ def cmd_ui(args: argparse.Namespace) -> int:
     print(f"runs: {runs}" if runs else "no runs yet: run `mule demo` first", flush=True)
     if not args.open:
         os.execv(sys.executable, command)
+    import signal
     import subprocess
     import webbrowser
 
     server = subprocess.Popen(command)
+
+    def stop(signum, frame):  # a terminated `mule ui` takes its server with it
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
     try:
         if _answers(f"{base}/health", server):
             webbrowser.open(runs or base)

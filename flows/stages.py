@@ -283,20 +283,25 @@ def check_stages(stages: list[str] | None) -> list[str]:
 
 @flow(name="rebuild")
 def rebuild_flow(workdir: str | None = None, preset: str = "demo", overrides: dict[str, Any] | None = None,
-                 stages: list[str] | None = None, force: list[str] | None = None) -> dict:  # fmt: skip
+                 stages: list[str] | None = None, force: list[str] | None = None,
+                 config: dict | None = None) -> dict:  # fmt: skip
     """The pipeline: every stage in order (or the ones named), under one parent MLflow run.
     A stage runs only when its key changed (its inputs' content, its config, its code) or
-    when named in `force`; the others are reused, and the run says which and why."""
-    return _failing_quietly(lambda: _rebuild(workdir, preset, overrides, stages, force))
+    when named in `force`; the others are reused, and the run says which and why.
+    `config`: the config already resolved from preset and overrides (by the command)."""
+    return _failing_quietly(lambda: _rebuild(workdir, preset, overrides, stages, force, config))
 
 
 def _rebuild(workdir: str | None, preset: str, overrides: dict[str, Any] | None, stages: list[str] | None,
-             force: list[str] | None) -> dict:  # fmt: skip
+             force: list[str] | None, resolved: dict | None = None) -> dict:  # fmt: skip
     from experiments import tracking
 
     stages, forced = check_stages(stages), set(check_stages(force) if force else [])
     name = rebuild.run_name(stages)
-    with _working(workdir, preset, overrides, name) as (wd, cfg, config), tracking.run(wd, cfg, name) as run_id:
+    with (
+        _working(workdir, preset, overrides, name, resolved) as (wd, cfg, config),
+        tracking.run(wd, cfg, name) as run_id,
+    ):
         root = str(wd.root)
 
         def run_stage(stage: str, decided: dict | None) -> dict:

@@ -1,6 +1,7 @@
 """The `mule` command line."""
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -100,8 +101,13 @@ def test_ui_serves_the_workdir_store_and_lands_on_the_runs(tmp_path):
                                           tags=EXPERIMENT_KIND)  # fmt: skip
     client.create_run(experiment, run_name="probe-run")
     port = free_port()
-    ui = subprocess.Popen([sys.executable, "-m", "flows.cli", "ui", "--workdir", str(tmp_path), "--port", str(port)],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    opened = tmp_path / "opened.txt"  # --open: the "browser" ($BROWSER, as webbrowser reads it) records the address
+    recorder = tmp_path / "browser.sh"
+    recorder.write_text(f'#!/bin/sh\necho "$1" > {opened}\n')
+    recorder.chmod(0o755)
+    ui = subprocess.Popen([sys.executable, "-m", "flows.cli", "ui", "--workdir", str(tmp_path), "--port", str(port),
+                           "--open"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env={**os.environ, "BROWSER": str(recorder)})  # fmt: skip
     try:
         printed = [ui.stdout.readline(), ui.stdout.readline()]
         runs = printed[1].removeprefix("runs: ").strip()
@@ -118,6 +124,10 @@ def test_ui_serves_the_workdir_store_and_lands_on_the_runs(tmp_path):
                 time.sleep(0.5)
         assert body is not None, "the MLflow UI did not answer"
         assert "mule/ui-check" in {e["name"] for e in body["experiments"]}
+        deadline = time.time() + 30
+        while time.time() < deadline and not opened.exists():
+            time.sleep(0.2)
+        assert opened.read_text().strip() == runs  # --open opened the runs once the UI answered
         with browser.page() as page:
             page.goto(runs)
             page.get_by_text("probe-run").wait_for(timeout=60_000)  # a row of the runs table
@@ -127,6 +137,9 @@ def test_ui_serves_the_workdir_store_and_lands_on_the_runs(tmp_path):
     finally:
         ui.terminate()
         ui.wait(timeout=20)
+    time.sleep(1)
+    with pytest.raises(OSError):  # the UI's server went with it
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
 
 
 def test_a_user_error_is_one_line_exit_2_and_the_failed_runs_say_the_same(tmp_path, prefect_api_url):
