@@ -213,3 +213,14 @@ def test_a_bug_keeps_its_traceback_exits_1_and_is_tagged_a_bug(tmp_path, prefect
     with get_client(sync_client=True) as prefect:
         state = prefect.read_flow_run(ingest.data.tags["prefect.flow_run_id"]).state
     assert state.is_failed()
+
+
+def test_serve_listens_on_this_machine_only_unless_told(capsys, tmp_path):
+    args = build_parser().parse_args(["serve"])
+    assert (args.host, args.port, args.dataset, args.max_upload_mb) == ("127.0.0.1", 8000, "embedded", 10.0)
+    assert build_parser().parse_args(["serve", "--host", "0.0.0.0"]).host == "0.0.0.0"
+    assert main(["serve", "--port", "0", "--workdir", str(tmp_path)]) == 2
+    assert main(["serve", "--workdir", str(tmp_path)]) == 2  # nothing trained: one line, no traceback
+    err = capsys.readouterr().err
+    assert "--port must be between 1 and 65535" in err
+    assert "registered model mule-embedded has no champion" in err
