@@ -121,7 +121,7 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|---|")
     sizes = [int(s) for s in args.sizes.split(",")]
-    embedder.load_extractor()
+    embedder.warm_up()
     for size in sizes:
         started = time.perf_counter()
         gallery = synthetic_gallery(embedder, size)

@@ -299,7 +299,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     searcher = search.open_searcher(workdir, args.dataset, args.run, args.version)
     gallery = galleries.load_gallery(searcher, args.split)
     embedder = search.embedder(searcher)
-    weights = embedder.load_extractor()  # before the first image query, not during it
+    weights = embedder.warm_up()  # before the first queries, not during them
     captions = sum(len(c.ids) for c in gallery.captions.values())
     print(f"{searcher.label}: {len(gallery.image_ids):,} images and {captions:,} sentences "
           f"({', '.join(gallery.captions)}) of {args.dataset} ({args.split}) embedded in "

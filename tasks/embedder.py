@@ -122,11 +122,16 @@ class Embedder:
         with torch.no_grad():
             return extract(extractor, crops.unsqueeze(0)).float().cpu()
 
-    def load_extractor(self) -> str:
-        """Loads the image extractor now (a server's first image query would wait for it);
-        returns where its weights came from."""
+    def warm_up(self) -> str:
+        """Loads the image extractor and runs each language's encoder once, so that a
+        server's first queries do not pay for it (0.7 s for the first sentence otherwise);
+        returns where the extractor's weights came from."""
         from .features import load_extractor
 
+        for lang, vocab in self.meta["vocabulary"].vocabs.items():
+            known = next((t for t in vocab.tokens[2:] if t.strip()), None)
+            if known:
+                self.text(known, lang)
         if not self.has_images:
             return ""
         _, info = load_extractor(self.meta["cfg"].features, self.device)
