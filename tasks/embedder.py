@@ -31,6 +31,7 @@ class EmbedError(UserError, ValueError):
     def __init__(self, message: str, kind: str = "bad request"):
         super().__init__(message)
         self.kind = kind
+        self.row: int | None = None
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,34 @@ class Embedder:
         return guess.lang, f"detected: {guess.describe()} words known"
 
     def text(self, text: str, lang: str | None = None) -> TextVector:
+        return self.texts([text], [lang])[0]
+
+    def texts(self, texts: list[str], langs: list[str | None] | None = None, batch: int = 512) -> list[TextVector]:
+        """Many sentences at once: each checked and its language chosen, then encoded in
+        batches of one language (the pyfunc model embeds a table of captions this way)."""
+        langs = langs or [None] * len(texts)
+        prepared = []
+        for row, (text, lang) in enumerate(zip(texts, langs)):
+            try:
+                prepared.append(self._prepare(text, lang))
+            except EmbedError as error:
+                error.row = row  # which sentence, for a caller that reports rows
+                raise
+        vectors: list[np.ndarray | None] = [None] * len(prepared)
+        max_tokens = self.meta["cfg"].text.max_tokens
+        for lang in dict.fromkeys(p[0] for p in prepared):
+            rows = [i for i, p in enumerate(prepared) if p[0] == lang]
+            for start in range(0, len(rows), batch):
+                chunk = rows[start : start + batch]
+                ids, lengths = pad_batch([prepared[i][2] for i in chunk], max_tokens)
+                with torch.no_grad():
+                    encoded = self.model.encode_text(TextBatch(ids, lengths, [(lang, 0, len(chunk))]))
+                for i, vector in zip(chunk, _unit(encoded.joint)):
+                    vectors[i] = vector
+        return [TextVector(v, p[0], p[1], p[3]) for v, p in zip(vectors, prepared)]
+
+    def _prepare(self, text: str, lang: str | None) -> tuple[str, str, list[int], list[str]]:
+        """(language, how it was chosen, token ids, unknown words), or EmbedError saying what is wrong."""
         if not isinstance(text, str) or not text.strip():
             raise EmbedError("the sentence is empty", "empty")
         if len(text) > MAX_QUERY_CHARS:
@@ -94,10 +123,7 @@ class Embedder:
         if len(unknown) == len(tokens):
             raise EmbedError(f"none of the words of {text!r} ({', '.join(tokens)}) is in the {lang} vocabulary of "
                              f"{self.label}: nothing to search with", "unknown words")  # fmt: skip
-        ids, lengths = pad_batch([vocab.encode(tokens)], self.meta["cfg"].text.max_tokens)
-        with torch.no_grad():
-            encoded = self.model.encode_text(TextBatch(ids, lengths, [(lang, 0, 1)]))
-        return TextVector(_unit(encoded.joint[0]), lang, how, unknown)
+        return lang, how, vocab.encode(tokens), unknown
 
     def image_features(self, source: Path | bytes) -> torch.Tensor:
         """The CNN features of an image file or its bytes, from the model's extractor: (1, dim)."""

@@ -63,32 +63,39 @@ class MuleEmbeddings(PythonModel):
         from tasks.embedder import EmbedError
 
         frame = model_input if isinstance(model_input, pd.DataFrame) else pd.DataFrame(model_input)
-        rows = []
-        for number, row in enumerate(frame.to_dict("records"), 1):
+        records = frame.to_dict("records")
+        rows: list[dict | None] = [None] * len(records)
+        sentences = []  # (row, text, lang): embedded together, in batches per language
+        for number, row in enumerate(records):
+            text, image, path = (_given(row.get(k)) for k in ("text", "image", "image_path"))
             try:
-                rows.append(self._row(row))
+                if sum(x is not None for x in (text, image, path)) != 1:
+                    raise EmbedError("give exactly one of text, image (bytes) or image_path")
+                if text is not None:
+                    sentences.append((number, str(text), _given(row.get("lang"))))
+                else:
+                    vector = self.embedder.image(bytes(image) if image is not None else Path(str(path)))
+                    rows[number] = {"input": "image", "lang": "", "language": "", "unknown_words": [],
+                                    "embedding": vector.tolist()}  # fmt: skip
             except EmbedError as error:
-                raise MlflowException(f"row {number}: {error}", error_code=INVALID_PARAMETER_VALUE) from None
+                raise _bad_row(number, error) from None
+        try:
+            found = self.embedder.texts([t for _, t, _ in sentences], [lang for _, _, lang in sentences])
+        except EmbedError as error:
+            raise _bad_row(sentences[error.row][0] if error.row is not None else 0, error) from None
+        for (number, _, _), vector in zip(sentences, found):
+            rows[number] = {"input": "text", "lang": vector.lang, "language": vector.language,
+                            "unknown_words": vector.unknown_words, "embedding": vector.vector.tolist()}  # fmt: skip
         return pd.DataFrame(rows, columns=[c.name for c in OUTPUTS.inputs])
 
-    def _row(self, row: dict) -> dict:
-        from tasks.embedder import EmbedError
 
-        text, image, path = (_given(row.get(k)) for k in ("text", "image", "image_path"))
-        if sum(x is not None for x in (text, image, path)) != 1:
-            raise EmbedError("give exactly one of text, image (bytes) or image_path")
-        if text is not None:
-            found = self.embedder.text(str(text), _given(row.get("lang")))
-            return {"input": "text", "lang": found.lang, "language": found.language,
-                    "unknown_words": found.unknown_words, "embedding": found.vector.tolist()}  # fmt: skip
-        source = bytes(image) if image is not None else Path(str(path))
-        vector = self.embedder.image(source)
-        return {"input": "image", "lang": "", "language": "", "unknown_words": [], "embedding": vector.tolist()}
+def _bad_row(index: int, error: Exception) -> MlflowException:
+    return MlflowException(f"row {index + 1}: {error}", error_code=INVALID_PARAMETER_VALUE)
 
 
 def _given(value: Any) -> Any:
-    """None for a missing cell (None, NaN, "")."""
-    if value is None or (isinstance(value, float) and value != value) or (isinstance(value, str) and not value):
+    """None for a missing cell (None or NaN); an empty text is given, and refused as empty."""
+    if value is None or (isinstance(value, float) and value != value):
         return None
     return value
 

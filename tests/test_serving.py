@@ -124,6 +124,26 @@ print(json.dumps(out.to_dict("records")))
     assert gallery.top_images(vectors[0], 1)[0]["image_id"] == caption["image_id"]
 
 
+def test_the_pyfunc_model_embeds_a_table_in_batches_and_names_a_bad_row(served):
+    import pandas as pd
+    from mlflow.exceptions import MlflowException
+
+    from tasks.mlflow_model import MuleEmbeddings
+
+    model = MuleEmbeddings()
+    model.embedder = served["embedder"]
+    captions = served["gallery"].captions
+    texts = captions["en"].texts[:3] + captions["de"].texts[:3] + captions["cs"].texts[:2]
+    out = model.predict(None, pd.DataFrame({"text": texts}))
+    assert list(out["lang"]) == ["en"] * 3 + ["de"] * 3 + ["cs"] * 2  # each detected
+    alone = np.stack([served["embedder"].text(t).vector for t in texts])
+    assert np.allclose(np.stack(out["embedding"].map(np.asarray)), alone, atol=1e-5)  # batched = one by one
+    with pytest.raises(MlflowException, match="row 3: the sentence is empty"):
+        model.predict(None, pd.DataFrame({"text": [texts[0], texts[1], "  "]}))
+    with pytest.raises(MlflowException, match="row 2: give exactly one of text, image"):
+        model.predict(None, pd.DataFrame({"text": [texts[0], None], "image_path": [None, None]}))
+
+
 @pytest.mark.slow
 def test_mlflow_models_serve_answers_sentences_on_loopback(served, tmp_path):
     wd, caption = served["wd"], served["caption"]
