@@ -146,6 +146,26 @@ STAGE_FLOWS: dict[str, Any] = {s.name: _stage_flow(s) for s in STAGES if s.keyed
 globals().update({f.fn.__name__: f for f in STAGE_FLOWS.values()})
 
 
+def _train_variant(wd: Workdir, variant: MuleConfig, run_id: str) -> dict:
+    """One model of the ablation or add-language: trained, or reused when the train stage's
+    key for its config (its inputs, its options, its code) is unchanged; one record per
+    model name, as the train stage keeps (pipeline.reuse). Its MLflow run says which."""
+    from dataclasses import replace
+
+    from experiments import tracking
+    from tasks.train import train_model
+
+    decision = reuse.decide(wd, variant, "train")
+    tracking.Tracker(wd, run_id).tags(reuse.tags(decision))
+    if not decision.run:
+        reuse.logger().info("%s: %s", variant.train.model_name, decision.describe())
+        return reuse.reused_result(decision, wd)
+    fresh = replace(variant, train=replace(variant.train, reuse=False))  # the key decided: no second guess
+    result = train_model(str(wd.root), to_dict(fresh), run_id)
+    reuse.record(wd, variant, decision, result, run_id)
+    return result
+
+
 @flow(name="ablation")
 def ablation_flow(workdir: str | None = None, preset: str = "demo", overrides: dict[str, Any] | None = None,
                   parent_run_id: str | None = None) -> dict:  # fmt: skip
@@ -158,7 +178,6 @@ def _ablation(workdir: str | None, preset: str, overrides: dict[str, Any] | None
     from experiments import tracking
     from tasks import ablation
     from tasks.evaluate import evaluate_model
-    from tasks.train import train_model
 
     with _working(workdir, preset, overrides, "ablation") as (wd, cfg, config):
         root = str(wd.root)
@@ -177,7 +196,7 @@ def _ablation(workdir: str | None, preset: str, overrides: dict[str, Any] | None
                 for model in row.models:
                     variant = resolve(preset, {**(overrides or {}), **model.overrides})
                     with tracking.run(wd, variant, f"ablation: {model.label}", run_id) as child:
-                        trainings.append(train_model(root, to_dict(variant), child))
+                        trainings.append(_train_variant(wd, variant, child))
                         evaluations.append(evaluate_model(root, to_dict(variant), child))
                 rows.append(ablation.row_result(row, evaluations, trainings))
                 english += ablation.english_models(row.models)
@@ -205,7 +224,6 @@ def _add_language(
     from tasks.add_language import add_language, added_model_name, base_model_name
     from tasks.evaluate import evaluate_model
     from tasks.pretrain import pretrain_mule
-    from tasks.train import train_model
 
     overrides = dict(overrides or {})
     with _working(workdir, preset, overrides, "add-language") as (wd, cfg, config):
@@ -236,7 +254,7 @@ def _add_language(
                     if not adding:
                         if variant.pretrain.enabled:  # LP over the base languages only: it never sees `lang`
                             pretrain_mule(root, to_dict(variant), child)
-                        trained = train_model(root, to_dict(variant), child)
+                        trained = _train_variant(wd, variant, child)
                     else:
                         trained = add_language(root, to_dict(variant), child)
                     rows[label] = {"train": trained, "evaluation": evaluate_model(root, to_dict(variant), child)}

@@ -104,3 +104,32 @@ def test_ablation_end_to_end(tmp_path):
     again = ablation_flow(workdir=str(tmp_path), overrides=TINY)  # every model is reused, not retrained
     assert [r["model"] for r in again["rows"]] == ROWS
     assert again["rows"][3]["en"] == summary["rows"][3]["en"]
+    # each model is reused by the train stage's key for its config, which covers its code:
+    # the rerun's MLflow runs say "reused", and an edit the training reaches retrains them
+    client = MlflowClient(Workdir.at(tmp_path).mlflow_uri)
+    experiment = client.get_experiment_by_name("mule/embedded")
+    full = client.search_runs([experiment.experiment_id], "tags.mlflow.runName = 'ablation: MULE full'",
+                              order_by=["attributes.start_time DESC"])  # fmt: skip
+    assert full[0].data.tags["mule.stage_status"] == "reused" and full[1].data.tags["mule.stage_status"] == "ran"
+    _an_edit_retrains_the_variants(Workdir.at(tmp_path), tmp_path / "repo")
+
+
+def _an_edit_retrains_the_variants(wd, repo):
+    import shutil
+
+    from mule_core.config import resolve
+    from pipeline import code_keys, reuse
+    from tests.test_code_keys import PACKAGES, edit
+
+    for package in PACKAGES:
+        shutil.copytree(code_keys.REPO / package, repo / package, ignore=shutil.ignore_patterns("__pycache__"))
+    (full,) = [m for row in grid(["en", "de", "fr", "cs"]) for m in row.models if m.slug == "mule-full"]
+    variant = resolve("demo", {**TINY, **full.overrides})
+    try:
+        assert not reuse.decide(wd, variant, "train", repo=repo).run
+        edit(repo / "mule_core" / "losses.py")
+        code_keys.code_parts.cache_clear()
+        decision = reuse.decide(wd, variant, "train", repo=repo)
+        assert decision.run and decision.reason == "code mule_core/losses.py changed", decision.reason
+    finally:
+        code_keys.code_parts.cache_clear()
