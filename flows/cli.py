@@ -24,7 +24,7 @@ from pathlib import Path
 from data_catalog.workdir import Workdir
 from mule_core.config import PRESETS, ConfigError, parse_assignments, resolve, to_dict
 from mule_core.errors import is_user_error
-from pipeline.declaration import ALL, REBUILD
+from pipeline.declaration import ALL, REBUILD, in_pipeline_order
 
 DEMO_DATASETS = {"multi30k": "embedded", "coco": "embedded-coco"}  # mule demo --dataset -> generated dataset
 
@@ -206,7 +206,7 @@ def _without_prefect_if_up_to_date(workdir: Workdir, cfg, stages: list[str], for
     from experiments import relocation, tracking
     from pipeline import rebuild, reuse
 
-    stages = sorted(set(stages), key=ALL.index)  # pipeline order, as the rebuild flow runs them
+    stages = in_pipeline_order(stages)  # as the rebuild flow runs them
     name = rebuild.run_name(stages)
     config = to_dict(cfg)
     with workdir_lock(workdir, name):

@@ -26,7 +26,7 @@ from flows.runtime import dask_task_runner, quiet_user_errors
 from mule_core.config import ConfigError, MuleConfig, from_dict, resolve, to_dict
 from mule_core.errors import is_user_error
 from pipeline import rebuild, reuse
-from pipeline.declaration import ALL, BY_NAME, REBUILD, STAGES, Stage
+from pipeline.declaration import ALL, BY_NAME, REBUILD, STAGES, Stage, in_pipeline_order
 
 
 def _workdir(workdir: str | None) -> Workdir:
@@ -296,7 +296,7 @@ def check_stages(stages: list[str] | None) -> list[str]:
     unknown = [s for s in stages if s not in BY_NAME]
     if unknown:
         raise ConfigError(f"unknown stage(s) {', '.join(unknown)}; stages are: {', '.join(ALL)}")
-    return sorted(set(stages), key=ALL.index)  # always in pipeline order
+    return in_pipeline_order(stages)
 
 
 @flow(name="rebuild")

@@ -145,6 +145,11 @@ NAMED_ONLY: tuple[str, ...] = tuple(s.name for s in STAGES if not s.in_rebuild)
 ALL: tuple[str, ...] = REBUILD + NAMED_ONLY
 
 
+def in_pipeline_order(stages) -> list[str]:
+    """The named stages, each once, in the order the pipeline runs them."""
+    return sorted(set(stages), key=ALL.index)
+
+
 def writer_of(entry: str) -> str | None:
     """The stage that writes a catalog entry (for errors that say what to run)."""
     return next((s.name for s in STAGES if entry in s.writes), None)

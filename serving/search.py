@@ -69,7 +69,7 @@ def _encode_text(searcher: Searcher, text: str, lang: str | None) -> tuple[torch
     try:
         found = embedder(searcher).text(text, lang)
     except EmbedError as error:
-        raise SearchError(str(error).replace("give the language", "pass --lang")) from None
+        raise SearchError(str(error)) from None
     return torch.from_numpy(found.vector), found.lang, found.language, found.unknown_words
 
 

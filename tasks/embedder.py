@@ -78,7 +78,7 @@ class Embedder:
         guess = detect_language(text, vocabs)
         if guess.lang is None:
             raise EmbedError(f"none of the words of {text!r} is in the vocabulary of any language of {self.label} "
-                             f"({', '.join(vocabs)}); give the language if you know it", "unknown words")  # fmt: skip
+                             f"({', '.join(vocabs)}); give its language if you know it (--lang, or lang=)", "unknown words")  # fmt: skip
         return guess.lang, f"detected: {guess.describe()} words known"
 
     def text(self, text: str, lang: str | None = None) -> TextVector:

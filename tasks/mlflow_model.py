@@ -101,18 +101,16 @@ def _given(value: Any) -> Any:
 
 
 def log_model(tracking_uri: str, run_id: str, model_file: Path, examples: list[tuple[str, str]],
-              label: str, extractor: dict[str, str]) -> str:  # fmt: skip
+              label: str, extractor: dict[str, str], weights_file: str | None = None) -> str:  # fmt: skip
     """Logs the model file as a pyfunc model of run `run_id`; returns its URI (models:/m-...),
     which the registry's versions point at. `examples`: (lang, sentence) pairs for the input
-    example; `extractor`: the extractor's name and weights source, kept as metadata."""
+    example; `extractor`: the extractor's name and weights source, kept as metadata;
+    `weights_file`: a local file of the extractor's weights, carried with the model."""
     import torch
 
-    from mule_core.config import from_dict
-
-    import_cfg = from_dict(torch.load(model_file, map_location="cpu", weights_only=True)["config"])
     artifacts = {"model": str(model_file)}
-    if import_cfg.features.weights == "imagenet" and import_cfg.features.weights_file:
-        artifacts["extractor_weights"] = import_cfg.features.weights_file
+    if weights_file:
+        artifacts["extractor_weights"] = weights_file
     example = pd.DataFrame({"text": [text for _, text in examples],
                             "lang": [lang if i == 0 else None for i, (lang, _) in enumerate(examples)]})  # fmt: skip
     mlflow.set_tracking_uri(tracking_uri)

@@ -152,8 +152,10 @@ def train_model(workdir: str, config: dict[str, Any], run_id: str | None) -> dic
                "diverged": [r.epoch for r in history if r.divergence], "stopped": trainer.stopped}  # fmt: skip
     if run_id and cfg.train.model_name == "model":  # the pipeline's model; the ablation's variants are not
         examples = _example_sentences(catalog, dataset, val)
+        local_weights = cfg.features.weights_file if cfg.features.weights == "imagenet" else None
         source = mlflow_model.log_model(wd.mlflow_uri, run_id, path, examples, f"{dataset} model of run {run_id}",
-                                        {"name": extractor, "weights": _weights_source(cfg.features)})  # fmt: skip
+                                        {"name": extractor, "weights": _weights_source(cfg.features)},
+                                        local_weights or None)  # fmt: skip
         candidate = registry.Candidate(dataset, run_id, source, trainer.best_score, tuple(train.languages),
                                        registry.split_digest(val.image_ids), cfg.eval.split)  # fmt: skip
         summary["registry"] = registry.register(wd, candidate)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -24,6 +25,7 @@ os.environ.setdefault("MULE_HOME", str(Path(tempfile.mkdtemp(prefix="mule-tests-
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
 from flows.runtime import prepare_environment  # noqa: E402
+from pipeline.code_keys import REPO, code_parts  # noqa: E402
 
 prepare_environment(_PREFECT_HOME)
 
@@ -158,8 +160,6 @@ def rebuilt(tmp_path_factory):
 
     workdir = tmp_path_factory.mktemp("rebuild")
     results = rebuild_flow(workdir=str(workdir), preset="demo", overrides=REBUILT_TINY)
-    import shutil
-
     shutil.copytree(workdir, workdir.with_name(workdir.name + "-as-built"))  # for the tests that need it untouched
     return Workdir.at(workdir), results
 
@@ -181,3 +181,28 @@ def pytest_collection_modifyitems(items):
     for item in items:
         module = item.module.__name__.rpartition(".")[2] if item.module else item.nodeid.split("::")[0]
         item.add_marker(pytest.mark.xdist_group(SHARED_WORKER.get(module, module)))
+
+
+# A copy of the repository's packages, for the tests of code keys (an edit there must
+# rerun exactly the stages whose imports reach it).
+PACKAGES = ("flows", "pipeline", "tasks", "experiments", "serving", "clients", "data_catalog", "mule_core")
+
+
+def copy_of_the_repository(copy: Path) -> Path:
+    """The repository's packages, copied to edit without touching the real ones."""
+    for package in PACKAGES:
+        shutil.copytree(REPO / package, copy / package, ignore=shutil.ignore_patterns("__pycache__"))
+    return copy
+
+
+@pytest.fixture
+def repo_copy(tmp_path_factory) -> Path:
+    copy = copy_of_the_repository(tmp_path_factory.mktemp("repo"))
+    yield copy
+    code_parts.cache_clear()  # no key of the copy outlives the test
+
+
+def edit(path: Path) -> None:
+    """An edit that changes the file's digest; the code keys forget what they had read."""
+    path.write_text(path.read_text() + "\n# an edit\n")
+    code_parts.cache_clear()

@@ -76,7 +76,7 @@ def test_several_seeds_average_each_language_and_count_parameters_once():
 
 
 @pytest.mark.slow
-def test_ablation_end_to_end(tmp_path):
+def test_ablation_end_to_end(tmp_path, repo_copy):
     from flows.stages import ablation_flow
 
     summary = ablation_flow(workdir=str(tmp_path), overrides=TINY)
@@ -111,25 +111,14 @@ def test_ablation_end_to_end(tmp_path):
     full = client.search_runs([experiment.experiment_id], "tags.mlflow.runName = 'ablation: MULE full'",
                               order_by=["attributes.start_time DESC"])  # fmt: skip
     assert full[0].data.tags["mule.stage_status"] == "reused" and full[1].data.tags["mule.stage_status"] == "ran"
-    _an_edit_retrains_the_variants(Workdir.at(tmp_path), tmp_path / "repo")
-
-
-def _an_edit_retrains_the_variants(wd, repo):
-    import shutil
-
     from mule_core.config import resolve
-    from pipeline import code_keys, reuse
-    from tests.test_code_keys import PACKAGES, edit
+    from pipeline import reuse
+    from tests.conftest import edit
 
-    for package in PACKAGES:
-        shutil.copytree(code_keys.REPO / package, repo / package, ignore=shutil.ignore_patterns("__pycache__"))
+    wd = Workdir.at(tmp_path)
     (full,) = [m for row in grid(["en", "de", "fr", "cs"]) for m in row.models if m.slug == "mule-full"]
     variant = resolve("demo", {**TINY, **full.overrides})
-    try:
-        assert not reuse.decide(wd, variant, "train", repo=repo).run
-        edit(repo / "mule_core" / "losses.py")
-        code_keys.code_parts.cache_clear()
-        decision = reuse.decide(wd, variant, "train", repo=repo)
-        assert decision.run and decision.reason == "code mule_core/losses.py changed", decision.reason
-    finally:
-        code_keys.code_parts.cache_clear()
+    assert not reuse.decide(wd, variant, "train", repo=repo_copy).run
+    edit(repo_copy / "mule_core" / "losses.py")
+    decision = reuse.decide(wd, variant, "train", repo=repo_copy)
+    assert decision.run and decision.reason == "code mule_core/losses.py changed", decision.reason

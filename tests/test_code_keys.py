@@ -1,27 +1,11 @@
 """A stage's code is what its task module imports, followed through the repository: never
 a hand list. Edits are made in a copy of the repository."""
 
-import shutil
 from pathlib import Path
-
-import pytest
 
 from pipeline.code_keys import REPO, closure, code_digest, code_parts
 from pipeline.declaration import BY_NAME, REBUILD
-
-PACKAGES = ("flows", "pipeline", "tasks", "experiments", "serving", "clients", "data_catalog", "mule_core")
-
-
-@pytest.fixture
-def repo_copy(tmp_path) -> Path:
-    copy = tmp_path / "repo"
-    for package in PACKAGES:
-        shutil.copytree(REPO / package, copy / package, ignore=shutil.ignore_patterns("__pycache__"))
-    return copy
-
-
-def edit(path: Path) -> None:
-    path.write_text(path.read_text() + "\n# an edit\n")
+from tests.conftest import edit
 
 
 def reached(module: str, repo: Path = REPO) -> set[str]:

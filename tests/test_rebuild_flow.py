@@ -186,31 +186,23 @@ def test_the_command_with_nothing_to_run_records_the_reuse_without_starting_pref
     assert all(r.data.tags["mule.stage_status"] == "reused" and r.data.tags["mule.reused_from_run"] for r in children)
 
 
-def test_a_code_edit_reruns_the_stages_whose_imports_reach_it(rebuilt, tmp_path):
+def test_a_code_edit_reruns_the_stages_whose_imports_reach_it(rebuilt, repo_copy):
     """The rebuilt workdir against a copy of the repository: unchanged, every stage is
     reused; mule_core/text.py edited (train reaches it only through tasks/model_io.py),
     train runs again and says why; the googletrans client edited, train is reused."""
     from pipeline import code_keys, reuse
-    from tests.test_code_keys import PACKAGES, edit
+    from tests.conftest import edit
 
     wd, _ = rebuilt
-    cfg = resolve("demo", TINY)
-    repo = tmp_path / "repo"
-    for package in PACKAGES:
-        shutil.copytree(code_keys.REPO / package, repo / package, ignore=shutil.ignore_patterns("__pycache__"))
-    try:
-        assert not reuse.decide(wd, cfg, "train", repo=repo).run
-        edit(repo / "mule_core" / "text.py")
-        code_keys.code_parts.cache_clear()
-        decision = reuse.decide(wd, cfg, "train", repo=repo)
-        assert decision.run and decision.reason == "code mule_core/text.py changed", decision.reason
-        shutil.copy(code_keys.REPO / "mule_core" / "text.py", repo / "mule_core" / "text.py")
-        edit(repo / "clients" / "googletrans.py")
-        code_keys.code_parts.cache_clear()
-        assert not reuse.decide(wd, cfg, "train", repo=repo).run
-        assert reuse.decide(wd, cfg, "translate", repo=repo).reason == "code clients/googletrans.py changed"
-    finally:
-        code_keys.code_parts.cache_clear()
+    cfg, repo = resolve("demo", TINY), repo_copy
+    assert not reuse.decide(wd, cfg, "train", repo=repo).run
+    edit(repo / "mule_core" / "text.py")
+    decision = reuse.decide(wd, cfg, "train", repo=repo)
+    assert decision.run and decision.reason == "code mule_core/text.py changed", decision.reason
+    shutil.copy(code_keys.REPO / "mule_core" / "text.py", repo / "mule_core" / "text.py")
+    edit(repo / "clients" / "googletrans.py")
+    assert not reuse.decide(wd, cfg, "train", repo=repo).run
+    assert reuse.decide(wd, cfg, "translate", repo=repo).reason == "code clients/googletrans.py changed"
 
 
 @pytest.mark.slow
