@@ -43,6 +43,31 @@ def arrow_digest(table: pa.Table) -> str:
     return hashlib.sha256(sink.getvalue().to_pybytes()).hexdigest()
 
 
+def _files_under(root: Path):
+    """(name relative to root, path) of every non-hidden file under root, in name order,
+    following linked folders except those that lead back to a folder on the way down."""
+
+    def walk(folder: Path, prefix: str, ancestors: frozenset):
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except (FileNotFoundError, NotADirectoryError):  # a dangling link: nothing under it
+            return
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            path = Path(entry.path)
+            if entry.is_dir(follow_symlinks=True):
+                stat = path.stat()
+                identity = (stat.st_dev, stat.st_ino)
+                if identity not in ancestors:  # else a loop: a link to a folder above
+                    yield from walk(path, f"{prefix}{entry.name}/", ancestors | {identity})
+            elif entry.is_file(follow_symlinks=True):
+                yield f"{prefix}{entry.name}", path
+
+    stat = root.stat()
+    yield from walk(root, "", frozenset({(stat.st_dev, stat.st_ino)}))
+
+
 class FileHasher:
     """SHA-256 of files with a stat cache kept in the workdir (state/file_hashes.json)."""
 
@@ -80,19 +105,20 @@ class FileHasher:
 
     def tree(self, root: Path, exclude: tuple[str, ...] = ()) -> str | None:
         """One digest over every file under root (names relative to root, and contents);
-        hidden files and names matching `exclude` are left out. None when root is absent."""
+        hidden files and names matching `exclude` are left out. None when root is absent.
+
+        Linked folders are followed (`images -> /data/flickr30k-images` is how real
+        collections are laid out: an image replaced there is a change of the dataset); a
+        link back to a folder it sits in is a loop, and is not followed."""
         if not root.exists():
             return None
         if root.is_file():
             return self.digest(root)
         parts: dict[str, str | None] = {}
-        for folder, dirs, files in os.walk(root):
-            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-            for name in files:
-                if name.startswith(".") or any(fnmatch.fnmatch(name, pattern) for pattern in exclude):
-                    continue
-                path = Path(folder) / name
-                parts[str(path.relative_to(root))] = self.digest(path)
+        for relative, path in _files_under(Path(root)):
+            if any(fnmatch.fnmatch(path.name, pattern) for pattern in exclude):
+                continue
+            parts[relative] = self.digest(path)
         return combine(parts)
 
     def save(self) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from mule_core.config import DataConfig
 from mule_core.errors import UserError
 
+from .code_digests import code_digest
 from .embedded import coco_layout, multi30k_layout
 from .embedded.coco_layout import CocoSpec, EmbeddedSizeError, generate_coco
 from .embedded.multi30k_layout import EmbeddedSpec, generate_multi30k
@@ -71,9 +72,9 @@ def embedded_ceiling(workdir: Workdir, data: DataConfig, split: str) -> dict[str
     if data.dataset != EMBEDDED or data.source or split not in _EMBEDDED_SPLITS:
         return None
     from .catalog import write_json_atomic
-    from .embedded.ceiling import ceiling, code_digest
+    from .embedded.ceiling import ceiling
 
-    spec, code = embedded_spec(data), code_digest()
+    spec, code = embedded_spec(data), code_digest("data_catalog.embedded.ceiling")
     path = workdir.state_dir / EMBEDDED / f"ceiling-{_EMBEDDED_SPLITS[split]}.json"  # derived: not in raw/
     if path.exists():
         cached = json.loads(path.read_text())
@@ -84,15 +85,23 @@ def embedded_ceiling(workdir: Workdir, data: DataConfig, split: str) -> dict[str
     return table
 
 
+def generator_code(data: DataConfig) -> str:
+    """The digest of the code that writes a generated dataset: its writer's import closure
+    and the libraries it uses (Pillow encodes the images). A dataset written by other code
+    is written again, as its ceiling is computed again."""
+    layout = coco_layout if data.dataset == EMBEDDED_COCO else multi30k_layout
+    return code_digest(layout.__name__)
+
+
 def generated_and_current(workdir: Workdir, data: DataConfig) -> bool:
-    """The generated dataset is already in the workdir, made by this generator from this
-    spec (nothing to generate)."""
+    """The generated dataset is already in the workdir, made by this generator's code from
+    this spec (nothing to generate)."""
     source = locate(workdir, data)
     if not source.generated:
         return True
     if data.dataset == EMBEDDED_COCO:
-        return coco_layout.manifest_matches(source.root, coco_spec(data))
-    return multi30k_layout.manifest_matches(source.root, embedded_spec(data))
+        return coco_layout.manifest_matches(source.root, coco_spec(data), generator_code(data))
+    return multi30k_layout.manifest_matches(source.root, embedded_spec(data), generator_code(data))
 
 
 def prepare(workdir: Workdir, data: DataConfig, progress: Callable[[int, int], None] | None = None) -> DatasetSource:
@@ -100,9 +109,9 @@ def prepare(workdir: Workdir, data: DataConfig, progress: Callable[[int, int], N
     source = locate(workdir, data)
     if source.generated and data.dataset == EMBEDDED_COCO:
         try:
-            generate_coco(source.root, coco_spec(data), progress)
+            generate_coco(source.root, coco_spec(data), progress, generator_code(data))
         except EmbeddedSizeError as error:
             raise DatasetError(f"embedded-coco: {error}") from None
     elif source.generated:
-        generate_multi30k(source.root, embedded_spec(data), progress)
+        generate_multi30k(source.root, embedded_spec(data), progress, generator_code(data))
     return source

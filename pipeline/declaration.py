@@ -59,7 +59,7 @@ class Stage:
 
     @property
     def module(self) -> str:
-        """The module whose import closure is the stage's code (pipeline.code_keys)."""
+        """The module whose import closure is the stage's code (data_catalog.code_digests)."""
         return (self.task or "").partition(":")[0]
 
     @property

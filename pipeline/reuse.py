@@ -2,7 +2,7 @@
 the code it runs; a rebuild runs a stage only when its key changed.
 
 Everything about a stage comes from its declaration (pipeline.declaration): its code is
-the import closure of its task's module (pipeline.code_keys), its config the options it
+the import closure of its task's module (data_catalog.code_digests), its config the options it
 declares (less the operational ones), its inputs the digests of the catalog entries it
 reads (data_catalog.entries), its outputs those it writes. Inputs are digests of
 content, never paths or timestamps, so a rebuild after editing one caption file reruns
@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from data_catalog import code_digests
 from data_catalog.catalog import Catalog, register_producers, write_json_atomic
 from data_catalog.content import FileHasher, arrow_digest, combine
 from data_catalog.entries import ENTRIES, TABLE_ENTRIES, output_files
@@ -31,7 +32,6 @@ from mule_core.config import MuleConfig, flatten
 from mule_core.errors import is_user_error
 from tasks.common import logger
 
-from . import code_keys
 from .declaration import BY_NAME, Stage, writer_of
 
 register_producers({table: writer_of(entry) for table, entry in TABLE_ENTRIES.items() if writer_of(entry)})
@@ -88,7 +88,7 @@ def input_parts(wd: Workdir, catalog: Catalog, cfg: MuleConfig, stage: Stage, ha
 def code_parts(stage: Stage, repo: Path | None = None) -> dict[str, str]:
     """"code tasks/train.py", "code library torch": so a rerun's reason names the file."""
     return {f"code {k.removeprefix('file ')}": v
-            for k, v in code_keys.code_parts(stage.module, repo or code_keys.REPO).items()}  # fmt: skip
+            for k, v in code_digests.code_parts(stage.module, repo or code_digests.REPO).items()}  # fmt: skip
 
 
 def slot_for(wd: Workdir, catalog: Catalog, cfg: MuleConfig, stage: Stage) -> str:

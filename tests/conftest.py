@@ -24,8 +24,8 @@ os.environ.setdefault("MULE_HOME", str(Path(tempfile.mkdtemp(prefix="mule-tests-
 # Prefect logs "Stopping temporary server" at exit, after pytest has closed its capture.
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
+from data_catalog.code_digests import REPO, code_parts  # noqa: E402
 from flows.runtime import prepare_environment  # noqa: E402
-from pipeline.code_keys import REPO, code_parts  # noqa: E402
 
 prepare_environment(_PREFECT_HOME)
 

@@ -3,7 +3,7 @@ a hand list. Edits are made in a copy of the repository."""
 
 from pathlib import Path
 
-from pipeline.code_keys import REPO, closure, code_digest, code_parts
+from data_catalog.code_digests import REPO, closure, code_digest, code_parts
 from pipeline.declaration import BY_NAME, REBUILD
 from tests.conftest import edit
 
@@ -26,13 +26,17 @@ def test_relative_and_lazy_imports_count(tmp_path):
     (package / "sub").mkdir(parents=True)
     (package / "__init__.py").write_text("")
     (package / "sub" / "__init__.py").write_text("")
-    (package / "a.py").write_text("from .sub import b\nfrom . import c\n\ndef f():\n    from pkg.sub.d import g\n")
+    (package / "a.py").write_text("from typing import TYPE_CHECKING\nfrom .sub import b\nfrom . import c\n\n"
+                                  "if TYPE_CHECKING:\n    from . import unused\nelse:\n    import json\n\n"
+                                  "def f():\n    from pkg.sub.d import g\n")
     (package / "sub" / "b.py").write_text("import numpy\n")
     (package / "c.py").write_text("from .sub.b import x\n")
     (package / "sub" / "d.py").write_text("import os\n")
     (package / "unused.py").write_text("")
     modules, outside = closure("pkg.a", tmp_path)
+    # pkg.unused is imported for annotations only (under TYPE_CHECKING): it never runs
     assert set(modules) == {"pkg", "pkg.a", "pkg.sub", "pkg.sub.b", "pkg.c", "pkg.sub.d"}
+    assert "json" in outside
     assert "numpy" in outside and "library numpy" in code_parts("pkg.a", tmp_path)
 
 

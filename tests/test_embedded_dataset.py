@@ -76,6 +76,27 @@ def test_generation_is_skipped_when_the_spec_matches_and_redone_when_not(tmp_pat
     assert not list(tmp_path.glob("d.tmp-*"))  # no temporary folder left behind
 
 
+def test_the_dataset_is_written_again_by_other_generator_code(tmp_path, repo_copy):
+    from data_catalog.code_digests import code_digest
+    from tests.conftest import edit
+
+    root = generate_multi30k(tmp_path / "d", SPEC, code="generator-a")
+    marker = root / "images" / "train-000001.jpg"
+    before = marker.stat().st_mtime_ns
+    generate_multi30k(root, SPEC, code="generator-a")
+    assert marker.stat().st_mtime_ns == before  # same spec, same code: kept
+    generate_multi30k(root, SPEC, code="generator-b")
+    assert marker.stat().st_mtime_ns != before  # same spec, other code: written again
+    # The code is the writer's import closure (as the ceiling's is): an edit to a language's
+    # grammar changes it, an edit to the ceiling's computation does not.
+    layout = "data_catalog.embedded.multi30k_layout"
+    first = code_digest(layout, repo_copy)
+    edit(repo_copy / "data_catalog" / "embedded" / "ceiling.py")
+    assert code_digest(layout, repo_copy) == first
+    edit(repo_copy / "data_catalog" / "embedded" / "lang_de.py")
+    assert code_digest(layout, repo_copy) != first
+
+
 def plan(*mentions, background=None, count=None):
     return CaptionPlan(tuple(mentions), background, count)
 

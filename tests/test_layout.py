@@ -3,7 +3,7 @@ lives in data_catalog, and the README's stage table is the declaration's."""
 
 import re
 
-from pipeline.code_keys import REPO, _imports_in, _stamp
+from data_catalog.code_digests import REPO, _imports_in, _stamp
 from pipeline.declaration import markdown_table
 
 # Each package, and the packages it may import (below it).

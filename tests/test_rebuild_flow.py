@@ -190,7 +190,8 @@ def test_a_code_edit_reruns_the_stages_whose_imports_reach_it(rebuilt, repo_copy
     """The rebuilt workdir against a copy of the repository: unchanged, every stage is
     reused; mule_core/text.py edited (train reaches it only through tasks/model_io.py),
     train runs again and says why; the googletrans client edited, train is reused."""
-    from pipeline import code_keys, reuse
+    from data_catalog import code_digests as code_keys
+    from pipeline import reuse
     from tests.conftest import edit
 
     wd, _ = rebuilt

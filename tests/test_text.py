@@ -87,3 +87,35 @@ def test_file_digests_follow_the_bytes_not_the_timestamps(tmp_path):
     assert FileHasher(wd).tree(data) == tree
     (data / "b.txt").rename(data / "c.txt")  # a renamed file changes the tree
     assert FileHasher(wd).tree(data) != tree
+
+
+def test_tree_digests_follow_linked_folders_and_stop_at_loops(tmp_path):
+    """`images -> /data/flickr30k-images`: a file replaced behind the link is a change;
+    a link back up the tree is not followed forever."""
+    from data_catalog.content import FileHasher
+    from data_catalog.workdir import Workdir
+
+    wd = Workdir.at(tmp_path / "work")
+    outside = tmp_path / "flickr30k-images"
+    outside.mkdir()
+    (outside / "1.jpg").write_bytes(b"first")
+    dataset = tmp_path / "multi30k"
+    dataset.mkdir()
+    (dataset / "captions.txt").write_text("a dog\n")
+    plain = FileHasher(wd).tree(dataset)
+    (dataset / "images").symlink_to(outside, target_is_directory=True)
+    (outside / "back").symlink_to(dataset, target_is_directory=True)  # a loop: images/back/images/back/...
+    linked = FileHasher(wd).tree(dataset)
+    assert linked != plain  # the linked folder's files count
+    (outside / "1.jpg").write_bytes(b"other")  # replaced behind the link
+    assert FileHasher(wd).tree(dataset) != linked
+    (outside / "1.jpg").write_bytes(b"first")
+    assert FileHasher(wd).tree(dataset) == linked
+    # the same files in a real folder give the same digest as behind a link
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "captions.txt").write_text("a dog\n")
+    (copy / "images").mkdir()
+    (copy / "images" / "1.jpg").write_bytes(b"first")
+    (copy / "images" / "back").symlink_to(copy, target_is_directory=True)
+    assert FileHasher(wd).tree(copy) == linked

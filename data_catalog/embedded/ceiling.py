@@ -192,19 +192,6 @@ def _tie_groups(values, own: float, unfit: int) -> list[tuple[int, int]]:
     return groups + [(unfit, 0)] if unfit else groups
 
 
-def code_digest() -> str:
-    """The generator's and this computation's source: a cached ceiling is stale when it changes."""
-    import hashlib
-    from pathlib import Path
-
-    import mule_core.metrics
-
-    digest = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.glob("*.py")) + [Path(mule_core.metrics.__file__)]:
-        digest.update(path.name.encode() + path.read_bytes())
-    return digest.hexdigest()[:16]
-
-
 def ceiling(spec: EmbeddedSpec, split: str = "test") -> dict[str, dict[str, float]]:
     """Per language: the expected R@1/5/10 both ways and mR of the Bayes-optimal model."""
     scenes, captions = captions_by_language(spec, split)

@@ -29,7 +29,6 @@ from . import lang_en, lang_ja, lang_zh, staging
 from .plans import sample_plan
 from .scenes import render_scene, sample_scene
 
-GENERATOR_VERSION = 1
 REALISERS = {"en": lang_en, "ja": lang_ja, "zh": lang_zh}
 JA_SHARE, ZH_SHARE, EXTRA_TRILINGUAL_SHARE = 0.20, 0.15, 0.02
 CAPTIONS_PER_IMAGE = {"en": 5, "ja": 5}  # zh: COCO-CN has about one human-written caption per image
@@ -90,15 +89,17 @@ def write_lexicons(directory: Path) -> None:
         (directory / f"en-{lang}.txt").write_text("".join(p + "\n" for p in sorted(pairs)), encoding="utf-8")
 
 
-def manifest_matches(root: Path, spec: CocoSpec) -> bool:
-    return staging.manifest_matches(root, spec, GENERATOR_VERSION)
+def manifest_matches(root: Path, spec: CocoSpec, code: str = "") -> bool:
+    return staging.manifest_matches(root, spec, code)
 
 
-def generate_coco(root: Path, spec: CocoSpec, progress: Callable[[int, int], None] | None = None) -> Path:
+def generate_coco(root: Path, spec: CocoSpec, progress: Callable[[int, int], None] | None = None,
+                  code: str = "") -> Path:
     """Writes the dataset under root (into a temporary sibling renamed at the end); reuses
-    root when it already holds this spec."""
+    root when it already holds this spec, written by the same code (`code`:
+    data_catalog.datasets.generator_code)."""
     root = Path(root)
-    if manifest_matches(root, spec):
+    if manifest_matches(root, spec, code):
         return root
     tmp = staging.staging_folder(root)
     for folder in ("annotations", "coco-cn", "images/train2014", "images/val2014"):
@@ -158,4 +159,4 @@ def generate_coco(root: Path, spec: CocoSpec, progress: Callable[[int, int], Non
                          ("train", chinese_images[2 * tenth :])):  # fmt: skip
         (tmp / "coco-cn" / f"coco-cn_{split}.txt").write_text("".join(n + "\n" for n in sorted(names)))
     write_lexicons(tmp / "dictionaries")
-    return staging.publish(tmp, root, spec, GENERATOR_VERSION, languages=spec.language_counts())
+    return staging.publish(tmp, root, spec, code, languages=spec.language_counts())

@@ -28,7 +28,6 @@ from . import lang_cs, lang_de, lang_en, lang_fr, staging
 from .plans import sample_plan
 from .scenes import Scene, render_scene, sample_scene
 
-GENERATOR_VERSION = 1
 REALISERS = {"en": lang_en, "de": lang_de, "fr": lang_fr, "cs": lang_cs}
 TASK1_LANGS = ("en", "de", "fr", "cs")
 TASK2_LANGS = ("en", "de")
@@ -106,18 +105,20 @@ def write_lexicons(directory: Path) -> None:
         _write_lines(directory / f"en-{lang}.txt", sorted(set(pairs)))
 
 
-def manifest_matches(root: Path, spec: EmbeddedSpec) -> bool:
-    return staging.manifest_matches(root, spec, GENERATOR_VERSION)
+def manifest_matches(root: Path, spec: EmbeddedSpec, code: str = "") -> bool:
+    return staging.manifest_matches(root, spec, code)
 
 
-def generate_multi30k(root: Path, spec: EmbeddedSpec, progress: Callable[[int, int], None] | None = None) -> Path:
-    """Writes the dataset under root; returns root. Reuses root when it already holds this spec.
+def generate_multi30k(root: Path, spec: EmbeddedSpec, progress: Callable[[int, int], None] | None = None,
+                      code: str = "") -> Path:
+    """Writes the dataset under root; returns root. Reuses root when it already holds this
+    spec, written by the same code (`code`: data_catalog.datasets.generator_code).
 
     Writes into a sibling temporary folder and renames it at the end, so an interrupted
     run never leaves a half-written dataset behind.
     """
     root = Path(root)
-    if manifest_matches(root, spec):
+    if manifest_matches(root, spec, code):
         return root
     tmp = staging.staging_folder(root)
     (tmp / "images").mkdir(parents=True)
@@ -155,4 +156,4 @@ def generate_multi30k(root: Path, spec: EmbeddedSpec, progress: Callable[[int, i
             for (i, lang), lines in task2_lines.items():
                 _gzip_lines(tmp / "data/task2/raw" / f"{t2_stem}.{i}.{lang}.gz", lines)
     write_lexicons(tmp / "dictionaries")
-    return staging.publish(tmp, root, spec, GENERATOR_VERSION)
+    return staging.publish(tmp, root, spec, code)

@@ -1,6 +1,6 @@
 """How both generators write a dataset: into a temporary sibling folder, published by a
 rename once its manifest is written, so an interrupted run never leaves half a dataset;
-reused when the manifest matches the spec and generator version."""
+reused when the manifest matches the spec and the generator's code."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from pathlib import Path
 from ..faults import process_alive
 
 
-def manifest_matches(root: Path, spec, version: int) -> bool:
+def manifest_matches(root: Path, spec, code: str) -> bool:
     try:
         manifest = json.loads((root / "manifest.json").read_text())
     except (OSError, ValueError):
         return False
-    return manifest.get("spec") == asdict(spec) and manifest.get("generator_version") == version
+    return manifest.get("spec") == asdict(spec) and manifest.get("generator_code") == code
 
 
 def staging_folder(root: Path) -> Path:
@@ -31,9 +31,9 @@ def staging_folder(root: Path) -> Path:
     return root.with_name(root.name + f".tmp-{os.getpid()}")
 
 
-def publish(tmp: Path, root: Path, spec, version: int, **extra) -> Path:
-    """Writes the manifest last, then replaces root with tmp."""
-    manifest = {"generator_version": version, "spec": asdict(spec), "created": time.time(), **extra}
+def publish(tmp: Path, root: Path, spec, code: str, **extra) -> Path:
+    """Writes the manifest last (the spec and the generator's code digest), then replaces root with tmp."""
+    manifest = {"generator_code": code, "spec": asdict(spec), "created": time.time(), **extra}
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
     if root.exists():
         shutil.rmtree(root)

@@ -1,12 +1,17 @@
-"""A stage's code key: the repository files its task module really imports, read from
+"""What code made something: the repository files a module really imports, read from
 their source, and the versions of the libraries those files import.
 
-A hand list of "the code train depends on" drifts as soon as someone adds an import;
-the import closure cannot. Imports are found by parsing (never by importing), inside
-functions too, so a lazily imported module counts like any other. The closure is
-deliberately generous: a module that is imported but does not change the output still
-reruns the stage when edited, which costs time; the other way round would cost a stale
-model.
+Three things are keyed by code: a stage (pipeline.reuse: the import closure of the
+module that computes it), the image features (the code that turns an image into a
+vector: tasks/features.py) and the generated datasets and their ceiling
+(data_catalog.embedded). A hand list of "the code train depends on" drifts as soon as
+someone adds an import; the import closure cannot.
+
+Imports are found by parsing (never by importing), inside functions too, so a lazily
+imported module counts like any other; an import under `if TYPE_CHECKING:` never runs
+and does not count. The closure is deliberately generous: a module that is imported
+but does not change the output still reruns what reaches it when edited, which costs
+time; the other way round would cost a stale model.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 # Libraries that run and record a stage but do not compute what it writes: upgrading
-# Prefect or MLflow must not retrain every model.
+# Prefect or MLflow must not retrain a model. (The computing modules do not import them;
+# this keeps it so if one ever does.)
 RUNNERS = frozenset({"prefect", "prefect_dask", "mlflow", "dask", "distributed"})
 
 
@@ -52,15 +58,40 @@ def _imported_names(path: Path, module: str, is_package: bool) -> set[str]:
     return _imports_in(_stamp(path), module, is_package)
 
 
+def _type_checking_only(node: ast.AST) -> bool:
+    """`if TYPE_CHECKING:` (or typing.TYPE_CHECKING): imported for annotations, never run."""
+    if not isinstance(node, ast.If):
+        return False
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _import_nodes(node: ast.AST):
+    for child in ast.iter_child_nodes(node):
+        if _type_checking_only(child):
+            for orelse in child.orelse:  # the else branch of `if TYPE_CHECKING:` does run
+                yield from _import_nodes_in(orelse)
+            continue
+        yield from _import_nodes_in(child)
+
+
+def _import_nodes_in(node: ast.AST):
+    if isinstance(node, ast.Import | ast.ImportFrom):
+        yield node
+    yield from _import_nodes(node)
+
+
 @functools.cache
 def _imports_in(stamp: tuple[str, int, int], module: str, is_package: bool) -> frozenset[str]:
     """Every module name an import statement in the file may load (absolute names)."""
     package = module if is_package else module.rpartition(".")[0]
     names: set[str] = set()
-    for node in ast.walk(_parsed(stamp)[0]):
+    for node in _import_nodes(_parsed(stamp)[0]):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
+        else:
             if node.level:  # from . import x, from ..a import b
                 parts = package.split(".")
                 base = ".".join(parts[: len(parts) - node.level + 1])
@@ -78,12 +109,12 @@ def _with_parents(module: str) -> list[str]:
     return [".".join(parts[: i + 1]) for i in range(len(parts))]
 
 
-def closure(module: str, repo: Path = REPO) -> tuple[dict[str, Path], set[str]]:
-    """(repository modules reached from `module`, by name -> file; top-level names of the
-    other modules they import)."""
+def closure(module: str | tuple[str, ...], repo: Path = REPO) -> tuple[dict[str, Path], set[str]]:
+    """(repository modules reached from `module` (or from each of several), by name ->
+    file; top-level names of the other modules they import)."""
     reached: dict[str, Path] = {}
     outside: set[str] = set()
-    todo = [module]
+    todo = [module] if isinstance(module, str) else list(module)
     while todo:
         name = todo.pop()
         for candidate in _with_parents(name):
@@ -120,6 +151,11 @@ def _distributions_of(name: str) -> tuple[str, ...]:
         return ()
 
 
+def installed_version(dist: str) -> str:
+    """An installed distribution's version (tests replace this to simulate an upgrade)."""
+    return version(dist)
+
+
 def libraries(top_level_names: set[str]) -> dict[str, str]:
     """Installed distribution -> version for the third-party modules named (the standard
     library and the runners left out)."""
@@ -127,24 +163,33 @@ def libraries(top_level_names: set[str]) -> dict[str, str]:
     for name in sorted(top_level_names - set(sys.stdlib_module_names) - RUNNERS):
         for dist in _distributions_of(name):
             try:
-                found[dist] = version(dist)
+                found[dist] = installed_version(dist)
             except PackageNotFoundError:
                 pass
     return found
 
 
 @functools.cache
-def code_parts(module: str, repo: Path = REPO) -> dict[str, str]:
-    """What a change of code means for the stage whose task lives in `module`: each
-    reached file's digest, each library's version."""
+def code_parts(module: str | tuple[str, ...], repo: Path = REPO) -> dict[str, str]:
+    """What a change of code means for what `module` (or several) computes: each reached
+    file's digest ("file tasks/train.py"), each library's version ("library torch")."""
     reached, outside = closure(module, repo)
     parts = {f"file {path.relative_to(repo)}": _parsed(_stamp(path))[1] for path in sorted(reached.values())}
     parts |= {f"library {name}": v for name, v in libraries(outside).items()}
     return parts
 
 
-def code_digest(module: str, repo: Path = REPO) -> str:
-    digest = hashlib.sha256()
-    for name, value in sorted(code_parts(module, repo).items()):
-        digest.update(f"{name}={value}\n".encode())
-    return digest.hexdigest()[:16]
+def digest(parts: dict[str, str]) -> str:
+    value = hashlib.sha256()
+    for name, part in sorted(parts.items()):
+        value.update(f"{name}={part}\n".encode())
+    return value.hexdigest()[:16]
+
+
+def code_digest(module: str | tuple[str, ...], repo: Path = REPO) -> str:
+    return digest(code_parts(module, repo))
+
+
+def forget() -> None:
+    """Forgets the keys read so far (after an edit, in tests and long-lived processes)."""
+    code_parts.cache_clear()
