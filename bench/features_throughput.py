@@ -3,7 +3,7 @@ model, batch size and images, as a ratio, in one run.
 
     python bench/features_throughput.py [--device cpu|cuda] [--demo-images N] [--paper-images N]
 
-stage: the stage's own shard path (tasks.features.run_shard): decoding threads, the
+stage: the stage's own shard path (tasks.features.extract_shard): decoding threads, the
     model in channels-last inference mode, the Parquet part written at the end.
 bare:  decode, crop and run the model one batch after another in one thread, writing
     nothing: what the hardware does with no pipeline around it.
@@ -18,6 +18,7 @@ import os
 import platform
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import pyarrow as pa
@@ -26,11 +27,12 @@ from PIL import Image
 
 from data_catalog.catalog import Catalog
 from data_catalog.schemas import IMAGES
+from data_catalog.weights import load_extractor
 from data_catalog.workdir import Workdir
-from mule_core.config import resolve, to_dict
+from mule_core.config import resolve
+from mule_core.devices import resolve_device
 from mule_core.features import crop_transform, extract
-from mule_core.training import resolve_device
-from tasks.features import batch_size_for, load_extractor, loader_workers_for, run_shard
+from tasks.features import batch_size_for, extract_shard, loader_workers_for
 
 SETTINGS = {"demo": {}, "paper": {"features.weights": "random"}}
 
@@ -102,8 +104,8 @@ def main() -> None:
             transform = crop_transform(f.input_size, f.resize, f.crops)
             batch = batch_size_for(f, device)
             bare_loop(model, transform, paths[: max(1, batch)], batch, device)  # warm-up
-            shard = {"name": "bench", "images": [(p.stem, str(p)) for p in paths], "offset": 0}
-            stage = run_shard(str(workdir.root), to_dict(cfg), shard, n)["seconds"]
+            shard = {"name": "bench", "images": [(p.stem, str(p), None) for p in paths], "offset": 0}
+            stage = extract_shard(str(workdir.root), asdict(f), "bench", "bench-extractor", shard, n)["seconds"]
             bare = bare_loop(model, transform, paths, batch, device)
             extractor = f"{f.arch} {f.weights} {f.crops}x{f.input_size}px {f.pool}"
             print(f"{name:<7} {extractor:<44} {batch:>5} {loader_workers_for(f, device):>7} {n:>6} {n / stage:>8.1f} "

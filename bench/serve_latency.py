@@ -62,15 +62,16 @@ def paper_shaped(embedder):
     import dataclasses
 
     from mule_core.config import resolve
+    from mule_core.embedder import Embedder
     from mule_core.model import MuleModel
-    from tasks.embedder import Embedder
 
     meta = dict(embedder.meta)
     paper = resolve("paper", {})
     meta["cfg"] = dataclasses.replace(meta["cfg"], model=paper.model)
     sizes = {lang: len(v) for lang, v in meta["vocabulary"].vocabs.items()}
     model = MuleModel(meta["languages"], sizes, meta["word_dim"], meta["image_dim"], paper.model)
-    return Embedder(model.eval(), meta, "untrained, paper-sized")
+    return Embedder(model.eval(), meta, "untrained, paper-sized", embedder.device, embedder.load_network,
+                    embedder.open_image)  # fmt: skip
 
 
 def image_queries(port: int, embedder, n: int) -> list[float]:
@@ -105,11 +106,11 @@ def main() -> None:
 
     import torch
 
+    from data_catalog.embedders import open_embedder
     from serving.app import create_app
     from serving.gallery import synthetic_gallery
-    from tasks.embedder import Embedder
 
-    embedder = Embedder.from_file(Path(args.model))
+    embedder = open_embedder(Path(args.model))
     if args.shape == "paper":
         embedder = paper_shaped(embedder)
     print(f"shared space: {embedder.meta['cfg'].model.joint_dim}-d ({args.shape})")

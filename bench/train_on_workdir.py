@@ -42,23 +42,19 @@ from mule_core.training import SplitTensors, Trainer, encode_split, evaluate_spl
 
 # -- export: the catalog's inputs to one file -------------------------------------------
 def export(workdir: str, dataset: str, preset: str, overrides: dict, out: str, bits: int, text_only: bool) -> None:
-    import functools
-
     from data_catalog.catalog import Catalog
+    from data_catalog.models import load_model
+    from data_catalog.splits import load_split, load_vocabulary
     from data_catalog.workdir import Workdir
-    from tasks.features import extractor_for
-    from tasks.model_io import load_model, load_split, load_vocabulary
 
     cfg = resolve(preset, {"data.dataset": dataset, **overrides})
     wd = Workdir.at(workdir)
     catalog = Catalog(wd)
-    extractor = extractor_for(cfg.features)
-    reader = functools.partial(catalog.read_features, dataset)
+    extractor = None if text_only else catalog.require_current_extractor(dataset, cfg.features)
     vocabulary = load_vocabulary(catalog, dataset, cfg.data.languages)
     splits = {}
     for name, selector in (("train", "train"), ("val", "val"), ("test", cfg.eval.split)):
-        features = None if text_only else (extractor, reader)
-        split = load_split(catalog, dataset, selector, vocabulary, cfg.text.max_tokens, features,
+        split = load_split(catalog, dataset, selector, vocabulary, cfg.text.max_tokens, extractor,
                            cfg.data.captions if name == "train" else "human")  # fmt: skip
         # Compact: tokens without padding (uint16 while vocabularies fit), small integer types.
         mask = torch.arange(split.tokens.shape[1])[None, :] < split.lengths[:, None]
@@ -69,7 +65,7 @@ def export(workdir: str, dataset: str, preset: str, overrides: dict, out: str, b
                  "image_ids": split.image_ids}  # fmt: skip
         entry["features"] = None if text_only else _pack(split.features, bits)
         splits[name] = entry
-    lp_file = catalog.lp_model_path(cfg.data)
+    lp_file = catalog.lp_model_path(cfg)
     lp_state = load_model(lp_file)[0].state_dict() if lp_file.exists() else None
     torch.save({"languages": vocabulary.languages, "vocab_sizes": vocabulary.sizes,
                 "vectors": {k: v.half() for k, v in vocabulary.vectors.items()}, "splits": splits,
@@ -121,24 +117,6 @@ def build(cfg, data, image_dim: int | None) -> MuleModel:
     return model
 
 
-def optim_for(cfg, train: SplitTensors, lp: bool):
-    from mule_core.batching import default_sentences_per_image
-    from mule_core.training import OptimConfig
-
-    section = cfg.pretrain if lp else cfg.train
-    counts = default_sentences_per_image(train.caption_image, train.caption_lang, train.languages,
-                                         2 if lp else cfg.train.sentences_per_image_many)  # fmt: skip
-    counts.update({k: v for k, v in cfg.train.sentences_per_image.items() if k in counts})
-    t = cfg.train
-    return OptimConfig(epochs=section.epochs, lr=section.lr, lr_decay=1.0 if lp else t.lr_decay,
-                       word_lr_scale=t.word_lr_scale, grad_clip=t.grad_clip, batch_images=section.batch_images,
-                       sentences_per_image=counts, seed=t.seed, balance_language_groups=t.balance_language_groups,
-                       amp=t.amp, compile=t.compile, warmup_steps=0 if lp else t.warmup_steps,
-                       decay_steps=t.decay_steps, divergence=t.divergence, divergence_drop=t.divergence_drop,
-                       divergence_lr_factor=t.divergence_lr_factor, divergence_retries=t.divergence_retries,
-                       ema=0.0 if lp else t.ema)  # fmt: skip
-
-
 def printer(tag: str, started: float):
     def on_epoch(r) -> None:
         losses = " ".join(f"{k} {v:.3f}" for k, v in r.losses.items())
@@ -160,7 +138,7 @@ def run_lp(cfg, data, train, val, device, tag: str) -> dict:
                                       torch.from_numpy(val.caption_lang).to(device), val.languages)  # fmt: skip
         return float(np.mean([row["r1"] for row in table.values()])), table
 
-    trainer = Trainer(model, train, cfg.loss, optim_for(cfg, train, lp=True), device, mode="lp", validate=validate)
+    trainer = Trainer(model, train, cfg.loss, cfg.train, device, mode="lp", validate=validate, pretrain=cfg.pretrain)
     trainer.fit(printer(f"{tag} lp", time.perf_counter()))
     print(f"{tag} LP best epoch {trainer.best_epoch}: val cross-lingual R@1 {trainer.best_score:.2f}", flush=True)
     return model.cpu().state_dict()
@@ -187,7 +165,7 @@ def train_variant(tag: str, cfg, data, splits, device, run_lp_first: bool, test:
         return mean_mr(table), table
 
     started = time.perf_counter()
-    trainer = Trainer(model, train, cfg.loss, optim_for(cfg, train, lp=False), device, validate=validate)
+    trainer = Trainer(model, train, cfg.loss, cfg.train, device, validate=validate)
     trainer.fit(printer(tag, started))
     result = {"variant": tag, "best_epoch": trainer.best_epoch, "val": round(trainer.best_score, 2),
               "seconds": round(time.perf_counter() - started, 1), "stopped": trainer.stopped}  # fmt: skip
@@ -221,19 +199,18 @@ def from_workdir(workdir: str, cfg):
     import functools
 
     from data_catalog.catalog import Catalog
+    from data_catalog.models import load_model
+    from data_catalog.splits import load_split, load_vocabulary
     from data_catalog.workdir import Workdir
-    from tasks.features import extractor_for
-    from tasks.model_io import load_model, load_split, load_vocabulary
 
     wd = Workdir.at(workdir)
     catalog = Catalog(wd)
-    extractor = extractor_for(cfg.features)
-    reader = functools.partial(catalog.read_features, cfg.data.dataset)
+    extractor = catalog.require_current_extractor(cfg.data.dataset, cfg.features)
     vocabulary = load_vocabulary(catalog, cfg.data.dataset, cfg.data.languages)
     load = functools.partial(load_split, catalog, cfg.data.dataset, vocabulary=vocabulary,
-                             max_tokens=cfg.text.max_tokens, features=(extractor, reader))  # fmt: skip
+                             max_tokens=cfg.text.max_tokens, extractor=extractor)  # fmt: skip
     splits = {"train": load("train", captions=cfg.data.captions), "val": load("val"), "test": load(cfg.eval.split)}
-    lp_file = catalog.lp_model_path(cfg.data)
+    lp_file = catalog.lp_model_path(cfg)
     data = {"languages": vocabulary.languages, "vocab_sizes": vocabulary.sizes, "vectors": vocabulary.vectors,
             "lp_state": load_model(lp_file)[0].state_dict() if lp_file.exists() else None}  # fmt: skip
     return data, splits

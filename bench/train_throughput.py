@@ -10,6 +10,7 @@ and batch size. Nothing is read from disk, so the figures are the model's own sp
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import platform
 import time
@@ -20,7 +21,7 @@ import torch
 from mule_core.config import resolve
 from mule_core.metrics import per_language_recalls
 from mule_core.model import MuleModel, count_parameters
-from mule_core.training import OptimConfig, SplitTensors, Trainer, encode_split
+from mule_core.training import SplitTensors, Trainer, encode_split
 
 LANGS = ["en", "de", "fr", "cs"]
 PER_IMAGE = {"en": 5, "de": 5, "fr": 1, "cs": 1}
@@ -47,9 +48,9 @@ def bench_training(preset: str, device: torch.device, steps: int, compile_: bool
     torch.manual_seed(0)
     model = MuleModel(LANGS, {lang: 20000 for lang in LANGS}, cfg.text.word_dim, image_dim, cfg.model)
     model.set_image_normalization(data.features)
-    optim = OptimConfig(epochs=1, lr=cfg.train.lr, batch_images=cfg.train.batch_images, grad_clip=cfg.train.grad_clip,
-                        sentences_per_image={"en": 2, "de": 2, "fr": 1, "cs": 1}, amp=cfg.train.amp, compile=compile_)  # fmt: skip
-    trainer = Trainer(model, data, cfg.loss, optim, device)
+    train = dataclasses.replace(cfg.train, epochs=1, sentences_per_image={"en": 2, "de": 2, "fr": 1, "cs": 1},
+                                compile=compile_, ema=0.0)  # fmt: skip
+    trainer = Trainer(model, data, cfg.loss, train, device)
     trainer.scheduler.last_epoch = cfg.loss.mining_warmup_steps  # time the hard-negative (top-K) phase
     batches = list(trainer.sampler.batches(1))[: steps + 1]
 

@@ -136,12 +136,14 @@ class Catalog:
         return self.query('SELECT image_id, role, "exists", sha256 FROM images WHERE dataset = ? ORDER BY image_id',
                           [dataset])  # fmt: skip
 
-    def lp_model_path(self, data) -> Path:
-        """The LP model for a data config's captions and languages (Workdir.lp_model_path):
+    def lp_model_path(self, cfg) -> Path:
+        """The LP model for a MuleConfig's captions, languages and seed (Workdir.lp_model_path):
         named after its languages when they are not all the dataset has."""
+        data = cfg.data
         present = set(self.languages(data.dataset))
         used = tuple(lang for lang in data.languages if lang in present)
-        return self.workdir.lp_model_path(data.dataset, data.captions, None if set(used) == present else used)
+        return self.workdir.lp_model_path(data.dataset, data.captions, None if set(used) == present else used,
+                                          cfg.train.seed)  # fmt: skip
 
     def languages(self, dataset: str) -> list[str]:
         """The languages of a dataset's captions (human or machine-translated)."""
@@ -151,17 +153,59 @@ class Catalog:
         return sorted(p.stem for p in (self.workdir.catalog_dir / "images").glob("*.parquet"))
 
     # -- features -------------------------------------------------------------------
+    # Vectors are stored under their extractor's identity (mule_core.extractor_names):
+    # the setting, the weights' digest and the extraction code. `current.json` says which
+    # identity each setting's vectors are now: the features stage points it at the one it
+    # wrote, training reads it. Vectors of other identities stay readable (a model trained
+    # on them still finds its own) until they are removed.
+    def _current_file(self, dataset: str) -> Path:
+        return self.workdir.catalog_dir / "features" / dataset / "current.json"
+
+    def current_extractors(self, dataset: str) -> dict[str, str]:
+        """setting name -> identity of its current vectors."""
+        try:
+            return json.loads(self._current_file(dataset).read_text())
+        except (OSError, ValueError):  # none yet (a damaged file: the features stage writes it again)
+            return {}
+
+    def current_extractor(self, dataset: str, features) -> str | None:
+        """The identity of the current vectors of a FeaturesConfig's setting, if any."""
+        from mule_core.extractor_names import setting_name
+
+        identity = self.current_extractors(dataset).get(setting_name(features))
+        return identity if identity and self.feature_parts(dataset, identity) else None
+
+    def require_current_extractor(self, dataset: str, features) -> str:
+        identity = self.current_extractor(dataset, features)
+        if identity is None:
+            from mule_core.extractor_names import setting_name
+
+            raise CatalogError(
+                f"the catalog in {self.workdir.root} has no features for dataset {dataset!r} from the extractor "
+                f"setting {setting_name(features)} yet: run the features stage first (mule run features)"
+            )
+        return identity
+
+    def set_current_extractor(self, dataset: str, features, identity: str) -> None:
+        from mule_core.extractor_names import setting_name
+
+        current = self.current_extractors(dataset) | {setting_name(features): identity}
+        write_json_atomic(current, self._current_file(dataset))
+
     def feature_parts(self, dataset: str, extractor: str) -> list[Path]:
         return sorted(self.workdir.features_dir(dataset, extractor).glob("part-*.parquet"))
 
     def extracted_image_ids(self, dataset: str, extractor: str) -> set[str]:
         return set(self.extracted_images(dataset, extractor))
 
-    def extracted_images(self, dataset: str, extractor: str) -> dict[str, str | None]:
+    def extracted_images(self, dataset: str, extractor: str, since: str = "") -> dict[str, str | None]:
         """image id -> SHA-256 of the bytes its features came from (None in parts written
-        before the digest was kept); a later part overrides an earlier one."""
+        before the digest was kept); a later part overrides an earlier one. `since`: only
+        parts named after it (a forced extraction's own)."""
         done: dict[str, str | None] = {}
         for part in self.feature_parts(dataset, extractor):
+            if since and part.name < since:
+                continue
             table = pq.read_table(part)
             ids = table.column("image_id").to_pylist()
             shas = (
@@ -173,7 +217,8 @@ class Catalog:
     def write_feature_part(self, dataset: str, extractor: str, image_ids: list[str], vectors: np.ndarray,
                            name: str | None = None, image_sha256: list[str | None] | None = None) -> Path:  # fmt: skip
         """One part of the features table. `name` makes it unique without looking at the
-        other parts, so several workers can write at once."""
+        other parts, so several workers can write at once; parts sort by name in the order
+        they were written."""
         if name is None:
             parts = self.feature_parts(dataset, extractor)
             name = f"{int(parts[-1].stem.split('-')[1]) + 1 if parts else 0:05d}"

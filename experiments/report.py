@@ -45,3 +45,22 @@ def to_csv(rows: list[dict]) -> str:
     writer.writeheader()
     writer.writerows(rows)
     return out.getvalue()
+
+
+def ablation_markdown(rows, languages: list[str]) -> str:
+    """The ablation's table: mR per language (mean ± std over seeds when there are several),
+    their mean, parameters (total and language-specific). rows: pipeline.sweeps.RowResult."""
+
+    def cell(row, lang: str) -> str:
+        if lang not in row.mr:
+            return "–"
+        return f"{row.mr[lang]:.1f} ± {row.std[lang]:.1f}" if lang in row.std else f"{row.mr[lang]:.1f}"
+
+    head = "| model | " + " | ".join(languages) + " | mean | parameters | language-specific |"
+    lines = [head, "|" + "---|" * (len(languages) + 4)]
+    for row in rows:
+        cells = [row.name] + [cell(row, lang) for lang in languages]
+        mean = sum(row.mr.values()) / len(row.mr) if row.mr else float("nan")
+        cells += [f"{mean:.1f}", f"{row.parameters:,}", f"{row.language_specific:,}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -136,12 +136,16 @@ def _print_results(results: dict, workdir: Workdir, started: float) -> None:
             print(f"  {stage:<10} {decision}")
     evaluation = results.get("evaluate")
     if evaluation and not evaluation["table"]:
+        from experiments.report import cross_lingual_markdown
+
         print(f"\nNo images: cross-lingual sentence retrieval at the MULE layer ({evaluation['split']}):\n")
-        print(evaluation["markdown"])
+        print(cross_lingual_markdown(evaluation["cross_lingual"]))
         print(f"figures and tables: {evaluation['results_dir']}")
     elif evaluation:
+        from experiments.report import recall_markdown
+
         print(f"\nTest recalls per language ({evaluation['split']}):\n")
-        print(evaluation["markdown"])
+        print(recall_markdown(evaluation["table"]))
         print(f"\nmean mR over languages: {evaluation['mean_mR']:.1f}   (best epoch {evaluation['best_epoch']})")
         if evaluation.get("ceiling"):
             ceiling = evaluation["ceiling"]
@@ -208,15 +212,14 @@ def _without_prefect_if_up_to_date(workdir: Workdir, cfg, stages: list[str], for
 
     stages = in_pipeline_order(stages)  # as the rebuild flow runs them
     name = rebuild.run_name(stages)
-    config = to_dict(cfg)
     with workdir_lock(workdir, name):
         relocation.adopt(workdir)
-        decided = rebuild.up_to_date(workdir, cfg, config, stages, set())
+        decided = rebuild.up_to_date(workdir, cfg, stages, set())
         if decided is None:
             return None
         with tracking.run(workdir, cfg, name) as run_id:
-            results, decisions = rebuild.run_stages(workdir, cfg, config, stages, set(), run_id, None,
-                                                    reuse.reuse_stage, decided)  # fmt: skip
+            results, decisions = rebuild.run_stages(workdir, cfg, stages, set(), run_id, None, reuse.reuse_stage,
+                                                    decided)  # fmt: skip
             rebuild.report(workdir, cfg, results, decisions, run_id)
     return results | {"mlflow_run_id": run_id, "stages": decisions}
 

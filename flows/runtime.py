@@ -46,19 +46,19 @@ def quiet_user_errors() -> None:
             logger.addFilter(_NoTracebackForUserErrors())
 
 
-def dask_task_runner(features: dict, shards: int):
+def dask_task_runner(features, shards: int):
     """prefect-dask's runner for the features shards: on the scheduler at
     features.dask_address, else on a LocalCluster with one process per GPU (each shard
     picks its GPU from the worker's number), or two on the CPU, splitting the cores."""
     from prefect_dask import DaskTaskRunner
 
-    if features["dask_address"]:
-        return DaskTaskRunner(address=features["dask_address"])
+    if features.dask_address:
+        return DaskTaskRunner(address=features.dask_address)
     import torch
 
     cores = os.cpu_count() or 1
-    gpus = torch.cuda.device_count() if features["device"] in ("auto", "cuda") else 0
-    workers = features["dask_workers"] or gpus or min(2, cores)
+    gpus = torch.cuda.device_count() if features.device in ("auto", "cuda") else 0
+    workers = features.dask_workers or gpus or min(2, cores)
     workers = max(1, min(workers, shards))
     threads = str(max(1, cores // workers))
     env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}  # no oversubscription of the cores

@@ -11,8 +11,6 @@ the field's type, and an unknown name is an error that lists the valid ones.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import typing
 from dataclasses import dataclass, field
 from typing import Any
@@ -158,7 +156,6 @@ class TrainConfig:
     amp: bool = True  # mixed precision (float16 autocast + gradient scaling) on CUDA; ignored on CPU
     compile: bool = False  # torch.compile the loss functions (pays on GPU; compile time dominates on CPU)
     model_name: str = "model"  # models/<dataset>/<model_name>.pt; the ablation trains several
-    reuse: bool = False  # keep an existing model trained with this very config and inputs
     # Add this language to the trained model train.base_model (default: without-<lang>): only
     # its word embeddings and MULE FC train (LP, then NC + the image-sentence loss), the
     # shared model and the other languages stay bit-identical
@@ -442,6 +439,7 @@ def to_dict(cfg: MuleConfig) -> dict[str, Any]:
 # are dropped when such a file is read: they only steered training, never how a model is used.
 RETIRED_OPTIONS = {
     "loss.warmup_epochs",  # now loss.mining_warmup_steps (schedules count steps: one config for every size)
+    "train.reuse",  # a model is reused when the train stage's key is unchanged (pipeline.reuse), never by a flag
 }
 
 
@@ -463,9 +461,3 @@ def flatten(cfg: MuleConfig) -> dict[str, str]:
                 value = ",".join(f"{k}={v}" for k, v in sorted(value.items()))
             out[f"{section}.{name}"] = str(value)
     return out
-
-
-def fingerprint(*parts: Any) -> str:
-    """Short stable hash of JSON-able parts (config sections, versions)."""
-    blob = json.dumps([dataclasses.asdict(p) if dataclasses.is_dataclass(p) else p for p in parts], sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:12]

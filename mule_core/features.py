@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 from torch import nn
 
-from .extractor_names import extractor_name, resize_for  # noqa: F401 - part of this module's API
+from .extractor_names import resize_for
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)

@@ -86,6 +86,11 @@ def mean_mr(table: dict[str, dict[str, float]]) -> float:
     return sum(row["mR"] for row in table.values()) / max(len(table), 1)
 
 
+def mean_r1(table: dict[str, dict[str, float]]) -> float:
+    """The mean R@1 of a cross-lingual table (LP's validation score)."""
+    return sum(row["r1"] for row in table.values()) / len(table) if table else 0.0
+
+
 def cross_lingual_recalls(
     sentence_emb: torch.Tensor,
     sentence_image: torch.Tensor,

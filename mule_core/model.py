@@ -13,13 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 
-from .config import ModelConfig
+if TYPE_CHECKING:  # annotations only: a model is code of its own, not of the config's module
+    from .config import ModelConfig
+    from .text import Vocabulary
 
 
 class _GradientReversal(torch.autograd.Function):
@@ -296,4 +299,12 @@ def with_added_language(base: MuleModel, cfg: ModelConfig, lang: str, vocab_size
         model.branches[lang].init_vectors(vectors)
     for name, parameter in model.named_parameters():
         parameter.requires_grad = parameter.requires_grad and name.startswith(f"branches.{lang}.")
+    return model
+
+
+def build_model(cfg: ModelConfig, vocabulary: Vocabulary, image_dim: int | None) -> MuleModel:
+    """A new model for the vocabulary's languages, its word embeddings set to their vectors."""
+    model = MuleModel(vocabulary.languages, vocabulary.sizes, vocabulary.dim, image_dim, cfg)
+    for lang, vectors in vocabulary.vectors.items():
+        model.branches[lang].init_vectors(vectors)
     return model

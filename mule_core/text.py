@@ -100,6 +100,24 @@ class Vocab:
         return [self.index.get(t, 1) for t in tokens]
 
 
+@dataclass
+class Vocabulary:
+    """A model's languages, each one's vocabulary, and (from the word-vectors table) each
+    one's initial word vectors; a vocabulary read from a model file has no vectors."""
+
+    languages: list[str]
+    vocabs: dict[str, Vocab]
+    vectors: dict[str, torch.Tensor] | None = None
+
+    @property
+    def dim(self) -> int:
+        return next(iter(self.vectors.values())).shape[1]
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return {lang: len(v) for lang, v in self.vocabs.items()}
+
+
 def pad_batch(sequences: Sequence[Sequence[int]], max_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded (N x T) int64 tokens and lengths; empty sequences become one <unk>."""
     lengths = np.array([min(max(len(s), 1), max_tokens) for s in sequences], dtype=np.int64)

@@ -21,18 +21,22 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .batching import Batch, ImageBatchSampler, duplicate_ids
-from .config import LossConfig
+from .batching import Batch, ImageBatchSampler, default_sentences_per_image, duplicate_ids
+from .devices import resolve_device  # noqa: F401 - where the training stages find it
 from .losses import image_sentence_loss, language_classifier_loss, neighborhood_loss
-from .metrics import per_language_recalls
+from .metrics import cross_lingual_recalls, per_language_recalls
 from .model import MuleModel, TextBatch
 from .progress import Progress, format_seconds
+
+if TYPE_CHECKING:
+    from .config import LossConfig, PretrainConfig, TrainConfig
 
 log = logging.getLogger("mule.training")
 
@@ -74,30 +78,14 @@ class SplitTensors:
         )  # fmt: skip
 
 
-@dataclass
-class OptimConfig:
-    epochs: int
-    lr: float
-    lr_decay: float = 1.0
-    word_lr_scale: float = 1.0
-    grad_clip: float = 0.0
-    batch_images: int = 128
-    sentences_per_image: dict[str, int] = field(default_factory=dict)
-    seed: int = 0
-    balance_language_groups: bool = False
-    amp: bool = True  # CUDA only
-    compile: bool = False
-    warmup_steps: int = 0  # linear learning-rate warm-up from lr / warmup_steps
-    decay_steps: int = 0  # lr_decay applies once every decay_steps (smoothly); 0: once an epoch
-    # The divergence guard: "rollback" (to the best epoch, learning rate x divergence_lr_factor,
-    # at most divergence_retries times, then stop), "stop", "warn", or "off".
-    divergence: str = "rollback"
-    divergence_drop: float = 0.5  # validation score below this fraction of its best: diverged
-    divergence_lr_factor: float = 0.5
-    divergence_retries: int = 2
-    # Polyak averaging: validation and the kept model use an exponential moving average of
-    # the weights (this decay per step; 0: off), which smooths the noise of the last steps.
-    ema: float = 0.0
+def sentences_per_image(train: TrainConfig, data: SplitTensors, lp: bool = False) -> dict[str, int]:
+    """Sentences per image in a batch, per language: train.sentences_per_image_many for
+    languages with several captions (LP keeps the paper's 2: its all-pairs constraints grow
+    with the square of it), else 1; train.sentences_per_image overrides."""
+    many = 2 if lp else train.sentences_per_image_many
+    counts = default_sentences_per_image(data.caption_image, data.caption_lang, data.languages, many)
+    counts.update({k: v for k, v in train.sentences_per_image.items() if k in counts})
+    return counts
 
 
 GUARD_ACTIONS = ("rollback", "stop", "warn", "off")
@@ -123,17 +111,16 @@ class EpochResult:
     action: str | None = None  # what it did about it
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
 class Trainer:
-    """Trains MULE for `optim.epochs` epochs.
+    """Trains MULE, configured by the config's own sections.
 
-    mode "joint": image-sentence triplet loss (+ NC at both layers, + LC).
-    mode "lp":    language pretraining of the MULE layers: NC at the MULE layer (+ LC).
+    mode "joint": image-sentence triplet loss (+ NC at both layers, + LC), for train.epochs
+                  epochs at train.lr, with its warm-up, decay and weight averaging.
+    mode "lp":    language pretraining of the MULE layers: NC at the MULE layer (+ LC), for
+                  pretrain.epochs at pretrain.lr in batches of pretrain.batch_images, with
+                  no warm-up, decay or averaging.
+    Both take the rest (word learning rate, clipping, seed, sampling, AMP, the divergence
+    guard) from `train`.
     """
 
     def __init__(
@@ -141,49 +128,59 @@ class Trainer:
         model: MuleModel,
         data: SplitTensors,
         loss: LossConfig,
-        optim: OptimConfig,
+        train: TrainConfig,
         device: torch.device,
         mode: str = "joint",
         validate: Callable[[MuleModel], tuple[float, dict]] | None = None,
+        pretrain: PretrainConfig | None = None,
     ):
         if mode not in ("joint", "lp"):
             raise ValueError(f"mode must be 'joint' or 'lp', got {mode!r}")
         if mode == "lp" and not model.has_mule:
             raise ValueError("LP pretrains the MULE layer; this model has none (model.sharing=parallel)")
+        if mode == "lp" and pretrain is None:
+            raise ValueError("LP needs the pretrain section of the config (its epochs, learning rate and batch)")
         if mode == "joint" and data.features is None:
             raise ValueError("joint training needs image features; this split has none")
-        self.model, self.data, self.loss, self.optim, self.mode = model.to(device), data, loss, optim, mode
+        if train.divergence not in GUARD_ACTIONS:
+            raise ValueError(f"divergence must be one of {GUARD_ACTIONS}, got {train.divergence!r}")
+        self.model, self.data, self.loss, self.train, self.mode = model.to(device), data, loss, train, mode
         self.device, self.validate = device, validate
-        self.features = data.features.to(device) if data.features is not None and mode == "joint" else None
-        torch.manual_seed(optim.seed)
-        params = model.mule_parameters() if mode == "lp" else [p for p in model.parameters() if p.requires_grad]
+        lp = mode == "lp"
+        section = pretrain if lp else train
+        self.epochs, self.lr, self.batch_images = section.epochs, section.lr, section.batch_images
+        self.lr_decay = 1.0 if lp else train.lr_decay
+        self.warmup_steps = 0 if lp else train.warmup_steps
+        self.ema_decay = 0.0 if lp else train.ema
+        self.sentences_per_image = sentences_per_image(train, data, lp)
+        self.features = data.features.to(device) if data.features is not None and not lp else None
+        torch.manual_seed(train.seed)
+        params = model.mule_parameters() if lp else [p for p in model.parameters() if p.requires_grad]
         words = {id(b.embed.weight) for b in model.branches.values()}
         self.optimizer = torch.optim.Adam(
             [
                 {"params": [p for p in params if id(p) not in words]},
-                {"params": [p for p in params if id(p) in words], "lr": optim.lr * optim.word_lr_scale},
+                {"params": [p for p in params if id(p) in words], "lr": self.lr * train.word_lr_scale},
             ],
-            lr=optim.lr,
+            lr=self.lr,
         )
-        if optim.divergence not in GUARD_ACTIONS:
-            raise ValueError(f"divergence must be one of {GUARD_ACTIONS}, got {optim.divergence!r}")
         self.sampler = ImageBatchSampler(
             data.caption_image,
             data.caption_lang,
             data.languages,
-            optim.sentences_per_image,
-            optim.batch_images,
-            optim.seed,
-            balance_groups=optim.balance_language_groups,
+            self.sentences_per_image,
+            self.batch_images,
+            train.seed,
+            balance_groups=train.balance_language_groups,
             caption_text=duplicate_ids(data.tokens, data.lengths, data.caption_lang) if loss.mask_duplicates else None,
         )
-        self.amp = optim.amp and device.type == "cuda"
+        self.amp = train.amp and device.type == "cuda"
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp)
         self._image_sentence_loss, self._neighborhood_loss = image_sentence_loss, neighborhood_loss
-        if optim.compile:
+        if train.compile:
             self._image_sentence_loss = torch.compile(image_sentence_loss, dynamic=True)
             self._neighborhood_loss = torch.compile(neighborhood_loss, dynamic=True)
-        self.decay_steps = optim.decay_steps or len(self.sampler)
+        self.decay_steps = train.decay_steps or len(self.sampler)
         self.lr_scale = 1.0  # lowered by the divergence guard's rollbacks
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.epoch = 0
@@ -196,7 +193,7 @@ class Trainer:
         self.first_loss: float | None = None  # the total loss of training's first batch
         self.rollbacks = 0
         # The averaged model: validated, kept and saved in place of the raw weights when on.
-        self.ema = copy.deepcopy(model) if optim.ema > 0 else None
+        self.ema = copy.deepcopy(model) if self.ema_decay > 0 else None
         if self.ema is not None:
             self.ema.requires_grad_(False)
         self.stopped: str | None = None  # why training stopped early, if it did
@@ -208,8 +205,8 @@ class Trainer:
         return self.scheduler.last_epoch  # LambdaLR counts the steps it was stepped
 
     def _lr_factor(self, step: int) -> float:
-        warm = min(1.0, (step + 1) / self.optim.warmup_steps) if self.optim.warmup_steps > 0 else 1.0
-        return warm * self.optim.lr_decay ** (step / self.decay_steps) * self.lr_scale
+        warm = min(1.0, (step + 1) / self.warmup_steps) if self.warmup_steps > 0 else 1.0
+        return warm * self.lr_decay ** (step / self.decay_steps) * self.lr_scale
 
     def lc_scale(self) -> float:
         """The adversary's strength on the encoder now: DANN's schedule (Ganin & Lempitsky,
@@ -222,7 +219,7 @@ class Trainer:
     def losses(self, batch: Batch) -> dict[str, torch.Tensor]:
         cfg, dev = self.loss, self.device
         # Mining warm-up: every negative counts until the embeddings are past their first chaos.
-        k = cfg.top_k if self.step >= cfg.mining_warmup_steps else self.optim.batch_images * 64
+        k = cfg.top_k if self.step >= cfg.mining_warmup_steps else self.batch_images * 64
         text = self.data.text_batch(batch.captions, batch.groups).to(dev)
         encoded = self.model.encode_text(text, joint=self.mode == "joint")
         sentence_image = batch.sentence_image.to(dev, non_blocking=True)
@@ -278,7 +275,7 @@ class Trainer:
         sentences = 0
         started = time.perf_counter()
         progress = Progress(
-            f"{self.mode} epoch {epoch}/{self.optim.epochs}", len(self.sampler), unit="batches", logger=log
+            f"{self.mode} epoch {epoch}/{self.epochs}", len(self.sampler), unit="batches", logger=log
         )
         for batch in self.sampler.batches(epoch):
             with torch.autocast("cuda", dtype=torch.float16, enabled=self.amp):
@@ -286,9 +283,9 @@ class Trainer:
                 total = sum(v for k, v in parts.items() if k != "lc_accuracy")
             self.optimizer.zero_grad(set_to_none=True)
             self.scaler.scale(total).backward()
-            if self.optim.grad_clip > 0:
+            if self.train.grad_clip > 0:
                 self.scaler.unscale_(self.optimizer)
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim.grad_clip)
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.train.grad_clip)
             self.scaler.step(self.optimizer)
             self.scaler.update()
             self.scheduler.step()
@@ -331,7 +328,7 @@ class Trainer:
     @torch.no_grad()
     def _update_ema(self) -> None:
         # The usual warm-up of the decay, (1 + t) / (10 + t): early averages forget the random start.
-        decay = min(self.optim.ema, (1 + self.step) / (10 + self.step))
+        decay = min(self.ema_decay, (1 + self.step) / (10 + self.step))
         averaged = [p for p in self.ema.parameters()]
         current = [p.detach() for p in self.model.parameters()]
         torch._foreach_lerp_(averaged, current, 1.0 - decay)
@@ -340,7 +337,7 @@ class Trainer:
 
     # -- the divergence guard ---------------------------------------------------------
     def _divergence(self, result: EpochResult) -> str | None:
-        if self.optim.divergence == "off":
+        if self.train.divergence == "off":
             return None
         bad = {k: v for k, v in result.losses.items() if not math.isfinite(v)}
         if bad:
@@ -352,19 +349,19 @@ class Trainer:
             return None
         if not math.isfinite(result.score):
             return f"validation score {result.score}"
-        floor = self.best_score * self.optim.divergence_drop
+        floor = self.best_score * self.train.divergence_drop
         if result.score < floor and self.best_score - result.score >= MIN_DIVERGENCE_DROP:
-            return (f"validation score {result.score:.2f} fell below {self.optim.divergence_drop:.0%} of its best, "
+            return (f"validation score {result.score:.2f} fell below {self.train.divergence_drop:.0%} of its best, "
                     f"{self.best_score:.2f} at epoch {self.best_epoch}")  # fmt: skip
         return None
 
     def _handle_divergence(self, result: EpochResult) -> str:
-        mode = self.optim.divergence
+        mode = self.train.divergence
         if mode == "warn":
             action = "warned only (divergence=warn)"
-        elif mode == "rollback" and self.rollbacks < self.optim.divergence_retries:
+        elif mode == "rollback" and self.rollbacks < self.train.divergence_retries:
             self.rollbacks += 1
-            self.lr_scale *= self.optim.divergence_lr_factor
+            self.lr_scale *= self.train.divergence_lr_factor
             if self.best_state is not None:
                 self._load_weights(self.best_state)
                 self.optimizer.load_state_dict(self.best_optimizer)
@@ -376,7 +373,7 @@ class Trainer:
             for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
                 group["lr"] = base * self._lr_factor(self.step)
             action = (f"rolled back to {where}, learning rate x{self.lr_scale:g} "
-                      f"(rollback {self.rollbacks} of {self.optim.divergence_retries})")  # fmt: skip
+                      f"(rollback {self.rollbacks} of {self.train.divergence_retries})")  # fmt: skip
         else:
             reason = "divergence=stop" if mode == "stop" else f"{self.rollbacks} rollbacks did not help"
             self.stopped = f"diverged at epoch {result.epoch} ({reason})"
@@ -395,13 +392,13 @@ class Trainer:
 
     def fit(self, on_epoch_end: Callable[[EpochResult], None] | None = None) -> list[EpochResult]:
         started, first_epoch = time.perf_counter(), self.epoch
-        while self.epoch < self.optim.epochs and not self.stopped:
+        while self.epoch < self.epochs and not self.stopped:
             result = self.run_epoch()
             per_epoch = (time.perf_counter() - started) / (self.epoch - first_epoch)  # validation included
-            eta = format_seconds(per_epoch * (self.optim.epochs - self.epoch))
+            eta = format_seconds(per_epoch * (self.epochs - self.epoch))
             losses = ", ".join(f"{k} {v:.4f}" for k, v in result.losses.items())
             score = "" if result.score is None else f"; val {result.score:.2f}{' (best)' if result.is_best else ''}"
-            log.info("%s epoch %d/%d: %s; %.0f sentences/s%s; ETA %s", self.mode, result.epoch, self.optim.epochs,
+            log.info("%s epoch %d/%d: %s; %.0f sentences/s%s; ETA %s", self.mode, result.epoch, self.epochs,
                      losses, result.sentences_per_second, score, eta)  # fmt: skip
             if on_epoch_end is not None:
                 on_epoch_end(result)
@@ -501,3 +498,12 @@ def evaluate_split(model: MuleModel, data: SplitTensors, device: torch.device, k
         data.languages,
         ks,
     )
+
+
+def cross_lingual(model: MuleModel, data: SplitTensors, device: torch.device, layer: str) -> dict:
+    """Cross-lingual sentence retrieval at the MULE ("mule") or multimodal ("joint") layer
+    (metrics.cross_lingual_recalls)."""
+    encoded = encode_split(model, data, device, joint=layer == "joint")
+    emb = encoded["caption_joint"] if layer == "joint" else F.normalize(encoded["caption_mule"], dim=-1)
+    return cross_lingual_recalls(emb, torch.from_numpy(data.caption_image).to(device),
+                                 torch.from_numpy(data.caption_lang).to(device), data.languages)  # fmt: skip

@@ -1,12 +1,17 @@
-"""Every stage, declared once: the task that computes it, the catalog entries it reads
-and writes (data_catalog.entries), the config it reads, and which of those options only
-change how fast or where it runs.
+"""Every stage, declared once: the function that computes it, the one that publishes what
+it computed, the catalog entries it reads and writes (data_catalog.entries), the config
+it reads, and which of those options only change how fast or where it runs.
 
 Everything else is derived from this list: the CLI's stage names, the rebuild's order,
 the Prefect flows (flows/stages.py) and prefect.yaml's test, the reuse keys
-(pipeline.reuse: the code from the task module's imports, the config from `config`, the
-inputs from `reads`, the outputs from `writes`), the stage a missing table's error
-names, and the README's stage table (`python -m pipeline.declaration`).
+(pipeline.reuse: the code from the computing module's imports, the config from
+`config`, the inputs from `reads`, the outputs from `writes`), what a sweep needs to
+have run before it, the stage a missing table's error names, and the README's stage
+table (`python -m pipeline.declaration`).
+
+Three kinds: the rebuild's stages, in order; sweeps (ablation, add-language), run when
+named, which run stages again under other configs (variants), each keyed like any stage;
+and steps, stages only sweeps run.
 
 Importing this module is cheap (no torch, no Prefect): the CLI reads it before anything
 heavy starts.
@@ -45,7 +50,12 @@ class Read:
 class Stage:
     name: str
     summary: str  # one line: the README's table, the flow's and the deployment's description
-    task: str | None  # "module:function(workdir, config, run_id)"; None: a flow of its own (flows/stages.py)
+    # "module:function(ctx: tasks.common.StageContext) -> dict": what the stage computes; its
+    # module's import closure is the code part of the stage's key. None for a sweep.
+    task: str | None
+    # "module:function(workdir, config, result, run_id) -> dict": the figures, reports, MLflow
+    # metrics and models made from what it computed, after it returns; outside the key
+    publish: str | None = None
     reads: tuple[str | Read, ...] = ()
     writes: tuple[str, ...] = ()
     config: tuple[str, ...] = ()  # option prefixes ("train.") and single options it reads
@@ -55,7 +65,11 @@ class Stage:
     # "module:function(workdir, config, generate=True) -> bool", run before the key is taken;
     # True when it had nothing to do; with generate=False it only says so
     prepare: str | None = None
-    in_rebuild: bool = True  # part of `mule run all` / the rebuild; else run only when named
+    kind: str = "rebuild"  # "rebuild" (in `mule run all`, in order), "sweep" (when named), "step" (in sweeps)
+    # A sweep: "module:function" that runs its variants (pipeline.sweeps), and the stages it
+    # runs for each; the rebuild's stages that write what those read run before it.
+    sweep: str | None = None
+    steps: tuple[str, ...] = ()
 
     @property
     def module(self) -> str:
@@ -64,8 +78,13 @@ class Stage:
 
     @property
     def keyed(self) -> bool:
-        """Content-addressed: reused when its key is unchanged. The others decide model by model."""
+        """Content-addressed: reused when its key is unchanged. Sweeps are not: each of their
+        steps is, variant by variant."""
         return self.task is not None
+
+    @property
+    def in_rebuild(self) -> bool:
+        return self.kind == "rebuild"
 
     def entries_read(self, cfg) -> list[str]:
         return [r for r in self.reads if isinstance(r, str)] + [r.entry for r in self.reads
@@ -77,6 +96,12 @@ class Stage:
     def load_prepare(self) -> Callable | None:
         return _load(self.prepare) if self.prepare else None
 
+    def load_publish(self) -> Callable | None:
+        return _load(self.publish) if self.publish else None
+
+    def load_sweep(self) -> Callable:
+        return _load(self.sweep)
+
 
 def _load(reference: str) -> Callable:
     module, _, name = reference.partition(":")
@@ -84,65 +109,87 @@ def _load(reference: str) -> Callable:
 
 
 _TRAINING = ("model.", "loss.", "train.", "pretrain.")
-_FEATURE_IDENTITY = ("features.arch", "features.weights", "features.input_size", "features.resize", "features.crops",
-                     "features.pool", "features.seed")  # fmt: skip
+_FEATURE_IDENTITY = ("features.arch", "features.weights", "features.weights_file", "features.input_size",
+                     "features.resize", "features.crops", "features.pool", "features.seed")  # fmt: skip
+# Where a model trains, not what it learns; a trained model's name is its record's slot.
+_PLACEMENT = frozenset({"train.device"})
+# Options of the training sections LP does not use: joint training's schedule and the
+# image-sentence loss; the names of trained models.
+_NOT_LP = frozenset({"train.epochs", "train.lr", "train.lr_decay", "train.decay_steps", "train.warmup_steps",
+                     "train.ema", "train.batch_images", "train.sentences_per_image_many", "train.model_name",
+                     "train.add_language", "train.base_model", "loss.match_weight", "loss.nc", "loss.nc_weight"})  # fmt: skip
+_MT = Read("mt captions", _uses_mt, "data.captions uses MT")
+_LP = Read("LP model", _lp_on, "pretrain.enabled")
+_PUBLISH = "pipeline.publish:"
 
 STAGES: tuple[Stage, ...] = (
     Stage("ingest", "Raw dataset files -> images, captions, rejects (generating the embedded dataset if needed).",
-          task="tasks.ingest:ingest_captions", prepare="tasks.generate:generate_if_needed",
+          task="tasks.ingest:ingest_captions", publish=_PUBLISH + "ingest", prepare="tasks.prepare:generated_dataset",
           reads=("raw files",), writes=("images", "captions", "rejects"),
           config=("data.",), operational=frozenset({"data.source", "data.images", "data.dictionaries"}),
           ignores=frozenset({"data.captions"})),
     Stage("translate", "Human captions -> machine-translated captions (translate.backend; cached, resumable).",
-          task="tasks.translate:translate_captions",
+          task="tasks.translate:translate_captions", publish=_PUBLISH + "translate",
           reads=("captions", Read("lexicons", _lexicon_backend, "translate.backend=lexicon")),
           writes=("mt captions", "translations"),
           config=("translate.", "data.dataset", "data.languages", "data.format"),
           operational=frozenset({"translate.concurrency", "translate.timeout_s", "translate.retries"})),
-    Stage("features", "Image files -> CNN features (resumes after the last written part; in process or on Dask).",
-          task="tasks.features:extract_features", reads=("images",), writes=("features",),
+    Stage("features", "Image files -> CNN features, stored under what made them (extractor, weights, code).",
+          task="tasks.features:extract_features", publish=_PUBLISH + "features",
+          prepare="tasks.prepare:extractor_weights", reads=("images", "extractor weights"), writes=("features",),
           config=("features.",),
           operational=frozenset({"features.runner", "features.dask_address", "features.dask_workers",
                                  "features.batch_size", "features.loader_workers", "features.shard_images",
                                  "features.engine", "features.device"})),
     Stage("text", "Captions -> vocabulary and word vectors per language (FastText).",
-          task="tasks.text:build_word_vectors",
-          reads=("captions", Read("mt captions", _uses_mt, "data.captions uses MT"), "vector files"),
-          writes=("word vectors",),
+          task="tasks.text:build_word_vectors", publish=_PUBLISH + "text",
+          reads=("captions", _MT, "vector files"), writes=("word vectors",),
           config=("text.", "data.dataset", "data.languages", "data.captions", "data.seed"),
           operational=frozenset({"text.fasttext_threads"})),
     Stage("pretrain", "LP: the MULE layers on sentences of the same image across languages.",
-          task="tasks.pretrain:pretrain_mule",
-          reads=("captions", Read("mt captions", _uses_mt, "data.captions uses MT"), "word vectors"),
-          writes=("LP model",), slot="LP model",
+          task="tasks.pretrain:pretrain_mule", publish=_PUBLISH + "pretrain",
+          reads=("captions", _MT, "word vectors"), writes=("LP model",), slot="LP model",
           config=(*_TRAINING, "data.dataset", "data.languages", "data.captions", "text.max_tokens"),
-          operational=frozenset({"train.reuse"}),
-          ignores=frozenset({"train.model_name", "train.add_language", "train.base_model"})),
+          operational=_PLACEMENT, ignores=_NOT_LP),
     Stage("train", "Joint training (triplet + NC + LC), best epoch on validation mR; registers the champion.",
-          task="tasks.train:train_model",
-          reads=("captions", Read("mt captions", _uses_mt, "data.captions uses MT"), "word vectors", "images",
-                 "features", Read("LP model", _lp_on, "pretrain.enabled")),
-          writes=("model",), slot="model",
+          task="tasks.train:train_model", publish=_PUBLISH + "train",
+          reads=("captions", _MT, "word vectors", "images", "features", _LP), writes=("model",), slot="model",
           config=(*_TRAINING, "data.dataset", "data.languages", "data.captions", "text.max_tokens", "eval.ks",
                   *_FEATURE_IDENTITY),
-          operational=frozenset({"train.reuse"})),
+          operational=_PLACEMENT, ignores=frozenset({"train.add_language", "train.base_model"})),
     Stage("evaluate", "Recall table per language on the test split, cross-lingual retrieval, figures.",
-          task="tasks.evaluate:evaluate_model",
-          reads=("captions", Read("mt captions", _uses_mt, "data.captions uses MT"), "word vectors", "images",
-                 "features", Read("LP model", _lp_on, "pretrain.enabled"), "model"),
+          task="tasks.evaluate:evaluate_model", publish=_PUBLISH + "evaluate",
+          # the LP model is what a dataset without images is evaluated with
+          reads=("captions", "images", "features", "model", _LP),
           writes=("evaluation",), slot="model",
-          config=("eval.", "data.dataset", "data.languages", "text.max_tokens", "train.model_name",
-                  *_FEATURE_IDENTITY)),
+          config=("eval.", "data.dataset", "train.model_name", "data.train_images", "data.val_images",
+                  "data.test_images", "data.seed", "data.image_size")),
+    Stage("extend", "Trains a new language's branch onto a frozen trained model (add-language's step).",
+          task="tasks.add_language:add_language", publish=_PUBLISH + "extend", kind="step",
+          reads=("captions", _MT, "word vectors", "images", "features", "base model"), writes=("model",),
+          slot="model",
+          config=(*_TRAINING, "data.dataset", "data.languages", "data.captions", "eval.ks", "eval.split",
+                  *_FEATURE_IDENTITY),
+          operational=_PLACEMENT),
+    Stage("query-translation", "An English model searched with other languages' queries translated word by word.",
+          task="tasks.query_translation:evaluate_translated_queries", publish=_PUBLISH + "query_translation",
+          kind="step", reads=("captions", "word vectors", "images", "features", "model", "lexicons"),
+          writes=("translated-query evaluation",), slot="model",
+          config=("eval.", "data.dataset", "data.languages", "train.model_name")),
     Stage("ablation", "Baselines and MULE's parts (the paper's Table 2), one child run per model.",
-          task=None, in_rebuild=False),
+          task=None, kind="sweep", sweep="pipeline.sweeps:ablation",
+          steps=("pretrain", "train", "evaluate", "query-translation")),
     Stage("add-language", "Adds train.add_language to a model trained without it; compares with training from scratch.",
-          task=None, in_rebuild=False),
+          task=None, kind="sweep", sweep="pipeline.sweeps:add_language",
+          steps=("pretrain", "train", "extend", "evaluate")),
 )  # fmt: skip
 
 BY_NAME: dict[str, Stage] = {s.name: s for s in STAGES}
-REBUILD: tuple[str, ...] = tuple(s.name for s in STAGES if s.in_rebuild)  # in pipeline order
-NAMED_ONLY: tuple[str, ...] = tuple(s.name for s in STAGES if not s.in_rebuild)
-ALL: tuple[str, ...] = REBUILD + NAMED_ONLY
+REBUILD: tuple[str, ...] = tuple(s.name for s in STAGES if s.kind == "rebuild")  # in pipeline order
+SWEEPS: tuple[str, ...] = tuple(s.name for s in STAGES if s.kind == "sweep")
+STEPS: tuple[str, ...] = tuple(s.name for s in STAGES if s.kind == "step")
+ALL: tuple[str, ...] = REBUILD + SWEEPS  # what `mule run` takes
+KEYED: tuple[str, ...] = tuple(s.name for s in STAGES if s.keyed)
 
 
 def in_pipeline_order(stages) -> list[str]:
@@ -151,8 +198,28 @@ def in_pipeline_order(stages) -> list[str]:
 
 
 def writer_of(entry: str) -> str | None:
-    """The stage that writes a catalog entry (for errors that say what to run)."""
-    return next((s.name for s in STAGES if entry in s.writes), None)
+    """The rebuild stage that writes a catalog entry (for errors that say what to run)."""
+    return next((s.name for s in STAGES if entry in s.writes and s.kind == "rebuild"), None)
+
+
+def upstream(sweep: str, cfg) -> list[str]:
+    """The rebuild's stages that write what a sweep's steps read (and what those read), in
+    order: they run before it, and reuse makes them free when they are up to date. What
+    the steps write themselves (LP models, models) is made per variant."""
+    steps = [BY_NAME[s] for s in BY_NAME[sweep].steps]
+    made_by_steps = {entry for step in steps for entry in step.writes}
+    needed, todo = set(), [e for step in steps for e in step.entries_read(cfg) if e not in made_by_steps]
+    while todo:
+        writer = writer_of(todo.pop())
+        if writer and writer not in needed:
+            needed.add(writer)
+            todo += BY_NAME[writer].entries_read(cfg)
+    return in_pipeline_order(needed)
+
+
+def with_upstream(stages, cfg) -> list[str]:
+    """The stages named, and what the sweeps among them need, in pipeline order."""
+    return in_pipeline_order([*stages, *(u for s in stages if BY_NAME[s].kind == "sweep" for u in upstream(s, cfg))])
 
 
 def markdown_table() -> str:
@@ -162,14 +229,16 @@ def markdown_table() -> str:
 
     lines = ["| stage | what it does | reads | writes | config |", "|---|---|---|---|---|"]
     for s in STAGES:
-        if not s.keyed:
-            lines.append(f"| `{s.name}` | {s.summary} (run when named) | | | |")
+        if s.kind == "sweep":
+            steps = ", ".join(f"`{step}`" for step in s.steps)
+            lines.append(f"| `{s.name}` | {s.summary} Run when named: {steps} per variant. | | | |")
             continue
         reads = [r if isinstance(r, str) else f"{r.entry} (if {r.condition})" for r in s.reads]
         config = [c.rstrip(".") + ".*" if c.endswith(".") else c for c in s.config if not c.startswith("features.")
                   or c.endswith(".")] + (["features (identity)"] if any(c in _FEATURE_IDENTITY for c in s.config)
                                          else [])  # fmt: skip
-        lines.append(f"| `{s.name}` | {s.summary} | {names(reads)} | {names(s.writes)} | {names(config)} |")
+        name = f"`{s.name}` (step)" if s.kind == "step" else f"`{s.name}`"
+        lines.append(f"| {name} | {s.summary} | {names(reads)} | {names(s.writes)} | {names(config)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -18,9 +18,10 @@ from data_catalog.workdir import Workdir
 from mule_core.config import MuleConfig
 
 from . import reuse
-from .declaration import BY_NAME, NAMED_ONLY, REBUILD
+from .declaration import BY_NAME, REBUILD
+from .runner import prepare
 
-# (stage, decision as a dict or None) -> the stage's result, run as a flow of its own
+# (stage, decision as a dict or None for a sweep) -> the stage's result, run as a flow of its own
 RunStage = Callable[[str, dict | None], dict]
 # (workdir, config, decision, parent run id) -> the recorded result
 ReuseStage = Callable[[Workdir, MuleConfig, reuse.Decision, str | None], dict]
@@ -30,22 +31,14 @@ def run_name(stages: list[str]) -> str:
     return "rebuild" if stages == list(REBUILD) else "run: " + " ".join(stages)
 
 
-def _prepared(stage: str, root: str, config: dict, act: bool) -> bool:
-    """Runs the stage's preparation (writing a generated dataset) when `act`; otherwise
-    only says whether it has nothing to do."""
-    prepare = BY_NAME[stage].load_prepare()
-    return prepare is None or bool(prepare(root, config, generate=act))
-
-
-def up_to_date(wd: Workdir, cfg: MuleConfig, config: dict, stages: list[str],
-               forced: set[str]) -> dict[str, reuse.Decision] | None:  # fmt: skip
+def up_to_date(wd: Workdir, cfg: MuleConfig, stages: list[str], forced: set[str]) -> dict[str, reuse.Decision] | None:
     """Every stage's decision when none of them has to run; None as soon as one does
     (then the rebuild decides again, stage by stage, as the stages before it write)."""
-    if forced or any(s in NAMED_ONLY for s in stages):
+    if forced or any(BY_NAME[s].kind == "sweep" for s in stages):
         return None
     decided = {}
     for stage in stages:
-        if not _prepared(stage, str(wd.root), config, act=False):
+        if not prepare(wd, cfg, stage, act=False):
             return None
         decision = reuse.decide(wd, cfg, stage)
         if decision.run:
@@ -54,22 +47,22 @@ def up_to_date(wd: Workdir, cfg: MuleConfig, config: dict, stages: list[str],
     return decided
 
 
-def run_stages(wd: Workdir, cfg: MuleConfig, config: dict, stages: list[str], forced: set[str], run_id: str | None,
+def run_stages(wd: Workdir, cfg: MuleConfig, stages: list[str], forced: set[str], run_id: str | None,
                run_stage: RunStage | None, reuse_stage: ReuseStage,
                decided: dict[str, reuse.Decision] | None = None) -> tuple[dict[str, Any], dict[str, str]]:  # fmt: skip
-    """Each stage in order: reused (an MLflow run saying so) or run by `run_stage`.
-    `decided`: decisions already taken (by `up_to_date`). Returns (results, decisions)."""
+    """Each stage in order: reused (an MLflow run saying so) or run by `run_stage`; a sweep
+    by `run_stage` too (its steps decide variant by variant). `decided`: decisions already
+    taken (by `up_to_date`). Returns (results, decisions)."""
     results: dict[str, Any] = {}
     decisions: dict[str, str] = {}
-    root = str(wd.root)
     for stage in stages:
-        if stage in NAMED_ONLY:  # not content-addressed: they decide model by model
+        if BY_NAME[stage].kind == "sweep":
             results[stage] = _must(run_stage)(stage, None)
-            decisions[stage] = "ran"
+            decisions[stage] = _sweep_decisions(results[stage])
             continue
         decision = (decided or {}).get(stage)
         if decision is None:
-            _prepared(stage, root, config, act=True)
+            prepare(wd, cfg, stage)
             decision = reuse.decide(wd, cfg, stage, stage in forced)
         if decision.run:  # its own flow run (and MLflow run), handed the decision and the config
             results[stage] = _must(run_stage)(stage, reuse.as_dict(decision))
@@ -77,6 +70,13 @@ def run_stages(wd: Workdir, cfg: MuleConfig, config: dict, stages: list[str], fo
             results[stage] = reuse_stage(wd, cfg, decision, run_id)
         decisions[stage] = decision.describe()
     return results, decisions
+
+
+def _sweep_decisions(result: dict) -> str:
+    """A sweep's line: how many of its steps ran and how many were reused."""
+    steps = result.get("steps", {}) if isinstance(result, dict) else {}
+    ran = sum(1 for d in steps.values() if d.startswith("ran"))
+    return f"ran ({ran} of {len(steps)} steps ran, {len(steps) - ran} reused)" if ran else f"reused ({len(steps)} steps)"
 
 
 def _must(run_stage: RunStage | None) -> RunStage:

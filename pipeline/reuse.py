@@ -1,10 +1,13 @@
 """Content-addressed stages: a stage's key covers what it reads, the config it uses and
-the code it runs; a rebuild runs a stage only when its key changed.
+the code that computes it; a stage runs only when its key changed (or an output it wrote
+was deleted or changed since). The one way mule decides reuse: the rebuild's stages and
+the sweeps' steps (every ablation model, every added language) alike.
 
 Everything about a stage comes from its declaration (pipeline.declaration): its code is
-the import closure of its task's module (data_catalog.code_digests), its config the options it
-declares (less the operational ones), its inputs the digests of the catalog entries it
-reads (data_catalog.entries), its outputs those it writes. Inputs are digests of
+the import closure of its computing module (data_catalog.code_digests; publishing,
+tracking and orchestration are not in it), its config the options it declares (less the
+operational ones), its inputs the digests of the catalog entries it reads
+(data_catalog.entries), its outputs those it writes. Inputs are digests of
 content, never paths or timestamps, so a rebuild after editing one caption file reruns
 ingest and then only the stages whose inputs really changed: the images table is the
 same, so features are reused; the captions table is not, so the text side runs again. A
@@ -16,6 +19,7 @@ makes it run again) and its result (what a reused stage returns).
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -30,11 +34,14 @@ from data_catalog.workdir import Workdir
 from experiments import tracking
 from mule_core.config import MuleConfig, flatten
 from mule_core.errors import is_user_error
-from tasks.common import logger
 
 from .declaration import BY_NAME, Stage, writer_of
 
 register_producers({table: writer_of(entry) for table, entry in TABLE_ENTRIES.items() if writer_of(entry)})
+
+
+def logger() -> logging.Logger:
+    return logging.getLogger("mule.pipeline")
 
 
 def config_parts(cfg: MuleConfig, stage: Stage) -> dict[str, str]:
@@ -51,8 +58,8 @@ def _images_digest(catalog: Catalog, dataset: str) -> str | None:
 
 
 def _model_digest(path: Path, hasher: FileHasher) -> str | None:
-    """A model's weights and vocabularies (tasks.model_io.model_digest), remembered by the
-    file's digest: torch is imported only for a model not seen before."""
+    """A model's weights and vocabularies (data_catalog.models.model_digest), remembered by
+    the file's digest: torch is imported only for a model not seen before."""
     file_digest = hasher.digest(path)
     if file_digest is None:
         return None
@@ -60,7 +67,7 @@ def _model_digest(path: Path, hasher: FileHasher) -> str | None:
 
 
 def _load_model_digest(path: Path) -> str | None:
-    from tasks.model_io import model_digest
+    from data_catalog.models import model_digest
 
     return model_digest(path)
 
@@ -70,14 +77,19 @@ def entry_digest(name: str, wd: Workdir, catalog: Catalog, cfg: MuleConfig, hash
     if entry.kind == "images":
         return _images_digest(catalog, cfg.data.dataset)
     paths = entry.locate(wd, catalog, cfg)
+    if not paths:  # nothing there for this config (random weights, no features extracted yet)
+        return None
     if entry.kind == "model":
         return _model_digest(paths[0], hasher)
     if entry.kind == "tree":
-        digests = [hasher.tree(p, exclude=("extractor.json",)) for p in paths]
+        digests = [hasher.tree(p) for p in paths]
         return combine({str(i): d for i, d in enumerate(digests)})[:16] if any(digests) else None
+    if entry.kind == "parts":  # the parts' contents, whatever their names
+        digests = sorted(hasher.digest(part) for p in paths for part in p.glob("part-*.parquet"))
+        return combine({str(i): d for i, d in enumerate(digests)})[:16] if digests else None
     digests = [hasher.digest(p) for p in paths]
     if entry.kind == "files":
-        return combine({str(p): d for p, d in zip(paths, digests)})[:16] if paths else None
+        return combine({str(p): d for p, d in zip(paths, digests)})[:16]
     return digests[0][:16] if digests[0] else None
 
 
@@ -86,17 +98,20 @@ def input_parts(wd: Workdir, catalog: Catalog, cfg: MuleConfig, stage: Stage, ha
 
 
 def code_parts(stage: Stage, repo: Path | None = None) -> dict[str, str]:
-    """"code tasks/train.py", "code library torch": so a rerun's reason names the file."""
+    """"code tasks/train.py", "code library torch": so a rerun's reason names the file.
+    The computing module's closure only: its publisher (pipeline.publish) is not in it."""
     return {f"code {k.removeprefix('file ')}": v
             for k, v in code_digests.code_parts(stage.module, repo or code_digests.REPO).items()}  # fmt: skip
 
 
 def slot_for(wd: Workdir, catalog: Catalog, cfg: MuleConfig, stage: Stage) -> str:
     """Stages that write one of several files (LP per caption selection, a model per
-    name) keep one record per file, named after it; the default file has the plain name."""
+    name: the ablation's, add-language's) keep one record per file, named after it; the
+    default file has the plain name."""
     if stage.slot is None:
         return ""
-    name = ENTRIES[stage.slot].locate(wd, catalog, cfg)[0].stem
+    path = ENTRIES[stage.slot].locate(wd, catalog, cfg)[0]
+    name = str(path.relative_to(wd.models_dir(cfg.data.dataset)).with_suffix("")).replace("/", "--")
     return "" if name in ("pretrain", "model") else name
 
 
@@ -113,6 +128,7 @@ class Decision:
     reason: str  # why it runs, or "key <key>" when reused
     record: dict | None = None  # the previous record
     slot: str = ""
+    forced: bool = False
     extra: dict = field(default_factory=dict)
 
     def describe(self) -> str:
@@ -140,7 +156,7 @@ def decide(wd: Workdir, cfg: MuleConfig, name: str, force: bool = False, repo: P
     except Exception as error:  # an input is missing: the stage runs, and fails saying which
         if not (is_user_error(error) or isinstance(error, FileNotFoundError)):
             raise
-        return Decision(name, "", {}, True, f"its inputs cannot be read: {error}")
+        return Decision(name, "", {}, True, f"its inputs cannot be read: {error}", forced=force)
     key = combine(parts)[:24]
     record = _read_record(wd.stage_record_path(cfg.data.dataset, name, slot))
     if force:
@@ -152,7 +168,7 @@ def decide(wd: Workdir, cfg: MuleConfig, name: str, force: bool = False, repo: P
     else:
         reason = _outputs_changed(wd, hasher, record)
     hasher.save()
-    return Decision(name, key, parts, bool(reason), reason or f"key {key[:12]}", record, slot)
+    return Decision(name, key, parts, bool(reason), reason or f"key {key[:12]}", record, slot, force)
 
 
 def _read_record(path: Path) -> dict | None:
@@ -160,6 +176,12 @@ def _read_record(path: Path) -> dict | None:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+def read_record(wd: Workdir, cfg: MuleConfig, name: str) -> dict | None:
+    """The record stage `name` last left for this config's slot (None when it never ran)."""
+    slot = slot_for(wd, Catalog(wd), cfg, BY_NAME[name])
+    return _read_record(wd.stage_record_path(cfg.data.dataset, name, slot))
 
 
 def previous_record(wd: Workdir, cfg: MuleConfig, decision: Decision) -> dict | None:

@@ -23,7 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from tasks.embedder import Embedder, EmbedError
+from mule_core.embedder import Embedder, EmbedError
 
 from .gallery import Gallery
 

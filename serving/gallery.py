@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from data_catalog import queries
+from mule_core.embedder import Embedder
 from mule_core.training import encode_split
-from tasks.embedder import Embedder
 
 from .search import Searcher
 

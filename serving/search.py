@@ -7,8 +7,7 @@ captions, for an image query), of every split unless one is named.
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -17,13 +16,14 @@ import torch
 from data_catalog import queries
 from data_catalog.catalog import Catalog
 from data_catalog.content import sha256_file
+from data_catalog.embedders import open_embedder
+from data_catalog.splits import load_split
 from data_catalog.workdir import Workdir
 from experiments.registry import resolve_model_file
+from mule_core.embedder import Embedder, EmbedError
 from mule_core.errors import InputError, UserError
 from mule_core.model import MuleModel
 from mule_core.training import SplitTensors, encode_split, resolve_device
-from tasks.embedder import Embedder, EmbedError
-from tasks.model_io import load_model, load_split
 
 
 class SearchError(UserError, ValueError):
@@ -32,37 +32,48 @@ class SearchError(UserError, ValueError):
 
 @dataclass
 class Searcher:
-    model: MuleModel
-    meta: dict
-    label: str  # which model, for people
+    embedder: Embedder  # the model as a function
     dataset: str
     catalog: Catalog
-    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    @property
+    def model(self) -> MuleModel:
+        return self.embedder.model
+
+    @property
+    def meta(self) -> dict:
+        return self.embedder.meta
+
+    @property
+    def label(self) -> str:
+        return self.embedder.label
+
+    @property
+    def device(self) -> torch.device:
+        return self.embedder.device
 
     @property
     def languages(self) -> list[str]:
         return list(self.meta["vocabulary"].languages)
 
     def split(self, selector: str, with_features: bool) -> SplitTensors:
-        reader = functools.partial(self.catalog.read_features, self.dataset)
-        features = (self.meta["extractor"], reader) if with_features else None
         try:
             return load_split(self.catalog, self.dataset, selector, self.meta["vocabulary"],
-                              self.meta["cfg"].text.max_tokens, features)  # fmt: skip
+                              self.meta["cfg"].text.max_tokens, self.meta["extractor"] if with_features else None)  # fmt: skip
         except InputError as error:
             raise SearchError(str(error)) from None
 
 
 def open_searcher(workdir: Workdir, dataset: str, run_id: str | None = None, version: str | None = None) -> Searcher:
     path, label = resolve_model_file(workdir, dataset, run_id, version)
-    model, meta = load_model(path)
-    if model.image_branch is None:
+    embedder = open_embedder(path, label, device=resolve_device("cpu"))
+    if embedder.model.image_branch is None:
         raise SearchError(f"{label} was trained without images (a text-only dataset): it cannot search images")
-    return Searcher(model.eval(), meta, label, dataset, Catalog(workdir), resolve_device("cpu"))
+    return Searcher(embedder, dataset, Catalog(workdir))
 
 
 def embedder(searcher: Searcher) -> Embedder:
-    return Embedder(searcher.model, searcher.meta, searcher.label, searcher.device)
+    return searcher.embedder
 
 
 def _encode_text(searcher: Searcher, text: str, lang: str | None) -> tuple[torch.Tensor, str, str, list[str]]:

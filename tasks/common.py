@@ -1,29 +1,90 @@
-"""What every task needs: its config, its workdir, a logger."""
+"""What a stage's computation is handed: the workdir and its catalog, the resolved config,
+the stage's key, and someone to tell how it is going.
+
+A computation reads the catalog entries its stage declares, writes the ones it declares,
+and returns a summary (JSON-able: it is recorded with the stage's key, and is what a
+reused stage returns). It never publishes: no MLflow, no figures, no Prefect. Those
+follow it (pipeline.publish), so a plot's style, a tracking library or the orchestrator
+are not part of what a stage's key says it was computed by. Live progress (a training
+curve as it grows, a divergence when it happens) goes to `report`, which is MLflow in a
+pipeline run and no one in a test.
+"""
 
 from __future__ import annotations
 
+import functools
 import logging
-import sys
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
+from data_catalog import queries
 from data_catalog.catalog import Catalog
-from data_catalog.workdir import Workdir
-from mule_core.config import MuleConfig, from_dict
+from mule_core.errors import UserError
+
+if TYPE_CHECKING:
+    from data_catalog.workdir import Workdir
+    from mule_core.config import MuleConfig
 
 
-def logger() -> logging.Logger | logging.LoggerAdapter:
-    """Prefect's run logger inside a run, a plain logger outside one (e.g. in a bench script,
-    or a rebuild with nothing to run, which never imports Prefect)."""
-    if "prefect" not in sys.modules:
-        return logging.getLogger("mule.tasks")
-    try:
-        from prefect import get_run_logger
+class Reporter(Protocol):
+    def metrics(self, values: dict[str, float], step: int | None = None) -> None: ...
 
-        return get_run_logger()
-    except Exception:  # noqa: BLE001 - MissingContextError outside a run
-        return logging.getLogger("mule.tasks")
+    def tags(self, values: dict[str, str]) -> None: ...
 
 
-def context(workdir: str, config: dict[str, Any]) -> tuple[Workdir, Catalog, MuleConfig]:
-    wd = Workdir.at(workdir)
-    return wd, Catalog(wd), from_dict(config)
+class Silent:
+    """A reporter no one listens to."""
+
+    def metrics(self, values: dict[str, float], step: int | None = None) -> None:
+        pass
+
+    def tags(self, values: dict[str, str]) -> None:
+        pass
+
+
+@dataclass
+class StageContext:
+    workdir: Workdir
+    cfg: MuleConfig
+    key: str = ""  # the stage's key for this run: what a checkpoint must match to be resumed
+    force: bool = False  # --force: redo even what a rerun would keep (features: every image)
+    report: Reporter = field(default_factory=Silent)
+
+    @functools.cached_property
+    def catalog(self) -> Catalog:
+        return Catalog(self.workdir)
+
+    @property
+    def dataset(self) -> str:
+        return self.cfg.data.dataset
+
+
+class NoImagesError(UserError, RuntimeError):
+    pass
+
+
+def images_with_files(catalog: Catalog, dataset: str) -> tuple[list[str], list[str], list[dict]]:
+    """(image ids with a file, their paths, rows of the images without one); an error that
+    says what to do when the dataset has no image file at all."""
+    rows = queries.image_rows(catalog, dataset)
+    present = [r for r in rows if r["exists"]]
+    if not present:
+        folder = rows[0]["path"].rsplit("/", 1)[0] if rows else "?"
+        raise NoImagesError(
+            f"dataset {dataset!r} has no image files ({len(rows)} images listed, none found under {folder}). "
+            "The image stages (features, train, evaluate) need the images; text-only stages "
+            "(ingest, text, pretrain) work without them. Point --images at the image folder "
+            "(for Multi30K: the Flickr30K images) and rerun ingest."
+        )
+    return [r["image_id"] for r in present], [r["path"] for r in present], [r for r in rows if not r["exists"]]
+
+
+def logger() -> logging.Logger:
+    """The stages' logger. In a Prefect run its records reach the run's log too (flows.runtime
+    names "mule" among Prefect's extra loggers)."""
+    return logging.getLogger("mule.tasks")
+
+
+def history_records(history) -> list[dict]:
+    """A trainer's epochs as plain records: part of a stage's summary, drawn by its publisher."""
+    return [asdict(epoch) for epoch in history]

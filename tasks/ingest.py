@@ -7,40 +7,22 @@ from collections import Counter
 from typing import Any
 
 import pyarrow as pa
-from prefect import task
-from prefect.cache_policies import NO_CACHE
 
 from data_catalog.content import FileHasher
-from data_catalog.datasets import locate, prepare
+from data_catalog.datasets import locate
 from data_catalog.readers.coco import CocoOptions, read_coco
 from data_catalog.readers.common import ReadOptions
 from data_catalog.readers.multi30k import read_multi30k
-from experiments.tracking import Tracker
 from mule_core.progress import Progress
 from mule_core.text import tokenize, tokenizer_version
 
-from .common import context, logger
+from .common import StageContext, logger
 
 
-@task(name="generate-embedded-dataset", cache_policy=NO_CACHE)
-def generate_embedded(workdir: str, config: dict[str, Any]) -> str:
-    """Writes the embedded dataset into the workdir unless it is already there."""
-    wd, _, cfg = context(workdir, config)
-    log = logger()
-    source = locate(wd, cfg.data)
-    total = cfg.data.train_images + cfg.data.val_images + cfg.data.test_images  # both generators' image count
-    progress = Progress("generating scenes", total, unit="images", logger=log)
-    prepare(wd, cfg.data, lambda done, _total: progress.update(1))
-    if progress.done:
-        progress.finish()
-    else:
-        log.info("embedded dataset already at %s (same spec), reusing it", source.root)
-    return str(source.root)
-
-
-@task(name="read-and-tokenise", cache_policy=NO_CACHE)
-def ingest_captions(workdir: str, config: dict[str, Any], run_id: str | None) -> dict[str, Any]:
-    wd, catalog, cfg = context(workdir, config)
+def ingest_captions(ctx: StageContext) -> dict[str, Any]:
+    """Reads the raw files (images, captions; bad lines to rejects), tokenises the captions
+    and writes the images, captions and rejects tables."""
+    wd, catalog, cfg = ctx.workdir, ctx.catalog, ctx.cfg
     log = logger()
     source = locate(wd, cfg.data)
     started = time.perf_counter()
@@ -103,15 +85,4 @@ def ingest_captions(workdir: str, config: dict[str, Any], run_id: str | None) ->
             "%d of %d image files are missing under %s; they are recorded as missing",
             result.images.num_rows - present, result.images.num_rows, source.images,
         )  # fmt: skip
-    tracker = Tracker(wd, run_id)
-    tracker.params({"ingest.source": source.root, "ingest.images_dir": source.images,
-                    **{f"ingest.tokenizer.{lang}": v for lang, v in versions.items()}})  # fmt: skip
-    metrics = {"images": summary["images"], "images_present": present, "captions": summary["captions"],
-               "rejects": summary["rejects"], "merged_task1_lines": result.merged_task1_lines}  # fmt: skip
-    metrics.update({f"rejects.{kind}": n for kind, n in kinds.items()})
-    for split, counts in result.stats.items():
-        for key, value in counts.items():
-            metrics[f"{split}.{key}"] = value
-    tracker.metrics(metrics)
-    tracker.json(summary, "ingest_summary.json")
     return summary

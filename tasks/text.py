@@ -13,18 +13,15 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from prefect import task
-from prefect.cache_policies import NO_CACHE
 
 from data_catalog import queries
 from data_catalog.catalog import Catalog
-from data_catalog.pretrained import VectorFile
-from experiments.tracking import Tracker
+from data_catalog.vectors import VectorFile
 from mule_core.errors import InputError
 from mule_core.progress import format_seconds
 from mule_core.text import PAD, UNK
 
-from .common import context, logger
+from .common import StageContext, logger
 
 
 @contextlib.contextmanager
@@ -74,9 +71,8 @@ def dataset_languages(catalog: Catalog, dataset: str, wanted: tuple[str, ...]) -
     return [lang for lang in wanted if lang in present]
 
 
-@task(name="word-vectors", cache_policy=NO_CACHE)
-def build_word_vectors(workdir: str, config: dict[str, Any], run_id: str | None) -> dict[str, Any]:
-    wd, catalog, cfg = context(workdir, config)
+def build_word_vectors(ctx: StageContext) -> dict[str, Any]:
+    catalog, cfg = ctx.catalog, ctx.cfg
     log, t, dataset = logger(), cfg.text, cfg.data.dataset
     languages = dataset_languages(catalog, dataset, cfg.data.languages)
     columns: dict[str, list] = {
@@ -130,9 +126,4 @@ def build_word_vectors(workdir: str, config: dict[str, Any], run_id: str | None)
         raise InputError(f"word vectors of all languages must have one dimension, got {sorted(dims)}: {summary}")
     columns["vector"] = pa.array([v.tolist() for v in columns["vector"]], pa.list_(pa.float32()))
     catalog.write_table("word_vectors", dataset, pa.table(columns))
-    tracker = Tracker(wd, run_id)
-    tracker.metrics(
-        {f"{lang}.{k}": v for lang, s in summary.items() for k, v in s.items() if isinstance(v, (int, float))}
-    )
-    tracker.json(summary, "word_vectors.json")
     return summary

@@ -20,12 +20,10 @@ import json
 import os
 import time
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from prefect import task
-from prefect.cache_policies import NO_CACHE
 
 from data_catalog import queries
 from data_catalog.catalog import Catalog
@@ -33,14 +31,15 @@ from data_catalog.datasets import locate
 from data_catalog.faults import crash_point
 from data_catalog.lexicons import LexiconError, read_muse
 from data_catalog.schemas import CAPTIONS, TRANSLATIONS
-from experiments.tracking import Tracker
-from mule_core.config import MuleConfig
 from mule_core.errors import UserError
 from mule_core.progress import Progress
 from mule_core.text import tokenize
 from mule_core.translation import WordTable, best_translations, ibm_model1
 
-from .common import context, logger
+from .common import StageContext, logger
+
+if TYPE_CHECKING:
+    from mule_core.config import MuleConfig
 
 ENGLISH = "en"
 
@@ -215,12 +214,11 @@ class TranslationCache:
         self.journal_path.unlink(missing_ok=True)
 
 
-# -- the task --------------------------------------------------------------------------------
+# -- the stage -------------------------------------------------------------------------------
 
 
-@task(name="translate-captions", cache_policy=NO_CACHE)
-def translate_captions(workdir: str, config: dict[str, Any], run_id: str | None) -> dict[str, Any]:
-    wd, catalog, cfg = context(workdir, config)
+def translate_captions(ctx: StageContext) -> dict[str, Any]:
+    wd, catalog, cfg = ctx.workdir, ctx.catalog, ctx.cfg
     log, dataset = logger(), cfg.data.dataset
     started = time.perf_counter()
     pairs = [(s, d) for s, d in language_pairs(cfg) if s in cfg.data.languages and d in cfg.data.languages]
@@ -274,11 +272,7 @@ def translate_captions(workdir: str, config: dict[str, Any], run_id: str | None)
     log.info("translate (%s): %d MT captions; %d translated now, %d from the cache, %d failed, %d requests, %d retries",
              backend.name, table.num_rows, counts["translated"], counts["cache_hits"], len(failures),
              summary["requests"], summary["retries"])  # fmt: skip
-    tracker = Tracker(wd, run_id)
-    tracker.params({"translate.backend_version": backend.version})
-    tracker.metrics({k: v for k, v in summary.items() if isinstance(v, int | float)})
-    tracker.json(summary | {"failed": failures[:1000]}, "translate_summary.json")
-    return summary
+    return summary | {"failed": failures[:1000]}
 
 
 def mt_captions_table(dataset: str, rows: list[dict], backend) -> pa.Table:

@@ -1,4 +1,6 @@
-"""The ablation flow end to end on a tiny generated dataset (real Prefect and MLflow)."""
+"""The ablation sweep end to end on a tiny generated dataset (real Prefect and MLflow):
+`mule run ablation` runs what it needs first, then every row's models, each decided by
+the stage's key for its config; a rerun trains nothing."""
 
 import csv
 
@@ -6,7 +8,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from data_catalog.workdir import Workdir
-from tasks.ablation import RowResult, ablation_markdown, english_models, grid, row_result
+from experiments.report import ablation_markdown
+from pipeline.sweeps import RowResult, english_models, grid, row_result
 
 TINY = {
     "data.train_images": 32,
@@ -33,7 +36,8 @@ def test_the_grid_names_the_paper_rows_and_switches_one_thing_at_a_time():
     mule = {r.name: r.models[0].overrides for r in rows[2:]}
     switches = [(o["loss.nc"], o["loss.lc"], o["pretrain.enabled"]) for o in mule.values()]
     assert switches == [(False, False, False), (True, False, False), (True, True, False), (True, True, True)]
-    assert all(o["train.reuse"] for r in rows for o in (m.overrides for m in r.models))
+    names = [m.overrides["train.model_name"] for r in rows for m in r.models]
+    assert len(names) == len(set(names))  # one model file (and one record) per model
 
 
 def test_table_4_rows_come_with_the_translate_stages_output():
@@ -77,9 +81,11 @@ def test_several_seeds_average_each_language_and_count_parameters_once():
 
 @pytest.mark.slow
 def test_ablation_end_to_end(tmp_path, repo_copy):
-    from flows.stages import ablation_flow
+    from flows.stages import rebuild_flow
 
-    summary = ablation_flow(workdir=str(tmp_path), overrides=TINY)
+    first = rebuild_flow(workdir=str(tmp_path), overrides=TINY, stages=["ablation"])
+    assert list(first["stages"]) == ["ingest", "features", "text", "ablation"]  # what its steps read, first
+    summary = first["ablation"]
     rows = {r["model"]: r for r in summary["rows"]}
     assert list(rows) == ROWS
     for row in rows.values():
@@ -87,37 +93,39 @@ def test_ablation_end_to_end(tmp_path, repo_copy):
     # Parameters: four EmbN models cost more than one PARALLEL model, which costs more than MULE.
     assert rows["EmbN (one model per language)"]["parameters"] > rows["PARALLEL-EmbN"]["parameters"]
     assert rows["PARALLEL-EmbN"]["parameters"] > rows["MULE EmbN"]["parameters"] == rows["MULE + NC"]["parameters"]
+    assert set(summary["steps"].values()) == {"ran"}
     wd = Workdir.at(tmp_path)
     with open(wd.results_dir("embedded") / "ablation" / "ablation.csv") as handle:
         assert [r["model"] for r in csv.DictReader(handle)] == ROWS
     client = MlflowClient(wd.mlflow_uri)
     experiment = client.get_experiment_by_name("mule/embedded")
     runs = client.search_runs([experiment.experiment_id])
+    children = lambda run: sorted(r.info.run_name for r in runs if r.data.tags.get("mlflow.parentRunId") == run.info.run_id)  # noqa: E731
+    (rebuild,) = [r for r in runs if r.info.run_name == "run: ablation"]
+    assert children(rebuild) == sorted(["ingest", "features", "text", "ablation"])
     (parent,) = [r for r in runs if r.info.run_name == "ablation"]
-    children = sorted(r.info.run_name for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id)
     models = [f"ablation: EmbN {lang}" for lang in ("en", "de", "fr", "cs")] + [
         "ablation: PARALLEL-EmbN", "ablation: MULE EmbN", "ablation: MULE + NC", "ablation: MULE + NC + LC",
         "ablation: MULE full", "ablation: translate the query"]  # fmt: skip
-    assert children == sorted(models + ["ingest", "features", "text", "pretrain"])
+    assert children(parent) == sorted(models)
+    (full,) = [r for r in runs if r.info.run_name == "ablation: MULE full"]
+    assert children(full) == ["evaluate", "pretrain", "train"]  # each step a stage run of its own
     assert "ablation.png" in {a.path for a in client.list_artifacts(parent.info.run_id)}
 
-    again = ablation_flow(workdir=str(tmp_path), overrides=TINY)  # every model is reused, not retrained
-    assert [r["model"] for r in again["rows"]] == ROWS
-    assert again["rows"][3]["en"] == summary["rows"][3]["en"]
-    # each model is reused by the train stage's key for its config, which covers its code:
-    # the rerun's MLflow runs say "reused", and an edit the training reaches retrains them
-    client = MlflowClient(Workdir.at(tmp_path).mlflow_uri)
-    experiment = client.get_experiment_by_name("mule/embedded")
-    full = client.search_runs([experiment.experiment_id], "tags.mlflow.runName = 'ablation: MULE full'",
+    again = rebuild_flow(workdir=str(tmp_path), overrides=TINY, stages=["ablation"])["ablation"]
+    assert [r["model"] for r in again["rows"]] == ROWS and again["rows"][3]["en"] == summary["rows"][3]["en"]
+    assert set(again["steps"].values()) == {"reused"}  # every model decided by its key: nothing trains twice
+    runs = client.search_runs([experiment.experiment_id], "tags.mlflow.runName = 'train'",
                               order_by=["attributes.start_time DESC"])  # fmt: skip
-    assert full[0].data.tags["mule.stage_status"] == "reused" and full[1].data.tags["mule.stage_status"] == "ran"
-    from mule_core.config import resolve
+    newest = [r for r in runs if r.info.start_time > parent.info.end_time]
+    assert newest and all(r.data.tags["mule.stage_status"] == "reused" for r in newest)
+    # each model's key covers its code: an edit the training reaches retrains it
+    from mule_core.config import apply_overrides, resolve
     from pipeline import reuse
     from tests.conftest import edit
 
-    wd = Workdir.at(tmp_path)
-    (full,) = [m for row in grid(["en", "de", "fr", "cs"]) for m in row.models if m.slug == "mule-full"]
-    variant = resolve("demo", {**TINY, **full.overrides})
+    (model,) = [m for row in grid(["en", "de", "fr", "cs"]) for m in row.models if m.slug == "mule-full"]
+    variant = apply_overrides(resolve("demo", TINY), model.overrides)
     assert not reuse.decide(wd, variant, "train", repo=repo_copy).run
     edit(repo_copy / "mule_core" / "losses.py")
     decision = reuse.decide(wd, variant, "train", repo=repo_copy)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from PIL import Image
 
-from data_catalog.pretrained import PretrainedUnavailable, imagenet_weights, weights_from_file
+from data_catalog.weights import PretrainedUnavailable, imagenet_weights, weights_from_file
 from mule_core.features import (
     build_backbone,
     build_classifier,

@@ -12,20 +12,20 @@ from PIL import Image
 from data_catalog.catalog import Catalog
 from data_catalog.workdir import Workdir
 from experiments.relocation import adopt
-from mule_core.config import resolve, to_dict
-from tasks.features import extract_features, extractor_for
-from tasks.ingest import generate_embedded, ingest_captions
+from mule_core.config import resolve
+from pipeline.runner import run_alone
+from tasks.prepare import write_generated
 from tests.test_image_kinds import png_claiming_size
 
 TINY = {"data.train_images": 24, "data.val_images": 8, "data.test_images": 8, "data.image_size": 48,
         "features.input_size": 32, "features.shard_images": 8, "text.fasttext_epochs": 2}  # fmt: skip
 
 
-def ingested(root, overrides: dict) -> tuple[Workdir, dict]:
-    config = to_dict(resolve("demo", overrides))
-    generate_embedded.fn(str(root), config)
-    ingest_captions.fn(str(root), config, None)
-    return Workdir.at(root), config
+def ingested(root, overrides: dict) -> tuple[Workdir, object]:
+    cfg = resolve("demo", overrides)
+    wd = Workdir.at(root)
+    run_alone(wd, cfg, "ingest")  # generates the dataset first
+    return wd, cfg
 
 
 def image_path(wd: Workdir, image_id: str):
@@ -34,9 +34,9 @@ def image_path(wd: Workdir, image_id: str):
 
 def test_bad_images_become_rejects_and_the_stage_completes(tmp_path, caplog):
     root = tmp_path / "work"
-    config = to_dict(resolve("demo", TINY))
-    generate_embedded.fn(str(root), config)
+    cfg = resolve("demo", TINY)
     wd = Workdir.at(root)
+    write_generated(wd, cfg)
     images = sorted(p.name for p in (wd.raw_dir("embedded") / "images").iterdir())
     train_images = [name for name in images if name.startswith("train-")]
     bad = train_images[:6]  # training images, to see them left out
@@ -48,7 +48,7 @@ def test_bad_images_become_rejects_and_the_stage_completes(tmp_path, caplog):
     odd = train_images[6:8]
     Image.fromarray((np.arange(128 * 128, dtype=np.uint16) * 3).reshape(128, 128)).save(image_path(wd, odd[0]), "PNG")
     Image.open(image_path(wd, odd[1])).convert("CMYK").save(image_path(wd, odd[1]), "JPEG")
-    ingest_captions.fn(str(root), config, None)  # completes
+    run_alone(wd, cfg, "ingest")  # completes
     truncated, empty, not_an_image, gone_after_ingest = bad[1:5]
     data = image_path(wd, truncated).read_bytes()
     image_path(wd, truncated).write_bytes(data[: len(data) // 2])
@@ -56,7 +56,7 @@ def test_bad_images_become_rejects_and_the_stage_completes(tmp_path, caplog):
     image_path(wd, not_an_image).write_text("this is not a JPEG\n")
     image_path(wd, gone_after_ingest).unlink()
 
-    summary = extract_features(str(root), config, None)  # completes
+    summary = run_alone(wd, cfg, "features")  # completes
 
     assert summary["rejected"] == 6 and summary["images"] == len(images) - 6
     catalog = Catalog(wd)
@@ -67,25 +67,26 @@ def test_bad_images_become_rejects_and_the_stage_completes(tmp_path, caplog):
     assert reasons[empty] == "image does not decode: empty file (0 bytes)"
     assert reasons[not_an_image] == "image does not decode: not an image format Pillow can read"
     assert reasons[bomb].startswith("image does not decode: refused by Pillow as a decompression bomb")
-    extracted = catalog.extracted_image_ids("embedded", extractor_for(resolve("demo", TINY).features))
+    extracted = catalog.extracted_image_ids("embedded", catalog.current_extractor("embedded", cfg.features))
     stem = lambda name: name.removesuffix(".jpg")  # noqa: E731 - image ids are the file names' stems
     assert extracted == {stem(name) for name in images} - {stem(name) for name in bad}
 
-    # A rerun retries only the rejects (a fixed file gets its features), and rejects are not duplicated.
+    # A rebuild retries only the rejects (a fixed file gets its features), and rejects are not duplicated.
     image_path(wd, empty).write_bytes(data)
-    again = extract_features(str(root), config, None)
+    assert run_alone(wd, cfg, "features", force=False)["reused"]  # ingest has not seen the new bytes yet
+    run_alone(wd, cfg, "ingest", force=False)
+    again = run_alone(wd, cfg, "features", force=False)
     assert again["extracted_now"] == 1 and again["rejected"] == 5
     assert catalog.query("SELECT count(*) AS n FROM rejects WHERE source_file LIKE 'images/%'")["n"][0].as_py() == 5
 
     # Training data leaves the images without features out, and says how many.
-    from tasks.model_io import load_split, load_vocabulary
-    from tasks.text import build_word_vectors
+    from data_catalog.splits import load_split, load_vocabulary
 
-    build_word_vectors.fn(str(root), config, None)
+    run_alone(wd, cfg, "text")
     vocabulary = load_vocabulary(catalog, "embedded", ["en", "de", "fr", "cs"])
-    extractor = extractor_for(resolve("demo", TINY).features)
+    extractor = catalog.current_extractor("embedded", cfg.features)
     with caplog.at_level(logging.WARNING, logger="mule.tasks"):
-        split = load_split(catalog, "embedded", "train", vocabulary, 32, (extractor, lambda e, ids: catalog.read_features("embedded", e, ids)))  # fmt: skip
+        split = load_split(catalog, "embedded", "train", vocabulary, 32, extractor)
     left_out = {stem(name) for name in (gone_before_ingest, truncated, not_an_image, gone_after_ingest, bomb)}
     train_ids = set(catalog.query("SELECT image_id FROM images WHERE role = 'train'")["image_id"].to_pylist())
     assert left_out <= train_ids and set(split.image_ids) == train_ids - left_out
@@ -99,15 +100,15 @@ SMALL = {**TINY, "data.train_images": 8, "data.val_images": 4, "data.test_images
 def test_dask_and_in_process_runs_give_the_same_table(tmp_path):
     from flows.stages import features_flow
 
-    local, config = ingested(tmp_path / "local", SMALL)
+    local, cfg = ingested(tmp_path / "local", SMALL)
     shutil.copytree(local.root, tmp_path / "dask")
-    extract_features(str(local.root), config, None)
+    run_alone(local, cfg, "features")
     overrides = {**SMALL, "features.runner": "dask", "features.dask_workers": 2}
     summary = features_flow(workdir=str(tmp_path / "dask"), overrides=overrides)
     assert summary["extracted_now"] == 16 and summary["rejected"] == 0
 
     def table(wd: Workdir):
-        extractor = extractor_for(resolve("demo", SMALL).features)
+        extractor = Catalog(wd).current_extractor("embedded", cfg.features)
         parts = Catalog(wd).feature_parts("embedded", extractor)
         rows = {}
         for part in parts:

@@ -11,10 +11,12 @@ FLOORS = {
     "mule_core": set(),
     "data_catalog": {"mule_core"},
     "clients": {"mule_core"},
+    # the stages compute; they never publish (experiments) nor serve
+    "tasks": {"clients", "data_catalog", "mule_core"},
     "experiments": {"data_catalog", "mule_core"},
-    "tasks": {"experiments", "clients", "data_catalog", "mule_core"},
-    "serving": {"tasks", "experiments", "data_catalog", "mule_core"},
-    "pipeline": {"tasks", "experiments", "data_catalog", "mule_core"},
+    # the model in use: never the stages, so never Prefect
+    "serving": {"experiments", "data_catalog", "mule_core"},
+    "pipeline": {"tasks", "serving", "experiments", "clients", "data_catalog", "mule_core"},
     "flows": {"pipeline", "serving", "tasks", "experiments", "clients", "data_catalog", "mule_core"},
 }
 

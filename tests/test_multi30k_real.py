@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from mule_core.config import resolve, to_dict
-from tasks.ingest import ingest_captions
+from data_catalog.workdir import Workdir
+from mule_core.config import resolve
+from pipeline.runner import run_alone
 
 SPLITS = {"train": ("train", "train"), "val": ("val", "val"), "test_2016": ("test_2016_flickr", "test_2016")}
 
@@ -39,9 +40,8 @@ def expected_counts(root: Path) -> dict[tuple[str, str], int]:
 @pytest.mark.slow
 def test_ingest_of_the_real_multi30k_text(shared_multi30k, tmp_path):
     cfg = resolve("demo", {"data.dataset": "multi30k", "data.source": str(shared_multi30k)})
-    summary = ingest_captions.fn(str(tmp_path), to_dict(cfg), None)
+    summary = run_alone(Workdir.at(tmp_path), cfg, "ingest")
     from data_catalog.catalog import Catalog
-    from data_catalog.workdir import Workdir
 
     catalog = Catalog(Workdir.at(tmp_path))
     images = {r["split"]: r for r in catalog.query(

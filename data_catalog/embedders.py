@@ -1,0 +1,56 @@
+"""A model file opened as a function (mule_core.embedder.Embedder), with the file I/O it
+needs wired in: images opened safely (data_catalog.images) and the image extractor's
+weights read when the first image comes (data_catalog.weights). What `mule search`,
+`mule serve` and the registered MLflow model use; no stage does.
+
+    embedder = open_embedder(path)
+    embedder.text("ein roter Kreis").vector, embedder.image(Path("photo.jpg"))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+
+from mule_core.config import MuleConfig
+from mule_core.embedder import Embedder, EmbedError
+
+from .images import BadImage, load_rgb
+from .models import load_model
+
+
+def open_embedder(path: Path, label: str | None = None, weights_file: str | None = None,
+                  device: torch.device | None = None):  # fmt: skip
+    """The model file as a function (mule_core.embedder.Embedder), with the file I/O it
+    needs wired in: images opened safely (data_catalog.images) and the image extractor's
+    weights read when the first image comes (data_catalog.weights). `weights_file`: where
+    the extractor's weights are now (a registered model carries its own copy)."""
+    model, meta = load_model(Path(path))
+    if weights_file:
+        cfg = meta["cfg"]
+        meta["cfg"] = dataclasses.replace(cfg, features=dataclasses.replace(cfg.features, weights_file=str(weights_file)))
+    return Embedder(model, meta, label or str(path), device or torch.device("cpu"), _network_loader(meta["cfg"]),
+                    open_query_image)  # fmt: skip
+
+
+def _network_loader(cfg: MuleConfig):
+    def load(device: torch.device):
+        from .weights import load_extractor
+
+        return load_extractor(cfg.features, device)
+
+    return load
+
+
+def open_query_image(source: Path | bytes, min_side: int):
+    """An image given to a model (a file or an upload's bytes), opened as the catalog's are;
+    what cannot be used is an EmbedError that says why (and never shows a traceback)."""
+    try:
+        return load_rgb(source, min_side=min_side)
+    except FileNotFoundError:
+        raise EmbedError(f"{source}: no such image file", "not found") from None
+    except BadImage as error:
+        what = "the upload" if isinstance(source, bytes) else str(source)
+        raise EmbedError(f"{what}: not an image that can be read ({error.reason})", "not an image") from None

@@ -1,0 +1,77 @@
+"""Model files: a trained (or LP) model's weights with everything needed to use it on its
+own: the config, the languages, each language's vocabulary, the image extractor's name.
+
+    save_model(path, model, cfg, vocabulary, kind="joint", ...)
+    model, meta = load_model(path)          # meta["cfg"], meta["vocabulary"], meta["extractor"], ...
+
+Files are written atomically and read without pickle (torch's weights_only loader).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mule_core.config import MuleConfig, from_dict, to_dict
+from mule_core.errors import InputError, MissingInputError
+from mule_core.model import MuleModel
+from mule_core.text import Vocab, Vocabulary
+
+from .atomic import write_atomic
+
+MODEL_FORMAT = "mule-model-1"
+
+
+def save_atomic(obj: Any, path: Path) -> None:
+    write_atomic(path, lambda tmp: torch.save(obj, tmp))
+
+
+def save_model(path: Path, model: MuleModel, cfg: MuleConfig, vocabulary: Vocabulary, **meta: Any) -> None:
+    save_atomic(
+        {
+            "format": MODEL_FORMAT,
+            "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+            "config": to_dict(cfg),
+            "languages": vocabulary.languages,
+            "vocab": {lang: v.tokens for lang, v in vocabulary.vocabs.items()},
+            "word_dim": vocabulary.dim,
+            "image_dim": model.image_mean.numel() if model.image_branch is not None else None,
+            "created": time.time(),
+            **meta,
+        },
+        path,
+    )
+
+
+def load_model(path: Path) -> tuple[MuleModel, dict]:
+    path = Path(path)
+    if not path.exists():
+        raise MissingInputError(f"no trained model at {path}: run the train stage first (mule run train)")
+    data = torch.load(path, map_location="cpu", weights_only=True)
+    if data.get("format") != MODEL_FORMAT:
+        raise InputError(f"{path} is not a mule model file (format {data.get('format')!r})")
+    cfg = from_dict(data["config"])
+    vocabs = {lang: Vocab(tokens) for lang, tokens in data["vocab"].items()}
+    sizes = {lang: len(v) for lang, v in vocabs.items()}
+    model = MuleModel(data["languages"], sizes, data["word_dim"], data["image_dim"], cfg.model)
+    model.load_state_dict(data["state_dict"])
+    data["vocabulary"] = Vocabulary(list(data["languages"]), vocabs)
+    data["cfg"] = cfg
+    return model.eval(), data
+
+
+def model_digest(path: Path) -> str | None:
+    """The content of a saved model (weights and vocabularies), not its file: two runs that
+    trained the same weights agree, whenever they saved them."""
+    if not Path(path).exists():
+        return None
+    data = torch.load(path, map_location="cpu", weights_only=True)
+    digest = hashlib.sha256(repr(sorted(data["vocab"].items())).encode())
+    for name, tensor in sorted(data["state_dict"].items()):
+        digest.update(name.encode())
+        digest.update(tensor.contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]

