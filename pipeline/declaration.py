@@ -137,7 +137,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("features", "Image files -> CNN features, stored under what made them (extractor, weights, code).",
           task="tasks.features:extract_features", publish=_PUBLISH + "features",
           prepare="tasks.prepare:extractor_weights", reads=("images", "extractor weights"), writes=("features",),
-          config=("features.",),
+          config=("features.", "data.strict"),
           operational=frozenset({"features.runner", "features.dask_address", "features.dask_workers",
                                  "features.batch_size", "features.loader_workers", "features.shard_images",
                                  "features.engine", "features.device"})),

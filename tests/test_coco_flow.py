@@ -39,3 +39,9 @@ def test_coco_rebuild_then_add_a_language(tmp_path):
     for lang in ("en", "ja"):  # the base languages' recalls, to the last digit
         assert rows["without zh, then zh added"][lang] == rows["without zh"][lang]
     assert (tmp_path / "results/embedded-coco/add-language-zh.md").exists()
+    # every model is decided by the stage's key for its config: the rebuild's own model is
+    # the "from scratch" row, and a second run trains nothing at all
+    assert added["steps"]["every language from scratch: train"] == "reused"
+    assert added["steps"]["without zh: train"] == added["steps"]["without zh, then zh added: extend"] == "ran"
+    again = add_language_flow(workdir=str(tmp_path), overrides={**TINY, "train.add_language": "zh"})
+    assert set(again["steps"].values()) == {"reused"} and again["rows"] == rows

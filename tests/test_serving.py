@@ -102,6 +102,7 @@ rows = pd.DataFrame({{"text": [{caption["text"]!r}, {german!r}, None, None], "la
                      "image": [None, None, open({str(image)!r}, "rb").read(), None],
                      "image_path": [None, None, None, {str(image)!r}]}})
 out = model.predict(rows)
+assert "prefect" not in sys.modules, "the registered model imported Prefect"
 print(json.dumps(out.to_dict("records")))
 """
     env = {**os.environ, "MLFLOW_TRACKING_URI": wd.mlflow_uri}
@@ -142,6 +143,20 @@ def test_the_pyfunc_model_embeds_a_table_in_batches_and_names_a_bad_row(served):
         model.predict(None, pd.DataFrame({"text": [texts[0], texts[1], "  "]}))
     with pytest.raises(MlflowException, match="row 2: give exactly one of text, image"):
         model.predict(None, pd.DataFrame({"text": [texts[0], None], "image_path": [None, None]}))
+
+
+def test_mule_serve_never_imports_the_orchestrator(served):
+    """mule serve as the command runs it, up to the moment its server would start: the
+    champion, the gallery and the extractor are loaded, and Prefect was never imported."""
+    script = ("import sys, uvicorn\n"
+              "def run(app, **kw): print('routes', len(app.routes), 'prefect imported:', 'prefect' in sys.modules)\n"
+              "uvicorn.run = run\n"
+              "from flows.cli import main\n"
+              "sys.exit(main(sys.argv[1:]))\n")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", script, "serve", "--workdir", str(served["wd"].root)],
+                          capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "88 images" in done.stdout and "prefect imported: False" in done.stdout, done.stdout
 
 
 @pytest.mark.slow

@@ -1,0 +1,190 @@
+"""What reruns a stage, generated from the declaration (pipeline.declaration) for every
+stage of the rebuild, on a copy of the repository and of the tiny rebuilt workdir:
+
+- rerun: an edit to its computing module, an edit to a module it reaches only
+  indirectly, a change of a config option it reads, a new version of a library its code
+  imports (simulated);
+- no rerun: an edit to a publishing module (its publisher, the plots, the registry), an
+  edit to another stage's computing module, a change of a config option it does not
+  read, a new Prefect or MLflow (simulated).
+
+The sweeps' steps are keyed by the same code (tests/test_ablation_flow.py retrains an
+ablation model after an edit its training reaches)."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from data_catalog import code_digests
+from data_catalog.code_digests import closure
+from mule_core.config import ConfigError, apply_overrides, flatten, resolve
+from pipeline import reuse
+from pipeline.declaration import BY_NAME, REBUILD
+from tests.conftest import REBUILT_TINY
+
+PUBLISHING = ("pipeline/publish.py", "experiments/plots.py", "experiments/registry.py", "experiments/report.py",
+              "experiments/tracking.py")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def workdir(rebuilt_as_built, tmp_path_factory):
+    """A copy of the rebuilt workdir (deciding keeps a cache of file digests in it)."""
+    from data_catalog.workdir import Workdir
+    from experiments.relocation import adopt
+
+    copy = tmp_path_factory.mktemp("keys") / "work"
+    shutil.copytree(rebuilt_as_built[0].root, copy)
+    wd = Workdir.at(copy)
+    adopt(wd)
+    return wd
+
+
+@contextmanager
+def edited(repo: Path, relative: str):
+    """The file with one more line, for the time of the block; the keys forget what they read."""
+    path = repo / relative
+    original = path.read_bytes()
+    path.write_bytes(original + b"\n# an edit\n")
+    code_digests.forget()
+    try:
+        yield
+    finally:
+        path.write_bytes(original)
+        code_digests.forget()
+
+
+@contextmanager
+def upgraded(monkeypatch, *distributions: str):
+    """These distributions report a new version, for the time of the block."""
+    real = code_digests.installed_version
+    monkeypatch.setattr(code_digests, "installed_version",
+                        lambda dist: "999.0" if dist.lower() in distributions else real(dist))  # fmt: skip
+    code_digests.forget()
+    try:
+        yield
+    finally:
+        monkeypatch.setattr(code_digests, "installed_version", real)
+        code_digests.forget()
+
+
+def _mutated(value):
+    """Another valid-looking value of the same type (None for types left alone)."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 1
+    if isinstance(value, float):
+        return value * 2 if value else 0.5
+    return None
+
+
+def _options(cfg, reads: bool, stage) -> list[tuple[str, object]]:
+    """(option, new value) for the options the stage reads (or does not), each mutation
+    valid under the config's checks."""
+    excluded = stage.operational | stage.ignores
+    found = []
+    for key in sorted(flatten(cfg)):
+        section, _, name = key.partition(".")
+        if not name:
+            continue
+        read = key not in excluded and any(key == w or (w.endswith(".") and key.startswith(w)) for w in stage.config)
+        new = _mutated(getattr(getattr(cfg, section), name))
+        if read != reads or new is None:
+            continue
+        try:
+            apply_overrides(cfg, {key: new})
+        except ConfigError:
+            continue
+        found.append((key, new))
+    return found
+
+
+def _first_per_section(options: list[tuple[str, object]]) -> list[tuple[str, object]]:
+    seen: dict[str, tuple[str, object]] = {}
+    for key, value in options:
+        seen.setdefault(key.partition(".")[0], (key, value))
+    return list(seen.values())
+
+
+def _repo_file(module: str) -> str:
+    return str(code_digests.module_path(module).relative_to(code_digests.REPO))
+
+
+@pytest.mark.parametrize("name", REBUILD)
+def test_what_reruns_a_stage_and_what_does_not(name, workdir, repo_copy, monkeypatch):
+    stage, cfg = BY_NAME[name], resolve("demo", REBUILT_TINY)
+
+    def decide(config=cfg) -> reuse.Decision:
+        return reuse.decide(workdir, config, name, repo=repo_copy)
+
+    assert not decide().run, decide().reason  # as built: reused
+
+    # Its own computing code, and a module it reaches only through others.
+    own = _repo_file(stage.module)
+    with edited(repo_copy, own):
+        assert decide().reason == f"code {own} changed"
+    modules = closure(stage.module, repo_copy)[0]
+    direct = code_digests._imported_names(modules[stage.module], stage.module, False)
+    indirect = sorted(str(path.relative_to(repo_copy)) for module, path in modules.items()
+                      if module not in direct and module != stage.module and path.name != "__init__.py")  # fmt: skip
+    assert indirect, f"{name} reaches nothing indirectly?"
+    deep = next((f for f in indirect if f.startswith("mule_core/")), indirect[0])  # the model library, if reached
+    with edited(repo_copy, deep):
+        assert decide().reason == f"code {deep} changed"
+
+    # An option it reads (one per section it reads), and options it does not (one per section).
+    read, unread = _first_per_section(_options(cfg, True, stage)), _first_per_section(_options(cfg, False, stage))
+    assert read and unread
+    for key, value in read:
+        assert decide(apply_overrides(cfg, {key: value})).reason.startswith(f"{key} "), key
+    for key, value in unread:
+        assert not decide(apply_overrides(cfg, {key: value})).run, key
+
+    # A library its code imports, upgraded; Prefect and MLflow upgraded.
+    parts = reuse.code_parts(stage, repo_copy)
+    libraries = sorted(k.removeprefix("code library ") for k in parts if k.startswith("code library "))
+    library = "torch" if "torch" in libraries else libraries[0]
+    with upgraded(monkeypatch, library.lower()):
+        assert decide().reason == f"code library {library} {parts[f'code library {library}']} -> 999.0"
+    with upgraded(monkeypatch, "prefect", "mlflow", "mlflow-skinny", "prefect-dask", "dask", "distributed"):
+        assert not decide().run
+    assert not any(k.startswith(("code library prefect", "code library mlflow")) for k in parts)
+
+    # Publishing, and another stage's code.
+    for publishing in PUBLISHING:
+        with edited(repo_copy, publishing):
+            assert not decide().run, publishing
+    others = [_repo_file(BY_NAME[s].module) for s in REBUILD
+              if s != name and BY_NAME[s].module not in modules]  # fmt: skip
+    assert others
+    for other in others:
+        with edited(repo_copy, other):
+            assert not decide().run, other
+
+
+def test_the_features_identity_is_the_extraction_code_not_the_stage_s(workdir, repo_copy):
+    """An edit to how the features stage plans and records its work reruns the stage; only
+    an edit to the code that turns an image into a vector (or new weights, or a library)
+    makes other vectors, under another identity."""
+    from tasks import extraction
+
+    identity = code_digests.code_digest(extraction.__name__, repo_copy)
+    with edited(repo_copy, "tasks/features.py"):
+        assert code_digests.code_digest(extraction.__name__, repo_copy) == identity
+    with edited(repo_copy, "mule_core/features.py"):
+        assert code_digests.code_digest(extraction.__name__, repo_copy) != identity
+    with edited(repo_copy, "data_catalog/atomic.py"):  # how tables are written: not how vectors are made
+        assert code_digests.code_digest(extraction.__name__, repo_copy) == identity
+    # the identity's name changes with the setting, the weights and the code
+    from mule_core.extractor_names import identity_name
+
+    f = resolve("demo").features
+    name = identity_name(f, {"weights_digest": "a", "code": {"file x": "1"}})
+    assert identity_name(f, {"weights_digest": "b", "code": {"file x": "1"}}) != name
+    assert identity_name(f, {"weights_digest": "a", "code": {"file x": "2"}}) != name
+    assert identity_name(dataclasses.replace(f, crops=10), {"weights_digest": "a", "code": {"file x": "1"}}) != name
