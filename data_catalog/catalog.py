@@ -192,6 +192,19 @@ class Catalog:
         current = self.current_extractors(dataset) | {setting_name(features): identity}
         write_json_atomic(current, self._current_file(dataset))
 
+    def feature_identities(self, dataset: str) -> list[dict]:
+        """Every set of vectors the catalog holds for a dataset: its identity, rows, bytes on
+        disk, and whether a setting's current vectors are these (`mule catalog` lists them;
+        delete an identity's folder to free its space)."""
+        current = set(self.current_extractors(dataset).values())
+        found = []
+        for folder in sorted((self.workdir.catalog_dir / "features" / dataset).glob("*/")):
+            parts = self.feature_parts(dataset, folder.name)
+            rows = sum(pq.ParquetFile(p).metadata.num_rows for p in parts)
+            found.append({"extractor": folder.name, "rows": rows, "bytes": sum(p.stat().st_size for p in parts),
+                          "current": folder.name in current})  # fmt: skip
+        return found
+
     def feature_parts(self, dataset: str, extractor: str) -> list[Path]:
         return sorted(self.workdir.features_dir(dataset, extractor).glob("part-*.parquet"))
 

@@ -30,10 +30,6 @@ class PretrainedUnavailable(UserError, RuntimeError):
     pass
 
 
-class ExtractorError(UserError, ValueError):
-    pass
-
-
 def network_reachable(url: str, timeout: float = 3.0) -> bool:
     parsed = urlparse(url)
     port = parsed.port or (443 if parsed.scheme == "https" else 80)
@@ -149,24 +145,10 @@ _NETWORKS: dict[tuple, tuple] = {}
 _NETWORKS_LOCK = threading.Lock()
 
 
-def engine_for(f: FeaturesConfig, device) -> str:
-    from mule_core import onnx_engine
-
-    if f.engine == "onnxruntime" and device.type != "cpu":
-        raise ExtractorError("features.engine=onnxruntime runs on the CPU; use features.engine=torch on CUDA")
-    if f.engine == "onnxruntime" and not onnx_engine.available():
-        raise ExtractorError("features.engine=onnxruntime needs the onnxruntime package: pip install onnxruntime")
-    if f.engine == "auto":
-        return "onnxruntime" if device.type == "cpu" and onnx_engine.available() else "torch"
-    return f.engine
-
-
 def load_extractor(f: FeaturesConfig, device):
-    """(the network, or its ONNX Runtime twin; a description of its weights and engine)."""
-    import torch
-
-    from mule_core import onnx_engine
-    from mule_core.features import build_backbone, prepare_for_inference
+    """(the extractor's network for `device`, a description of its weights and engine): the
+    weights read here, the network built by mule_core.features.extractor_network."""
+    from mule_core.features import engine_for, extractor_network
 
     engine = engine_for(f, device)
     key = (f.arch, f.weights, f.weights_file, f.seed, f.pool, f.input_size, str(device), engine)
@@ -176,10 +158,5 @@ def load_extractor(f: FeaturesConfig, device):
                 state, weights_info = imagenet_weights(f.arch, f.weights_file)  # a clear error offline
             else:
                 state, weights_info = None, {"weights": f"random (seed {f.seed})"}
-            network = build_backbone(f.arch, state, f.seed, f.pool)
-            if engine == "onnxruntime":
-                network = onnx_engine.OnnxExtractor(network, f.input_size, torch.get_num_threads())
-            else:
-                network = prepare_for_inference(network, device)
-            _NETWORKS[key] = (network, weights_info | {"engine": engine})
+            _NETWORKS[key] = (extractor_network(f, device, state), weights_info | {"engine": engine})
         return _NETWORKS[key]

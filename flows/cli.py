@@ -377,6 +377,11 @@ def cmd_catalog(args: argparse.Namespace) -> int:
         print(f"  captions  {row['dataset']:<12} {row['split']:<18} {row['lang']:<4} {row['n']:>7}  {row['origin']}")
     for row in held["rejects"]:
         print(f"  rejects   {row['dataset']:<12} {row['kind']:<18} {row['n']:>7}")
+    for dataset in catalog.datasets():
+        for row in catalog.feature_identities(dataset):
+            use = "current" if row["current"] else "kept (a model may use it; delete the folder to free it)"
+            print(f"  features  {dataset:<12} {row['extractor']:<50} {row['rows']:>7}  "
+                  f"{row['bytes'] / 2**20:.1f} MiB, {use}")  # fmt: skip
     return 0
 
 

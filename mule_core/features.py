@@ -17,6 +17,7 @@ import torch
 from PIL import Image
 from torch import nn
 
+from .errors import UserError
 from .extractor_names import resize_for
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -210,5 +211,33 @@ def extract(model: nn.Module, crops: torch.Tensor) -> torch.Tensor:
 def prepare_for_inference(model: nn.Module, device: torch.device) -> nn.Module:
     """Channels-last weights on the device: the fast layout for convolutions on CPU and GPU."""
     return model.to(device).to(memory_format=torch.channels_last).eval()
+
+
+class ExtractorError(UserError, ValueError):
+    pass
+
+
+def engine_for(f, device: torch.device) -> str:
+    """The engine that runs the extractor of FeaturesConfig `f` on `device`."""
+    from . import onnx_engine
+
+    if f.engine == "onnxruntime" and device.type != "cpu":
+        raise ExtractorError("features.engine=onnxruntime runs on the CPU; use features.engine=torch on CUDA")
+    if f.engine == "onnxruntime" and not onnx_engine.available():
+        raise ExtractorError("features.engine=onnxruntime needs the onnxruntime package: pip install onnxruntime")
+    if f.engine == "auto":
+        return "onnxruntime" if device.type == "cpu" and onnx_engine.available() else "torch"
+    return f.engine
+
+
+def extractor_network(f, device: torch.device, state_dict: dict | None):
+    """The extractor of FeaturesConfig `f` with these weights (None: random, seeded), ready
+    to run on `device`: the module itself, or its ONNX Runtime twin on the CPU."""
+    from . import onnx_engine
+
+    network = build_backbone(f.arch, state_dict, f.seed, f.pool)
+    if engine_for(f, device) == "onnxruntime":
+        return onnx_engine.OnnxExtractor(network, f.input_size, torch.get_num_threads())
+    return prepare_for_inference(network, device)
 
 

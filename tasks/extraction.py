@@ -1,13 +1,14 @@
 """What turns an image file into a feature vector: the file opened safely, cropped, run
-through the extractor's network (its weights loaded by data_catalog.weights), pooled and
-averaged over its crops.
+through the extractor's network (mule_core.features builds it from the weights, whose
+bytes are the identity's other part), pooled and averaged over its crops.
 
 This module's import closure is the code part of the vectors' identity
 (tasks.features.extractor_identity): an edit here or to anything it imports (the crops,
-the backbones, how images are decoded, how weights are loaded) makes new vectors under a
-new identity, and a library upgrade (torch, torchvision, timm, ONNX Runtime, Pillow) does
-too. How the stage plans, shards, schedules and records its work (tasks/features.py) is
-not part of it: editing that reruns the stage, which finds the vectors it already has.
+the backbones, the engines, how images are decoded) makes new vectors under a new
+identity, and a library upgrade (torch, torchvision, timm, ONNX Runtime, Pillow) does too.
+How the stage finds the weights, plans, shards and records its work (data_catalog.weights,
+tasks/features.py) is not part of it: editing that reruns the stage, which finds the
+vectors it already has.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import numpy as np
 import torch
 
 from data_catalog.images import BadImage, load_rgb
-from data_catalog.weights import load_extractor
 from mule_core.features import crop_transform, extract
 
 if TYPE_CHECKING:
@@ -53,11 +53,6 @@ def collate(items) -> tuple[list[int], torch.Tensor | None, list[tuple[int, str]
     bad = [(i, e) for i, _, e in items if e is not None]
     crops = torch.stack([t for _, t in good]) if good else None
     return [i for i, _ in good], crops, bad
-
-
-def network(f: FeaturesConfig, device: torch.device):
-    """(the extractor's network for this device, a description of its weights and engine)."""
-    return load_extractor(f, device)
 
 
 def vectors(net, crops: torch.Tensor, device: torch.device) -> np.ndarray:

@@ -33,6 +33,7 @@ from data_catalog import queries
 from data_catalog.catalog import Catalog, write_json_atomic
 from data_catalog.code_digests import code_parts
 from data_catalog.schemas import REJECTS
+from data_catalog.weights import load_extractor
 from data_catalog.workdir import Workdir
 from mule_core.devices import resolve_device
 from mule_core.errors import UserError
@@ -125,7 +126,7 @@ def plan_features(ctx: StageContext) -> dict[str, Any]:
         log.warning("%d of %d images have no file; extracting the %d present (the others go to rejects)",
                     len(without_file), len(without_file) + len(image_ids), len(image_ids))  # fmt: skip
     device = resolve_device(f.device)
-    _, weights = extraction.network(f, device)  # fails fast (offline weights) before any work
+    _, weights = load_extractor(f, device)  # fails fast (offline weights) before any work
     identity, made_of = extractor_identity(f, weights)
     folder = ctx.workdir.features_dir(dataset, identity)
     catalog.write_extractor_info(dataset, identity, {
@@ -173,7 +174,7 @@ def extract_shard(workdir: str, features: dict, dataset: str, identity: str, sha
     f = FeaturesConfig(**features)
     catalog = Catalog(Workdir.at(workdir))
     device = device_for_worker(resolve_device(f.device))
-    net, _ = extraction.network(f, device)
+    net, _ = load_extractor(f, device)
     image_ids = [i for i, _, _ in shard["images"]]
     paths = [p for _, p, _ in shard["images"]]
     sha_of = {i: sha for i, _, sha in shard["images"]}
