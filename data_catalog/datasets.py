@@ -1,37 +1,21 @@
-"""From a dataset name to its raw files: the embedded dataset is generated into the
-workdir on first use; any other dataset is read from the folder the user names."""
+"""The generated datasets: written into the workdir on first use (and again when their
+generator's code changes), and their ceiling. Where a dataset's raw files are is
+data_catalog.sources."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import asdict
 
 from mule_core.config import DataConfig
-from mule_core.errors import UserError
 
 from .code_digests import code_digest
 from .embedded import coco_layout, multi30k_layout
 from .embedded.coco_layout import CocoSpec, EmbeddedSizeError, generate_coco
 from .embedded.multi30k_layout import EmbeddedSpec, generate_multi30k
+from .sources import EMBEDDED, EMBEDDED_COCO, DatasetError, DatasetSource, locate
 from .workdir import Workdir
-
-EMBEDDED = "embedded"  # Multi30K-style: en, de, fr, cs
-EMBEDDED_COCO = "embedded-coco"  # COCO-style: en on every image, ja and zh on few
-GENERATED = (EMBEDDED, EMBEDDED_COCO)
-
-
-class DatasetError(UserError, ValueError):
-    pass
-
-
-@dataclass(frozen=True)
-class DatasetSource:
-    name: str
-    root: Path
-    images: Path
-    generated: bool
 
 
 def embedded_spec(data: DataConfig) -> EmbeddedSpec:
@@ -41,25 +25,6 @@ def embedded_spec(data: DataConfig) -> EmbeddedSpec:
 def coco_spec(data: DataConfig) -> CocoSpec:
     total = data.train_images + data.val_images + data.test_images
     return CocoSpec(total, data.val_images, data.test_images, data.seed, data.image_size)
-
-
-def locate(workdir: Workdir, data: DataConfig) -> DatasetSource:
-    """Where the raw files are, without creating anything."""
-    if data.source:
-        root = Path(data.source).expanduser().resolve()
-        if not root.exists():
-            raise DatasetError(f"dataset source {root} does not exist")
-        generated = False
-    elif data.dataset in GENERATED:
-        root, generated = workdir.raw_dir(data.dataset), True
-    else:
-        raise DatasetError(
-            f"dataset {data.dataset!r} needs its raw files: pass --source PATH "
-            f"(e.g. mule run ingest --dataset multi30k --source ../shared/datasets/multi30k); "
-            f"the generated datasets are {' and '.join(GENERATED)}"
-        )
-    images = Path(data.images).expanduser().resolve() if data.images else root / "images"
-    return DatasetSource(data.dataset, root, images, generated)
 
 
 # The evaluation split (name or role) -> the generator's split name.

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from .atomic import write_json_atomic
 from .catalog import Catalog
-from .datasets import locate
+from .sources import locate
 from .workdir import Workdir
 
 

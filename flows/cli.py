@@ -170,7 +170,7 @@ def cmd_run(args: argparse.Namespace, stages: list[str], overrides: dict) -> int
     workdir = Workdir.at(args.workdir)
     cfg = resolve(args.preset, overrides)  # config errors before Prefect starts
     if "ingest" in stages:
-        from data_catalog.datasets import locate
+        from data_catalog.sources import locate
 
         locate(workdir, cfg.data)  # a missing --source fails here, in milliseconds
     started = time.perf_counter()

@@ -1,2 +1,4 @@
-"""The pipeline's stages, declared once (pipeline.declaration), and the keys that decide
-whether a rebuild runs or reuses each of them (pipeline.reuse; the code part: data_catalog.code_digests)."""
+"""The pipeline: the stages declared once (declaration), the keys that decide whether a
+stage runs or is reused (reuse; the code part: data_catalog.code_digests), the one runner
+(runner), what follows a computation (publish), the sweeps (sweeps) and the rebuild's
+body without Prefect (rebuild)."""

@@ -242,5 +242,32 @@ def markdown_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def keys_table() -> str:
+    """What each keyed stage's key holds (docs/architecture.md): its inputs, its config,
+    the repository files its computing module reaches and the libraries they import."""
+    from data_catalog.code_digests import closure, libraries
+
+    lines = ["| stage | inputs | config (less operational) | code: files reached | libraries |", "|---|---|---|---|---|"]
+    for s in STAGES:
+        if not s.keyed:
+            continue
+        modules, outside = closure(s.module)
+        packages: dict[str, int] = {}
+        for name in modules:
+            top = name.split(".")[0]
+            packages[top] = packages.get(top, 0) + 1
+        files = f"`{s.module.replace('.', '/')}.py` + " + ", ".join(
+            f"{n} in {p}/" for p, n in sorted(packages.items()) if n)  # fmt: skip
+        reads = [r if isinstance(r, str) else f"{r.entry} (if {r.condition})" for r in s.reads]
+        config = [c.rstrip(".") + ".*" if c.endswith(".") else c for c in s.config]
+        less = sorted(s.operational | s.ignores)
+        config_text = ", ".join(config) + (f"; not {', '.join(less)}" if less else "")
+        libs = ", ".join(sorted(libraries(outside), key=str.lower))
+        lines.append(f"| `{s.name}` | {', '.join(reads)} | {config_text} | {files} | {libs} |")
+    return "\n".join(lines) + "\n"
+
+
 if __name__ == "__main__":
-    print(markdown_table(), end="")
+    import sys
+
+    print(keys_table() if sys.argv[1:] == ["keys"] else markdown_table(), end="")

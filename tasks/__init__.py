@@ -1,1 +1,3 @@
-"""Prefect tasks: thin units of work around mule_core and the data catalog."""
+"""The stages' computations: each reads the catalog entries its stage declares, writes the
+ones it declares, and returns a summary (pipeline.declaration names them; pipeline.runner
+runs them; pipeline.publish makes their figures and MLflow records afterwards)."""

@@ -9,10 +9,10 @@ from typing import Any
 import pyarrow as pa
 
 from data_catalog.content import FileHasher
-from data_catalog.datasets import locate
 from data_catalog.readers.coco import CocoOptions, read_coco
 from data_catalog.readers.common import ReadOptions
 from data_catalog.readers.multi30k import read_multi30k
+from data_catalog.sources import locate
 from mule_core.progress import Progress
 from mule_core.text import tokenize, tokenizer_version
 

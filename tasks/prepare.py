@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from data_catalog.datasets import GENERATED, generated_and_current, locate, prepare
+from data_catalog.datasets import generated_and_current, prepare
+from data_catalog.sources import GENERATED, locate
 from mule_core.progress import Progress
 
 from .common import logger

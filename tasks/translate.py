@@ -27,10 +27,10 @@ import pyarrow.parquet as pq
 
 from data_catalog import queries
 from data_catalog.catalog import Catalog
-from data_catalog.datasets import locate
 from data_catalog.faults import crash_point
 from data_catalog.lexicons import LexiconError, read_muse
 from data_catalog.schemas import CAPTIONS, TRANSLATIONS
+from data_catalog.sources import locate
 from mule_core.errors import UserError
 from mule_core.progress import Progress
 from mule_core.text import tokenize

@@ -4,7 +4,7 @@ lives in data_catalog, and the README's stage table is the declaration's."""
 import re
 
 from data_catalog.code_digests import REPO, _imports_in, _stamp
-from pipeline.declaration import markdown_table
+from pipeline.declaration import keys_table, markdown_table
 
 # Each package, and the packages it may import (below it).
 FLOORS = {
@@ -56,3 +56,10 @@ def test_the_readme_stage_table_is_the_declarations():
     table = re.search(r"<!-- stages: python -m pipeline.declaration -->\n(.*?)<!-- /stages -->", readme, re.S)
     assert table, "README.md lost its stage table markers"
     assert table.group(1) == markdown_table(), "README's stage table is stale: python -m pipeline.declaration"
+
+
+def test_the_architecture_page_s_key_table_is_the_code_s():
+    page = (REPO / "docs" / "architecture.md").read_text()
+    table = re.search(r"<!-- keys: python -m pipeline.declaration keys -->\n(.*?)<!-- /keys -->", page, re.S)
+    assert table, "docs/architecture.md lost its key table markers"
+    assert table.group(1) == keys_table(), "docs/architecture.md's key table is stale: python -m pipeline.declaration keys"
