@@ -133,7 +133,7 @@ def _print_results(results: dict, workdir: Workdir, started: float) -> None:
     if results.get("stages"):
         print("\nStages:")
         for stage, decision in results["stages"].items():
-            print(f"  {stage:<10} {decision}")
+            print(f"  {stage:<{max(10, *map(len, results['stages']))}} {decision}")
     evaluation = results.get("evaluate")
     if evaluation and not evaluation["table"]:
         from experiments.report import cross_lingual_markdown
@@ -159,6 +159,10 @@ def _print_results(results: dict, workdir: Workdir, started: float) -> None:
         print("\nAblation: mR per language (test)\n")
         print(results["ablation"]["markdown"])
         print(f"table, CSV and chart: {results['ablation']['results_dir']}")
+    if results.get("add-language"):
+        print("\nAdding a language: test mR per language\n")
+        print(results["add-language"]["markdown"])
+        print(f"report: {results['add-language']['report']}")
     print(f"MLflow run {results.get('mlflow_run_id')}: browse with `mule ui --workdir {workdir.root}`")
     print(f"wall time: {time.perf_counter() - started:.0f}s")
 
