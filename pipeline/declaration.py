@@ -189,7 +189,6 @@ REBUILD: tuple[str, ...] = tuple(s.name for s in STAGES if s.kind == "rebuild") 
 SWEEPS: tuple[str, ...] = tuple(s.name for s in STAGES if s.kind == "sweep")
 STEPS: tuple[str, ...] = tuple(s.name for s in STAGES if s.kind == "step")
 ALL: tuple[str, ...] = REBUILD + SWEEPS  # what `mule run` takes
-KEYED: tuple[str, ...] = tuple(s.name for s in STAGES if s.keyed)
 
 
 def in_pipeline_order(stages) -> list[str]:
