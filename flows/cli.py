@@ -24,7 +24,7 @@ from pathlib import Path
 from data_catalog.workdir import Workdir
 from mule_core.config import PRESETS, ConfigError, parse_assignments, resolve, to_dict
 from mule_core.errors import is_user_error
-from pipeline.declaration import ALL, REBUILD, in_pipeline_order
+from pipeline.declaration import ALL, REBUILD, in_pipeline_order, with_upstream
 
 DEMO_DATASETS = {"multi30k": "embedded", "coco": "embedded-coco"}  # mule demo --dataset -> generated dataset
 
@@ -216,6 +216,7 @@ def _without_prefect_if_up_to_date(workdir: Workdir, cfg, stages: list[str], for
 
     stages = in_pipeline_order(stages)  # as the rebuild flow runs them
     name = rebuild.run_name(stages)
+    stages = with_upstream(stages, cfg)  # a sweep's inputs first, as the rebuild flow runs them
     with workdir_lock(workdir, name):
         relocation.adopt(workdir)
         decided = rebuild.up_to_date(workdir, cfg, stages, set())

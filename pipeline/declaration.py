@@ -66,8 +66,8 @@ class Stage:
     # True when it had nothing to do; with generate=False it only says so
     prepare: str | None = None
     kind: str = "rebuild"  # "rebuild" (in `mule run all`, in order), "sweep" (when named), "step" (in sweeps)
-    # A sweep: "module:function" that runs its variants (pipeline.sweeps), and the stages it
-    # runs for each; the rebuild's stages that write what those read run before it.
+    # A sweep: "module:Sweep" (pipeline.sweeps: its variants and its report), and the stages
+    # its variants run; the rebuild's stages that write what those read run before it.
     sweep: str | None = None
     steps: tuple[str, ...] = ()
 
@@ -177,10 +177,10 @@ STAGES: tuple[Stage, ...] = (
           writes=("translated-query evaluation",), slot="model",
           config=("eval.", "data.dataset", "data.languages", "train.model_name")),
     Stage("ablation", "Baselines and MULE's parts (the paper's Table 2), one child run per model.",
-          task=None, kind="sweep", sweep="pipeline.sweeps:ablation",
+          task=None, kind="sweep", sweep="pipeline.sweeps:ABLATION",
           steps=("pretrain", "train", "evaluate", "query-translation")),
     Stage("add-language", "Adds train.add_language to a model trained without it; compares with training from scratch.",
-          task=None, kind="sweep", sweep="pipeline.sweeps:add_language",
+          task=None, kind="sweep", sweep="pipeline.sweeps:ADD_LANGUAGE",
           steps=("pretrain", "train", "extend", "evaluate")),
 )  # fmt: skip
 

@@ -32,12 +32,19 @@ def run_name(stages: list[str]) -> str:
 
 
 def up_to_date(wd: Workdir, cfg: MuleConfig, stages: list[str], forced: set[str]) -> dict[str, reuse.Decision] | None:
-    """Every stage's decision when none of them has to run; None as soon as one does
-    (then the rebuild decides again, stage by stage, as the stages before it write)."""
-    if forced or any(BY_NAME[s].kind == "sweep" for s in stages):
+    """Every stage's decision when none of them has to run (a sweep: every step of every
+    variant); None as soon as one does (then the rebuild decides again, stage by stage,
+    as the stages before it write)."""
+    from . import sweeps
+
+    if forced:
         return None
     decided = {}
     for stage in stages:
+        if BY_NAME[stage].kind == "sweep":
+            if not sweeps.up_to_date(wd, cfg, stage):
+                return None
+            continue
         if not prepare(wd, cfg, stage, act=False):
             return None
         decision = reuse.decide(wd, cfg, stage)
@@ -56,8 +63,8 @@ def run_stages(wd: Workdir, cfg: MuleConfig, stages: list[str], forced: set[str]
     results: dict[str, Any] = {}
     decisions: dict[str, str] = {}
     for stage in stages:
-        if BY_NAME[stage].kind == "sweep":
-            results[stage] = _must(run_stage)(stage, None)
+        if BY_NAME[stage].kind == "sweep":  # in its own flow; here, when up_to_date said all is reused
+            results[stage] = run_stage(stage, None) if run_stage else _sweep_here(wd, cfg, stage, run_id)
             decisions[stage] = _sweep_decisions(results[stage])
             continue
         decision = (decided or {}).get(stage)
@@ -70,6 +77,13 @@ def run_stages(wd: Workdir, cfg: MuleConfig, stages: list[str], forced: set[str]
             results[stage] = reuse_stage(wd, cfg, decision, run_id)
         decisions[stage] = decision.describe()
     return results, decisions
+
+
+def _sweep_here(wd: Workdir, cfg: MuleConfig, stage: str, run_id: str | None) -> dict:
+    from .runner import Runner
+    from .sweeps import run_sweep
+
+    return run_sweep(stage, Runner(wd), cfg, run_id)
 
 
 def _sweep_decisions(result: dict) -> str:

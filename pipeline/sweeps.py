@@ -1,10 +1,12 @@
 """Sweeps: the ablation (the paper's Table 2, and Table 4's MT rows) and adding a language.
-A sweep runs declared stages again under other configs (its variants), each through the
-one runner (pipeline.runner): every ablation model and every added language is decided
-by the stage's key for its config, one record per model name, exactly as the rebuild's
-own train stage is. A rerun of a sweep with nothing changed trains nothing.
 
-Rows are data (`grid`): a row names the models behind it and their config overrides.
+A sweep is data: its variants, each a label, a config and the declared stages it runs in
+order (`Variant`), and a report made from their results. `run_sweep` runs every variant's
+stages through the one runner (pipeline.runner), so every ablation model and every added
+language is decided by the stage's key for its config, one record per model name, exactly
+as the rebuild's own train stage is: a rerun with nothing changed trains nothing, and
+(`up_to_date`) does not even start Prefect. Rows of the ablation are data too (`grid`).
+
 What the sweeps need from the rebuild (captions, features, word vectors) comes from the
 rebuild itself: `mule run ablation` runs the stages that write it first
 (pipeline.declaration.upstream), reused when they are up to date.
@@ -13,14 +15,16 @@ rebuild itself: `mule run ablation` runs the stages that write it first
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from data_catalog.catalog import Catalog
+from data_catalog.workdir import Workdir
 from experiments import tracking
 from mule_core.config import ConfigError, MuleConfig, apply_overrides
 
-from . import publish
+from . import publish, reuse
 from .runner import Runner
 
 ABLATION_DIR = "ablation"
@@ -94,10 +98,9 @@ def grid(languages: list[str], seeds: list[int] | None = None, with_mt: bool = F
     ]  # fmt: skip
 
 
-def english_models(models: list[Model]) -> list[str]:
+def english_models(models: list[Model]) -> list[Model]:
     """The English EmbN models of the grid, one per seed: translate-the-query's models."""
-    return [m.overrides["train.model_name"] for m in models
-            if m.overrides.get("data.languages") == "en" and "data.captions" not in m.overrides]  # fmt: skip
+    return [m for m in models if m.overrides.get("data.languages") == "en" and "data.captions" not in m.overrides]
 
 
 def _average(result: RowResult, per_language: dict[str, list[float]], seeds: int) -> None:
@@ -107,16 +110,16 @@ def _average(result: RowResult, per_language: dict[str, list[float]], seeds: int
     result.seeds = seeds
 
 
-def row_result(row: Row, evaluations: list[dict], trainings: list[dict]) -> RowResult:
-    """One row from its models' evaluations; a language's mR is averaged over seeds, and the
-    parameters are those of one seed's models."""
-    result = RowResult(row.name, note=row.note)
+def row_result(name: str, models: list[tuple[MuleConfig, dict, dict]], note: str = "") -> RowResult:
+    """One row from its models' (config, training, evaluation): a language's mR is averaged
+    over seeds, and the parameters are those of one seed's models."""
+    result = RowResult(name, note=note)
     per_language: dict[str, list[float]] = {}
-    seeds = {m.overrides["train.seed"] for m in row.models}
-    for model, evaluation, training in zip(row.models, evaluations, trainings):
+    seeds = {cfg.train.seed for cfg, _, _ in models}
+    for cfg, training, evaluation in models:
         for lang, r in evaluation["table"].items():
             per_language.setdefault(lang, []).append(r["mR"])
-        if model.overrides["train.seed"] == min(seeds):
+        if cfg.train.seed == min(seeds):
             result.parameters += training["parameters"]["total"]
             result.language_specific += training["parameters"]["language_specific"]
     _average(result, per_language, len(seeds))
@@ -129,7 +132,7 @@ def translated_query_row(results: list[dict]) -> RowResult:
     for result in results:
         for lang, row in result["table"].items():
             per_language.setdefault(lang, []).append(row["mR"])
-    row = RowResult("Translate the query (EmbN en + lexicon)",
+    row = RowResult(TRANSLATED,
                     note="lexicons: " + ", ".join(f"en-{lang}" for lang in results[0]["languages"]),
                     parameters=results[0]["parameters"]["total"],
                     language_specific=results[0]["parameters"]["language_specific"])  # fmt: skip
@@ -137,79 +140,119 @@ def translated_query_row(results: list[dict]) -> RowResult:
     return row
 
 
-def _status(result: dict) -> str:
-    return "reused" if result.get("reused") else "ran"
+# -- sweeps as data -----------------------------------------------------------------------
 
 
-def ablation(runner: Runner, cfg: MuleConfig, parent_run_id: str | None) -> dict[str, Any]:
-    """Every row's models: LP (when on), training and evaluation, each reused when its key
-    is unchanged; then translate-the-query on the English models; then the table."""
-    wd = runner.workdir
+@dataclass(frozen=True)
+class Variant:
+    """One model of a sweep: its label (its MLflow run: "<sweep>: <label>"), its config, the
+    declared stages it runs, in order, and the report's row it belongs to."""
+
+    label: str
+    cfg: MuleConfig
+    steps: tuple[str, ...]
+    row: str = ""
+
+
+@dataclass(frozen=True)
+class Sweep:
+    title: Callable[[MuleConfig], str]  # the sweep's MLflow run
+    variants: Callable[[Workdir, MuleConfig], list[Variant]]
+    # (workdir, config, variants, results: label -> step -> result, run id) -> the summary
+    report: Callable[[Workdir, MuleConfig, list[Variant], dict, str | None], dict]
+
+
+TRANSLATED = "Translate the query (EmbN en + lexicon)"
+
+
+def _ablation_variants(wd: Workdir, cfg: MuleConfig) -> list[Variant]:
+    """Every row's models (LP when on, training, evaluation), then translate-the-query on
+    each English model."""
     seeds = [cfg.train.seed + i for i in range(cfg.ablation.seeds)]
     with_mt = Catalog(wd).has_table("captions", f"{cfg.data.dataset}.mt")  # the translate stage ran
-    rows, steps, english = [], {}, []
-    with tracking.run(wd, cfg, "ablation", parent_run_id) as run_id:
-        for row in grid(list(cfg.data.languages), seeds, with_mt):
-            evaluations, trainings = [], []
-            for model in row.models:
-                variant = apply_overrides(cfg, model.overrides)
-                with tracking.run(wd, variant, f"ablation: {model.label}", run_id) as child:
-                    if variant.pretrain.enabled:
-                        steps[f"{model.label}: pretrain"] = _status(runner.run(variant, "pretrain", child))
-                    trainings.append(runner.run(variant, "train", child))
-                    evaluations.append(runner.run(variant, "evaluate", child))
-                steps[f"{model.label}: train"] = _status(trainings[-1])
-                steps[f"{model.label}: evaluate"] = _status(evaluations[-1])
-            rows.append(row_result(row, evaluations, trainings))
-            english += english_models(row.models)
-        if english:
-            translated = []
-            with tracking.run(wd, cfg, "ablation: translate the query", run_id) as child:
-                for name in english:
-                    result = runner.run(apply_overrides(cfg, {"train.model_name": name}), "query-translation", child)
-                    steps[f"{name}: query-translation"] = _status(result)
-                    translated.append(result)
-            if translated[0]["languages"]:  # there were lexicons
-                rows.insert(1, translated_query_row(translated))
-        return publish.ablation_report(wd, cfg, rows, run_id) | {"steps": steps}
+    variants, english = [], []
+    for row in grid(list(cfg.data.languages), seeds, with_mt):
+        for model in row.models:
+            variant = apply_overrides(cfg, model.overrides)
+            steps = (("pretrain",) if variant.pretrain.enabled else ()) + ("train", "evaluate")
+            variants.append(Variant(model.label, variant, steps, row.name))
+        english += english_models(row.models)
+    variants += [Variant(f"translate the query with {m.label}",
+                         apply_overrides(cfg, {"train.model_name": m.overrides["train.model_name"]}),
+                         ("query-translation",), TRANSLATED) for m in english]  # fmt: skip
+    return variants
 
 
-def add_language(runner: Runner, cfg: MuleConfig, parent_run_id: str | None) -> dict[str, Any]:
+def _ablation_report(wd: Workdir, cfg: MuleConfig, variants: list[Variant], results: dict,
+                     run_id: str | None) -> dict[str, Any]:  # fmt: skip
+    rows: dict[str, list] = {}
+    for v in variants:
+        rows.setdefault(v.row, []).append(v)
+    table = [row_result(name, [(v.cfg, results[v.label]["train"], results[v.label]["evaluate"]) for v in models])
+             for name, models in rows.items() if name != TRANSLATED]  # fmt: skip
+    translated = [results[v.label]["query-translation"] for v in rows.get(TRANSLATED, [])]
+    if translated and translated[0]["languages"]:  # there were lexicons
+        table.insert(1, translated_query_row(translated))
+    return publish.ablation_report(wd, cfg, table, run_id)
+
+
+def _add_language_variants(wd: Workdir, cfg: MuleConfig) -> list[Variant]:
     """A model trained without train.add_language, that language added to it (only its
     branch trains), and the model trained on every language from scratch; each evaluated."""
     from tasks.add_language import added_model_name, base_model_name
 
-    wd, lang = runner.workdir, cfg.train.add_language
+    lang = cfg.train.add_language
     if not lang:
         raise ConfigError("add-language needs a language: mule run add-language --lang ja (train.add_language)")
     others = [x for x in cfg.data.languages if x != lang]
     if not others:
         raise ConfigError(f"data.languages {list(cfg.data.languages)} has no language besides {lang} to start from")
     base_name, added_name = base_model_name(lang, cfg.train.base_model), added_model_name(lang, cfg.train.base_model)
-    variants = {
-        f"without {lang}": ({"data.languages": ",".join(others), "train.model_name": base_name,
-                             "train.add_language": ""}, ("pretrain", "train")),
-        f"without {lang}, then {lang} added": ({"train.model_name": added_name}, ("extend",)),
-        "every language from scratch": ({"train.model_name": "model", "train.add_language": ""}, ("pretrain", "train")),
-    }  # fmt: skip
-    rows, steps = {}, {}
-    with tracking.run(wd, cfg, f"add-language {lang}", parent_run_id) as run_id:
-        for label, (overrides, training) in variants.items():
-            variant = apply_overrides(cfg, overrides)
-            with tracking.run(wd, variant, f"add-language: {label}", run_id) as child:
-                for step in training:
-                    if step == "pretrain" and not variant.pretrain.enabled:
-                        continue
-                    trained = runner.run(variant, step, child)
-                    steps[f"{label}: {step}"] = _status(trained)
-                evaluation = runner.run(variant, "evaluate", child)
-                steps[f"{label}: evaluate"] = _status(evaluation)
-            rows[label] = {"train": trained, "evaluation": evaluation}
-        return publish.add_language_report(wd, cfg, lang, rows, run_id) | {"steps": steps}
+    lp = ("pretrain",) if cfg.pretrain.enabled else ()
+    return [
+        Variant(f"without {lang}", apply_overrides(cfg, {"data.languages": ",".join(others),
+                "train.model_name": base_name, "train.add_language": ""}), (*lp, "train", "evaluate")),
+        Variant(f"without {lang}, then {lang} added", apply_overrides(cfg, {"train.model_name": added_name}),
+                ("extend", "evaluate")),
+        Variant("every language from scratch", apply_overrides(cfg, {"train.model_name": "model",
+                "train.add_language": ""}), (*lp, "train", "evaluate")),
+    ]  # fmt: skip
+
+
+def _add_language_report(wd: Workdir, cfg: MuleConfig, variants: list[Variant], results: dict,
+                         run_id: str | None) -> dict[str, Any]:  # fmt: skip
+    rows = {v.label: {"train": results[v.label].get("extend") or results[v.label]["train"],
+                      "evaluation": results[v.label]["evaluate"]} for v in variants}  # fmt: skip
+    return publish.add_language_report(wd, cfg, cfg.train.add_language, rows, run_id)
+
+
+ABLATION = Sweep(lambda cfg: "ablation", _ablation_variants, _ablation_report)
+ADD_LANGUAGE = Sweep(lambda cfg: f"add-language {cfg.train.add_language}", _add_language_variants,
+                     _add_language_report)  # fmt: skip
+
+
+def _sweep(name: str) -> Sweep:
+    from .declaration import BY_NAME
+
+    return BY_NAME[name].load_sweep()
+
+
+def up_to_date(wd: Workdir, cfg: MuleConfig, name: str) -> bool:
+    """Every step of every variant reused (when all are, what one step writes and the next
+    reads is unchanged, so deciding them all beforehand is deciding them in order)."""
+    return not any(reuse.decide(wd, v.cfg, step).run for v in _sweep(name).variants(wd, cfg) for step in v.steps)
 
 
 def run_sweep(name: str, runner: Runner, cfg: MuleConfig, parent_run_id: str | None) -> dict[str, Any]:
-    from .declaration import BY_NAME
-
-    return BY_NAME[name].load_sweep()(runner, cfg, parent_run_id)
-
+    """Every variant's steps, each decided by its key (an MLflow run per variant, a run per
+    step inside it), then the sweep's report."""
+    sweep, wd = _sweep(name), runner.workdir
+    variants = sweep.variants(wd, cfg)
+    results: dict[str, dict[str, dict]] = {}
+    steps: dict[str, str] = {}
+    with tracking.run(wd, cfg, sweep.title(cfg), parent_run_id) as run_id:
+        for v in variants:
+            with tracking.run(wd, v.cfg, f"{name}: {v.label}", run_id) as child:
+                results[v.label] = {step: runner.run(v.cfg, step, child) for step in v.steps}
+            steps |= {f"{v.label}: {step}": "reused" if r.get("reused") else "ran" for step, r in results[v.label].items()}
+        return sweep.report(wd, cfg, variants, results, run_id) | {"steps": steps}

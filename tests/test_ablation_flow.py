@@ -9,6 +9,7 @@ from mlflow.tracking import MlflowClient
 
 from data_catalog.workdir import Workdir
 from experiments.report import ablation_markdown
+from mule_core.config import apply_overrides, resolve
 from pipeline.sweeps import RowResult, english_models, grid, row_result
 
 TINY = {
@@ -50,7 +51,8 @@ def test_table_4_rows_come_with_the_translate_stages_output():
     slugs = [m.slug for r in rows.values() for m in r.models]
     assert len(slugs) == len(set(slugs))  # every model its own file
     # translate-the-query keeps using the English EmbN trained on human captions only
-    assert english_models([m for r in rows.values() for m in r.models]) == ["ablation/embn-en"]
+    english = english_models([m for r in rows.values() for m in r.models])
+    assert [m.overrides["train.model_name"] for m in english] == ["ablation/embn-en"]
 
 
 def test_markdown_table():
@@ -68,14 +70,16 @@ def test_several_seeds_average_each_language_and_count_parameters_once():
         {"table": {"en": {"mR": 10.0}, "fr": {"mR": 4.0}}},
         {"table": {"en": {"mR": 14.0}, "fr": {"mR": 6.0}}},
     ]
-    trainings = [{"parameters": {"total": 100, "language_specific": 30}}] * 2
-    result = row_result(row, evaluations, trainings)
+    training = {"parameters": {"total": 100, "language_specific": 30}}
+    configs = [apply_overrides(resolve("demo", {"data.languages": "en,fr"}), m.overrides) for m in row.models]
+    result = row_result(row.name, [(cfg, training, evaluation) for cfg, evaluation in zip(configs, evaluations)])
     assert result.mr == {"en": 12.0, "fr": 5.0} and result.parameters == 100 and result.seeds == 2
     assert round(result.std["en"], 3) == round(2 * 2**0.5, 3)
     embn = grid(["en", "fr"], seeds=[0, 1])[0]
     assert [m.slug for m in embn.models] == ["embn-en", "embn-en-s1", "embn-fr", "embn-fr-s1"]
     # translate-the-query reads every seed's English model, and only those
-    assert english_models(embn.models) == ["ablation/embn-en", "ablation/embn-en-s1"]
+    assert [m.overrides["train.model_name"] for m in english_models(embn.models)] == ["ablation/embn-en",
+                                                                                       "ablation/embn-en-s1"]
     assert english_models(row.models) == []
 
 
@@ -106,21 +110,32 @@ def test_ablation_end_to_end(tmp_path, repo_copy):
     (parent,) = [r for r in runs if r.info.run_name == "ablation"]
     models = [f"ablation: EmbN {lang}" for lang in ("en", "de", "fr", "cs")] + [
         "ablation: PARALLEL-EmbN", "ablation: MULE EmbN", "ablation: MULE + NC", "ablation: MULE + NC + LC",
-        "ablation: MULE full", "ablation: translate the query"]  # fmt: skip
+        "ablation: MULE full", "ablation: translate the query with EmbN en"]  # fmt: skip
     assert children(parent) == sorted(models)
     (full,) = [r for r in runs if r.info.run_name == "ablation: MULE full"]
     assert children(full) == ["evaluate", "pretrain", "train"]  # each step a stage run of its own
     assert "ablation.png" in {a.path for a in client.list_artifacts(parent.info.run_id)}
 
-    again = rebuild_flow(workdir=str(tmp_path), overrides=TINY, stages=["ablation"])["ablation"]
-    assert [r["model"] for r in again["rows"]] == ROWS and again["rows"][3]["en"] == summary["rows"][3]["en"]
-    assert set(again["steps"].values()) == {"reused"}  # every model decided by its key: nothing trains twice
+    # Run again as a user does: every step of every model is up to date, so the command
+    # records the reuse and prints the table without starting (or importing) Prefect.
+    import subprocess
+    import sys
+
+    settings = [a for k, v in TINY.items() for a in ("--set", f"{k}={v}")]
+    script = ("import sys; from flows.cli import main; code = main(sys.argv[1:]); "
+              "print('prefect imported:', 'prefect' in sys.modules); sys.exit(code)")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", script, "run", "ablation", "--workdir", str(tmp_path), *settings],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "every stage is up to date" in done.stdout and "prefect imported: False" in done.stdout
+    assert f"  ablation   reused ({len(summary['steps'])} steps)" in done.stdout, done.stdout
+    assert summary["markdown"].splitlines()[3] in done.stdout  # the same table, from the reused results
     runs = client.search_runs([experiment.experiment_id], "tags.mlflow.runName = 'train'",
                               order_by=["attributes.start_time DESC"])  # fmt: skip
     newest = [r for r in runs if r.info.start_time > parent.info.end_time]
-    assert newest and all(r.data.tags["mule.stage_status"] == "reused" for r in newest)
+    assert len(newest) == sum(1 for step in summary["steps"] if step.endswith(": train"))
+    assert all(r.data.tags["mule.stage_status"] == "reused" for r in newest)  # nothing trains twice
     # each model's key covers its code: an edit the training reaches retrains it
-    from mule_core.config import apply_overrides, resolve
     from pipeline import reuse
     from tests.conftest import edit
 

@@ -247,8 +247,9 @@ def test_the_search_page_in_a_real_browser(served, tmp_path):
             page.wait_for_selector(f"figure[data-image-id='{caption['image_id']}']", timeout=20_000)
             assert "detected: en" in page.text_content("#status")
             assert page.locator("#results figure").count() == 10
-            shown = page.locator(f"figure[data-image-id='{caption['image_id']}'] img")
-            assert shown.evaluate("img => img.complete && img.naturalWidth") > 0  # the picture itself loaded
+            shown = page.locator(f"figure[data-image-id='{caption['image_id']}'] img").element_handle()
+            # the picture itself loads (as a person waits for it: on a busy machine it comes after the figure)
+            page.wait_for_function("img => img.complete && img.naturalWidth > 0", arg=shown, timeout=20_000)
             page.set_input_files("#file", str(_image_file(wd, caption["image_id"])))
             page.wait_for_selector("#sentences div[data-lang='cs'] li", timeout=20_000)
             assert page.locator("#sentences h3").all_text_contents() == ["en", "de", "fr", "cs"]
