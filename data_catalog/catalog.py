@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import re
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from .atomic import write_atomic, write_json_atomic, write_text_atomic  # noqa: 
 from .schemas import TABLES, features_schema
 from .workdir import Workdir
 
+log = logging.getLogger("mule.catalog")
 VIEWS = ("images", "captions", "rejects", "word_vectors", "translations", "features")
 # Which stage writes each table, so a missing table's error says what to run: filled from
 # the stage declarations (pipeline.reuse registers them; the catalog cannot import upwards).
@@ -46,6 +48,21 @@ def missing_table_error(table: str, workdir: Workdir, dataset: str | None = None
     return CatalogError(f"the catalog in {workdir.root} has no {table} table {where}yet: {run}")
 
 
+def damaged_table_error(table: str, path: Path, error: Exception) -> CatalogError:
+    stage = PRODUCED_BY.get(table)
+    run = f"run `mule run {stage}` to write it again" if stage else "run the stage that writes it again"
+    return CatalogError(f"{path} cannot be read ({str(error).splitlines()[0][:160]}): the file is damaged; {run}")
+
+
+def readable_parquet(path: Path) -> bool:
+    """The file's footer and schema can be read (a cut or overwritten file cannot)."""
+    try:
+        pq.read_metadata(path)
+        return True
+    except (OSError, pa.ArrowException):
+        return False
+
+
 def write_parquet_atomic(table: pa.Table, path: Path) -> Path:
     return write_atomic(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
 
@@ -62,35 +79,59 @@ class Catalog:
         return globs
 
     def refresh_views(self) -> None:
-        """(Re)creates one view per table that has files; safe to call any time."""
+        """(Re)creates one view per table that has files; safe to call any time. The views
+        are all catalog.duckdb holds, derived from the Parquet files: an unreadable database
+        is rebuilt rather than trusted, and a damaged Parquet file is left out of its view
+        (the stage that wrote it runs again: pipeline.reuse checks outputs before reuse)."""
         try:
             con = duckdb.connect(str(self.workdir.duckdb_path))
         except duckdb.Error:
-            # Views are all it holds, derived from the Parquet files: a file damaged by a
-            # crash is rebuilt rather than trusted.
-            for stale in (self.workdir.duckdb_path, self.workdir.duckdb_path.with_name("catalog.duckdb.wal")):
-                stale.unlink(missing_ok=True)
+            self._rebuild_database()
             con = duckdb.connect(str(self.workdir.duckdb_path))
         with con:
             for name, pattern in self._globs().items():
-                if glob.glob(pattern):
-                    con.execute(
-                        f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM read_parquet('{pattern}', union_by_name = true)"
-                    )
-                else:
+                files = sorted(glob.glob(pattern))
+                if not files:
                     con.execute(f"DROP VIEW IF EXISTS {name}")
+                    continue
+                try:
+                    con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM "
+                                f"read_parquet('{pattern}', union_by_name = true)")  # fmt: skip
+                except duckdb.Error:
+                    readable = [f for f in files if readable_parquet(Path(f))]
+                    log.warning("catalog: left out of the %s view, unreadable (damaged?): %s", name,
+                                ", ".join(f for f in files if f not in readable))  # fmt: skip
+                    if not readable:
+                        con.execute(f"DROP VIEW IF EXISTS {name}")
+                        continue
+                    listed = ", ".join("'" + f.replace("'", "''") + "'" for f in readable)
+                    con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM "
+                                f"read_parquet([{listed}], union_by_name = true)")  # fmt: skip
 
-    def query(self, sql: str, params: list | None = None) -> pa.Table:
+    def _rebuild_database(self) -> None:
+        log.warning("catalog: %s was unreadable; rebuilt from the Parquet tables", self.workdir.duckdb_path)
+        for stale in (self.workdir.duckdb_path, self.workdir.duckdb_path.with_name("catalog.duckdb.wal")):
+            stale.unlink(missing_ok=True)
+
+    def _connect_read_only(self):
         if not self.workdir.duckdb_path.exists():
             self.refresh_views()
-        with duckdb.connect(str(self.workdir.duckdb_path), read_only=True) as con:
+        try:
+            return duckdb.connect(str(self.workdir.duckdb_path), read_only=True)
+        except duckdb.Error:
+            self._rebuild_database()
+            self.refresh_views()
+            return duckdb.connect(str(self.workdir.duckdb_path), read_only=True)
+
+    def query(self, sql: str, params: list | None = None) -> pa.Table:
+        with self._connect_read_only() as con:
             try:
                 relation = con.sql(sql, params=params or None)
                 # DuckDB 2 renamed arrow() to to_arrow_table().
                 return relation.to_arrow_table() if hasattr(relation, "to_arrow_table") else relation.arrow()
             except duckdb.CatalogException as error:
                 missing = _MISSING_TABLE.search(str(error))
-                if missing is None:
+                if missing is None or missing.group(1) not in VIEWS:  # a typo in mule's SQL is a bug
                     raise
                 raise missing_table_error(missing.group(1), self.workdir) from None
 
@@ -110,23 +151,32 @@ class Catalog:
         path = self.workdir.table_path(name, dataset)
         if not path.exists():
             raise missing_table_error(name, self.workdir, dataset)
-        return pq.read_table(path)
+        try:
+            return pq.read_table(path)
+        except (OSError, pa.ArrowException) as error:
+            raise damaged_table_error(name, path, error) from None
 
-    def relocate(self, old_root: Path) -> int:
+    def relocate(self, old_root: Path) -> dict[Path, str]:
         """After the workdir moved from old_root: image paths that pointed inside the old
         workdir (the generated dataset) point inside this one; views are rebuilt (they hold
-        absolute globs). Returns the number of image paths rewritten."""
+        absolute globs). Returns the tables rewritten, with their digests before (an
+        unreadable one is left as it is: the stage that wrote it runs again)."""
+        from .content import sha256_file
+
         old, new = str(old_root).rstrip("/") + "/", str(self.workdir.root) + "/"
-        rewritten = 0
+        rewritten = {}
         for path in sorted((self.workdir.catalog_dir / "images").glob("*.parquet")):
-            table = pq.read_table(path)
+            try:
+                table = pq.read_table(path)
+            except (OSError, pa.ArrowException):
+                continue
             paths = table.column("path").to_pylist()
             moved = [new + p[len(old) :] if p and p.startswith(old) else p for p in paths]
-            changed = sum(a != b for a, b in zip(paths, moved))
-            if changed:
+            if any(a != b for a, b in zip(paths, moved)):
                 index = table.schema.get_field_index("path")
+                before = sha256_file(path)
                 write_parquet_atomic(table.set_column(index, "path", pa.array(moved, pa.string())), path)
-                rewritten += changed
+                rewritten[path] = before
         self.refresh_views()
         return rewritten
 
@@ -199,11 +249,21 @@ class Catalog:
         current = set(self.current_extractors(dataset).values())
         found = []
         for folder in sorted((self.workdir.catalog_dir / "features" / dataset).glob("*/")):
-            parts = self.feature_parts(dataset, folder.name)
-            rows = sum(pq.ParquetFile(p).metadata.num_rows for p in parts)
+            parts = [p for p in self.feature_parts(dataset, folder.name) if readable_parquet(p)]
+            rows = sum(pq.read_metadata(p).num_rows for p in parts)
             found.append({"extractor": folder.name, "rows": rows, "bytes": sum(p.stat().st_size for p in parts),
                           "current": folder.name in current})  # fmt: skip
         return found
+
+    def drop_damaged_parts(self, dataset: str, extractor: str) -> list[Path]:
+        """Removes the parts that cannot be read (cut, overwritten): what they held is
+        extracted again. Returns them."""
+        damaged = [p for p in self.feature_parts(dataset, extractor) if not readable_parquet(p)]
+        for part in damaged:
+            part.unlink(missing_ok=True)
+        if damaged:
+            self.refresh_views()
+        return damaged
 
     def feature_parts(self, dataset: str, extractor: str) -> list[Path]:
         return sorted(self.workdir.features_dir(dataset, extractor).glob("part-*.parquet"))

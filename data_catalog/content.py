@@ -138,23 +138,25 @@ class FileHasher:
         self.changed = False
 
 
-def restamp_outputs(workdir: Workdir, folder: str) -> int:
-    """After a move rewrote the paths inside the tables under `folder` (catalog/images),
-    the stage records that list them get their new digests: the content that matters did
-    not change, so the stage that wrote them must not run again. Returns records updated."""
+def restamp_outputs(workdir: Workdir, rewritten: dict[Path, str]) -> int:
+    """After a move rewrote the paths inside some tables (catalog/images; path -> digest
+    before), the stage records that list them get their new digests: the content that
+    matters did not change, so the stage that wrote them must not run again. A table
+    that was not the one recorded (damaged or edited before the move) keeps its old
+    digest, and its stage runs again. Returns the records updated."""
+    names = {str(Path(p).relative_to(workdir.root)): digest for p, digest in rewritten.items()}
     updated = 0
     for record_path in sorted((workdir.state_dir / "stages").glob("*/*.json")):
         try:
             record = json.loads(record_path.read_text())
-        except (OSError, ValueError):
+            outputs = record.get("outputs", {})
+        except (OSError, ValueError, AttributeError):
             continue
-        outputs = record.get("outputs", {})
-        moved = [name for name in outputs if name.startswith(folder.rstrip("/") + "/")]
+        moved = [name for name in outputs if name in names and outputs[name] == names[name]]
         if not moved:
             continue
         for name in moved:
-            path = workdir.root / name
-            outputs[name] = sha256_file(path) if path.exists() else None
+            outputs[name] = sha256_file(workdir.root / name)
         write_json_atomic(record, record_path, crash_point=False)
         updated += 1
     return updated

@@ -108,6 +108,7 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
     Entry("translations", "table", _table("translations")),
     Entry("extractor weights", "file", _weights),
     Entry("features", "parts", _features),
+    Entry("image rejects", "table", _table("rejects", ".images")),
     Entry("vector files", "files", lambda wd, catalog, cfg: [Path(p) for p in cfg.text.vectors.values()]),
     Entry("word vectors", "table", _table("word_vectors")),
     Entry("LP model", "model", lambda wd, catalog, cfg: [catalog.lp_model_path(cfg)]),
@@ -130,6 +131,8 @@ def output_files(entry: Entry, paths: list[Path]) -> list[Path]:
     for path in paths:
         if entry.kind in ("tree", "parts"):
             files += sorted(path.glob("part-*.parquet"))
+        if entry.kind == "parts":  # what says whose vectors these are, and which are in use
+            files += [f for f in (path / "extractor.json", path.parent / "current.json") if f.exists()]
         elif path.exists():
             files.append(path)
     return files

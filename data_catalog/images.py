@@ -71,8 +71,12 @@ def _open(path: Path | bytes) -> Image.Image:
     except UnidentifiedImageError:
         empty = not isinstance(path, bytes) and Path(path).stat().st_size == 0
         raise BadImage("empty file (0 bytes)" if empty else "not an image format Pillow can read") from None
-    except (OSError, ValueError, SyntaxError, EOFError, TypeError, IndexError, KeyError) as error:
+    except (OSError, ValueError, SyntaxError, EOFError) as error:
         raise BadImage(f"unreadable image header: {error}") from None
+    except (TypeError, IndexError, KeyError) as error:
+        if not _raised_by_pillow(error):
+            raise  # a bug of ours, not a bad file
+        raise BadImage(f"unreadable image header: {error!r}") from None
     try:
         _check_size(*image.size)
     except BadImage:
@@ -109,17 +113,22 @@ def load_rgb(path: Path | bytes, min_side: int = 0) -> Image.Image:
             return image.convert("RGB")
         except MemoryError:
             raise BadImage("not enough memory to decode it") from None
-        except (
-            OSError,
-            ValueError,
-            SyntaxError,
-            EOFError,
-            TypeError,
-            IndexError,
-            KeyError,
-            ZeroDivisionError,
-        ) as error:
+        except (OSError, ValueError, SyntaxError, EOFError) as error:  # what Pillow raises for bad bytes
             raise BadImage(f"image does not decode: {error}") from None
+        except (TypeError, IndexError, KeyError, ZeroDivisionError) as error:
+            # Pillow's parsers also fail this way on malformed files (EXIF, palettes);
+            # raised by our own code, they are bugs and keep their traceback.
+            if not _raised_by_pillow(error):
+                raise
+            raise BadImage(f"image does not decode: {error!r}") from None
+
+
+def _raised_by_pillow(error: BaseException) -> bool:
+    """The exception was raised inside Pillow's own modules (its innermost frame is PIL's)."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and f"{os.sep}PIL{os.sep}" in tb.tb_frame.f_code.co_filename
 
 
 def _to_8bit(image: Image.Image) -> Image.Image:

@@ -16,7 +16,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from mule_core.errors import UserError
@@ -58,28 +58,59 @@ def holds_lock(workdir: Workdir) -> bool:
 
 
 @contextmanager
-def workdir_lock(workdir: Workdir, stage: str) -> Iterator[None]:
+def workdir_lock(workdir: Workdir, stage: str, wait: bool = False,
+                 waiting: Callable[[dict], None] | None = None) -> Iterator[None]:  # fmt: skip
+    """The workdir for this process alone. Held already (a stage inside the rebuild): the
+    holder's stage is updated, and put back when the stage ends (not when it fails: the
+    stage a run stopped in is what `last_stage` tells). Held by another process: refused,
+    or with `wait` waited for, `waiting(holder)` told each time the holder's stage changes."""
+    global _last_stage
     path = str(workdir.lock_path)
     if path in _held:  # this process already holds it (a stage inside rebuild)
-        _write_holder(_held[path], stage, time.time())
+        fd, outer = _held[path], _last_stage
+        _write_holder(fd, stage, time.time())
+        _last_stage = stage
         yield
+        _write_holder(fd, outer or stage, time.time())
+        _last_stage = outer
         return
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        info = holder(workdir) or {}
-        raise WorkdirBusyError(
-            f"the workdir {workdir.root} is in use by another mule process ({_describe(info)}): wait for it to "
-            "finish, or stop it, then run this again"
-        ) from None
+    told = None
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            info = holder(workdir) or {}
+            if not wait:
+                os.close(fd)
+                raise WorkdirBusyError(
+                    f"the workdir {workdir.root} is in use by another mule process ({_describe(info)}): wait for "
+                    "it to finish (or run with --wait), or stop it, then run this again"
+                ) from None
+            if waiting and info and info.get("stage") != told:
+                waiting(info)
+                told = info.get("stage")
+            time.sleep(0.2)
     _held[path] = fd
     try:
         _write_holder(fd, stage, time.time())
+        _last_stage = stage
         yield
     finally:
         del _held[path]
         os.ftruncate(fd, 0)
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+
+
+_last_stage: str | None = None
+
+
+def last_stage() -> str | None:
+    """The stage this process's lock named last: the one in hand, or the one a run stopped in."""
+    return _last_stage
+
+
+def describe(info: dict) -> str:
+    return _describe(info)

@@ -23,6 +23,7 @@ paths before anything else runs (tasks.relocation).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass
@@ -129,3 +130,18 @@ class Workdir:
         from .atomic import write_json_atomic
 
         write_json_atomic({"root": str(self.root)}, self.home_marker, crash_point=False)
+
+
+def sqlite_problem(path: Path) -> str | None:
+    """What is wrong with an SQLite database file (MLflow's store, Prefect's), None when
+    it reads (or is not there: it is created). A quick check: pages and indexes, not rows."""
+    import sqlite3
+
+    if not path.exists():
+        return None
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)) as con:
+            result = con.execute("PRAGMA quick_check").fetchone()
+    except sqlite3.Error as error:
+        return str(error)
+    return None if result and result[0] == "ok" else f"quick_check says {result[0] if result else 'nothing'}"

@@ -23,16 +23,17 @@ log = logging.getLogger("mule.relocation")
 
 def adopt(workdir: Workdir) -> Path | None:
     """Makes the workdir self-contained; returns the root it was moved or copied from, if any."""
+    tracking.check_store(workdir)
     previous = workdir.recorded_root() or tracking.recorded_artifact_root(workdir)
     moved = previous is not None and previous != workdir.root
     if moved:
-        paths = Catalog(workdir).relocate(previous)
-        restamp_outputs(workdir, "catalog/images")  # new paths, same images: ingest need not run again
+        tables = Catalog(workdir).relocate(previous)
+        restamp_outputs(workdir, tables)  # new paths, same images: ingest need not run again
         rows = tracking.relocate_store(workdir, previous)
         log.warning(
-            "workdir %s was copied or moved from %s: pointed %d image paths and %d MLflow artifact locations "
-            "at the new place, so nothing is written into the old one",
-            workdir.root, previous, paths, rows,
+            "workdir %s was copied or moved from %s: pointed the image paths of %d tables and %d MLflow "
+            "artifact locations at the new place, so nothing is written into the old one",
+            workdir.root, previous, len(tables), rows,
         )  # fmt: skip
     tracking.check_self_contained(workdir)
     if moved or workdir.recorded_root() is None:

@@ -140,6 +140,21 @@ def relocate_store(workdir: Workdir, old_root: Path) -> int:
     return changed
 
 
+def check_store(workdir: Workdir) -> None:
+    """Refuses to run on an MLflow store that cannot be read: mule cannot repair it."""
+    from data_catalog.workdir import sqlite_problem
+
+    problem = sqlite_problem(_store(workdir))
+    if problem:
+        store = _store(workdir)
+        raise WorkdirError(
+            f"the MLflow store {store} cannot be read ({problem}); mule cannot repair it. Put back a copy from a "
+            f"backup, or move it aside (mv {store} {store}.damaged) to start a new run history: the catalog, models "
+            "and stage records stay, so nothing is computed again (the registry is in the store: a model is "
+            "registered again the next time train runs)"
+        )
+
+
 def check_self_contained(workdir: Workdir) -> None:
     """Refuses to run when an experiment would write its artifacts outside this workdir."""
     if not _store(workdir).exists():
@@ -302,17 +317,45 @@ def run(workdir: Workdir, cfg: MuleConfig, stage: str, parent_run_id: str | None
     tracker.params(flatten(cfg))
     tracker.json(dataclasses.asdict(cfg), "config.json")
     status = "FAILED"
+    _open_runs[run_id] = workdir
     try:
         yield run_id
         status = "FINISHED"
     except BaseException as error:
+        if _is_stop(error):  # Ctrl-C or SIGTERM (flows.interrupts): stopped, not failed
+            status = "KILLED"
+            c.set_tag(run_id, "mule.error_kind", "interrupted")
+            raise
         # The failed run says why, as the console and the Prefect run do.
         c.set_tag(run_id, "mule.error", f"{error}"[:4900] or type(error).__name__)
         c.set_tag(run_id, "mule.error_type", type(error).__name__)
         c.set_tag(run_id, "mule.error_kind", "input" if is_user_error(error) else "bug")
         raise
     finally:
+        _open_runs.pop(run_id, None)
         c.set_terminated(run_id, status)
+
+
+def _is_stop(error: BaseException) -> bool:
+    """A signal stopping the run: Ctrl-C, or SIGTERM as mule raises it (a KeyboardInterrupt)
+    or as Prefect's flow engine does while a flow runs (its TerminationSignal)."""
+    return isinstance(error, KeyboardInterrupt) or any(c.__name__ == "ExternalSignal" for c in type(error).__mro__)
+
+
+_open_runs: dict[str, Workdir] = {}  # run id -> workdir, for the runs this process has not ended yet
+
+
+def end_open_runs(status: str = "KILLED") -> list[str]:
+    """Ends the runs this process still has open (a signal stops it while the main thread
+    cannot unwind: flows.interrupts), newest first; returns their ids."""
+    ended = []
+    for run_id, workdir in reversed(list(_open_runs.items())):
+        _open_runs.pop(run_id, None)
+        c = client(workdir)
+        c.set_tag(run_id, "mule.error_kind", "interrupted")
+        c.set_terminated(run_id, status)
+        ended.append(run_id)
+    return ended
 
 
 def find_runs(workdir: Workdir, dataset: str, filter_string: str = "") -> list:

@@ -24,7 +24,7 @@ from pathlib import Path
 from data_catalog.workdir import Workdir
 from mule_core.config import PRESETS, ConfigError, parse_assignments, resolve, to_dict
 from mule_core.errors import is_user_error
-from pipeline.declaration import ALL, REBUILD, in_pipeline_order, with_upstream
+from pipeline.declaration import ALL, REBUILD, in_pipeline_order
 
 DEMO_DATASETS = {"multi30k": "embedded", "coco": "embedded-coco"}  # mule demo --dataset -> generated dataset
 
@@ -39,6 +39,12 @@ def _common(parser: argparse.ArgumentParser) -> None:
 def _force(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="append", default=[], metavar="STAGE",
                         help="run this stage even if its inputs, config and code are unchanged (repeatable)")  # fmt: skip
+
+
+def _wait(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--wait", action="store_true",
+                        help="if another mule process is using the workdir, wait for it to finish, then run "
+                        "(default: refuse at once)")  # fmt: skip
 
 
 def _data_options(parser: argparse.ArgumentParser) -> None:
@@ -62,12 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
         )
     demo.add_argument("--seed", type=int, default=0, help="embedded dataset seed (default: 0)")
     _force(demo)
+    _wait(demo)
 
     run = sub.add_parser("run", help="run some stages: " + ", ".join(ALL) + " (or all)")
     run.add_argument("stages", nargs="+", metavar="STAGE")
     run.add_argument("--lang", help="add-language: the language to add (train.add_language)")
     _common(run)
     _force(run)
+    _wait(run)
     _data_options(run)
 
     ui = sub.add_parser("ui", help="start the MLflow UI on the workdir's tracking store")
@@ -124,9 +132,10 @@ def overrides_from(args: argparse.Namespace) -> dict[str, str]:
 
 
 def _prefect_ready(workdir: Workdir) -> None:
-    from .runtime import prepare_environment
+    from .runtime import check_prefect_database, prepare_environment
 
     prepare_environment(workdir.root)
+    check_prefect_database()
 
 
 def _print_results(results: dict, workdir: Workdir, started: float) -> None:
@@ -178,28 +187,82 @@ def cmd_run(args: argparse.Namespace, stages: list[str], overrides: dict) -> int
 
         locate(workdir, cfg.data)  # a missing --source fails here, in milliseconds
     started = time.perf_counter()
-    results = _without_prefect_if_up_to_date(workdir, cfg, stages, args.force)
-    if results is not None:
-        print("every stage is up to date: nothing ran, and Prefect was not started (the MLflow run below "
-              "records the reuse; --force STAGE runs one anyway)")  # fmt: skip
-        _print_results(results, workdir, started)
-        return 0
-    _prefect_ready(workdir)
-    from .runtime import start_prefect_early
+    from data_catalog.locks import workdir_lock
 
-    server = start_prefect_early()  # boots while the stages' modules import
-    from .stages import rebuild_flow
+    from . import interrupts
 
-    if server:
-        server.wait_ready()
+    interrupts.install(_stopped_line(workdir, cfg, time.time()))
+    # The lock before anything touches the workdir, Prefect's database included: a second
+    # run is refused (or waits) before it starts a server of its own.
+    with workdir_lock(workdir, "starting", wait=args.wait, waiting=_waiting_for(workdir)):
+        results = _without_prefect_if_up_to_date(workdir, cfg, stages, args.force)
+        if results is not None:
+            print("every stage is up to date: nothing ran, and Prefect was not started (the MLflow run below "
+                  "records the reuse; --force STAGE runs one anyway)")  # fmt: skip
+            _print_results(results, workdir, started)
+            return 0
+        _prefect_ready(workdir)
+        from .runtime import start_prefect_early
 
-    from .runtime import local_flow_settings
+        server = start_prefect_early()  # boots while the stages' modules import
+        from .stages import rebuild_flow
 
-    with local_flow_settings():
-        results = rebuild_flow(workdir=str(workdir.root), preset=args.preset, overrides=overrides, stages=stages,
-                               force=args.force or None, config=to_dict(cfg))  # fmt: skip
+        if server:
+            server.wait_ready()
+
+        from .runtime import local_flow_settings
+
+        with local_flow_settings():
+            results = rebuild_flow(workdir=str(workdir.root), preset=args.preset, overrides=overrides,
+                                   stages=stages, force=args.force or None, config=to_dict(cfg))  # fmt: skip
+        if server:
+            server.stop()  # before the lock goes: the next run starts a server on the same database
     _print_results(results, workdir, started)
     return 0
+
+
+def _waiting_for(workdir: Workdir):
+    from data_catalog.locks import describe
+
+    def waiting(holder: dict) -> None:
+        print(f"waiting for the workdir {workdir.root}: in use by {describe(holder)} (Ctrl-C stops waiting)",
+              file=sys.stderr, flush=True)  # fmt: skip
+
+    return waiting
+
+
+# What a stage keeps of its own work when it is stopped (else: what it finished)
+RESUMES = {"features": "the images extracted so far", "train": "its checkpoint of the last finished epoch",
+           "translate": "the sentences translated so far", "ablation": "the variants finished",
+           "add-language": "the steps finished"}  # fmt: skip
+
+
+def _stopped_line(workdir: Workdir, cfg, began: float):
+    """The one line printed when a signal stops the run: where it stopped, what it kept."""
+
+    def line(signum: int) -> str:
+        from data_catalog.locks import last_stage
+
+        from .interrupts import how
+
+        stage = last_stage() or "starting"
+        finished = []
+        for path in sorted(workdir.root.glob(f"state/stages/{cfg.data.dataset}/*.json")):
+            try:
+                record = json.loads(path.read_text())
+                if record.get("finished", 0) >= began:
+                    finished.append((record["finished"], path.stem))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        kept = [", ".join(name for _, name in sorted(finished)) + " (finished)"] if finished else []
+        if stage in RESUMES:
+            kept.append(f"{stage}: {RESUMES[stage]}")
+        where = "before any stage started" if stage in ("starting", "rebuild") or stage.startswith("run: ") else (
+            f"in stage {stage}")  # fmt: skip
+        return (f"mule: stopped by {how(signum)} {where}; kept: {'; '.join(kept) or 'what earlier runs made'}; "
+                "run the same command to resume")  # fmt: skip
+
+    return line
 
 
 def _without_prefect_if_up_to_date(workdir: Workdir, cfg, stages: list[str], force: list[str]) -> dict | None:
@@ -216,9 +279,9 @@ def _without_prefect_if_up_to_date(workdir: Workdir, cfg, stages: list[str], for
 
     stages = in_pipeline_order(stages)  # as the rebuild flow runs them
     name = rebuild.run_name(stages)
-    stages = with_upstream(stages, cfg)  # a sweep's inputs first, as the rebuild flow runs them
     with workdir_lock(workdir, name):
         relocation.adopt(workdir)
+        stages = rebuild.plan(workdir, cfg, stages)  # as the rebuild flow plans them
         decided = rebuild.up_to_date(workdir, cfg, stages, set())
         if decided is None:
             return None
@@ -255,25 +318,40 @@ def cmd_ui(args: argparse.Namespace) -> int:
                "--workers", str(args.workers)]  # fmt: skip
     print(f"MLflow UI for {workdir.root} at {base}", flush=True)
     print(f"runs: {runs}" if runs else "no runs yet: run `mule demo` first", flush=True)
-    if not args.open:
-        os.execv(sys.executable, command)
     import signal
     import subprocess
     import webbrowser
 
-    server = subprocess.Popen(command)
+    from . import interrupts
 
-    def stop(signum, frame):  # a terminated `mule ui` takes its server with it
-        raise KeyboardInterrupt
+    # Its own session, so that this process alone decides when it stops (MLflow's server
+    # starts workers of its own): Ctrl-C and SIGTERM stop the whole group, and free the port.
+    server = subprocess.Popen(command, start_new_session=True)
+    interrupts.on_stop(lambda: _stop_group(server), abandon=lambda: _kill_group(server, signal.SIGKILL))
+    interrupts.install(lambda signum: f"mule ui: stopped by {interrupts.how(signum)}; port {args.port} is free")
+    if args.open and _answers(f"{base}/health", server):
+        webbrowser.open(runs or base)
+    return server.wait()
 
-    signal.signal(signal.SIGTERM, stop)
+
+def _kill_group(process, signum) -> None:
+    import contextlib
+
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signum)
+
+
+def _stop_group(process, grace: float = 1.0) -> None:
+    """SIGTERM to a server's process group, SIGKILL if it is still there after `grace` seconds."""
+    import signal
+    import subprocess
+
+    _kill_group(process, signal.SIGTERM)
     try:
-        if _answers(f"{base}/health", server):
-            webbrowser.open(runs or base)
-        return server.wait()
-    except KeyboardInterrupt:
-        server.terminate()
-        return server.wait()
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        _kill_group(process, signal.SIGKILL)
+        process.wait()
 
 
 def _browsable(host: str) -> str:
@@ -320,7 +398,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     app = create_app(embedder, gallery, int(args.max_upload_mb * 2**20), args.dataset)
     print(f"search page: http://{_browsable(args.host)}:{args.port}/  (JSON API: /api/search?q=..., "
           f"POST /api/image; Ctrl-C stops)", flush=True)  # fmt: skip
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    from . import interrupts
+
+    interrupts.install(lambda signum: f"mule serve: stopped by {interrupts.how(signum)}; port {args.port} is free")
+    # uvicorn takes Ctrl-C and SIGTERM while it serves, stops (answers in flight get a
+    # second), then raises the signal again for mule's handler (flows.interrupts).
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=1)
     return 0
 
 
@@ -418,8 +501,12 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_search(args)
         if args.command == "serve":
             return cmd_serve(args)
-    except KeyboardInterrupt:
-        print("interrupted; rerun the same command to resume", file=sys.stderr)
+    except KeyboardInterrupt as stop:
+        from .interrupts import Interrupted, finish
+
+        if isinstance(stop, Interrupted):
+            return finish(stop.signum)  # the cleanups, the one line
+        print("mule: interrupted; run the same command to resume", file=sys.stderr)
         return 130
     except Exception as error:  # noqa: BLE001 - one clear line for the errors users can fix
         if is_user_error(error):
@@ -429,10 +516,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _end_open_mlflow_runs() -> None:
+    """MLflow runs still open when a signal ends the process before they could unwind: KILLED."""
+    tracking = sys.modules.get("experiments.tracking")
+    if tracking is not None:
+        tracking.end_open_runs("KILLED")
+
+
 def entry() -> None:
     """The console script. After the command, the exit handlers run (Prefect drains its
     logs and events, the temporary server stops); then the process ends without the
     interpreter's teardown of torch and the rest, which takes seconds and writes nothing."""
+    from . import interrupts
+
+    interrupts.install(lambda signum: f"mule: stopped by {interrupts.how(signum)}")
+    interrupts.on_stop(_end_open_mlflow_runs)
     code = main()
     import atexit
 

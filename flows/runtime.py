@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from mule_core.errors import UserError
 
 
 def prepare_environment(workdir: Path) -> None:
@@ -23,6 +26,26 @@ def prepare_environment(workdir: Path) -> None:
     os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
     # Prefect attaches its handlers to the "mule" loggers; they must pass INFO through.
     logging.getLogger("mule").setLevel(logging.INFO)
+
+
+class PrefectDatabaseError(UserError):
+    pass
+
+
+def check_prefect_database() -> None:
+    """The workdir's Prefect database (the temporary server's) must read, else the server
+    dies at start with a traceback that does not say why."""
+    if os.environ.get("PREFECT_API_URL") or not os.environ.get("PREFECT_HOME"):
+        return  # the user's server, or Prefect's own home: not ours to judge
+    from data_catalog.workdir import sqlite_problem
+
+    home = Path(os.environ["PREFECT_HOME"])
+    problem = sqlite_problem(home / "prefect.db")
+    if problem:
+        raise PrefectDatabaseError(
+            f"the Prefect database {home / 'prefect.db'} cannot be read ({problem}). It holds only the history "
+            f"of this workdir's flow runs: delete the folder {home} (rm -r {home}) and run again"
+        )
 
 
 class _NoTracebackForUserErrors(logging.Filter):
@@ -104,16 +127,23 @@ class TemporaryPrefectServer:
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
         env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+        # Its own session: a terminal's Ctrl-C goes to mule's process group, and the server
+        # must outlive mule's handling of it (the flow runs are reported crashed to it), so
+        # mule stops it last (flows.interrupts). It dies with mule all the same, even by kill -9.
         self.process = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect_dir.parent), "--factory",
              "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
-             "--log-level", "error", "--lifespan", "on"], env=env)  # fmt: skip
+             "--log-level", "error", "--lifespan", "on"], env=env, start_new_session=True,
+            preexec_fn=_die_with_parent)  # fmt: skip
         self.api_url = f"http://127.0.0.1:{self.port}/api"
         os.environ["PREFECT_API_URL"] = self.api_url
         os.environ["MULE_PREFECT_TEMPORARY"] = "1"  # no flow-run links to a server that is gone after the run
         import atexit
 
+        from . import interrupts
+
         atexit.register(self.stop)
+        interrupts.on_stop(lambda: self.stop(drain=False), last=True, abandon=self.process.kill)
 
     def wait_ready(self, timeout: float | None = None) -> None:
         import time
@@ -135,18 +165,31 @@ class TemporaryPrefectServer:
         self.stop()
         raise RuntimeError(f"the temporary Prefect server did not answer at {self.api_url} within {timeout:.0f}s")
 
-    def stop(self) -> None:
+    def stop(self, drain: bool = True) -> None:
+        """`drain`: first let Prefect's log and event workers send what they hold (not when
+        a signal stops mule: the flow runs' states are reported already, and every second counts)."""
         if self.process.poll() is None:
             # Prefect's log and event workers send what they hold to this server when the
             # logging module shuts down, which atexit would do after this: do it now,
             # while the server still answers (else each waits for a dead server).
-            logging.shutdown()
+            if drain:
+                logging.shutdown()
             self.process.terminate()
             try:
-                self.process.wait(timeout=5)
+                self.process.wait(timeout=5 if drain else 1)
             except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired: it must go anyway
                 self.process.kill()
                 self.process.wait()
+
+
+def _die_with_parent() -> None:
+    """In the server's process, before it runs: SIGTERM when mule's process ends (Linux)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the server is stopped at exit as before
+        pass
 
 
 def start_prefect_early() -> TemporaryPrefectServer | None:

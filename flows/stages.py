@@ -29,7 +29,7 @@ from flows.runtime import dask_task_runner, quiet_user_errors
 from mule_core.config import ConfigError, MuleConfig, from_dict, resolve, to_dict
 from mule_core.errors import is_user_error
 from pipeline import rebuild, reuse
-from pipeline.declaration import ALL, REBUILD, STAGES, Stage, in_pipeline_order, with_upstream
+from pipeline.declaration import ALL, REBUILD, STAGES, Stage, in_pipeline_order
 from pipeline.runner import Runner
 from pipeline.sweeps import run_sweep
 
@@ -208,7 +208,7 @@ def _rebuild(workdir: str | None, preset: str, overrides: dict[str, Any] | None,
                 arguments["decided"] = decided
             return STAGE_FLOWS[stage](**arguments)
 
-        stages = with_upstream(named, cfg)  # a sweep's inputs first: reused when up to date
+        stages = rebuild.plan(wd, cfg, named)  # a sweep's inputs first (reused when up to date), damage repaired
         results, decisions = rebuild.run_stages(wd, cfg, stages, forced, run_id, run_stage, reuse_stage)
         rebuild.report(wd, cfg, results, decisions, run_id)
     results["mlflow_run_id"] = run_id

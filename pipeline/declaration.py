@@ -136,7 +136,7 @@ STAGES: tuple[Stage, ...] = (
           operational=frozenset({"translate.concurrency", "translate.timeout_s", "translate.retries"})),
     Stage("features", "Image files -> CNN features, stored under what made them (extractor, weights, code).",
           task="tasks.features:extract_features", publish=_PUBLISH + "features",
-          prepare="tasks.prepare:extractor_weights", reads=("images", "extractor weights"), writes=("features",),
+          prepare="tasks.prepare:extractor_weights", reads=("images", "extractor weights"), writes=("features", "image rejects"),
           config=("features.", "data.strict"),
           operational=frozenset({"features.runner", "features.dask_address", "features.dask_workers",
                                  "features.batch_size", "features.loader_workers", "features.shard_images",
@@ -208,6 +208,17 @@ def upstream(sweep: str, cfg) -> list[str]:
     steps = [BY_NAME[s] for s in BY_NAME[sweep].steps]
     made_by_steps = {entry for step in steps for entry in step.writes}
     needed, todo = set(), [e for step in steps for e in step.entries_read(cfg) if e not in made_by_steps]
+    while todo:
+        writer = writer_of(todo.pop())
+        if writer and writer not in needed:
+            needed.add(writer)
+            todo += BY_NAME[writer].entries_read(cfg)
+    return in_pipeline_order(needed)
+
+
+def writers_upstream(stages, cfg) -> list[str]:
+    """The rebuild's stages that write what `stages` read, and what those read, in order."""
+    needed, todo = set(), [e for s in stages for e in BY_NAME[s].entries_read(cfg)]
     while todo:
         writer = writer_of(todo.pop())
         if writer and writer not in needed:

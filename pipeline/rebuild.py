@@ -31,6 +31,21 @@ def run_name(stages: list[str]) -> str:
     return "rebuild" if stages == list(REBUILD) else "run: " + " ".join(stages)
 
 
+def plan(wd: Workdir, cfg: MuleConfig, named: list[str]) -> list[str]:
+    """The stages a run of `named` runs, in order: the named ones, what the sweeps among
+    them need, and any stage upstream whose outputs were damaged since it wrote them
+    (it runs again first, so that no stage reads a damaged file)."""
+    import logging
+
+    from .declaration import in_pipeline_order, with_upstream
+
+    stages = with_upstream(named, cfg)
+    damaged = reuse.damaged_upstream(wd, cfg, stages)
+    for stage, why in damaged.items():
+        logging.getLogger("mule.pipeline").warning("%s runs again first: %s", stage, why)
+    return in_pipeline_order([*stages, *damaged])
+
+
 def up_to_date(wd: Workdir, cfg: MuleConfig, stages: list[str], forced: set[str]) -> dict[str, reuse.Decision] | None:
     """Every stage's decision when none of them has to run (a sweep: every step of every
     variant); None as soon as one does (then the rebuild decides again, stage by stage,

@@ -158,9 +158,12 @@ def decide(wd: Workdir, cfg: MuleConfig, name: str, force: bool = False, repo: P
             raise
         return Decision(name, "", {}, True, f"its inputs cannot be read: {error}", forced=force)
     key = combine(parts)[:24]
-    record = _read_record(wd.stage_record_path(cfg.data.dataset, name, slot))
+    record_path = wd.stage_record_path(cfg.data.dataset, name, slot)
+    record = _read_record(record_path)
     if force:
         reason = "forced with --force"
+    elif record is None and record_path.exists():
+        reason = f"its record {record_path.relative_to(wd.root)} is unreadable (damaged), so it counts as none"
     elif record is None:
         reason = "no earlier run"
     elif record["key"] != key:
@@ -171,11 +174,39 @@ def decide(wd: Workdir, cfg: MuleConfig, name: str, force: bool = False, repo: P
     return Decision(name, key, parts, bool(reason), reason or f"key {key[:12]}", record, slot, force)
 
 
+RECORD_FIELDS = {"key": str, "parts": dict, "outputs": dict}
+
+
 def _read_record(path: Path) -> dict | None:
+    """A stage's record; None when there is none, or it cannot be read or is not one (a
+    damaged record counts as no record: the stage runs again)."""
     try:
-        return json.loads(path.read_text())
+        record = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    if not isinstance(record, dict) or any(not isinstance(record.get(k), t) for k, t in RECORD_FIELDS.items()):
+        return None
+    return record
+
+
+def damaged_upstream(wd: Workdir, cfg: MuleConfig, stages: list[str]) -> dict[str, str]:
+    """The stages not among `stages` that write what they read (directly or not) and whose
+    recorded outputs are missing or changed since (damaged, or edited by hand): stage ->
+    why. They run first, so no stage reads a damaged file. Cheap: each output's size and
+    time first, its content only when those changed (FileHasher)."""
+    from .declaration import writers_upstream
+
+    catalog, hasher, damaged = Catalog(wd), FileHasher(wd), {}
+    for name in writers_upstream(stages, cfg):
+        if name in stages:
+            continue
+        slot = slot_for(wd, catalog, cfg, BY_NAME[name])
+        record = _read_record(wd.stage_record_path(cfg.data.dataset, name, slot))
+        reason = _outputs_changed(wd, hasher, record) if record else ""
+        if reason:
+            damaged[name] = reason
+    hasher.save()
+    return damaged
 
 
 def read_record(wd: Workdir, cfg: MuleConfig, name: str) -> dict | None:
@@ -195,7 +226,7 @@ def _outputs_changed(wd: Workdir, hasher: FileHasher, record: dict) -> str:
         if now is None:
             return f"output {name} missing"
         if now != digest:
-            return f"output {name} changed since it was written"
+            return f"output {name} changed since it was written (damaged, or edited)"
     return ""
 
 

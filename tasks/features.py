@@ -141,6 +141,8 @@ def plan_features(ctx: StageContext) -> dict[str, Any]:
     if ctx.force:  # every image again; an interrupted forced run resumes after its own parts
         write_json_atomic({"since": f"part-{stamp}"}, forced)
     since = _read_since(forced)
+    for part in catalog.drop_damaged_parts(dataset, identity):
+        log.warning("feature part %s was unreadable (damaged): removed, its images are extracted again", part)
     # An image is done when its features came from the bytes it has now: a file replaced
     # under the same name is extracted again (and its old row dropped in finish_features).
     done = catalog.extracted_images(dataset, identity, since=since)

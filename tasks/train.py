@@ -80,8 +80,8 @@ def train_model(ctx: StageContext) -> dict[str, Any]:
     # Resume only a checkpoint of this very stage key: the same inputs, config and code.
     path = wd.model_path(dataset, cfg.train.model_name)
     checkpoint = wd.checkpoint_path(dataset, cfg.train.model_name)
-    if checkpoint.exists():
-        state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    state = _read_checkpoint(checkpoint) if checkpoint.exists() else None
+    if state is not None:
         if ctx.key and state.get("key") == ctx.key:
             trainer.load_state_dict(state["trainer"])
             log.info("resuming from the checkpoint after epoch %d (%s)", trainer.epoch, checkpoint)
@@ -126,3 +126,17 @@ def example_sentences(catalog, dataset: str, val) -> list[tuple[str, str]]:
             picked[lang] = val.caption_ids[rows[0]]
     texts = queries.caption_texts(catalog, dataset, list(picked.values()))
     return [(lang, texts[caption]) for lang, caption in picked.items() if caption in texts]
+
+
+def _read_checkpoint(path) -> dict | None:
+    """The checkpoint, or None when it cannot be read (cut, overwritten): training starts over."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        if isinstance(state, dict) and "trainer" in state:
+            return state
+    except Exception as error:  # noqa: BLE001 - torch raises many kinds for a damaged file
+        logger().warning("the checkpoint %s is unreadable (%s): training starts from epoch 1", path,
+                         str(error).splitlines()[0][:120] if str(error) else type(error).__name__)  # fmt: skip
+        return None
+    logger().warning("the checkpoint %s is not one: training starts from epoch 1", path)
+    return None

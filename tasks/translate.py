@@ -174,15 +174,19 @@ class TranslationCache:
         self.journal_path = self.table_path.with_name(f"{dataset}.journal.jsonl")
         self.rows: dict[tuple, dict] = {}
         if self.table_path.exists():
-            for row in pq.read_table(self.table_path).to_pylist():
-                self.rows[self.key(row)] = row
+            try:
+                for row in pq.read_table(self.table_path).to_pylist():
+                    self.rows[self.key(row)] = row
+            except (OSError, pa.ArrowException) as error:  # damaged: what it held is translated again
+                logger().warning("the translations table %s is unreadable (%s): its sentences are translated again",
+                                 self.table_path, str(error).splitlines()[0][:120])  # fmt: skip
         if self.journal_path.exists():
             for line in self.journal_path.read_bytes().splitlines():
                 try:
                     row = json.loads(line)
-                except ValueError:  # the last line of a killed run may be cut short
+                    self.rows[self.key(row)] = row
+                except (ValueError, KeyError, TypeError):  # a killed run's last line, cut short; a damaged one
                     continue
-                self.rows[self.key(row)] = row
         self.journal_path.parent.mkdir(parents=True, exist_ok=True)
         self._journal = open(self.journal_path, "a", encoding="utf-8")
 

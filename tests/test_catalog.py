@@ -77,7 +77,7 @@ def test_a_moved_workdir_points_its_image_paths_and_views_at_itself(tmp_path):
     shutil.copytree(old.root, tmp_path / "new")
     new = Workdir.at(tmp_path / "new")
     catalog = Catalog(new)
-    assert catalog.relocate(old.root) == 1
+    assert list(catalog.relocate(old.root)) == [new.root / "catalog" / "images" / "d.parquet"]  # one table rewritten
     paths = catalog.query("SELECT path FROM images ORDER BY image_id")["path"].to_pylist()
     assert paths == [str(new.root / "raw/d/images/1.jpg"), "/elsewhere/images/2.jpg"]  # a user's folder stays
     (old.root / "catalog" / "images" / "d.parquet").unlink()  # the copy no longer reads the original

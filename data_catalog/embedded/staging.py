@@ -17,9 +17,9 @@ from ..faults import process_alive
 def manifest_matches(root: Path, spec, code: str) -> bool:
     try:
         manifest = json.loads((root / "manifest.json").read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # none, or damaged: the dataset is generated again
         return False
-    return manifest.get("spec") == asdict(spec) and manifest.get("generator_code") == code
+    return isinstance(manifest, dict) and manifest.get("spec") == asdict(spec) and manifest.get("generator_code") == code
 
 
 def staging_folder(root: Path) -> Path:

@@ -1,0 +1,219 @@
+"""A damaged workdir is noticed: every kind of file a workdir holds, cut to half its size,
+deleted, or overwritten with as many random bytes (what a full disk, an interrupted copy
+or a sync tool leaves), then the next run.
+
+What mule made, it makes again: a stage whose recorded output is damaged runs again
+(saying which file), before any stage reads it; the catalog database (views only) is
+rebuilt from the Parquet tables; an unreadable stage record counts as none; caches start
+empty. What it cannot repair (the MLflow store, the Prefect database) stops the run
+with one line that names the file and what to do. Each case ends, after the repair, with
+the same tables and recalls as before the damage.
+
+The stages run here without Prefect and MLflow (pipeline.runner, as the tests of keys
+do); bench/damaged_workdir.py runs the same table through `mule demo` and prints it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from data_catalog.catalog import Catalog
+from data_catalog.workdir import Workdir
+from mule_core.config import resolve
+from mule_core.errors import is_user_error
+from pipeline import rebuild, reuse
+from pipeline.declaration import REBUILD
+from pipeline.runner import Runner
+
+TINY = {"data.train_images": 24, "data.val_images": 8, "data.test_images": 8, "data.image_size": 48,
+        "features.input_size": 32, "features.shard_images": 16, "text.fasttext_epochs": 2, "pretrain.epochs": 1,
+        "pretrain.batch_images": 8, "train.epochs": 2, "train.batch_images": 8, "eval.examples": 1}  # fmt: skip
+
+# kind -> (a file of that kind, the stage that runs again after a damage; None: none does)
+STAGE_OUTPUTS = {
+    "captions table": ("catalog/captions/embedded.parquet", "ingest"),
+    "images table": ("catalog/images/embedded.parquet", "ingest"),
+    "rejects table": ("catalog/rejects/embedded.parquet", "ingest"),
+    "MT captions table": ("catalog/captions/embedded.mt.parquet", "translate"),
+    "translations table": ("catalog/translations/embedded.parquet", "translate"),
+    "image rejects table": ("catalog/rejects/embedded.images.parquet", "features"),
+    "feature part": ("catalog/features/embedded/*/part-*-00001.parquet", "features"),
+    "features pointer": ("catalog/features/embedded/current.json", "features"),
+    "extractor description": ("catalog/features/embedded/*/extractor.json", "features"),
+    "word vectors table": ("catalog/word_vectors/embedded.parquet", "text"),
+    "LP model": ("models/embedded/pretrain.pt", "pretrain"),
+    "model": ("models/embedded/model.pt", "train"),
+    "evaluation": ("results/embedded/evaluation.json", "evaluate"),
+}
+DAMAGES = ("cut", "deleted", "garbage")
+
+
+def damage(path: Path, how: str) -> None:
+    if how == "deleted":
+        path.unlink()
+    elif how == "cut":
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+    else:  # the same size: only the content digest can tell
+        path.write_bytes(os.urandom(max(path.stat().st_size, 16)))
+
+
+def one(root: Path, pattern: str) -> Path:
+    found = sorted(root.glob(pattern))
+    assert found, f"no {pattern} in the built workdir"
+    return found[0]
+
+
+def next_run(wd: Workdir, cfg, stages=REBUILD) -> dict[str, reuse.Decision]:
+    """What the next run does, stage by stage (as the rebuild flow does, without Prefect): decisions."""
+    runner, decisions = Runner(wd), {}
+    for name in rebuild.plan(wd, cfg, list(stages)):
+        decisions[name] = runner.decide(cfg, name)
+        runner.run(cfg, name, decision=decisions[name], track=False)
+    return decisions
+
+
+def outputs(wd: Workdir, cfg) -> dict[str, dict]:
+    """Every stage's recorded output digests."""
+    return {s: reuse.read_record(wd, cfg, s)["outputs"] for s in REBUILD}
+
+
+def recalls(wd: Workdir) -> dict:
+    return json.loads((wd.results_dir("embedded") / "evaluation.json").read_text())["table"]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    cfg = resolve("demo", TINY)
+    wd = Workdir.at(tmp_path_factory.mktemp("damage") / "built")
+    next_run(wd, cfg)
+    return wd, cfg, json.loads((wd.results_dir("embedded") / "evaluation.json").read_text())
+
+
+@pytest.fixture
+def copy(built, tmp_path):
+    wd, cfg, _ = built
+    target = tmp_path / "work"
+    shutil.copytree(wd.root, target, symlinks=True)
+    copied = Workdir.at(target)
+    from experiments.relocation import adopt
+
+    adopt(copied)  # as every command does first: a copy points its paths at itself (its images table changes)
+    return copied, cfg, outputs(copied, cfg)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", DAMAGES)
+@pytest.mark.parametrize("kind", list(STAGE_OUTPUTS))
+def test_a_damaged_output_reruns_its_stage_first_saying_which_file(kind, how, built, copy):
+    wd, cfg, before = copy
+    pattern, stage = STAGE_OUTPUTS[kind]
+    path = one(wd.root, pattern)
+    name = str(path.relative_to(wd.root))
+    damage(path, how)
+
+    decisions = next_run(wd, cfg)
+
+    ran = [s for s, d in decisions.items() if d.run]
+    assert ran and ran[0] == stage, (kind, how, {s: d.reason for s, d in decisions.items()})
+    reason = decisions[stage].reason
+    assert name in reason and ("missing" if how == "deleted" else "changed since it was written") in reason
+    # Repaired: the same recalls as before the damage (a model trained again is the same
+    # model), and the run after reuses everything.
+    assert recalls(wd) == recalls(built[0])
+    assert not any(d.run for d in next_run(wd, cfg).values())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", DAMAGES)
+def test_a_run_of_one_stage_repairs_what_it_reads_first(how, built, copy):
+    """`mule run evaluate` with the trained model damaged: train runs again before it."""
+    wd, cfg, before = copy
+    damage(wd.model_path("embedded", "model"), how)
+    decisions = next_run(wd, cfg, ["evaluate"])
+    assert list(decisions) == ["train", "evaluate"] and decisions["train"].run
+    assert recalls(wd) == recalls(built[0])
+
+
+@pytest.mark.parametrize("how", DAMAGES)
+def test_derived_files_are_rebuilt_and_caches_start_empty(how, built, copy):
+    wd, cfg, before = copy
+    for name in ("catalog.duckdb", "state/file_hashes.json", "workdir.json", "mule.lock"):
+        if (wd.root / name).exists():
+            damage(wd.root / name, how)
+    from experiments.relocation import adopt
+
+    adopt(wd)
+    decisions = next_run(wd, cfg)
+    assert not any(d.run for d in decisions.values()), {s: d.reason for s, d in decisions.items() if d.run}
+    assert Catalog(wd).query("SELECT count(*) AS n FROM images")["n"][0].as_py() == 40  # the views, rebuilt
+
+
+@pytest.mark.parametrize("how", ("cut", "garbage"))
+def test_an_unreadable_stage_record_counts_as_none(how, built, copy):
+    wd, cfg, before = copy
+    damage(wd.stage_record_path("embedded", "text", ""), how)
+    decisions = next_run(wd, cfg)
+    assert [s for s, d in decisions.items() if d.run] == ["text"]
+    assert "record state/stages/embedded/text.json is unreadable" in decisions["text"].reason
+    assert outputs(wd, cfg)["text"] == before["text"]  # the same word vectors
+
+
+@pytest.mark.parametrize("how", ("cut", "garbage"))
+def test_a_damaged_checkpoint_or_journal_is_left_behind(how, built, copy, caplog):
+    """Files a stopped run leaves for the next one to resume from: a damaged one is not resumed from."""
+    wd, cfg, before = copy
+    checkpoint = wd.checkpoint_path("embedded", "model")
+    checkpoint.write_bytes(wd.model_path("embedded", "model").read_bytes())
+    damage(checkpoint, how)
+    journal = wd.table_path("translations", "embedded").with_name("embedded.journal.jsonl")
+    journal.write_bytes(b'{"backend": "lexicon"}\n[1, 2]\n' + os.urandom(64) + b"\n")
+    runner = Runner(wd)
+    runner.run(cfg, "translate", force=True, track=False)
+    runner.run(cfg, "train", force=True, track=False)
+    assert "training starts from epoch 1" in caplog.text
+    assert recalls(wd) == recalls(built[0])
+
+
+@pytest.mark.parametrize("how", ("cut", "garbage"))
+def test_what_mule_cannot_repair_is_one_line_naming_the_file(how, built, copy, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    from experiments import tracking
+    from flows.runtime import check_prefect_database
+
+    wd, _, _ = copy
+    MlflowClient(wd.mlflow_uri).create_experiment("mule/embedded")  # a real store (these stages ran untracked)
+    store = wd.root / "mlflow.db"
+    damage(store, how)
+    with pytest.raises(Exception) as error:
+        tracking.check_store(wd)
+    assert is_user_error(error.value) and str(store) in str(error.value) and "mv " in str(error.value)
+
+    database = wd.root / "prefect" / "prefect.db"
+    database.parent.mkdir(exist_ok=True)
+    shutil.copy(store, database)  # as damaged
+    monkeypatch.setenv("PREFECT_HOME", str(database.parent))
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    with pytest.raises(Exception) as error:
+        check_prefect_database()
+    assert is_user_error(error.value) and str(database) in str(error.value) and "rm -r" in str(error.value)
+
+
+def test_a_typo_in_mule_s_own_sql_is_a_bug_not_a_missing_table(built, copy):
+    import duckdb
+
+    wd, _, _ = copy
+    catalog = Catalog(wd)
+    with pytest.raises(duckdb.CatalogException):  # keeps its traceback: not one of the user's errors
+        catalog.query("SELECT * FROM captoins")
+    (wd.catalog_dir / "word_vectors" / "embedded.parquet").unlink()
+    catalog.refresh_views()
+    with pytest.raises(Exception) as error:  # a table a stage has not written yet: the user's next step
+        catalog.query("SELECT * FROM word_vectors")
+    assert is_user_error(error.value) and "mule run text" in str(error.value)

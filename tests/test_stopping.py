@@ -1,0 +1,155 @@
+"""Stopping: Ctrl-C (SIGINT to the process group, as a terminal sends it) and SIGTERM
+(what `timeout`, systemd or a container stop send) stop `mule demo` within seconds at
+any stage, with one line and no traceback; the MLflow runs end KILLED, the Prefect flow
+runs crashed; the same command then resumes and ends as a run never stopped. A second
+run on the same workdir is refused with one line before it starts anything, or with
+--wait waits for the first and reuses what it made.
+
+bench/interrupts.py prints the same, stage by stage, with the seconds each took.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.test_crashes import SIZES, TINY, reference_run
+
+REPO = Path(__file__).resolve().parents[1]
+LIMIT_S = 3.0  # flows.interrupts stops within 2 s; a loaded 2-core CI machine gets a second more
+
+
+class Demo:
+    """`python -m flows.cli demo` as a user starts it (its own process group, its own
+    temporary Prefect server unless PREFECT_API_URL says otherwise), its output collected."""
+
+    def __init__(self, workdir: Path, *extra: str, env: dict | None = None):
+        args = ["demo", "--workdir", str(workdir), *SIZES, *[a for o in TINY for a in ("--set", o)], *extra]
+        self.process = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=REPO, text=True,
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                                        env={**os.environ, **(env or {})})  # fmt: skip
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=lambda: self.lines.extend(self.process.stdout), daemon=True)
+        self.reader.start()
+
+    def wait_for(self, pattern: str, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while not any(re.search(pattern, line) for line in self.lines):
+            assert self.process.poll() is None, "".join(self.lines)[-3000:]
+            assert time.monotonic() < deadline, f"no line matching {pattern!r}"
+            time.sleep(0.02)
+
+    def stop(self, signum: int, group: bool) -> tuple[float, list[str]]:
+        """Sends the signal; (seconds until the process ended, lines printed after it)."""
+        seen = len(self.lines)
+        sent = time.monotonic()
+        (os.killpg if group else os.kill)(self.process.pid, signum)
+        self.process.wait(timeout=30)
+        took = time.monotonic() - sent
+        self.reader.join(5)
+        return took, [line.rstrip("\n") for line in self.lines[seen:]]
+
+    def finish(self, timeout: float = 300) -> str:
+        self.process.wait(timeout=timeout)
+        self.reader.join(5)
+        return "".join(self.lines)
+
+
+def runs(workdir: Path) -> list:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("mule/embedded")
+    return client.search_runs([experiment.experiment_id]) if experiment else []
+
+
+@pytest.mark.slow
+def test_ctrl_c_and_sigterm_stop_every_kind_of_stage_and_the_rerun_equals_a_run_never_stopped(tmp_path,
+                                                                                              prefect_api_url):  # fmt: skip
+    from prefect.client.orchestration import get_client
+
+    reference = tmp_path / "reference"
+    reference_run(reference)
+    stopped = tmp_path / "stopped"
+    env = {"PREFECT_API_URL": prefect_api_url, "MULE_PREFECT_HEARTBEATS": "off"}  # the session's server: its states
+    for stage, signum, group in (("features", signal.SIGINT, True), ("text", signal.SIGTERM, False),
+                                 ("train", signal.SIGINT, False), ("evaluate", signal.SIGTERM, True)):  # fmt: skip
+        demo = Demo(stopped, env=env)
+        demo.wait_for(rf"mule\.pipeline - {stage}: ran\b")
+        took, after = demo.stop(signum, group)
+        said = [line for line in after if line.strip()]
+        assert demo.process.returncode == 128 + signum, (stage, after)
+        assert took < LIMIT_S, (stage, took)
+        assert len(said) == 1 and said[0].startswith(f"mule: stopped by {'Ctrl-C' if signum == 2 else 'SIGTERM'}"), said
+        assert f"in stage {stage}" in said[0] and "run the same command to resume" in said[0]
+        everything = "".join(demo.lines)
+        assert "Traceback" not in everything and "ConnectError" not in everything
+        open_runs = [r.info.run_name for r in runs(stopped) if r.info.status == "RUNNING"]
+        assert not open_runs, (stage, open_runs)
+        killed = [r for r in runs(stopped) if r.info.status == "KILLED"]
+        assert {r.info.run_name for r in killed} >= {stage, "rebuild"}, stage
+        with get_client(sync_client=True) as client:  # the stage's flow run, as Prefect's UI shows it
+            flow_run = client.read_flow_run(next(r for r in killed if r.info.run_name == stage).data.tags["prefect.flow_run_id"])
+            assert flow_run.state.type.value in ("CRASHED", "CANCELLED"), (stage, flow_run.state)
+
+    output = Demo(stopped, env=env).finish()
+    assert "mean mR" in output, output[-3000:]
+    evaluation = [json.loads((w / "results" / "embedded" / "evaluation.json").read_text())["table"]
+                  for w in (stopped, reference)]  # fmt: skip
+    assert evaluation[0] == evaluation[1]  # the resumed run is the run never stopped
+
+
+def test_a_signal_while_c_code_runs_still_stops_within_the_grace(tmp_path):
+    """fastText trains in C for seconds without coming back to Python, where Ctrl-C's
+    exception would be raised: the watchdog ends the process all the same."""
+    script = (
+        "import random, sys, fasttext\n"
+        "from flows import interrupts\n"
+        "interrupts.install(lambda signum: 'mule: stopped by ' + interrupts.how(signum))\n"
+        f"path = {str(tmp_path / 'corpus.txt')!r}\n"
+        "words = [f'w{i}' for i in range(2000)]\n"
+        "open(path, 'w').write('\\n'.join(' '.join(random.choices(words, k=12)) for _ in range(200_000)))\n"
+        "print('training', flush=True)\n"
+        "fasttext.train_unsupervised(path, dim=100, epoch=50, thread=1, verbose=0)\n"
+        "print('trained: the signal was not acted on', flush=True)\n"
+    )
+    process = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    assert process.stdout.readline().strip() == "training"
+    time.sleep(0.5)
+    sent = time.monotonic()
+    process.send_signal(signal.SIGINT)
+    rest = process.communicate(timeout=60)[0]
+    assert time.monotonic() - sent < LIMIT_S and process.returncode == 130, rest
+    assert rest.strip() == "mule: stopped by Ctrl-C"
+
+
+@pytest.mark.slow
+def test_a_second_run_is_refused_at_once_or_waits_for_the_first(tmp_path):
+    workdir = tmp_path / "work"
+    first = Demo(workdir)  # its own temporary Prefect server, as a user's first run
+    first.wait_for(r"mule\.pipeline - ingest: ran\b")
+
+    started = time.monotonic()
+    refused = Demo(workdir, env={"MULE_PREFECT_EARLY_START": "1"})
+    output = refused.finish(timeout=60).strip()
+    assert refused.process.returncode == 2 and time.monotonic() - started < 15
+    assert len(output.splitlines()) == 1 and "in use by another mule process" in output, output
+    assert f"pid {first.process.pid}" in output and "--wait" in output
+
+    waiting = Demo(workdir, "--wait")
+    waiting.wait_for(rf"waiting for the workdir .* in use by pid {first.process.pid}")
+    assert "mean mR" in first.finish()
+    second = waiting.finish()
+    assert waiting.process.returncode == 0, second[-3000:]
+    assert "every stage is up to date" in second  # it ran once the first was done, reusing what it made
+    assert "Traceback" not in second and "ConnectError" not in second
