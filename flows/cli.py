@@ -401,10 +401,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from . import interrupts
 
     interrupts.install(lambda signum: f"mule serve: stopped by {interrupts.how(signum)}; port {args.port} is free")
-    # uvicorn takes Ctrl-C and SIGTERM while it serves, stops (answers in flight get a
-    # second), then raises the signal again for mule's handler (flows.interrupts).
+    # uvicorn takes Ctrl-C and SIGTERM while it serves and stops (answers in flight get a
+    # second); it swallows the KeyboardInterrupt it raises again, so ask what stopped it.
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=1)
-    return 0
+    stopped_by = interrupts.stopping()
+    return interrupts.finish(stopped_by) if stopped_by else 0
 
 
 def cmd_search(args: argparse.Namespace) -> int:

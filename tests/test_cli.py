@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -134,10 +135,15 @@ def test_ui_serves_the_workdir_store_and_lands_on_the_runs(tmp_path):
             assert page.get_by_role("columnheader", name="Run Name").count() >= 1
             assert "/runs" in page.url and "workflowType=machine_learning" in page.url
             assert "overview" not in page.url and "genai" not in page.url
+        sent = time.monotonic()
+        ui.send_signal(signal.SIGINT)  # Ctrl-C: the command and MLflow's server processes go
+        rest = ui.communicate(timeout=20)[0]
+        assert ui.returncode == 130 and time.monotonic() - sent < 3.0, rest
+        assert f"mule ui: stopped by Ctrl-C; port {port} is free" in rest and "Traceback" not in rest
     finally:
-        ui.terminate()
-        ui.wait(timeout=20)
-    time.sleep(1)
+        if ui.poll() is None:
+            ui.kill()
+            ui.wait(timeout=20)
     with pytest.raises(OSError):  # the UI's server went with it
         urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
 

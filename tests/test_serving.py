@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -259,9 +260,20 @@ def test_the_search_page_in_a_real_browser(served, tmp_path):
             page.press("#q", "Enter")
             page.wait_for_selector("#status.error")
             assert "none of the words" in page.text_content("#status")
+        # SIGTERM (a container stop): it goes within 2 s, says so in one line, frees the port
+        sent = time.monotonic()
+        server.send_signal(signal.SIGTERM)
+        rest = server.communicate(timeout=20)[0]
+        assert server.returncode == 143 and time.monotonic() - sent < 3.0, rest
+        assert rest.strip().splitlines()[-1] == f"mule serve: stopped by SIGTERM; port {port} is free"
+        assert "Traceback" not in rest
+        with socket.socket() as sock:  # free again for the next server (the browser's closed connections linger)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("127.0.0.1", port))
     finally:
-        server.terminate()
-        server.wait(timeout=20)
+        if server.poll() is None:
+            server.kill()
+            server.wait(timeout=20)
 
 
 def _keep_screenshot(path: Path) -> None:
