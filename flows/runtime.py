@@ -61,12 +61,23 @@ class _NoTracebackForUserErrors(logging.Filter):
         return True
 
 
+class _NoCrashLinesForSignals(logging.Filter):
+    """Prefect reports a run stopped by Ctrl-C or SIGTERM as crashed ("Execution was aborted
+    by an interrupt signal"), sometimes before mule's handler has seen the signal: mule's
+    one line (flows.interrupts) says it; the flow run's state still does in Prefect."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Execution was aborted by a" not in record.getMessage()
+
+
 def quiet_user_errors() -> None:
-    """Installs the filter on Prefect's run loggers (idempotent; Prefect may reconfigure logging)."""
-    for name in ("prefect.task_runs", "prefect.flow_runs", "prefect.flow_engine", "prefect.task_engine"):
+    """Installs the filters on Prefect's run loggers (idempotent; Prefect may reconfigure logging)."""
+    for name in ("prefect.task_runs", "prefect.flow_runs", "prefect.flow_engine", "prefect.task_engine",
+                 "prefect.engine"):  # fmt: skip
         logger = logging.getLogger(name)
-        if not any(isinstance(f, _NoTracebackForUserErrors) for f in logger.filters):
-            logger.addFilter(_NoTracebackForUserErrors())
+        for kind in (_NoTracebackForUserErrors, _NoCrashLinesForSignals):
+            if not any(isinstance(f, kind) for f in logger.filters):
+                logger.addFilter(kind())
 
 
 def dask_task_runner(features, shards: int):
