@@ -22,6 +22,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.test_damage import DAMAGES, damage  # noqa: E402 - the tests' damages, the same here
+
 SIZES = ["--train-images", "48", "--val-images", "16", "--test-images", "24"]
 SETS = {"data.image_size": 48, "features.input_size": 32, "text.fasttext_epochs": 3, "pretrain.epochs": 2,
         "pretrain.batch_images": 16, "train.epochs": 10, "train.batch_images": 16, "loss.mining_warmup_steps": 3,
@@ -58,22 +61,11 @@ KINDS = {
     "workdir description": "workdir.json",
     "lock file": "mule.lock",
 }
-DAMAGES = ("cut", "deleted", "garbage")
 
 
 def mule(workdir: Path) -> list[str]:
     sets = [a for k, v in SETS.items() for a in ("--set", f"{k}={v}")]
     return [str(Path(sys.executable).with_name("mule")), "demo", "--workdir", str(workdir), *SIZES, *sets]
-
-
-def damage(path: Path, how: str) -> None:
-    if how == "deleted":
-        path.unlink()
-    elif how == "cut":
-        data = path.read_bytes()
-        path.write_bytes(data[: len(data) // 2])
-    else:  # the same size, other bytes: only the content digest can tell
-        path.write_bytes(os.urandom(path.stat().st_size or 64))
 
 
 def ran(output: str) -> str:

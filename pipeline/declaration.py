@@ -201,30 +201,29 @@ def writer_of(entry: str) -> str | None:
     return next((s.name for s in STAGES if entry in s.writes and s.kind == "rebuild"), None)
 
 
+def _writers_of(entries: list[str], cfg) -> list[str]:
+    """The rebuild's stages that write these entries, and what those read, in order."""
+    needed, todo = set(), list(entries)
+    while todo:
+        writer = writer_of(todo.pop())
+        if writer and writer not in needed:
+            needed.add(writer)
+            todo += BY_NAME[writer].entries_read(cfg)
+    return in_pipeline_order(needed)
+
+
 def upstream(sweep: str, cfg) -> list[str]:
     """The rebuild's stages that write what a sweep's steps read (and what those read), in
     order: they run before it, and reuse makes them free when they are up to date. What
     the steps write themselves (LP models, models) is made per variant."""
     steps = [BY_NAME[s] for s in BY_NAME[sweep].steps]
     made_by_steps = {entry for step in steps for entry in step.writes}
-    needed, todo = set(), [e for step in steps for e in step.entries_read(cfg) if e not in made_by_steps]
-    while todo:
-        writer = writer_of(todo.pop())
-        if writer and writer not in needed:
-            needed.add(writer)
-            todo += BY_NAME[writer].entries_read(cfg)
-    return in_pipeline_order(needed)
+    return _writers_of([e for step in steps for e in step.entries_read(cfg) if e not in made_by_steps], cfg)
 
 
 def writers_upstream(stages, cfg) -> list[str]:
     """The rebuild's stages that write what `stages` read, and what those read, in order."""
-    needed, todo = set(), [e for s in stages for e in BY_NAME[s].entries_read(cfg)]
-    while todo:
-        writer = writer_of(todo.pop())
-        if writer and writer not in needed:
-            needed.add(writer)
-            todo += BY_NAME[writer].entries_read(cfg)
-    return in_pipeline_order(needed)
+    return _writers_of([e for s in stages for e in BY_NAME[s].entries_read(cfg)], cfg)
 
 
 def with_upstream(stages, cfg) -> list[str]:
