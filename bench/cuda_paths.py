@@ -24,12 +24,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere, installed or not
 
-from mule_core.config import resolve  # noqa: E402
-from mule_core.devices import resolve_device  # noqa: E402
-from mule_core.features import extractor_network  # noqa: E402
-from mule_core.metrics import mean_mr  # noqa: E402
-from mule_core.model import MuleModel  # noqa: E402
-from mule_core.training import SplitTensors, Trainer, evaluate_split  # noqa: E402
+from mule.mule_core.config import resolve  # noqa: E402
+from mule.mule_core.devices import resolve_device  # noqa: E402
+from mule.mule_core.features import extractor_network  # noqa: E402
+from mule.mule_core.metrics import mean_mr  # noqa: E402
+from mule.mule_core.model import MuleModel  # noqa: E402
+from mule.mule_core.training import SplitTensors, Trainer, evaluate_split  # noqa: E402
 
 LANGS = ["en", "fr"]
 
@@ -72,7 +72,7 @@ def training(device: torch.device, n_images: int, epochs: int) -> None:
 def extraction(device: torch.device, images: int) -> None:
     from PIL import Image
 
-    from tasks.extraction import ImageCrops, collate, vectors
+    from mule.tasks.extraction import ImageCrops, collate, vectors
 
     folder = Path("/tmp/mule-cuda-images")
     folder.mkdir(exist_ok=True)

@@ -25,14 +25,14 @@ import pyarrow as pa
 import torch
 from PIL import Image
 
-from data_catalog.catalog import Catalog
-from data_catalog.schemas import IMAGES
-from data_catalog.weights import load_extractor
-from data_catalog.workdir import Workdir
-from mule_core.config import resolve
-from mule_core.devices import resolve_device
-from mule_core.features import crop_transform, extract
-from tasks.features import batch_size_for, extract_shard, loader_workers_for
+from mule.data_catalog.catalog import Catalog
+from mule.data_catalog.schemas import IMAGES
+from mule.data_catalog.weights import load_extractor
+from mule.data_catalog.workdir import Workdir
+from mule.mule_core.config import resolve
+from mule.mule_core.devices import resolve_device
+from mule.mule_core.features import crop_transform, extract
+from mule.tasks.features import batch_size_for, extract_shard, loader_workers_for
 
 SETTINGS = {"demo": {}, "paper": {"features.weights": "random"}}
 
@@ -41,8 +41,8 @@ def write_images(folder: Path, n: int, size: tuple[int, int], scenes: bool) -> l
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     if scenes:  # the demo's own images: rendered scenes of the embedded dataset
-        from data_catalog.embedded.multi30k_layout import EmbeddedSpec, generate_image
-        from data_catalog.embedded.scenes import render_scene
+        from mule.data_catalog.embedded.multi30k_layout import EmbeddedSpec, generate_image
+        from mule.data_catalog.embedded.scenes import render_scene
 
         spec = EmbeddedSpec()
         for i in range(n):

@@ -15,8 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from data_catalog.readers.multi30k import read_multi30k
-from mule_core.text import tokenize
+from mule.data_catalog.readers.multi30k import read_multi30k
+from mule.mule_core.text import tokenize
 
 
 def main() -> None:

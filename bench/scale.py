@@ -28,7 +28,7 @@ from pathlib import Path
 
 import psutil
 
-from pipeline.declaration import REBUILD
+from mule.pipeline.declaration import REBUILD
 
 # name -> mule demo arguments. Multi30K-style rows use Multi30K's val and test sizes beyond
 # the 3k demo (which is `mule demo` as it is); COCO-style rows keep the demo's val and test.

@@ -61,9 +61,9 @@ def paper_shaped(embedder):
     """The same vocabularies and image features in an untrained model of the paper's sizes."""
     import dataclasses
 
-    from mule_core.config import resolve
-    from mule_core.embedder import Embedder
-    from mule_core.model import MuleModel
+    from mule.mule_core.config import resolve
+    from mule.mule_core.embedder import Embedder
+    from mule.mule_core.model import MuleModel
 
     meta = dict(embedder.meta)
     paper = resolve("paper", {})
@@ -106,9 +106,9 @@ def main() -> None:
 
     import torch
 
-    from data_catalog.embedders import open_embedder
-    from serving.app import create_app
-    from serving.gallery import synthetic_gallery
+    from mule.data_catalog.embedders import open_embedder
+    from mule.serving.app import create_app
+    from mule.serving.gallery import synthetic_gallery
 
     embedder = open_embedder(Path(args.model))
     if args.shape == "paper":

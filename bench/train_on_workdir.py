@@ -34,18 +34,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere, installed or not
 
-from mule_core.config import parse_assignments, resolve  # noqa: E402
-from mule_core.metrics import cross_lingual_recalls, mean_mr  # noqa: E402
-from mule_core.model import MuleModel  # noqa: E402
-from mule_core.training import SplitTensors, Trainer, encode_split, evaluate_split, resolve_device  # noqa: E402
+from mule.mule_core.config import parse_assignments, resolve  # noqa: E402
+from mule.mule_core.metrics import cross_lingual_recalls, mean_mr  # noqa: E402
+from mule.mule_core.model import MuleModel  # noqa: E402
+from mule.mule_core.training import SplitTensors, Trainer, encode_split, evaluate_split, resolve_device  # noqa: E402
 
 
 # -- export: the catalog's inputs to one file -------------------------------------------
 def export(workdir: str, dataset: str, preset: str, overrides: dict, out: str, bits: int, text_only: bool) -> None:
-    from data_catalog.catalog import Catalog
-    from data_catalog.models import load_model
-    from data_catalog.splits import load_split, load_vocabulary
-    from data_catalog.workdir import Workdir
+    from mule.data_catalog.catalog import Catalog
+    from mule.data_catalog.models import load_model
+    from mule.data_catalog.splits import load_split, load_vocabulary
+    from mule.data_catalog.workdir import Workdir
 
     cfg = resolve(preset, {"data.dataset": dataset, **overrides})
     wd = Workdir.at(workdir)
@@ -198,10 +198,10 @@ def lp_variant(tag: str, cfg, data, splits, device) -> dict:
 def from_workdir(workdir: str, cfg):
     import functools
 
-    from data_catalog.catalog import Catalog
-    from data_catalog.models import load_model
-    from data_catalog.splits import load_split, load_vocabulary
-    from data_catalog.workdir import Workdir
+    from mule.data_catalog.catalog import Catalog
+    from mule.data_catalog.models import load_model
+    from mule.data_catalog.splits import load_split, load_vocabulary
+    from mule.data_catalog.workdir import Workdir
 
     wd = Workdir.at(workdir)
     catalog = Catalog(wd)

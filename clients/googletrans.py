@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from mule_core.errors import UserError
+from mule.mule_core.errors import UserError
 
 _STATUS = re.compile(r'Unexpected status code "(\d+)"')
 SERVICE = "translate.googleapis.com"

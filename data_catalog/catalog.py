@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute  # noqa: F401 - pa.compute
 import pyarrow.parquet as pq
 
-from mule_core.errors import UserError
+from mule.mule_core.errors import UserError
 
 from .atomic import write_atomic, write_json_atomic, write_text_atomic  # noqa: F401 - the catalog's writers
 from .schemas import TABLES, features_schema
@@ -220,7 +220,7 @@ class Catalog:
 
     def current_extractor(self, dataset: str, features) -> str | None:
         """The identity of the current vectors of a FeaturesConfig's setting, if any."""
-        from mule_core.extractor_names import setting_name
+        from mule.mule_core.extractor_names import setting_name
 
         identity = self.current_extractors(dataset).get(setting_name(features))
         return identity if identity and self.feature_parts(dataset, identity) else None
@@ -228,7 +228,7 @@ class Catalog:
     def require_current_extractor(self, dataset: str, features) -> str:
         identity = self.current_extractor(dataset, features)
         if identity is None:
-            from mule_core.extractor_names import setting_name
+            from mule.mule_core.extractor_names import setting_name
 
             raise CatalogError(
                 f"the catalog in {self.workdir.root} has no features for dataset {dataset!r} from the extractor "
@@ -237,7 +237,7 @@ class Catalog:
         return identity
 
     def set_current_extractor(self, dataset: str, features, identity: str) -> None:
-        from mule_core.extractor_names import setting_name
+        from mule.mule_core.extractor_names import setting_name
 
         current = self.current_extractors(dataset) | {setting_name(features): identity}
         write_json_atomic(current, self._current_file(dataset))

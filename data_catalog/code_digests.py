@@ -20,7 +20,7 @@ import ast
 import functools
 import hashlib
 import sys
-from importlib.metadata import PackageNotFoundError, distribution, distributions, version
+from importlib.metadata import PackageNotFoundError, distribution, distributions, packages_distributions, version
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,11 +31,17 @@ REPO = Path(__file__).resolve().parents[1]
 RUNNERS = frozenset({"prefect", "prefect_dask", "mlflow", "dask", "distributed"})
 
 
+NAMESPACE = "mule"  # installed, the repository's folders are mule.<folder> (pyproject.toml)
+
+
 @functools.cache
 def module_path(module: str, repo: Path = REPO) -> Path | None:
     """The file of a repository module (a package is its __init__.py); None when the
-    module is not in the repository."""
-    base = repo.joinpath(*module.split("."))
+    module is not in the repository (and for the `mule` namespace itself, which has no file)."""
+    parts = module.split(".")
+    if parts[0] != NAMESPACE or len(parts) == 1:
+        return None
+    base = repo.joinpath(*parts[1:])
     for candidate in (base.with_suffix(".py"), base / "__init__.py"):
         if candidate.is_file():
             return candidate
@@ -122,7 +128,7 @@ def closure(module: str | tuple[str, ...], repo: Path = REPO) -> tuple[dict[str,
                 continue
             path = module_path(candidate, repo)
             if path is None:
-                if module_path(candidate.split(".")[0], repo) is None:
+                if candidate.split(".")[0] != NAMESPACE:
                     outside.add(candidate.split(".")[0])
                 continue  # `from pkg import function`: pkg.function is not a module
             reached[candidate] = path
@@ -142,13 +148,21 @@ def _top_level_names() -> dict[str, tuple]:
 
 
 @functools.cache
+def _packages_distributions() -> dict[str, list[str]]:
+    return packages_distributions()
+
+
+@functools.cache
 def _distributions_of(name: str) -> tuple[str, ...]:
     if name in _top_level_names():
         return tuple(dist.metadata["Name"] for dist in _top_level_names()[name])
     try:
         return (distribution(name).metadata["Name"],)  # most import names are their distribution's
     except PackageNotFoundError:
-        return ()
+        pass
+    # a wheel without top_level.txt whose import name is not its name (faiss: faiss-cpu):
+    # every RECORD read once (2 s), only when it comes to that
+    return tuple(_packages_distributions().get(name, ()))
 
 
 def installed_version(dist: str) -> str:

@@ -8,7 +8,7 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict
 
-from mule_core.config import DataConfig
+from mule.mule_core.config import DataConfig
 
 from .code_digests import code_digest
 from .embedded import coco_layout, multi30k_layout
@@ -39,7 +39,7 @@ def embedded_ceiling(workdir: Workdir, data: DataConfig, split: str) -> dict[str
     from .catalog import write_json_atomic
     from .embedded.ceiling import ceiling
 
-    spec, code = embedded_spec(data), code_digest("data_catalog.embedded.ceiling")
+    spec, code = embedded_spec(data), code_digest("mule.data_catalog.embedded.ceiling")
     path = workdir.state_dir / EMBEDDED / f"ceiling-{_EMBEDDED_SPLITS[split]}.json"  # derived: not in raw/
     if path.exists():
         cached = json.loads(path.read_text())

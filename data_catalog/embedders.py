@@ -14,10 +14,10 @@ from pathlib import Path
 
 import torch
 
-from mule_core.config import MuleConfig
-from mule_core.embedder import Embedder, EmbedError
+from mule.mule_core.config import MuleConfig
+from mule.mule_core.embedder import Embedder, EmbedError
 
-from .images import BadImage, load_rgb
+from .images import BadImage, TooManyPixels, load_rgb
 from .models import load_model
 
 
@@ -44,13 +44,16 @@ def _network_loader(cfg: MuleConfig):
     return load
 
 
-def open_query_image(source: Path | bytes, min_side: int):
-    """An image given to a model (a file or an upload's bytes), opened as the catalog's are;
-    what cannot be used is an EmbedError that says why (and never shows a traceback)."""
+def open_query_image(source: Path | bytes, min_side: int, max_pixels: int):
+    """An image given to a model (a file or an upload's bytes), opened as the catalog's are,
+    within a pixel budget read from its header; what cannot be used is an EmbedError that
+    says why (and never shows a traceback)."""
+    what = "the upload" if isinstance(source, bytes) else str(source)
     try:
-        return load_rgb(source, min_side=min_side)
+        return load_rgb(source, min_side=min_side, max_pixels=max_pixels)
     except FileNotFoundError:
         raise EmbedError(f"{source}: no such image file", "not found") from None
+    except TooManyPixels as error:
+        raise EmbedError(f"{what}: {error.reason}", "too large") from None
     except BadImage as error:
-        what = "the upload" if isinstance(source, bytes) else str(source)
         raise EmbedError(f"{what}: not an image that can be read ({error.reason})", "not an image") from None

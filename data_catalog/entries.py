@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import indexes
 from .atomic import write_json_atomic
 from .catalog import Catalog
 from .sources import locate
@@ -116,6 +117,8 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
     Entry("base model", "model", _base_model),
     Entry("evaluation", "file",
           lambda wd, catalog, cfg: [wd.model_results_dir(cfg.data.dataset, cfg.train.model_name) / "evaluation.json"]),
+    Entry("gallery index", "files",
+          lambda wd, catalog, cfg: indexes.index_files(wd, cfg.data.dataset, cfg.train.model_name)),
     Entry("translated-query evaluation", "file",
           lambda wd, catalog, cfg: [wd.model_results_dir(cfg.data.dataset, cfg.train.model_name) / "translated_queries.json"]),
 )}  # fmt: skip

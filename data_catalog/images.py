@@ -38,16 +38,22 @@ class BadImage(ValueError):
         self.reason = reason
 
 
-def _check_size(width: int, height: int) -> None:
+class TooManyPixels(BadImage):
+    """More pixels than the caller's budget, known from the header: nothing was decoded."""
+
+
+def _check_size(width: int, height: int, max_pixels: int = MAX_PIXELS) -> None:
     if width < 1 or height < 1:
         raise BadImage(f"image of {width}x{height} pixels")
-    if width * height > MAX_PIXELS:
-        raise BadImage(f"{width}x{height} pixels is more than {MAX_PIXELS:,} (a decompression bomb?): not decoded")
+    if width * height > min(max_pixels, MAX_PIXELS):
+        limit = min(max_pixels, MAX_PIXELS)
+        bomb = " (a decompression bomb?)" if width * height > MAX_PIXELS else ""
+        raise TooManyPixels(f"{width}x{height} pixels is more than {limit:,}{bomb}: not decoded")
     if max(width, height) > MAX_ASPECT * min(width, height):
         raise BadImage(f"{width}x{height} pixels: an aspect ratio beyond {MAX_ASPECT}:1")
 
 
-def _open(path: Path | bytes) -> Image.Image:
+def _open(path: Path | bytes, max_pixels: int = MAX_PIXELS) -> Image.Image:
     """`path`: a file, or an image's bytes (an upload)."""
     if isinstance(path, bytes):
         if not path:
@@ -78,7 +84,7 @@ def _open(path: Path | bytes) -> Image.Image:
             raise  # a bug of ours, not a bad file
         raise BadImage(f"unreadable image header: {error!r}") from None
     try:
-        _check_size(*image.size)
+        _check_size(*image.size, max_pixels)
     except BadImage:
         image.close()
         raise
@@ -91,14 +97,16 @@ def probe(path: Path) -> tuple[int, int]:
         return image.size
 
 
-def load_rgb(path: Path | bytes, min_side: int = 0) -> Image.Image:
+def load_rgb(path: Path | bytes, min_side: int = 0, max_pixels: int = MAX_PIXELS) -> Image.Image:
     """The decoded image (a file, or its bytes) in RGB (EXIF orientation applied; first frame of an animation).
 
     min_side: the smallest shorter side the caller needs; a JPEG much larger than that is
     decoded at 1/2, 1/4 or 1/8 scale (never below min_side), which bounds memory and time.
-    Raises FileNotFoundError for a missing file and BadImage for anything unusable.
+    max_pixels: a budget below Pillow's limit (an upload's), checked from the header.
+    Raises FileNotFoundError for a missing file and BadImage for anything unusable
+    (TooManyPixels past the budget).
     """
-    with _open(path) as image:
+    with _open(path, max_pixels) as image:
         try:
             if min_side and image.format == "JPEG":
                 width, height = image.size

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mule_core.errors import UserError
+from mule.mule_core.errors import UserError
 
 
 class LexiconError(UserError, ValueError):

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from mule_core.errors import UserError
+from mule.mule_core.errors import UserError
 
 from .workdir import Workdir
 

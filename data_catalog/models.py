@@ -16,10 +16,10 @@ from typing import Any
 
 import torch
 
-from mule_core.config import MuleConfig, from_dict, to_dict
-from mule_core.errors import InputError, MissingInputError
-from mule_core.model import MuleModel
-from mule_core.text import Vocab, Vocabulary
+from mule.mule_core.config import MuleConfig, from_dict, to_dict
+from mule.mule_core.errors import InputError, MissingInputError
+from mule.mule_core.model import MuleModel
+from mule.mule_core.text import Vocab, Vocabulary
 
 from .atomic import write_atomic
 

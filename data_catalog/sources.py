@@ -9,12 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mule_core.errors import UserError
+from mule.mule_core.errors import UserError
 
 from .workdir import Workdir
 
 if TYPE_CHECKING:
-    from mule_core.config import DataConfig
+    from mule.mule_core.config import DataConfig
 
 EMBEDDED = "embedded"  # Multi30K-style: en, de, fr, cs
 EMBEDDED_COCO = "embedded-coco"  # COCO-style: en on every image, ja and zh on few

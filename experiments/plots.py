@@ -14,7 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from data_catalog.images import BadImage, load_rgb  # noqa: E402
+from mule.data_catalog.images import BadImage, load_rgb  # noqa: E402
 
 from .report import RECALL_COLUMNS, RECALL_HEADERS  # noqa: E402
 
@@ -53,7 +53,7 @@ def close(figure) -> None:
 
 def save(figure, path) -> None:
     """A PNG written atomically (a figure is an output like any other)."""
-    from data_catalog.atomic import write_atomic
+    from mule.data_catalog.atomic import write_atomic
 
     write_atomic(path, lambda tmp: figure.savefig(tmp, dpi=110, format="png"))
 

@@ -20,9 +20,9 @@ from urllib.parse import urlparse
 
 from mlflow.exceptions import MlflowException
 
-from data_catalog.content import ids_digest
-from data_catalog.workdir import Workdir
-from mule_core.errors import UserError
+from mule.data_catalog.content import ids_digest
+from mule.data_catalog.workdir import Workdir
+from mule.mule_core.errors import UserError
 
 from . import tracking
 

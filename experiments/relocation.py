@@ -12,9 +12,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from data_catalog.catalog import Catalog
-from data_catalog.content import restamp_outputs
-from data_catalog.workdir import Workdir
+from mule.data_catalog.catalog import Catalog
+from mule.data_catalog.content import restamp_outputs
+from mule.data_catalog.workdir import Workdir
 
 from . import tracking
 

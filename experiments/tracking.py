@@ -30,9 +30,9 @@ from typing import Any
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
-from data_catalog.workdir import Workdir
-from mule_core.config import MuleConfig, flatten
-from mule_core.errors import UserError, is_user_error
+from mule.data_catalog.workdir import Workdir
+from mule.mule_core.config import MuleConfig, flatten
+from mule.mule_core.errors import UserError, is_user_error
 
 _INVALID_METRIC_CHARS = re.compile(r"[^A-Za-z0-9_\-. :/]")
 # MLflow 3's UI opens an experiment without this tag in its GenAI (traces) view.
@@ -142,7 +142,7 @@ def relocate_store(workdir: Workdir, old_root: Path) -> int:
 
 def check_store(workdir: Workdir) -> None:
     """Refuses to run on an MLflow store that cannot be read: mule cannot repair it."""
-    from data_catalog.workdir import sqlite_problem
+    from mule.data_catalog.workdir import sqlite_problem
 
     problem = sqlite_problem(_store(workdir))
     if problem:

@@ -21,10 +21,10 @@ import sys
 import time
 from pathlib import Path
 
-from data_catalog.workdir import Workdir
-from mule_core.config import PRESETS, ConfigError, parse_assignments, resolve, to_dict
-from mule_core.errors import is_user_error
-from pipeline.declaration import ALL, REBUILD, in_pipeline_order
+from mule.data_catalog.workdir import Workdir
+from mule.mule_core.config import PRESETS, ConfigError, parse_assignments, resolve, to_dict
+from mule.mule_core.errors import is_user_error
+from mule.pipeline.declaration import ALL, REBUILD, in_pipeline_order
 
 DEMO_DATASETS = {"multi30k": "embedded", "coco": "embedded-coco"}  # mule demo --dataset -> generated dataset
 
@@ -99,6 +99,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--max-upload-mb", type=float, default=10.0, help="largest image upload (default: 10)")
+    serve.add_argument("--max-megapixels", type=float, default=40.0,
+                       help="largest image upload in pixels, read from its header before decoding (default: 40)")
+    serve.add_argument("--max-in-flight", type=int, default=64,
+                       help="requests admitted at once; the next get 503 with Retry-After (default: 64)")
+    serve.add_argument("--threads", type=int, default=0,
+                       help="threads for the encoders and the gallery scan (default: one per core)")
+    serve.add_argument("--allowed-host", action="append", default=[],
+                       help="another name the Host header may carry (a proxy's, a DNS name); repeatable")
+    serve.add_argument("--index", choices=["auto", "on", "off"], default="auto",
+                       help="search images through the index stage's approximate index: auto from "
+                            "index.min_images images (default), on whenever it matches the model, off never")  # fmt: skip
 
     config = sub.add_parser("config", help="print the resolved config")
     _common(config)
@@ -145,13 +156,13 @@ def _print_results(results: dict, workdir: Workdir, started: float) -> None:
             print(f"  {stage:<{max(10, *map(len, results['stages']))}} {decision}")
     evaluation = results.get("evaluate")
     if evaluation and not evaluation["table"]:
-        from experiments.report import cross_lingual_markdown
+        from mule.experiments.report import cross_lingual_markdown
 
         print(f"\nNo images: cross-lingual sentence retrieval at the MULE layer ({evaluation['split']}):\n")
         print(cross_lingual_markdown(evaluation["cross_lingual"]))
         print(f"figures and tables: {evaluation['results_dir']}")
     elif evaluation:
-        from experiments.report import recall_markdown
+        from mule.experiments.report import recall_markdown
 
         print(f"\nTest recalls per language ({evaluation['split']}):\n")
         print(recall_markdown(evaluation["table"]))
@@ -183,11 +194,11 @@ def cmd_run(args: argparse.Namespace, stages: list[str], overrides: dict) -> int
     workdir = Workdir.at(args.workdir)
     cfg = resolve(args.preset, overrides)  # config errors before Prefect starts
     if "ingest" in stages:
-        from data_catalog.sources import locate
+        from mule.data_catalog.sources import locate
 
         locate(workdir, cfg.data)  # a missing --source fails here, in milliseconds
     started = time.perf_counter()
-    from data_catalog.locks import workdir_lock
+    from mule.data_catalog.locks import workdir_lock
 
     from . import interrupts
 
@@ -222,7 +233,7 @@ def cmd_run(args: argparse.Namespace, stages: list[str], overrides: dict) -> int
 
 
 def _waiting_for(workdir: Workdir):
-    from data_catalog.locks import describe
+    from mule.data_catalog.locks import describe
 
     def waiting(holder: dict) -> None:
         print(f"waiting for the workdir {workdir.root}: in use by {describe(holder)} (Ctrl-C stops waiting)",
@@ -241,7 +252,7 @@ def _stopped_line(workdir: Workdir, cfg, began: float):
     """The one line printed when a signal stops the run: where it stopped, what it kept."""
 
     def line(signum: int) -> str:
-        from data_catalog.locks import last_stage
+        from mule.data_catalog.locks import last_stage
 
         from .interrupts import how
 
@@ -273,9 +284,9 @@ def _without_prefect_if_up_to_date(workdir: Workdir, cfg, stages: list[str], for
         return None
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
-    from data_catalog.locks import workdir_lock
-    from experiments import relocation, tracking
-    from pipeline import rebuild, reuse
+    from mule.data_catalog.locks import workdir_lock
+    from mule.experiments import relocation, tracking
+    from mule.pipeline import rebuild, reuse
 
     stages = in_pipeline_order(stages)  # as the rebuild flow runs them
     name = rebuild.run_name(stages)
@@ -294,7 +305,7 @@ def _without_prefect_if_up_to_date(workdir: Workdir, cfg, stages: list[str], for
 
 def _adopted(path: str | None) -> Workdir:
     """The workdir, its stored paths pointed at itself if it was copied or moved."""
-    from experiments.relocation import adopt
+    from mule.experiments.relocation import adopt
 
     workdir = Workdir.at(path)
     adopt(workdir)
@@ -307,7 +318,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
     takes from the address (workflowType), not from the experiment's tag."""
     if args.workers < 1:
         raise ConfigError(f"--workers must be at least 1, got {args.workers}")
-    from experiments import tracking
+    from mule.experiments import tracking
 
     workdir = _adopted(args.workdir)
     workdir.artifacts_dir.mkdir(parents=True, exist_ok=True)
@@ -377,25 +388,40 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.max_upload_mb <= 0:
         raise ConfigError(f"--max-upload-mb must be positive, got {args.max_upload_mb}")
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    from serving import gallery as galleries
-    from serving import search
+    from mule.serving import gallery as galleries
+    from mule.serving import search
 
+    if args.max_megapixels <= 0 or args.max_in_flight < 1 or args.threads < 0:
+        raise ConfigError("--max-megapixels and --max-in-flight must be positive, --threads at least 0")
     started = time.perf_counter()
     workdir = _adopted(args.workdir)
     searcher = search.open_searcher(workdir, args.dataset, args.run, args.version)
-    gallery = galleries.load_gallery(searcher, args.split)
+    index, how = None, "exact scan"
+    if args.index != "off" and args.split == "all":
+        index, why = galleries.stored_index(searcher)
+        enough = index is not None and len(index[1]) >= searcher.meta["cfg"].index.min_images
+        if index is not None and (enough or args.index == "on"):
+            how = why
+        else:
+            if args.index == "on":
+                print(f"mule serve: {why}: scanning every image exactly", flush=True)
+            index = None
+    gallery = galleries.load_gallery(searcher, args.split, index)
     embedder = search.embedder(searcher)
     weights = embedder.warm_up()  # before the first queries, not during them
     captions = sum(len(c.ids) for c in gallery.captions.values())
     print(f"{searcher.label}: {len(gallery.image_ids):,} images and {captions:,} sentences "
           f"({', '.join(gallery.captions)}) of {args.dataset} ({args.split}) embedded in "
-          f"{time.perf_counter() - started:.1f} s, {gallery.nbytes / 2**20:.1f} MiB; image extractor "
-          f"{embedder.extractor} ({weights})", flush=True)  # fmt: skip
+          f"{time.perf_counter() - started:.1f} s, {gallery.nbytes / 2**20:.1f} MiB; images searched by "
+          f"{gallery.index_kind if index is not None else how}; image extractor {embedder.extractor} ({weights})",
+          flush=True)  # fmt: skip
     import uvicorn
 
-    from serving.app import create_app
+    from mule.serving.app import allowed_hosts_for, create_app
 
-    app = create_app(embedder, gallery, int(args.max_upload_mb * 2**20), args.dataset)
+    app = create_app(embedder, gallery, int(args.max_upload_mb * 2**20), args.dataset,
+                     max_pixels=int(args.max_megapixels * 1e6), max_in_flight=args.max_in_flight,
+                     cpu_threads=args.threads or None, allowed_hosts=allowed_hosts_for(args.host, tuple(args.allowed_host)))  # fmt: skip
     print(f"search page: http://{_browsable(args.host)}:{args.port}/  (JSON API: /api/search?q=..., "
           f"POST /api/image; Ctrl-C stops)", flush=True)  # fmt: skip
     from . import interrupts
@@ -415,7 +441,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     if args.k < 1:
         raise ConfigError(f"--k must be at least 1, got {args.k}")
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    from serving import search
+    from mule.serving import search
 
     workdir = _adopted(args.workdir)
     searcher = search.open_searcher(workdir, args.dataset, args.run, args.version)
@@ -436,7 +462,7 @@ def cmd_search(args: argparse.Namespace) -> int:
             for r in results:
                 print(f"{r['rank']:>3}  {r['score']:.3f}  {r['text']}   ({r['image_id']})")
     if args.out:
-        from experiments import plots
+        from mule.experiments import plots
 
         figure = plots.search_sheet(found)
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -447,8 +473,8 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 def cmd_catalog(args: argparse.Namespace) -> int:
-    from data_catalog import queries
-    from data_catalog.catalog import Catalog
+    from mule.data_catalog import queries
+    from mule.data_catalog.catalog import Catalog
 
     workdir = _adopted(args.workdir)
     catalog = Catalog(workdir)
@@ -519,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _end_open_mlflow_runs() -> None:
     """MLflow runs still open when a signal ends the process before they could unwind: KILLED."""
-    tracking = sys.modules.get("experiments.tracking")
+    tracking = sys.modules.get("mule.experiments.tracking")
     if tracking is not None:
         tracking.end_open_runs("KILLED")
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from mule_core.errors import UserError
+from mule.mule_core.errors import UserError
 
 
 def prepare_environment(workdir: Path) -> None:
@@ -37,7 +37,7 @@ def check_prefect_database() -> None:
     dies at start with a traceback that does not say why."""
     if os.environ.get("PREFECT_API_URL") or not os.environ.get("PREFECT_HOME"):
         return  # the user's server, or Prefect's own home: not ours to judge
-    from data_catalog.workdir import sqlite_problem
+    from mule.data_catalog.workdir import sqlite_problem
 
     home = Path(os.environ["PREFECT_HOME"])
     problem = sqlite_problem(home / "prefect.db")
@@ -53,7 +53,7 @@ class _NoTracebackForUserErrors(logging.Filter):
     error (mule_core.errors) the message is the whole story."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from mule_core.errors import is_user_error
+        from mule.mule_core.errors import is_user_error
 
         if record.exc_info and record.exc_info[1] is not None and is_user_error(record.exc_info[1]):
             record.exc_info = None

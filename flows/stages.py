@@ -23,15 +23,15 @@ from prefect import flow, task, unmapped
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Failed
 
-from data_catalog.locks import holds_lock, workdir_lock
-from data_catalog.workdir import Workdir
-from flows.runtime import dask_task_runner, quiet_user_errors
-from mule_core.config import ConfigError, MuleConfig, from_dict, resolve, to_dict
-from mule_core.errors import is_user_error
-from pipeline import rebuild, reuse
-from pipeline.declaration import ALL, REBUILD, STAGES, Stage, in_pipeline_order
-from pipeline.runner import Runner
-from pipeline.sweeps import run_sweep
+from mule.data_catalog.locks import holds_lock, workdir_lock
+from mule.data_catalog.workdir import Workdir
+from mule.flows.runtime import dask_task_runner, quiet_user_errors
+from mule.mule_core.config import ConfigError, MuleConfig, from_dict, resolve, to_dict
+from mule.mule_core.errors import is_user_error
+from mule.pipeline import rebuild, reuse
+from mule.pipeline.declaration import ALL, REBUILD, STAGES, Stage, in_pipeline_order
+from mule.pipeline.runner import Runner
+from mule.pipeline.sweeps import run_sweep
 
 
 def _workdir(workdir: str | None) -> Workdir:
@@ -53,7 +53,7 @@ def _working(workdir: str | None, preset: str, overrides: dict[str, Any] | None,
     """The workdir, under its lock (one mule process at a time), its stored paths pointed
     at itself if it was copied or moved, and the config: resolved here, or handed down
     already resolved by the rebuild (which took the lock and checked the workdir)."""
-    from experiments import relocation
+    from mule.experiments import relocation
 
     wd = _workdir(workdir)
     cfg = from_dict(config) if config is not None else resolve(preset, overrides)
@@ -80,7 +80,7 @@ def _features_on_dask(ctx) -> dict:
     """The features stage with features.runner=dask: its shards mapped over Dask workers."""
     from dataclasses import asdict
 
-    from tasks.features import extract_features, extract_shard, finish_features, plan_features
+    from mule.tasks.features import extract_features, extract_shard, finish_features, plan_features
 
     if ctx.cfg.features.runner != "dask":
         return extract_features(ctx)
@@ -191,7 +191,7 @@ def rebuild_flow(workdir: str | None = None, preset: str = "demo", overrides: di
 
 def _rebuild(workdir: str | None, preset: str, overrides: dict[str, Any] | None, stages: list[str] | None,
              force: list[str] | None, resolved: dict | None = None) -> dict:  # fmt: skip
-    from experiments import tracking
+    from mule.experiments import tracking
 
     named, forced = check_stages(stages), set(check_stages(force) if force else [])
     name = rebuild.run_name(named)

@@ -181,6 +181,16 @@ class EvalConfig:
 
 
 @dataclass
+class IndexConfig:
+    """The gallery's approximate index (the index stage; mule serve searches it past min_images)."""
+
+    kind: str = "hnsw-sq8"  # hnsw-sq8 | ivf-sq8 (FAISS, one byte a dimension; mule_core/index.py) | flat (exact)
+    cells: int = 0  # ivf-sq8's k-means cells; 0: about 4 sqrt(images)
+    breadth: int = 0  # search breadth (HNSW efSearch, IVF nprobe); 0: the kind's default (64, cells / 32)
+    min_images: int = 100_000  # below this, mule serve scans every vector exactly (8 ms at 100k, 128-d)
+
+
+@dataclass
 class TranslateConfig:
     backend: str = "lexicon"  # lexicon (MUSE files), induced (IBM Model 1 on task1), googletrans, argos
     # "src-dest" pairs; empty: English into every other language and every other language into English
@@ -208,6 +218,7 @@ class MuleConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    index: IndexConfig = field(default_factory=IndexConfig)
     translate: TranslateConfig = field(default_factory=TranslateConfig)
     ablation: AblationConfig = field(default_factory=AblationConfig)
 
@@ -352,6 +363,10 @@ def parse_assignments(assignments: list[str]) -> dict[str, str]:
 
 
 def validate(cfg: MuleConfig) -> None:
+    if cfg.index.kind not in ("hnsw-sq8", "ivf-sq8", "flat"):
+        raise ConfigError(f"index.kind must be 'hnsw-sq8', 'ivf-sq8' or 'flat', got {cfg.index.kind!r}")
+    if min(cfg.index.cells, cfg.index.breadth, cfg.index.min_images) < 0:
+        raise ConfigError("index.cells, index.breadth and index.min_images must not be negative")
     f = cfg.features
     if f.weights not in ("imagenet", "random"):
         raise ConfigError(f"features.weights must be 'imagenet' or 'random', got {f.weights!r}")

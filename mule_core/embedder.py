@@ -26,6 +26,10 @@ from .model import MuleModel, TextBatch
 from .text import detect_language, pad_batch, tokenize
 
 MAX_QUERY_CHARS = 1000  # a caption is a sentence; longer text is a mistake, not a query
+# A query image's pixel budget, checked from its header before anything is decoded: a
+# photo of 40 MP is a large camera's; a 258 KB PNG can claim 81 MP (9000 x 9000), 2.6 s
+# and nearly 1 GB to decode, which one request must not cost a shared server.
+MAX_QUERY_PIXELS = 40_000_000
 
 
 class EmbedError(UserError, ValueError):
@@ -53,9 +57,9 @@ class Embedder:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     # device -> (the image extractor's network, a description of its weights)
     load_network: Callable[[torch.device], tuple[Any, dict]] | None = None
-    # (a file or an image's bytes, shorter side wanted) -> a PIL image, as a context manager;
-    # EmbedError for what is not a usable image
-    open_image: Callable[[Path | bytes, int], Any] | None = None
+    # (a file or an image's bytes, shorter side wanted, pixel budget) -> a PIL image, as a
+    # context manager; EmbedError for what is not a usable image or is over the budget
+    open_image: Callable[[Path | bytes, int, int], Any] | None = None
 
     @property
     def languages(self) -> list[str]:
@@ -128,8 +132,9 @@ class Embedder:
                              f"{self.label}: nothing to search with", "unknown words")  # fmt: skip
         return lang, how, vocab.encode(tokens), unknown
 
-    def image_features(self, source: Path | bytes) -> torch.Tensor:
-        """The CNN features of an image file or its bytes, from the model's extractor: (1, dim)."""
+    def image_features(self, source: Path | bytes, max_pixels: int = MAX_QUERY_PIXELS) -> torch.Tensor:
+        """The CNN features of an image file or its bytes, from the model's extractor: (1, dim).
+        An image of more than max_pixels (from its header) is refused before decoding."""
         from .features import crop_transform, extract
 
         if not self.has_images:
@@ -138,7 +143,7 @@ class Embedder:
             raise EmbedError(f"{self.label} was given no way to read images", "no images")
         f = self.meta["cfg"].features
         transform = crop_transform(f.input_size, f.resize, f.crops)
-        with self.open_image(source, transform.shorter_side) as image:
+        with self.open_image(source, transform.shorter_side, max_pixels) as image:
             crops = transform(image)
         network, _ = self.load_network(self.device)
         with torch.no_grad():
@@ -157,8 +162,8 @@ class Embedder:
         _, info = self.load_network(self.device)
         return str(info.get("weights", ""))
 
-    def image(self, source: Path | bytes) -> np.ndarray:
-        return self.images_from_features(self.image_features(source))[0]
+    def image(self, source: Path | bytes, max_pixels: int = MAX_QUERY_PIXELS) -> np.ndarray:
+        return self.images_from_features(self.image_features(source, max_pixels))[0]
 
     def images_from_features(self, features: torch.Tensor | np.ndarray, batch: int = 4096) -> np.ndarray:
         """Image vectors from CNN features (n, dim) of this model's extractor: (n, 512) float32."""

@@ -120,67 +120,72 @@ _NOT_LP = frozenset({"train.epochs", "train.lr", "train.lr_decay", "train.decay_
                      "train.add_language", "train.base_model", "loss.match_weight", "loss.nc", "loss.nc_weight"})  # fmt: skip
 _MT = Read("mt captions", _uses_mt, "data.captions uses MT")
 _LP = Read("LP model", _lp_on, "pretrain.enabled")
-_PUBLISH = "pipeline.publish:"
+_PUBLISH = "mule.pipeline.publish:"
 
 STAGES: tuple[Stage, ...] = (
     Stage("ingest", "Raw dataset files -> images, captions, rejects (generating the embedded dataset if needed).",
-          task="tasks.ingest:ingest_captions", publish=_PUBLISH + "ingest", prepare="tasks.prepare:generated_dataset",
+          task="mule.tasks.ingest:ingest_captions", publish=_PUBLISH + "ingest", prepare="mule.tasks.prepare:generated_dataset",
           reads=("raw files",), writes=("images", "captions", "rejects"),
           config=("data.",), operational=frozenset({"data.source", "data.images", "data.dictionaries"}),
           ignores=frozenset({"data.captions"})),
     Stage("translate", "Human captions -> machine-translated captions (translate.backend; cached, resumable).",
-          task="tasks.translate:translate_captions", publish=_PUBLISH + "translate",
+          task="mule.tasks.translate:translate_captions", publish=_PUBLISH + "translate",
           reads=("captions", Read("lexicons", _lexicon_backend, "translate.backend=lexicon")),
           writes=("mt captions", "translations"),
           config=("translate.", "data.dataset", "data.languages", "data.format"),
           operational=frozenset({"translate.concurrency", "translate.timeout_s", "translate.retries"})),
     Stage("features", "Image files -> CNN features, stored under what made them (extractor, weights, code).",
-          task="tasks.features:extract_features", publish=_PUBLISH + "features",
-          prepare="tasks.prepare:extractor_weights", reads=("images", "extractor weights"), writes=("features", "image rejects"),
+          task="mule.tasks.features:extract_features", publish=_PUBLISH + "features",
+          prepare="mule.tasks.prepare:extractor_weights", reads=("images", "extractor weights"), writes=("features", "image rejects"),
           config=("features.", "data.strict"),
           operational=frozenset({"features.runner", "features.dask_address", "features.dask_workers",
                                  "features.batch_size", "features.loader_workers", "features.shard_images",
                                  "features.engine", "features.device"})),
     Stage("text", "Captions -> vocabulary and word vectors per language (FastText).",
-          task="tasks.text:build_word_vectors", publish=_PUBLISH + "text",
+          task="mule.tasks.text:build_word_vectors", publish=_PUBLISH + "text",
           reads=("captions", _MT, "vector files"), writes=("word vectors",),
           config=("text.", "data.dataset", "data.languages", "data.captions", "data.seed"),
           operational=frozenset({"text.fasttext_threads"})),
     Stage("pretrain", "LP: the MULE layers on sentences of the same image across languages.",
-          task="tasks.pretrain:pretrain_mule", publish=_PUBLISH + "pretrain",
+          task="mule.tasks.pretrain:pretrain_mule", publish=_PUBLISH + "pretrain",
           reads=("captions", _MT, "word vectors"), writes=("LP model",), slot="LP model",
           config=(*_TRAINING, "data.dataset", "data.languages", "data.captions", "text.max_tokens"),
           operational=_PLACEMENT, ignores=_NOT_LP),
     Stage("train", "Joint training (triplet + NC + LC), best epoch on validation mR; registers the champion.",
-          task="tasks.train:train_model", publish=_PUBLISH + "train",
+          task="mule.tasks.train:train_model", publish=_PUBLISH + "train",
           reads=("captions", _MT, "word vectors", "images", "features", _LP), writes=("model",), slot="model",
           config=(*_TRAINING, "data.dataset", "data.languages", "data.captions", "text.max_tokens", "eval.ks",
                   *_FEATURE_IDENTITY),
           operational=_PLACEMENT, ignores=frozenset({"train.add_language", "train.base_model"})),
     Stage("evaluate", "Recall table per language on the test split, cross-lingual retrieval, figures.",
-          task="tasks.evaluate:evaluate_model", publish=_PUBLISH + "evaluate",
+          task="mule.tasks.evaluate:evaluate_model", publish=_PUBLISH + "evaluate",
           # the LP model is what a dataset without images is evaluated with
           reads=("captions", "images", "features", "model", _LP),
           writes=("evaluation",), slot="model",
           config=("eval.", "data.dataset", "train.model_name", "data.train_images", "data.val_images",
                   "data.test_images", "data.seed", "data.image_size")),
+    Stage("index", "The gallery's approximate index (FAISS HNSW or IVF, 8-bit) over the model's image vectors, for mule serve.",
+          task="mule.tasks.index:build_gallery_index", publish=_PUBLISH + "index",
+          reads=("images", "features", "model"), writes=("gallery index",), slot="model",
+          config=("index.", "data.dataset", "train.model_name"),
+          operational=frozenset({"index.breadth", "index.min_images"})),
     Stage("extend", "Trains a new language's branch onto a frozen trained model (add-language's step).",
-          task="tasks.add_language:add_language", publish=_PUBLISH + "extend", kind="step",
+          task="mule.tasks.add_language:add_language", publish=_PUBLISH + "extend", kind="step",
           reads=("captions", _MT, "word vectors", "images", "features", "base model"), writes=("model",),
           slot="model",
           config=(*_TRAINING, "data.dataset", "data.languages", "data.captions", "eval.ks", "eval.split",
                   *_FEATURE_IDENTITY),
           operational=_PLACEMENT),
     Stage("query-translation", "An English model searched with other languages' queries translated word by word.",
-          task="tasks.query_translation:evaluate_translated_queries", publish=_PUBLISH + "query_translation",
+          task="mule.tasks.query_translation:evaluate_translated_queries", publish=_PUBLISH + "query_translation",
           kind="step", reads=("captions", "word vectors", "images", "features", "model", "lexicons"),
           writes=("translated-query evaluation",), slot="model",
           config=("eval.", "data.dataset", "data.languages", "train.model_name")),
     Stage("ablation", "Baselines and MULE's parts (the paper's Table 2), one child run per model.",
-          task=None, kind="sweep", sweep="pipeline.sweeps:ABLATION",
+          task=None, kind="sweep", sweep="mule.pipeline.sweeps:ABLATION",
           steps=("pretrain", "train", "evaluate", "query-translation")),
     Stage("add-language", "Adds train.add_language to a model trained without it; compares with training from scratch.",
-          task=None, kind="sweep", sweep="pipeline.sweeps:ADD_LANGUAGE",
+          task=None, kind="sweep", sweep="mule.pipeline.sweeps:ADD_LANGUAGE",
           steps=("pretrain", "train", "extend", "evaluate")),
 )  # fmt: skip
 
@@ -254,7 +259,7 @@ def markdown_table() -> str:
 def keys_table() -> str:
     """What each keyed stage's key holds (docs/architecture.md): its inputs, its config,
     the repository files its computing module reaches and the libraries they import."""
-    from data_catalog.code_digests import closure, libraries
+    from mule.data_catalog.code_digests import closure, libraries
 
     lines = ["| stage | inputs | config (less operational) | code: files reached | libraries |", "|---|---|---|---|---|"]
     for s in STAGES:
@@ -263,9 +268,9 @@ def keys_table() -> str:
         modules, outside = closure(s.module)
         packages: dict[str, int] = {}
         for name in modules:
-            top = name.split(".")[0]
+            top = name.split(".")[1]  # mule.<folder>....
             packages[top] = packages.get(top, 0) + 1
-        files = f"`{s.module.replace('.', '/')}.py` + " + ", ".join(
+        files = f"`{s.module.removeprefix('mule.').replace('.', '/')}.py` + " + ", ".join(
             f"{n} in {p}/" for p, n in sorted(packages.items()) if n)  # fmt: skip
         reads = [r if isinstance(r, str) else f"{r.entry} (if {r.condition})" for r in s.reads]
         config = [c.rstrip(".") + ".*" if c.endswith(".") else c for c in s.config]

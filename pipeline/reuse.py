@@ -26,14 +26,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from data_catalog import code_digests
-from data_catalog.catalog import Catalog, register_producers, write_json_atomic
-from data_catalog.content import FileHasher, arrow_digest, combine
-from data_catalog.entries import ENTRIES, TABLE_ENTRIES, output_files
-from data_catalog.workdir import Workdir
-from experiments import tracking
-from mule_core.config import MuleConfig, flatten
-from mule_core.errors import is_user_error
+from mule.data_catalog import code_digests
+from mule.data_catalog.catalog import Catalog, register_producers, write_json_atomic
+from mule.data_catalog.content import FileHasher, arrow_digest, combine
+from mule.data_catalog.entries import ENTRIES, TABLE_ENTRIES, output_files
+from mule.data_catalog.workdir import Workdir
+from mule.experiments import tracking
+from mule.mule_core.config import MuleConfig, flatten
+from mule.mule_core.errors import is_user_error
 
 from .declaration import BY_NAME, Stage, writer_of
 
@@ -67,7 +67,7 @@ def _model_digest(path: Path, hasher: FileHasher) -> str | None:
 
 
 def _load_model_digest(path: Path) -> str | None:
-    from data_catalog.models import model_digest
+    from mule.data_catalog.models import model_digest
 
     return model_digest(path)
 

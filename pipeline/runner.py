@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from data_catalog.workdir import Workdir
-from mule_core.config import MuleConfig
+from mule.data_catalog.workdir import Workdir
+from mule.mule_core.config import MuleConfig
 
 from . import reuse
 from .declaration import BY_NAME, Stage
@@ -62,14 +62,14 @@ class Runner:
             return self.reuses(self.workdir, cfg, decision, parent_run_id)
         if not track:
             return self._execute(cfg, decision, None)
-        from experiments import tracking
+        from mule.experiments import tracking
 
         with tracking.run(self.workdir, cfg, name, parent_run_id) as run_id:
             return self._execute(cfg, decision, run_id)
 
     def _execute(self, cfg: MuleConfig, decision: reuse.Decision, run_id: str | None) -> dict:
-        from experiments.tracking import Tracker
-        from tasks.common import Silent, StageContext
+        from mule.experiments.tracking import Tracker
+        from mule.tasks.common import Silent, StageContext
 
         stage = BY_NAME[decision.stage]
         report = Tracker(self.workdir, run_id) if run_id else (self.report or Silent())

@@ -19,10 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from data_catalog.catalog import Catalog
-from data_catalog.workdir import Workdir
-from experiments import tracking
-from mule_core.config import ConfigError, MuleConfig, apply_overrides
+from mule.data_catalog.catalog import Catalog
+from mule.data_catalog.workdir import Workdir
+from mule.experiments import tracking
+from mule.mule_core.config import ConfigError, MuleConfig, apply_overrides
 
 from . import publish, reuse
 from .runner import Runner
@@ -199,7 +199,7 @@ def _ablation_report(wd: Workdir, cfg: MuleConfig, variants: list[Variant], resu
 def _add_language_variants(wd: Workdir, cfg: MuleConfig) -> list[Variant]:
     """A model trained without train.add_language, that language added to it (only its
     branch trains), and the model trained on every language from scratch; each evaluated."""
-    from tasks.add_language import added_model_name, base_model_name
+    from mule.tasks.add_language import added_model_name, base_model_name
 
     lang = cfg.train.add_language
     if not lang:

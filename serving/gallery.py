@@ -2,8 +2,10 @@
 
 At start-up every image with features from the model's extractor is pushed through the
 model's image branch and every caption through its language's branch; a query is then
-one matrix-vector product over unit vectors (cosine similarity) and a partial sort. The
-gallery also knows each image's file, by image id: the only files the server ever opens.
+one matrix-vector product over unit vectors (cosine similarity) and a partial sort. A
+large gallery is searched through its approximate index instead (the index stage's,
+memory-mapped): no image features or vectors are loaded at all. The gallery also knows
+each image's file, by image id: the only files the server ever opens.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
-from data_catalog import queries
-from mule_core.embedder import Embedder
-from mule_core.training import encode_split
+from mule.data_catalog import indexes, queries
+from mule.data_catalog.content import sha256_file
+from mule.mule_core import index as ann
+from mule.mule_core.embedder import Embedder
+from mule.mule_core.training import encode_split
 
 from .search import Searcher
 
@@ -35,15 +39,30 @@ class Gallery:
     vectors: np.ndarray  # (n, dim) float32, unit length
     files: dict[str, Path]  # image id -> its file (images whose file exists)
     captions: dict[str, Captions] = field(default_factory=dict)  # per language
+    index: object | None = None  # a mule_core.index index over the images (rows = image_ids), else the exact scan
 
     @property
     def nbytes(self) -> int:
         return self.vectors.nbytes + sum(c.vectors.nbytes for c in self.captions.values())
 
+    @property
+    def index_kind(self) -> str:
+        if self.index is None:
+            return "exact"
+        d = ann.describe(self.index)
+        if "cells" in d:
+            return f"{d['kind']} ({d['cells']} cells, {d['breadth']} scanned a query)"
+        return d["kind"] + (f" (breadth {d['breadth']})" if "breadth" in d else "")
+
     def top_images(self, query: np.ndarray, k: int) -> list[dict]:
         """The k images closest to the query, best first: rank, image id, split, score."""
+        if self.index is not None:
+            scores, rows = ann.search(self.index, query, k)
+            found = [(int(i), float(s)) for i, s in zip(rows[0], scores[0]) if i >= 0]
+        else:
+            found = top_k(self.vectors, query, k)
         return [{"rank": r + 1, "image_id": self.image_ids[i], "split": self.splits[i], "score": s}
-                for r, (i, s) in enumerate(top_k(self.vectors, query, k))]  # fmt: skip
+                for r, (i, s) in enumerate(found)]  # fmt: skip
 
     def top_captions(self, query: np.ndarray, k: int) -> dict[str, list[dict]]:
         """Per language, the k captions closest to the query, best first."""
@@ -63,12 +82,34 @@ def top_k(vectors: np.ndarray, query: np.ndarray, k: int) -> list[tuple[int, flo
     return [(int(i), float(scores[i])) for i in top]
 
 
-def load_gallery(searcher: Searcher, split: str = "all") -> Gallery:
+def stored_index(searcher: Searcher, model_name: str = "model") -> tuple[object | None, str]:
+    """(the index stage's index of this model's gallery, or None; why not, or what it is)."""
+    wd = searcher.catalog.workdir
+    problem = indexes.index_problem(wd, searcher.dataset, model_name)
+    if problem:
+        return None, f"no usable gallery index ({problem}; mule run index builds it)"
+    found = indexes.read_index(wd, searcher.dataset, model_name)
+    if found is None:
+        return None, "no usable gallery index (mule run index builds it)"
+    index, ids, info = found
+    if searcher.model_file is None or info.get("model_sha256") != sha256_file(searcher.model_file):
+        return None, "the gallery index was built for another model (mule run index rebuilds it)"
+    if searcher.meta["cfg"].index.breadth:
+        ann.set_breadth(index, searcher.meta["cfg"].index.breadth)
+    return (index, ids), f"gallery index of {len(ids):,} images"
+
+
+def load_gallery(searcher: Searcher, split: str = "all", stored: tuple[object, list[str]] | None = None) -> Gallery:
     """The dataset's images (with features from the model's extractor) and captions, of
-    one split or all, embedded by the searcher's model."""
-    data = searcher.split(split, with_features=True)
-    encoded = encode_split(searcher.model, data, searcher.device)
-    rows = {r["image_id"]: r for r in queries.image_rows(searcher.catalog, searcher.dataset, data.image_ids)}
+    one split or all, embedded by the searcher's model. stored: (the stored index, its
+    image ids; stored_index's) to search the images with instead of their vectors (split
+    "all" only)."""
+    if stored is not None and split != "all":
+        raise ValueError("a gallery index covers every split: search one split with the exact scan")
+    data = searcher.split(split, with_features=stored is None)
+    encoded = encode_split(searcher.model, data, searcher.device)  # no features: the captions only
+    image_ids = list(stored[1]) if stored is not None else list(data.image_ids)
+    rows = {r["image_id"]: r for r in queries.image_rows(searcher.catalog, searcher.dataset, image_ids)}
     files = {i: Path(r["path"]) for i, r in rows.items() if r["exists"] and r["path"]}
     texts = queries.caption_texts(searcher.catalog, searcher.dataset, data.caption_ids)
     caption_vectors = _unit(encoded["caption_joint"].cpu().numpy())
@@ -79,8 +120,11 @@ def load_gallery(searcher: Searcher, split: str = "all") -> Gallery:
         captions[lang] = Captions(ids, [texts.get(c, "") for c in ids],
                                   [data.image_ids[data.caption_image[r]] for r in picked],
                                   np.ascontiguousarray(caption_vectors[picked]))  # fmt: skip
-    return Gallery(list(data.image_ids), [rows[i]["split"] if i in rows else "" for i in data.image_ids],
-                   _unit(encoded["image"].cpu().numpy()), files, captions)  # fmt: skip
+    splits = [rows[i]["split"] if i in rows else "" for i in image_ids]
+    if stored is not None:
+        return Gallery(image_ids, splits, np.zeros((0, searcher.meta["cfg"].model.joint_dim), np.float32), files,
+                       captions, stored[0])  # fmt: skip
+    return Gallery(image_ids, splits, _unit(encoded["image"].cpu().numpy()), files, captions)
 
 
 def synthetic_gallery(embedder: Embedder, n: int, seed: int = 0) -> Gallery:

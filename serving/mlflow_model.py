@@ -5,18 +5,28 @@
     model.predict(pd.DataFrame({"image": [open("photo.jpg", "rb").read()]}))
 
 A row is a sentence (`text`, with `lang` or without: detected from the model's own
-vocabularies, as `mule search` does), or an image (`image`: its bytes, or `image_path`:
-a file). Out comes, per row, the L2-normalised vector in the shared space (`embedding`,
-512 floats), what the row was (`input`), its language and how it was chosen, and the
-words the vocabulary does not know. The model carries what it needs: the weights and
-vocabularies (the weights-only model file), the config, and the image extractor's name
-and weights source (a local weights file is carried too), so it loads in a fresh process
-and under `mlflow models serve` without the workdir.
+vocabularies, as `mule search` does), or an image (`image`: its bytes; base64 in
+`mlflow models serve`'s JSON). Out comes, per row, the L2-normalised vector in the shared
+space (`embedding`, 512 floats), what the row was (`input`), its language and how it was
+chosen, and the words the vocabulary does not know.
+
+Requests never name files. `image_path` (a file) is read only by a model loaded
+in-process with an allowed folder, `load_model(uri, model_config={"image_root": DIR})`,
+and only under that folder (symbolic links resolved); any other path gets one answer,
+whether or not it exists, so a client learns nothing about the host's files.
+
+The model carries what it needs, so it installs where mule is not: mule's own code that
+it imports (its import closure, under the name `mule`: MLflow's code_paths), pinned
+requirements for every library that code imports, the weights and vocabularies, the
+config, and a copy of the image extractor's weights file.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
+import tempfile
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -44,18 +54,30 @@ OUTPUTS = Schema([
 SIGNATURE = ModelSignature(inputs=INPUTS, outputs=OUTPUTS)
 
 
+# What the model runs: the file MLflow loads it from and the code that opens a model file.
+ENTRY_MODULES = ("mule.serving.mlflow_model_entry", "mule.data_catalog.embedders")
+NO_PATHS = ("image_path is read only by a model loaded in-process with an allowed folder "
+            "(mlflow.pyfunc.load_model(uri, model_config={'image_root': DIR})); send the image's bytes in `image` "
+            "(base64 in JSON)")  # fmt: skip
+
+
 class MuleEmbeddings(PythonModel):
     """Sentences and images -> vectors in the shared space (see the module's doc)."""
 
-    def load_context(self, context) -> None:
-        from data_catalog.embedders import open_embedder
+    image_root: Path | None = None
 
+    def load_context(self, context) -> None:
+        from mule.data_catalog.embedders import open_embedder
+
+        config = context.model_config or {}
         # the extractor's weights: the carried copy, not the path they had where it was trained
-        self.embedder = open_embedder(Path(context.artifacts["model"]), (context.model_config or {}).get("label"),
+        self.embedder = open_embedder(Path(context.artifacts["model"]), config.get("label"),
                                       context.artifacts.get("extractor_weights"))  # fmt: skip
+        root = config.get("image_root")
+        self.image_root = Path(root).expanduser().resolve() if root else None
 
     def predict(self, context, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> pd.DataFrame:
-        from mule_core.embedder import EmbedError
+        from mule.mule_core.embedder import EmbedError
 
         frame = model_input if isinstance(model_input, pd.DataFrame) else pd.DataFrame(model_input)
         records = frame.to_dict("records")
@@ -69,7 +91,7 @@ class MuleEmbeddings(PythonModel):
                 if text is not None:
                     sentences.append((number, str(text), _given(row.get("lang"))))
                 else:
-                    vector = self.embedder.image(bytes(image) if image is not None else Path(str(path)))
+                    vector = self.embedder.image(bytes(image) if image is not None else self._allowed(str(path)))
                     rows[number] = {"input": "image", "lang": "", "language": "", "unknown_words": [],
                                     "embedding": vector.tolist()}  # fmt: skip
             except EmbedError as error:
@@ -84,6 +106,18 @@ class MuleEmbeddings(PythonModel):
         return pd.DataFrame(rows, columns=[c.name for c in OUTPUTS.inputs])
 
 
+    def _allowed(self, path: str) -> Path:
+        """The file under the allowed folder; the same error for every other path."""
+        from mule.mule_core.embedder import EmbedError
+
+        if self.image_root is None:
+            raise EmbedError(NO_PATHS, "path refused")
+        file = (self.image_root / path).resolve()  # an absolute path stays itself; links are followed
+        if not file.is_relative_to(self.image_root):
+            raise EmbedError(f"image_path {path!r} is not under the model's image_root", "path refused")
+        return file
+
+
 def _bad_row(index: int, error: Exception) -> MlflowException:
     return MlflowException(f"row {index + 1}: {error}", error_code=INVALID_PARAMETER_VALUE)
 
@@ -95,17 +129,41 @@ def _given(value: Any) -> Any:
     return value
 
 
+def model_code(folder: Path) -> Path:
+    """mule's code that the model runs (the import closure of ENTRY_MODULES, read from the
+    source as the stage keys are), copied to folder/mule/<folder>/...: the code_paths
+    entry, so the model imports it as `mule.serving...` wherever it is loaded."""
+    from mule.data_catalog.code_digests import REPO, closure
+
+    modules, _ = closure(ENTRY_MODULES)
+    for path in modules.values():
+        target = folder / "mule" / path.relative_to(REPO)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+    return folder / "mule"
+
+
+def model_requirements() -> list[str]:
+    """Pins for every library that code imports (its import closure's), at the versions
+    installed here, and MLflow; never `mule` itself (it travels as code)."""
+    from mule.data_catalog.code_digests import closure, libraries
+
+    _, outside = closure(ENTRY_MODULES)
+    pins = libraries(outside) | {"mlflow": version("mlflow")}  # libraries() leaves out the runners
+    if "onnxruntime" in pins:
+        pins["onnx"] = version("onnx")  # torch's ONNX exporter, which the CPU engine calls, imports it
+    return [f"{name}=={release.split('+')[0]}" for name, release in sorted(pins.items(), key=lambda p: p[0].lower())]
+
+
 def log_model(tracking_uri: str, run_id: str, model_file: Path, examples: list[tuple[str, str]],
-              label: str, extractor: dict[str, str], weights_file: str | None = None) -> str:  # fmt: skip
+              label: str, extractor: dict[str, str], weights_file: Path | str | None = None) -> str:  # fmt: skip
     """Logs the model file as a pyfunc model of run `run_id`; returns its URI (models:/m-...),
     which the registry's versions point at. `examples`: (lang, sentence) pairs for the input
     example; `extractor`: the extractor's name and weights source, kept as metadata;
-    `weights_file`: a local file of the extractor's weights, carried with the model."""
-    import torch
-
+    `weights_file`: the extractor's weights (data_catalog.weights.source_file), carried."""
     artifacts = {"model": str(model_file)}
     if weights_file:
-        artifacts["extractor_weights"] = weights_file
+        artifacts["extractor_weights"] = str(weights_file)
     example = pd.DataFrame({"text": [text for _, text in examples],
                             "lang": [lang if i == 0 else None for i, (lang, _) in enumerate(examples)]})  # fmt: skip
     mlflow.set_tracking_uri(tracking_uri)
@@ -113,19 +171,21 @@ def log_model(tracking_uri: str, run_id: str, model_file: Path, examples: list[t
     level = quiet.level
     quiet.setLevel(logging.ERROR)
     try:
-        with mlflow.start_run(run_id=run_id, nested=True):
+        with tempfile.TemporaryDirectory(prefix="mule-model-code-") as staging, \
+                mlflow.start_run(run_id=run_id, nested=True):  # fmt: skip
             info = mlflow.pyfunc.log_model(
                 name="model",
                 python_model=str(Path(__file__).with_name("mlflow_model_entry.py")),  # code, not a pickle
+                code_paths=[str(model_code(Path(staging)))],
                 artifacts=artifacts,
                 signature=SIGNATURE,
                 input_example=example if examples else None,
-                model_config={"label": label},
+                model_config={"label": label, "image_root": ""},  # no path is read unless a loader names a folder
                 metadata={
                     "mule.extractor": extractor.get("name", ""),
                     "mule.extractor_weights": extractor.get("weights", ""),
                 },  # fmt: skip
-                pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", "mule"],
+                pip_requirements=model_requirements(),
             )
     finally:
         quiet.setLevel(level)

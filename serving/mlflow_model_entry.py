@@ -4,6 +4,6 @@ what `mlflow.pyfunc.load_model` runs."""
 
 import mlflow
 
-from serving.mlflow_model import MuleEmbeddings
+from mule.serving.mlflow_model import MuleEmbeddings
 
 mlflow.models.set_model(MuleEmbeddings())

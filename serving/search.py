@@ -13,17 +13,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from data_catalog import queries
-from data_catalog.catalog import Catalog
-from data_catalog.content import sha256_file
-from data_catalog.embedders import open_embedder
-from data_catalog.splits import load_split
-from data_catalog.workdir import Workdir
-from experiments.registry import resolve_model_file
-from mule_core.embedder import Embedder, EmbedError
-from mule_core.errors import InputError, UserError
-from mule_core.model import MuleModel
-from mule_core.training import SplitTensors, encode_split, resolve_device
+from mule.data_catalog import queries
+from mule.data_catalog.catalog import Catalog
+from mule.data_catalog.content import sha256_file
+from mule.data_catalog.embedders import open_embedder
+from mule.data_catalog.images import MAX_PIXELS
+from mule.data_catalog.splits import load_split
+from mule.data_catalog.workdir import Workdir
+from mule.experiments.registry import resolve_model_file
+from mule.mule_core.embedder import Embedder, EmbedError
+from mule.mule_core.errors import InputError, UserError
+from mule.mule_core.model import MuleModel
+from mule.mule_core.training import SplitTensors, encode_split, resolve_device
 
 
 class SearchError(UserError, ValueError):
@@ -35,6 +36,7 @@ class Searcher:
     embedder: Embedder  # the model as a function
     dataset: str
     catalog: Catalog
+    model_file: Path | None = None  # the file it was read from (the gallery index names the model by its sha256)
 
     @property
     def model(self) -> MuleModel:
@@ -69,7 +71,7 @@ def open_searcher(workdir: Workdir, dataset: str, run_id: str | None = None, ver
     embedder = open_embedder(path, label, device=resolve_device("cpu"))
     if embedder.model.image_branch is None:
         raise SearchError(f"{label} was trained without images (a text-only dataset): it cannot search images")
-    return Searcher(embedder, dataset, Catalog(workdir))
+    return Searcher(embedder, dataset, Catalog(workdir), Path(path))
 
 
 def embedder(searcher: Searcher) -> Embedder:
@@ -119,7 +121,8 @@ def image_features(searcher: Searcher, path: Path) -> tuple[torch.Tensor, str]:
         vector = searcher.catalog.read_features(searcher.dataset, searcher.meta["extractor"], match)
         return torch.from_numpy(np.ascontiguousarray(vector, np.float32)), f"catalog image {match[0]}"
     try:
-        return embedder(searcher).image_features(path), f"extracted with {searcher.meta['extractor']}"
+        # the user's own file, on their own machine: Pillow's limit, not a shared server's budget
+        return embedder(searcher).image_features(path, MAX_PIXELS), f"extracted with {searcher.meta['extractor']}"
     except EmbedError as error:
         raise SearchError(str(error)) from None
 

@@ -18,12 +18,12 @@ from typing import Any
 
 import torch
 
-from data_catalog.models import load_model, save_model
-from data_catalog.splits import load_split, load_vocabulary
-from mule_core.errors import UserError
-from mule_core.metrics import mean_r1
-from mule_core.model import count_parameters, with_added_language
-from mule_core.training import Trainer, cross_lingual, encode_split, evaluate_split, resolve_device
+from mule.data_catalog.models import load_model, save_model
+from mule.data_catalog.splits import load_split, load_vocabulary
+from mule.mule_core.errors import UserError
+from mule.mule_core.metrics import mean_r1
+from mule.mule_core.model import count_parameters, with_added_language
+from mule.mule_core.training import Trainer, cross_lingual, encode_split, evaluate_split, resolve_device
 
 from .common import StageContext, history_records, logger
 

@@ -17,13 +17,13 @@ import logging
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from data_catalog import queries
-from data_catalog.catalog import Catalog
-from mule_core.errors import UserError
+from mule.data_catalog import queries
+from mule.data_catalog.catalog import Catalog
+from mule.mule_core.errors import UserError
 
 if TYPE_CHECKING:
-    from data_catalog.workdir import Workdir
-    from mule_core.config import MuleConfig
+    from mule.data_catalog.workdir import Workdir
+    from mule.mule_core.config import MuleConfig
 
 
 class Reporter(Protocol):

@@ -11,14 +11,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from data_catalog import queries
-from data_catalog.catalog import write_json_atomic
-from data_catalog.datasets import embedded_ceiling
-from data_catalog.models import load_model
-from data_catalog.splits import load_split
-from mule_core.errors import MissingInputError
-from mule_core.metrics import mean_mr
-from mule_core.training import SplitTensors, cross_lingual, encode_split, evaluate_split, resolve_device
+from mule.data_catalog import queries
+from mule.data_catalog.catalog import write_json_atomic
+from mule.data_catalog.datasets import embedded_ceiling
+from mule.data_catalog.models import load_model
+from mule.data_catalog.splits import load_split
+from mule.mule_core.errors import MissingInputError
+from mule.mule_core.metrics import mean_mr
+from mule.mule_core.training import SplitTensors, cross_lingual, encode_split, evaluate_split, resolve_device
 
 from .common import StageContext, logger
 

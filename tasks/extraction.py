@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from data_catalog.images import BadImage, load_rgb
-from mule_core.features import crop_transform, extract
+from mule.data_catalog.images import BadImage, load_rgb
+from mule.mule_core.features import crop_transform, extract
 
 if TYPE_CHECKING:
-    from mule_core.config import FeaturesConfig
+    from mule.mule_core.config import FeaturesConfig
 
 
 class ImageCrops:

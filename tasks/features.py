@@ -29,23 +29,23 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import torch
 
-from data_catalog import queries
-from data_catalog.catalog import Catalog, write_json_atomic
-from data_catalog.code_digests import code_parts
-from data_catalog.schemas import REJECTS
-from data_catalog.weights import load_extractor
-from data_catalog.workdir import Workdir
-from mule_core.devices import resolve_device
-from mule_core.errors import UserError
-from mule_core.extractor_names import identity_name, resize_for, setting
-from mule_core.features import backbone
-from mule_core.progress import Progress
+from mule.data_catalog import queries
+from mule.data_catalog.catalog import Catalog, write_json_atomic
+from mule.data_catalog.code_digests import code_parts
+from mule.data_catalog.schemas import REJECTS
+from mule.data_catalog.weights import load_extractor
+from mule.data_catalog.workdir import Workdir
+from mule.mule_core.devices import resolve_device
+from mule.mule_core.errors import UserError
+from mule.mule_core.extractor_names import identity_name, resize_for, setting
+from mule.mule_core.features import backbone
+from mule.mule_core.progress import Progress
 
 from . import extraction
 from .common import NoImagesError, StageContext, images_with_files, logger
 
 if TYPE_CHECKING:
-    from mule_core.config import FeaturesConfig
+    from mule.mule_core.config import FeaturesConfig
 
 FORCED = "forced.json"  # in an identity's folder while a forced extraction is unfinished
 
@@ -171,7 +171,7 @@ def _read_since(forced) -> str:
 def extract_shard(workdir: str, features: dict, dataset: str, identity: str, shard: dict, total: int) -> dict:
     """The CNN over one shard's images; writes its part; returns its rejects and timing.
     Plain arguments: it may run on a Dask worker."""
-    from mule_core.config import FeaturesConfig
+    from mule.mule_core.config import FeaturesConfig
 
     f = FeaturesConfig(**features)
     catalog = Catalog(Workdir.at(workdir))

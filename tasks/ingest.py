@@ -8,13 +8,13 @@ from typing import Any
 
 import pyarrow as pa
 
-from data_catalog.content import FileHasher
-from data_catalog.readers.coco import CocoOptions, read_coco
-from data_catalog.readers.common import ReadOptions
-from data_catalog.readers.multi30k import read_multi30k
-from data_catalog.sources import locate
-from mule_core.progress import Progress
-from mule_core.text import tokenize, tokenizer_version
+from mule.data_catalog.content import FileHasher
+from mule.data_catalog.readers.coco import CocoOptions, read_coco
+from mule.data_catalog.readers.common import ReadOptions
+from mule.data_catalog.readers.multi30k import read_multi30k
+from mule.data_catalog.sources import locate
+from mule.mule_core.progress import Progress
+from mule.mule_core.text import tokenize, tokenizer_version
 
 from .common import StageContext, logger
 

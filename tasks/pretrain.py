@@ -8,11 +8,11 @@ from typing import Any
 
 import torch
 
-from data_catalog.models import save_model
-from data_catalog.splits import load_split, load_vocabulary
-from mule_core.metrics import mean_r1
-from mule_core.model import build_model
-from mule_core.training import Trainer, cross_lingual, resolve_device
+from mule.data_catalog.models import save_model
+from mule.data_catalog.splits import load_split, load_vocabulary
+from mule.mule_core.metrics import mean_r1
+from mule.mule_core.model import build_model
+from mule.mule_core.training import Trainer, cross_lingual, resolve_device
 
 from .common import StageContext, history_records, logger
 from .training_common import divergence_tags

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from data_catalog import queries
-from data_catalog.catalog import write_json_atomic
-from data_catalog.lexicons import english_lexicons
-from data_catalog.models import load_model
-from data_catalog.sources import locate
-from data_catalog.splits import load_split
-from mule_core.text import Vocab, Vocabulary, translate_tokens, word_translator
-from mule_core.training import evaluate_split, resolve_device
+from mule.data_catalog import queries
+from mule.data_catalog.catalog import write_json_atomic
+from mule.data_catalog.lexicons import english_lexicons
+from mule.data_catalog.models import load_model
+from mule.data_catalog.sources import locate
+from mule.data_catalog.splits import load_split
+from mule.mule_core.text import Vocab, Vocabulary, translate_tokens, word_translator
+from mule.mule_core.training import evaluate_split, resolve_device
 
 from .common import StageContext, logger
 

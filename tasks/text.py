@@ -14,12 +14,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from data_catalog import queries
-from data_catalog.catalog import Catalog
-from data_catalog.vectors import VectorFile
-from mule_core.errors import InputError
-from mule_core.progress import format_seconds
-from mule_core.text import PAD, UNK
+from mule.data_catalog import queries
+from mule.data_catalog.catalog import Catalog
+from mule.data_catalog.vectors import VectorFile
+from mule.mule_core.errors import InputError
+from mule.mule_core.progress import format_seconds
+from mule.mule_core.text import PAD, UNK
 
 from .common import StageContext, logger
 

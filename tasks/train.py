@@ -12,14 +12,14 @@ from typing import Any
 
 import torch
 
-from data_catalog import queries
-from data_catalog.content import ids_digest
-from data_catalog.models import load_model, save_atomic, save_model
-from data_catalog.splits import load_split, load_vocabulary
-from mule_core.errors import UserError
-from mule_core.metrics import mean_mr
-from mule_core.model import build_model, count_parameters
-from mule_core.training import Trainer, evaluate_split, resolve_device
+from mule.data_catalog import queries
+from mule.data_catalog.content import ids_digest
+from mule.data_catalog.models import load_model, save_atomic, save_model
+from mule.data_catalog.splits import load_split, load_vocabulary
+from mule.mule_core.errors import UserError
+from mule.mule_core.metrics import mean_mr
+from mule.mule_core.model import build_model, count_parameters
+from mule.mule_core.training import Trainer, evaluate_split, resolve_device
 
 from .common import StageContext, history_records, images_with_files, logger
 from .training_common import divergence_tags

@@ -25,21 +25,21 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from data_catalog import queries
-from data_catalog.catalog import Catalog
-from data_catalog.faults import crash_point
-from data_catalog.lexicons import LexiconError, read_muse
-from data_catalog.schemas import CAPTIONS, TRANSLATIONS
-from data_catalog.sources import locate
-from mule_core.errors import UserError
-from mule_core.progress import Progress
-from mule_core.text import tokenize
-from mule_core.translation import WordTable, best_translations, ibm_model1
+from mule.data_catalog import queries
+from mule.data_catalog.catalog import Catalog
+from mule.data_catalog.faults import crash_point
+from mule.data_catalog.lexicons import LexiconError, read_muse
+from mule.data_catalog.schemas import CAPTIONS, TRANSLATIONS
+from mule.data_catalog.sources import locate
+from mule.mule_core.errors import UserError
+from mule.mule_core.progress import Progress
+from mule.mule_core.text import tokenize
+from mule.mule_core.translation import WordTable, best_translations, ibm_model1
 
 from .common import StageContext, logger
 
 if TYPE_CHECKING:
-    from mule_core.config import MuleConfig
+    from mule.mule_core.config import MuleConfig
 
 ENGLISH = "en"
 
@@ -153,7 +153,7 @@ def make_backend(cfg: MuleConfig, wd, catalog: Catalog, pairs):
     if backend == "induced":
         return induced_backend(cfg, catalog, pairs)
     if backend == "googletrans":
-        from clients.googletrans import GoogleOptions, GoogleTranslateBackend
+        from mule.clients.googletrans import GoogleOptions, GoogleTranslateBackend
 
         t = cfg.translate
         return GoogleTranslateBackend(

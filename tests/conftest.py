@@ -24,8 +24,8 @@ os.environ.setdefault("MULE_HOME", str(Path(tempfile.mkdtemp(prefix="mule-tests-
 # Prefect logs "Stopping temporary server" at exit, after pytest has closed its capture.
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
-from data_catalog.code_digests import REPO, code_parts  # noqa: E402
-from flows.runtime import prepare_environment  # noqa: E402
+from mule.data_catalog.code_digests import REPO, code_parts  # noqa: E402
+from mule.flows.runtime import prepare_environment  # noqa: E402
 
 prepare_environment(_PREFECT_HOME)
 
@@ -35,7 +35,7 @@ SHARED_MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "datasets" / 
 @pytest.fixture(scope="session", autouse=True)
 def _local_flow_settings():
     """Flows in the tests run as `mule` runs them locally (no heartbeats: see flows.runtime)."""
-    from flows.runtime import local_flow_settings
+    from mule.flows.runtime import local_flow_settings
 
     with local_flow_settings():
         yield
@@ -155,8 +155,8 @@ SHARED_WORKER = {"test_serving": "test_rebuild_flow", "test_stage_keys": "test_r
 def rebuilt(tmp_path_factory):
     """(workdir, results) of the whole pipeline on a tiny generated dataset. Tests that
     change it copy it first, or run after those that only read it."""
-    from data_catalog.workdir import Workdir
-    from flows.stages import rebuild_flow
+    from mule.data_catalog.workdir import Workdir
+    from mule.flows.stages import rebuild_flow
 
     workdir = tmp_path_factory.mktemp("rebuild")
     results = rebuild_flow(workdir=str(workdir), preset="demo", overrides=REBUILT_TINY)
@@ -168,8 +168,8 @@ def rebuilt(tmp_path_factory):
 def rebuilt_as_built(rebuilt):
     """A copy of `rebuilt`'s workdir taken right after it was built (the tests in
     test_rebuild_flow.py change the original in place)."""
-    from data_catalog.workdir import Workdir
-    from experiments.relocation import adopt
+    from mule.data_catalog.workdir import Workdir
+    from mule.experiments.relocation import adopt
 
     copy = Workdir.at(rebuilt[0].root.with_name(rebuilt[0].root.name + "-as-built"))
     adopt(copy)  # its own image paths and MLflow artifacts, as `mule` makes a copied workdir

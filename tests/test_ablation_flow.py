@@ -7,10 +7,10 @@ import csv
 import pytest
 from mlflow.tracking import MlflowClient
 
-from data_catalog.workdir import Workdir
-from experiments.report import ablation_markdown
-from mule_core.config import apply_overrides, resolve
-from pipeline.sweeps import RowResult, english_models, grid, row_result
+from mule.data_catalog.workdir import Workdir
+from mule.experiments.report import ablation_markdown
+from mule.mule_core.config import apply_overrides, resolve
+from mule.pipeline.sweeps import RowResult, english_models, grid, row_result
 
 TINY = {
     "data.train_images": 32,
@@ -85,7 +85,7 @@ def test_several_seeds_average_each_language_and_count_parameters_once():
 
 @pytest.mark.slow
 def test_ablation_end_to_end(tmp_path, repo_copy):
-    from flows.stages import rebuild_flow
+    from mule.flows.stages import rebuild_flow
 
     first = rebuild_flow(workdir=str(tmp_path), overrides=TINY, stages=["ablation"])
     assert list(first["stages"]) == ["ingest", "features", "text", "ablation"]  # what its steps read, first
@@ -122,7 +122,7 @@ def test_ablation_end_to_end(tmp_path, repo_copy):
     import sys
 
     settings = [a for k, v in TINY.items() for a in ("--set", f"{k}={v}")]
-    script = ("import sys; from flows.cli import main; code = main(sys.argv[1:]); "
+    script = ("import sys; from mule.flows.cli import main; code = main(sys.argv[1:]); "
               "print('prefect imported:', 'prefect' in sys.modules); sys.exit(code)")  # fmt: skip
     done = subprocess.run([sys.executable, "-c", script, "run", "ablation", "--workdir", str(tmp_path), *settings],
                           capture_output=True, text=True, timeout=300)  # fmt: skip
@@ -136,7 +136,7 @@ def test_ablation_end_to_end(tmp_path, repo_copy):
     assert len(newest) == sum(1 for step in summary["steps"] if step.endswith(": train"))
     assert all(r.data.tags["mule.stage_status"] == "reused" for r in newest)  # nothing trains twice
     # each model's key covers its code: an edit the training reaches retrains it
-    from pipeline import reuse
+    from mule.pipeline import reuse
     from tests.conftest import edit
 
     (model,) = [m for row in grid(["en", "de", "fr", "cs"]) for m in row.models if m.slug == "mule-full"]

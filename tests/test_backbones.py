@@ -6,8 +6,8 @@ import pytest
 import torch
 from PIL import Image
 
-from data_catalog.weights import PretrainedUnavailable, imagenet_weights, weights_from_file
-from mule_core.features import (
+from mule.data_catalog.weights import PretrainedUnavailable, imagenet_weights, weights_from_file
+from mule.mule_core.features import (
     build_backbone,
     build_classifier,
     crop_transform,
@@ -73,7 +73,7 @@ def test_pooled_features_and_their_sizes():
 
 @pytest.mark.parametrize("size", [(7, 7), (4, 6), (1, 1)])
 def test_quadrant_means_are_adaptive_average_pooling_to_two_by_two(size):
-    from mule_core.features import quadrant_means
+    from mule.mule_core.features import quadrant_means
 
     fmap = torch.randn(2, 3, *size)
     torch.testing.assert_close(quadrant_means(fmap), torch.nn.functional.adaptive_avg_pool2d(fmap, 2).flatten(1))
@@ -130,7 +130,7 @@ def test_crop_geometry_on_a_hand_made_image():
                                                ("efficientnet_lite0", "imagenet", "avg+grid")])  # fmt: skip
 def test_onnx_runtime_gives_the_vectors_pytorch_gives(arch, weights, pool):
     pytest.importorskip("onnxruntime")
-    from mule_core.onnx_engine import OnnxExtractor
+    from mule.mule_core.onnx_engine import OnnxExtractor
 
     state = imagenet_weights(arch)[0] if weights == "imagenet" else None
     model = build_backbone(arch, state, seed=0, pool=pool)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from data_catalog.readers.multi30k import Multi30kError, ReadOptions, read_multi30k
-from mule_core.errors import is_user_error
+from mule.data_catalog.readers.multi30k import Multi30kError, ReadOptions, read_multi30k
+from mule.mule_core.errors import is_user_error
 from tests.conftest import write_gz, write_text
 
 LANGS = ("en", "de", "fr", "cs")
@@ -269,7 +269,7 @@ def _no_language(root):
     ],
 )
 def test_the_command_line_stops_with_one_line_and_exit_code_2(tiny_multi30k, tmp_path, capsys, mutate, message):
-    from flows.cli import main
+    from mule.flows.cli import main
 
     mutate(tiny_multi30k)
     code = main(["run", "ingest", "--workdir", str(tmp_path / "work"), "--dataset", "tiny",

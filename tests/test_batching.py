@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from mule_core.batching import ImageBatchSampler, default_sentences_per_image, same_group_pairs
+from mule.mule_core.batching import ImageBatchSampler, default_sentences_per_image, same_group_pairs
 
 # 4 images. en: 5 captions each; de: 5 each except image 3 (none); fr: 1 each.
 LANGS = ["en", "de", "fr"]

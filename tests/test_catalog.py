@@ -4,10 +4,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-import data_catalog.catalog as catalog_module
-from data_catalog.catalog import Catalog, CatalogError
-from data_catalog.schemas import REJECTS
-from data_catalog.workdir import Workdir
+import mule.data_catalog.catalog as catalog_module
+from mule.data_catalog.catalog import Catalog, CatalogError
+from mule.data_catalog.schemas import REJECTS
+from mule.data_catalog.workdir import Workdir
 
 
 def rejects(n: int, dataset: str = "d") -> pa.Table:
@@ -44,7 +44,7 @@ def test_a_crash_while_writing_leaves_the_old_table(tmp_path, monkeypatch):
 
 
 def test_missing_tables_say_which_stage_to_run(tmp_path):
-    import pipeline.reuse  # noqa: F401 - registers the stage that writes each table (from the declarations)
+    import mule.pipeline.reuse  # noqa: F401 - registers the stage that writes each table (from the declarations)
 
     catalog = Catalog(Workdir.at(tmp_path))
     with pytest.raises(CatalogError, match=r"no captions table for dataset 'nope' yet: run the ingest stage first"):
@@ -64,7 +64,7 @@ def test_missing_tables_say_which_stage_to_run(tmp_path):
 def test_a_moved_workdir_points_its_image_paths_and_views_at_itself(tmp_path):
     import shutil
 
-    from data_catalog.schemas import IMAGES
+    from mule.data_catalog.schemas import IMAGES
 
     old = Workdir.at(tmp_path / "old")
     images = pa.table(

@@ -7,11 +7,11 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from data_catalog.embedded.ceiling import bayes_recalls, ceiling, plan_fits, plan_likelihood
-from data_catalog.embedded.multi30k_layout import EmbeddedSpec
-from data_catalog.embedded.plans import CaptionPlan, Mention, sample_plan
-from data_catalog.embedded.scenes import Scene, SceneObject
-from mule_core.metrics import ceiling_recalls, expected_hit_rate, expected_hit_rate_ranked
+from mule.data_catalog.embedded.ceiling import bayes_recalls, ceiling, plan_fits, plan_likelihood
+from mule.data_catalog.embedded.multi30k_layout import EmbeddedSpec
+from mule.data_catalog.embedded.plans import CaptionPlan, Mention, sample_plan
+from mule.data_catalog.embedded.scenes import Scene, SceneObject
+from mule.mule_core.metrics import ceiling_recalls, expected_hit_rate, expected_hit_rate_ranked
 
 
 def test_expected_hit_rate_by_hand():

@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from flows.cli import build_parser, main, overrides_from
+from mule.flows.cli import build_parser, main, overrides_from
 
 
 def test_config_prints_the_resolved_config(capsys):
@@ -92,8 +92,8 @@ def test_ui_serves_the_workdir_store_and_lands_on_the_runs(tmp_path):
     experiment address opens)."""
     from mlflow.tracking import MlflowClient
 
-    from data_catalog.workdir import Workdir
-    from experiments.tracking import EXPERIMENT_KIND
+    from mule.data_catalog.workdir import Workdir
+    from mule.experiments.tracking import EXPERIMENT_KIND
     from tests import browser
 
     wd = Workdir.at(tmp_path)
@@ -106,7 +106,7 @@ def test_ui_serves_the_workdir_store_and_lands_on_the_runs(tmp_path):
     recorder = tmp_path / "browser.sh"
     recorder.write_text(f'#!/bin/sh\necho "$1" > {opened}\n')
     recorder.chmod(0o755)
-    ui = subprocess.Popen([sys.executable, "-m", "flows.cli", "ui", "--workdir", str(tmp_path), "--port", str(port),
+    ui = subprocess.Popen([sys.executable, "-m", "mule.flows.cli", "ui", "--workdir", str(tmp_path), "--port", str(port),
                            "--open"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           env={**os.environ, "BROWSER": str(recorder)})  # fmt: skip
     try:
@@ -157,14 +157,14 @@ def test_a_user_error_is_one_line_exit_2_and_the_failed_runs_say_the_same(tmp_pa
     from mlflow.tracking import MlflowClient
     from prefect.client.orchestration import get_client
 
-    from data_catalog.workdir import Workdir
+    from mule.data_catalog.workdir import Workdir
     from tests.conftest import write_gz, write_tiny_multi30k
 
     source = write_tiny_multi30k(tmp_path / "multi30k")
     write_gz(source / "data/task1/raw/val.fr.gz", ["Un chat dort.", "Une ligne de trop."])
     workdir = tmp_path / "work"
     env = dict(os.environ, PREFECT_API_URL=prefect_api_url, PREFECT_LOGGING_LEVEL="INFO")
-    command = [sys.executable, "-m", "flows.cli", "run", "ingest", "--workdir", str(workdir),
+    command = [sys.executable, "-m", "mule.flows.cli", "run", "ingest", "--workdir", str(workdir),
                "--dataset", "broken", "--source", str(source)]  # fmt: skip
     run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
     expected = (f"data/task1/raw/val.fr.gz has 2 lines but data/task1/image_splits/val.txt lists 1 images: "
@@ -194,20 +194,20 @@ def test_a_bug_keeps_its_traceback_exits_1_and_is_tagged_a_bug(tmp_path, prefect
     from mlflow.tracking import MlflowClient
     from prefect.client.orchestration import get_client
 
-    from data_catalog.workdir import Workdir
+    from mule.data_catalog.workdir import Workdir
     from tests.conftest import write_tiny_multi30k
 
     source = write_tiny_multi30k(tmp_path / "multi30k")
     workdir = tmp_path / "work"
     env = dict(os.environ, PREFECT_API_URL=prefect_api_url, PREFECT_LOGGING_LEVEL="INFO",
                MULE_BUG_AT="write:captions/*")  # fmt: skip
-    command = [sys.executable, "-m", "flows.cli", "run", "ingest", "--workdir", str(workdir),
+    command = [sys.executable, "-m", "mule.flows.cli", "run", "ingest", "--workdir", str(workdir),
                "--dataset", "buggy", "--source", str(source)]  # fmt: skip
     run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
     output = run.stderr + run.stdout
     assert run.returncode == 1, output[-3000:]
     assert "mule: error:" not in output
-    assert run.stderr.rstrip().splitlines()[-1].startswith("data_catalog.faults.InjectedBug: [Errno 2]")
+    assert run.stderr.rstrip().splitlines()[-1].startswith("mule.data_catalog.faults.InjectedBug: [Errno 2]")
     assert "in crash_point" in run.stderr  # the frames that lead to the bug are there
     # Prefect's log of the failed task and flow run keeps the traceback too (besides the console's)
     assert output.count("Traceback (most recent call last)") >= 2, output[-3000:]

@@ -24,7 +24,7 @@ TINY = {
 
 @pytest.mark.slow
 def test_coco_rebuild_then_add_a_language(tmp_path):
-    from flows.stages import add_language_flow, rebuild_flow
+    from mule.flows.stages import add_language_flow, rebuild_flow
 
     results = rebuild_flow(workdir=str(tmp_path), overrides=TINY,
                            stages=["ingest", "features", "text", "pretrain", "train", "evaluate"])  # fmt: skip

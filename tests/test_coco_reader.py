@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from data_catalog.readers.coco import CocoError, CocoOptions, read_coco
-from data_catalog.readers.common import ReadOptions
+from mule.data_catalog.readers.coco import CocoError, CocoOptions, read_coco
+from mule.data_catalog.readers.common import ReadOptions
 
 TRI = ReadOptions(("en", "ja", "zh"))
 

@@ -3,8 +3,8 @@ a hand list. Edits are made in a copy of the repository."""
 
 from pathlib import Path
 
-from data_catalog.code_digests import REPO, closure, code_digest, code_parts
-from pipeline.declaration import BY_NAME, REBUILD
+from mule.data_catalog.code_digests import REPO, closure, code_digest, code_parts
+from mule.pipeline.declaration import BY_NAME, REBUILD
 from tests.conftest import edit
 
 
@@ -31,7 +31,7 @@ def test_no_stage_s_code_reaches_publishing_tracking_or_orchestration():
         if not stage.keyed:
             continue
         modules, outside = closure(stage.module)
-        packages = {name.split(".")[0] for name in modules}
+        packages = {name.split(".")[1] for name in modules if name != "mule"}
         assert packages <= {"tasks", "data_catalog", "mule_core", "clients"}, (stage.name, packages)
         assert not outside & {"prefect", "mlflow", "matplotlib", "pandas", "fastapi", "uvicorn"}, (stage.name, outside)
 
@@ -43,16 +43,16 @@ def test_relative_and_lazy_imports_count(tmp_path):
     (package / "sub" / "__init__.py").write_text("")
     (package / "a.py").write_text("from typing import TYPE_CHECKING\nfrom .sub import b\nfrom . import c\n\n"
                                   "if TYPE_CHECKING:\n    from . import unused\nelse:\n    import json\n\n"
-                                  "def f():\n    from pkg.sub.d import g\n")
+                                  "def f():\n    from mule.pkg.sub.d import g\n")
     (package / "sub" / "b.py").write_text("import numpy\n")
     (package / "c.py").write_text("from .sub.b import x\n")
     (package / "sub" / "d.py").write_text("import os\n")
     (package / "unused.py").write_text("")
-    modules, outside = closure("pkg.a", tmp_path)
+    modules, outside = closure("mule.pkg.a", tmp_path)  # the folder pkg, installed as mule.pkg
     # pkg.unused is imported for annotations only (under TYPE_CHECKING): it never runs
-    assert set(modules) == {"pkg", "pkg.a", "pkg.sub", "pkg.sub.b", "pkg.c", "pkg.sub.d"}
-    assert "json" in outside
-    assert "numpy" in outside and "library numpy" in code_parts("pkg.a", tmp_path)
+    assert set(modules) == {"mule.pkg", "mule.pkg.a", "mule.pkg.sub", "mule.pkg.sub.b", "mule.pkg.c", "mule.pkg.sub.d"}
+    assert "json" in outside and "mule" not in outside  # the namespace is the repository, not a library
+    assert "numpy" in outside and "library numpy" in code_parts("mule.pkg.a", tmp_path)
 
 
 def test_an_edit_reruns_the_stages_that_reach_it_and_no_other(repo_copy):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from mule_core.config import ConfigError, flatten, from_dict, option_names, parse_assignments, resolve, to_dict
+from mule.mule_core.config import ConfigError, flatten, from_dict, option_names, parse_assignments, resolve, to_dict
 
 
 def test_presets_differ_where_the_paper_does():

@@ -23,8 +23,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from data_catalog.catalog import Catalog
-from data_catalog.workdir import Workdir
+from mule.data_catalog.catalog import Catalog
+from mule.data_catalog.workdir import Workdir
 
 SIZES = ["--train-images", "32", "--val-images", "16", "--test-images", "16"]
 TINY = ["data.image_size=48", "features.input_size=32", "features.shard_images=16", "text.fasttext_epochs=2",
@@ -38,7 +38,7 @@ TINY = ["data.image_size=48", "features.input_size=32", "features.shard_images=1
 # (torch, Prefect, MLflow) eight times over.
 ZYGOTE = r"""
 import json, os, sys
-import flows.cli, flows.stages  # noqa: F401 - the imports every child shares
+import mule.flows.cli, mule.flows.stages  # noqa: F401 - the imports every child shares
 for line in sys.stdin:
     request = json.loads(line)
     pid = os.fork()
@@ -51,7 +51,7 @@ for line in sys.stdin:
         os.dup2(fd, 2)
         code = 1
         try:
-            code = flows.cli.main(request["args"])
+            code = mule.flows.cli.main(request["args"])
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
@@ -92,7 +92,7 @@ def demo(zygote: subprocess.Popen, workdir: Path, crash_at: str | None = None) -
 
 def reference_run(workdir: Path) -> None:
     """The same demo, never interrupted (in this process: the code is the same, start-up is not paid twice)."""
-    from flows.cli import main
+    from mule.flows.cli import main
 
     assert main(["demo", "--workdir", str(workdir), *SIZES, *[a for o in TINY for a in ("--set", o)]]) == 0
 
@@ -199,7 +199,7 @@ def test_killed_stages_resume_and_end_as_if_never_interrupted(tmp_path, zygote, 
     children = client.search_runs([experiment.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     status = {r.info.run_name: r.data.tags["mule.stage_status"] for r in children}
     assert status == {"ingest": "reused", "translate": "reused", "features": "reused", "text": "reused",
-                      "pretrain": "reused", "train": "reused", "evaluate": "ran"}  # fmt: skip
+                      "pretrain": "reused", "train": "reused", "evaluate": "ran", "index": "ran"}  # fmt: skip
     for run in [parent, *children]:
         tags = run.data.tags
         assert tags["mule.dataset"] == "embedded" and tags["mule.preset"] == "demo"
@@ -209,13 +209,13 @@ def test_killed_stages_resume_and_end_as_if_never_interrupted(tmp_path, zygote, 
 
 
 def test_a_second_process_on_the_same_workdir_is_refused_naming_the_first(tmp_path):
-    from data_catalog.locks import holder, workdir_lock
+    from mule.data_catalog.locks import holder, workdir_lock
 
     workdir = Workdir.at(tmp_path / "work")
     script = (
         "import sys, time\n"
-        "from data_catalog.locks import workdir_lock\n"
-        "from data_catalog.workdir import Workdir\n"
+        "from mule.data_catalog.locks import workdir_lock\n"
+        "from mule.data_catalog.workdir import Workdir\n"
         f"with workdir_lock(Workdir.at({str(workdir.root)!r}), 'train'):\n"
         "    print('holding', flush=True)\n"
         "    time.sleep(60)\n"
@@ -224,7 +224,7 @@ def test_a_second_process_on_the_same_workdir_is_refused_naming_the_first(tmp_pa
                              cwd=Path(__file__).resolve().parents[1])  # fmt: skip
     try:
         assert first.stdout.readline().strip() == "holding"
-        from data_catalog.locks import WorkdirBusyError
+        from mule.data_catalog.locks import WorkdirBusyError
 
         with pytest.raises(WorkdirBusyError) as error, workdir_lock(workdir, "ingest"):
             pass

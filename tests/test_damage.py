@@ -22,13 +22,13 @@ from pathlib import Path
 
 import pytest
 
-from data_catalog.catalog import Catalog
-from data_catalog.workdir import Workdir
-from mule_core.config import resolve
-from mule_core.errors import is_user_error
-from pipeline import rebuild, reuse
-from pipeline.declaration import REBUILD
-from pipeline.runner import Runner
+from mule.data_catalog.catalog import Catalog
+from mule.data_catalog.workdir import Workdir
+from mule.mule_core.config import resolve
+from mule.mule_core.errors import is_user_error
+from mule.pipeline import rebuild, reuse
+from mule.pipeline.declaration import REBUILD
+from mule.pipeline.runner import Runner
 
 TINY = {"data.train_images": 24, "data.val_images": 8, "data.test_images": 8, "data.image_size": 48,
         "features.input_size": 32, "features.shard_images": 16, "text.fasttext_epochs": 2, "pretrain.epochs": 1,
@@ -101,7 +101,7 @@ def copy(built, tmp_path):
     target = tmp_path / "work"
     shutil.copytree(wd.root, target, symlinks=True)
     copied = Workdir.at(target)
-    from experiments.relocation import adopt
+    from mule.experiments.relocation import adopt
 
     adopt(copied)  # as every command does first: a copy points its paths at itself (its images table changes)
     return copied, cfg, outputs(copied, cfg)
@@ -146,7 +146,7 @@ def test_derived_files_are_rebuilt_and_caches_start_empty(how, built, copy):
     for name in ("catalog.duckdb", "state/file_hashes.json", "workdir.json", "mule.lock"):
         if (wd.root / name).exists():
             damage(wd.root / name, how)
-    from experiments.relocation import adopt
+    from mule.experiments.relocation import adopt
 
     adopt(wd)
     decisions = next_run(wd, cfg)
@@ -184,8 +184,8 @@ def test_a_damaged_checkpoint_or_journal_is_left_behind(how, built, copy, caplog
 def test_what_mule_cannot_repair_is_one_line_naming_the_file(how, built, copy, monkeypatch):
     from mlflow.tracking import MlflowClient
 
-    from experiments import tracking
-    from flows.runtime import check_prefect_database
+    from mule.experiments import tracking
+    from mule.flows.runtime import check_prefect_database
 
     wd, _, _ = copy
     MlflowClient(wd.mlflow_uri).create_experiment("mule/embedded")  # a real store (these stages ran untracked)

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from data_catalog.embedded import lang_cs, lang_de, lang_en, lang_fr
-from data_catalog.embedded.multi30k_layout import EmbeddedSpec, generate_multi30k
-from data_catalog.embedded.plans import CaptionPlan, Mention
-from data_catalog.embedded.scenes import SceneObject
+from mule.data_catalog.embedded import lang_cs, lang_de, lang_en, lang_fr
+from mule.data_catalog.embedded.multi30k_layout import EmbeddedSpec, generate_multi30k
+from mule.data_catalog.embedded.plans import CaptionPlan, Mention
+from mule.data_catalog.embedded.scenes import SceneObject
 
 SPEC = EmbeddedSpec(train_images=6, val_images=2, test_images=3, seed=7, image_size=48)
 
@@ -77,7 +77,7 @@ def test_generation_is_skipped_when_the_spec_matches_and_redone_when_not(tmp_pat
 
 
 def test_the_dataset_is_written_again_by_other_generator_code(tmp_path, repo_copy):
-    from data_catalog.code_digests import code_digest
+    from mule.data_catalog.code_digests import code_digest
     from tests.conftest import edit
 
     root = generate_multi30k(tmp_path / "d", SPEC, code="generator-a")
@@ -89,7 +89,7 @@ def test_the_dataset_is_written_again_by_other_generator_code(tmp_path, repo_cop
     assert marker.stat().st_mtime_ns != before  # same spec, other code: written again
     # The code is the writer's import closure (as the ceiling's is): an edit to a language's
     # grammar changes it, an edit to the ceiling's computation does not.
-    layout = "data_catalog.embedded.multi30k_layout"
+    layout = "mule.data_catalog.embedded.multi30k_layout"
     first = code_digest(layout, repo_copy)
     edit(repo_copy / "data_catalog" / "embedded" / "ceiling.py")
     assert code_digest(layout, repo_copy) == first

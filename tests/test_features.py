@@ -6,10 +6,10 @@ import pytest
 import torch
 from PIL import Image
 
-import data_catalog.weights as pretrained
-from data_catalog.weights import PretrainedUnavailable, imagenet_weights
-from mule_core.extractor_names import extractor_name
-from mule_core.features import build_resnet, crop_transform, extract
+import mule.data_catalog.weights as pretrained
+from mule.data_catalog.weights import PretrainedUnavailable, imagenet_weights
+from mule.mule_core.extractor_names import extractor_name
+from mule.mule_core.features import build_resnet, crop_transform, extract
 
 
 @pytest.mark.parametrize("crops", [1, 5, 10])

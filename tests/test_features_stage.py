@@ -9,12 +9,12 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from data_catalog.catalog import Catalog
-from data_catalog.workdir import Workdir
-from experiments.relocation import adopt
-from mule_core.config import resolve
-from pipeline.runner import run_alone
-from tasks.prepare import write_generated
+from mule.data_catalog.catalog import Catalog
+from mule.data_catalog.workdir import Workdir
+from mule.experiments.relocation import adopt
+from mule.mule_core.config import resolve
+from mule.pipeline.runner import run_alone
+from mule.tasks.prepare import write_generated
 from tests.test_image_kinds import png_claiming_size
 
 TINY = {"data.train_images": 24, "data.val_images": 8, "data.test_images": 8, "data.image_size": 48,
@@ -80,7 +80,7 @@ def test_bad_images_become_rejects_and_the_stage_completes(tmp_path, caplog):
     assert catalog.query("SELECT count(*) AS n FROM rejects WHERE source_file LIKE 'images/%'")["n"][0].as_py() == 5
 
     # Training data leaves the images without features out, and says how many.
-    from data_catalog.splits import load_split, load_vocabulary
+    from mule.data_catalog.splits import load_split, load_vocabulary
 
     run_alone(wd, cfg, "text")
     vocabulary = load_vocabulary(catalog, "embedded", ["en", "de", "fr", "cs"])
@@ -98,7 +98,7 @@ SMALL = {**TINY, "data.train_images": 8, "data.val_images": 4, "data.test_images
 
 @pytest.mark.slow
 def test_dask_and_in_process_runs_give_the_same_table(tmp_path):
-    from flows.stages import features_flow
+    from mule.flows.stages import features_flow
 
     local, cfg = ingested(tmp_path / "local", SMALL)
     shutil.copytree(local.root, tmp_path / "dask")

@@ -11,7 +11,7 @@ import random
 import httpx
 import pytest
 
-from clients.googletrans import GoogleOptions, GoogleTranslateBackend, TranslationServiceError
+from mule.clients.googletrans import GoogleOptions, GoogleTranslateBackend, TranslationServiceError
 
 FAST = GoogleOptions(concurrency=2, retries=3, backoff_s=1.0, timeout_s=5.0)
 

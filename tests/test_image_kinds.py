@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 from PIL import Image, PngImagePlugin
 
-from data_catalog.images import MAX_PIXELS, BadImage, load_rgb, probe
-from data_catalog.readers.common import image_record
-from mule_core.features import crop_transform
+from mule.data_catalog.images import MAX_PIXELS, BadImage, load_rgb, probe
+from mule.data_catalog.readers.common import image_record
+from mule.mule_core.features import crop_transform
 
 
 def png_claiming_size(width: int, height: int) -> bytes:

@@ -2,9 +2,10 @@
 lives in data_catalog, and the README's stage table is the declaration's."""
 
 import re
+import tomllib
 
-from data_catalog.code_digests import REPO, _imports_in, _stamp
-from pipeline.declaration import keys_table, markdown_table
+from mule.data_catalog.code_digests import REPO, _imports_in, _stamp
+from mule.pipeline.declaration import keys_table, markdown_table
 
 # Each package, and the packages it may import (below it).
 FLOORS = {
@@ -23,8 +24,14 @@ FLOORS = {
 
 def _modules(package: str):
     for path in sorted((REPO / package).rglob("*.py")):
-        name = ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+        name = ".".join(("mule", *path.relative_to(REPO).with_suffix("").parts)).removesuffix(".__init__")
         yield path, name
+
+
+def _folder(imported: str) -> str:
+    """mule.tasks.train -> tasks (the folder); a library's top-level name as it is."""
+    parts = imported.split(".")
+    return parts[1] if parts[0] == "mule" and len(parts) > 1 else parts[0]
 
 
 def test_each_floor_imports_only_the_floors_below_it():
@@ -32,7 +39,7 @@ def test_each_floor_imports_only_the_floors_below_it():
     for package, allowed in FLOORS.items():
         for path, name in _modules(package):
             for imported in _imports_in(_stamp(path), name, path.name == "__init__.py"):
-                top = imported.split(".")[0]
+                top = _folder(imported)
                 if top in FLOORS and top != package and top not in allowed:
                     upward.append(f"{path.relative_to(REPO)} imports {imported}")
     assert not upward, upward
@@ -40,7 +47,7 @@ def test_each_floor_imports_only_the_floors_below_it():
 
 def test_mule_core_knows_nothing_of_prefect_mlflow_or_the_catalog():
     for path, name in _modules("mule_core"):
-        tops = {i.split(".")[0] for i in _imports_in(_stamp(path), name, path.name == "__init__.py")}
+        tops = {_folder(i) for i in _imports_in(_stamp(path), name, path.name == "__init__.py")}
         assert not tops & {"prefect", "mlflow", "duckdb", "data_catalog"}, path
 
 
@@ -53,13 +60,30 @@ def test_no_sql_over_the_catalog_outside_data_catalog():
 
 def test_the_readme_stage_table_is_the_declarations():
     readme = (REPO / "README.md").read_text()
-    table = re.search(r"<!-- stages: python -m pipeline.declaration -->\n(.*?)<!-- /stages -->", readme, re.S)
+    table = re.search(r"<!-- stages: python -m mule.pipeline.declaration -->\n(.*?)<!-- /stages -->", readme, re.S)
     assert table, "README.md lost its stage table markers"
-    assert table.group(1) == markdown_table(), "README's stage table is stale: python -m pipeline.declaration"
+    assert table.group(1) == markdown_table(), "README's stage table is stale: python -m mule.pipeline.declaration"
 
 
 def test_the_architecture_page_s_key_table_is_the_code_s():
     page = (REPO / "docs" / "architecture.md").read_text()
-    table = re.search(r"<!-- keys: python -m pipeline.declaration keys -->\n(.*?)<!-- /keys -->", page, re.S)
+    table = re.search(r"<!-- keys: python -m mule.pipeline.declaration keys -->\n(.*?)<!-- /keys -->", page, re.S)
     assert table, "docs/architecture.md lost its key table markers"
-    assert table.group(1) == keys_table(), "docs/architecture.md's key table is stale: python -m pipeline.declaration keys"
+    assert table.group(1) == keys_table(), "docs/architecture.md's key table is stale: python -m mule.pipeline.declaration keys"
+
+
+def test_installed_mule_is_one_namespace():
+    """Every package folder is installed as mule.<folder>, and nothing imports a folder by
+    its bare name (which works from the checkout and breaks once installed)."""
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = sorted(".".join(p.parent.relative_to(REPO).parts) for package in FLOORS
+                     for p in (REPO / package).rglob("__init__.py"))  # fmt: skip
+    assert sorted(setuptools["packages"]) == sorted(f"mule.{f}" for f in folders)
+    assert setuptools["package-dir"] == {f"mule.{f}": f for f in FLOORS}
+    bare = []
+    for path in [*(p for package in FLOORS for p, _ in _modules(package)), *sorted((REPO / "tests").glob("*.py")),
+                 *sorted((REPO / "bench").glob("*.py"))]:  # fmt: skip
+        for imported in _imports_in(_stamp(path), "x.y", False):
+            if imported.split(".")[0] in FLOORS:
+                bare.append(f"{path.relative_to(REPO)} imports {imported}")
+    assert not bare, bare

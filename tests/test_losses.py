@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from mule_core.losses import image_sentence_loss, neighborhood_loss, triplet_topk
-from mule_core.model import grad_reverse
+from mule.mule_core.losses import image_sentence_loss, neighborhood_loss, triplet_topk
+from mule.mule_core.model import grad_reverse
 
 
 def test_triplet_single_anchor_hand_computed():
@@ -109,7 +109,7 @@ def test_neighborhood_constraints_skip_copies_of_the_anchors_own_sentence():
 
 
 def test_duplicate_ids_are_per_language_and_exact_words():
-    from mule_core.batching import duplicate_ids
+    from mule.mule_core.batching import duplicate_ids
 
     tokens = torch.tensor([[4, 5, 0], [4, 5, 0], [4, 5, 6], [4, 5, 0]])
     ids = duplicate_ids(tokens, torch.tensor([2, 2, 3, 2]), np.array([0, 0, 0, 1]))

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mule_core.metrics import (
+from mule.mule_core.metrics import (
     cross_lingual_recalls,
     image_to_sentence_ranks,
     per_language_recalls,
@@ -71,7 +71,7 @@ def test_cross_lingual_retrieval():
 
 
 def test_chance_recalls_by_hand():
-    from mule_core.metrics import chance_recalls
+    from mule.mule_core.metrics import chance_recalls
 
     # Two images with one caption each: a random ranking puts the right one first half the time.
     two = chance_recalls([1, 1], ks=(1, 5))

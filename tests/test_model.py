@@ -3,8 +3,8 @@
 import torch
 from torch.nn.utils.rnn import pack_padded_sequence
 
-from mule_core.config import ModelConfig, resolve
-from mule_core.model import MuleModel, TextBatch, count_parameters, unrolled_lstm_last
+from mule.mule_core.config import ModelConfig, resolve
+from mule.mule_core.model import MuleModel, TextBatch, count_parameters, unrolled_lstm_last
 
 CFG = ModelConfig(mule_dim=6, lstm_dim=5, joint_dim=4, image_hidden=7)
 

@@ -8,7 +8,7 @@ import yaml
 from cronsim import CronSim
 from prefect.flows import load_flow_from_entrypoint
 
-from pipeline.declaration import BY_NAME, REBUILD
+from mule.pipeline.declaration import BY_NAME, REBUILD
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,8 +40,8 @@ def test_a_deployment_made_without_mule_home_refuses_to_run(tmp_path):
     stop with a message, not write into whatever folder the worker runs in."""
     import pytest
 
-    from flows.stages import _workdir
-    from mule_core.config import ConfigError
+    from mule.flows.stages import _workdir
+    from mule.mule_core.config import ConfigError
 
     for unset in ("", "{{ $MULE_HOME }}"):
         with pytest.raises(ConfigError, match="made without MULE_HOME set"):

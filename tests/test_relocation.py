@@ -5,9 +5,9 @@ import shutil
 import pytest
 from mlflow.tracking import MlflowClient
 
-from data_catalog.workdir import Workdir
-from experiments import tracking
-from experiments.relocation import adopt
+from mule.data_catalog.workdir import Workdir
+from mule.experiments import tracking
+from mule.experiments.relocation import adopt
 
 
 def a_workdir_with_a_run(root) -> tuple[Workdir, str]:

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from data_catalog import code_digests
-from data_catalog.code_digests import closure
-from mule_core.config import ConfigError, apply_overrides, flatten, resolve
-from pipeline import reuse
-from pipeline.declaration import BY_NAME, REBUILD
+from mule.data_catalog import code_digests
+from mule.data_catalog.code_digests import closure
+from mule.mule_core.config import ConfigError, apply_overrides, flatten, resolve
+from mule.pipeline import reuse
+from mule.pipeline.declaration import BY_NAME, REBUILD
 from tests.conftest import REBUILT_TINY
 
 PUBLISHING = ("pipeline/publish.py", "experiments/plots.py", "experiments/registry.py", "experiments/report.py",
@@ -34,8 +34,8 @@ PUBLISHING = ("pipeline/publish.py", "experiments/plots.py", "experiments/regist
 @pytest.fixture(scope="module")
 def workdir(rebuilt_as_built, tmp_path_factory):
     """A copy of the rebuilt workdir (deciding keeps a cache of file digests in it)."""
-    from data_catalog.workdir import Workdir
-    from experiments.relocation import adopt
+    from mule.data_catalog.workdir import Workdir
+    from mule.experiments.relocation import adopt
 
     copy = tmp_path_factory.mktemp("keys") / "work"
     shutil.copytree(rebuilt_as_built[0].root, copy)
@@ -171,7 +171,7 @@ def test_the_features_identity_is_the_extraction_code_not_the_stage_s(workdir, r
     """An edit to how the features stage plans and records its work reruns the stage; only
     an edit to the code that turns an image into a vector (or new weights, or a library)
     makes other vectors, under another identity."""
-    from tasks import extraction
+    from mule.tasks import extraction
 
     identity = code_digests.code_digest(extraction.__name__, repo_copy)
     with edited(repo_copy, "tasks/features.py"):
@@ -181,7 +181,7 @@ def test_the_features_identity_is_the_extraction_code_not_the_stage_s(workdir, r
     with edited(repo_copy, "data_catalog/atomic.py"):  # how tables are written: not how vectors are made
         assert code_digests.code_digest(extraction.__name__, repo_copy) == identity
     # the identity's name changes with the setting, the weights and the code
-    from mule_core.extractor_names import identity_name
+    from mule.mule_core.extractor_names import identity_name
 
     f = resolve("demo").features
     name = identity_name(f, {"weights_digest": "a", "code": {"file x": "1"}})

@@ -34,7 +34,7 @@ class Demo:
 
     def __init__(self, workdir: Path, *extra: str, env: dict | None = None):
         args = ["demo", "--workdir", str(workdir), *SIZES, *[a for o in TINY for a in ("--set", o)], *extra]
-        self.process = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=REPO, text=True,
+        self.process = subprocess.Popen([sys.executable, "-m", "mule.flows.cli", *args], cwd=REPO, text=True,
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                                         env={**os.environ, **(env or {})})  # fmt: skip
         self.lines: list[str] = []
@@ -113,7 +113,7 @@ def test_a_signal_while_c_code_runs_still_stops_within_the_grace(tmp_path):
     exception would be raised: the watchdog ends the process all the same."""
     script = (
         "import random, sys, fasttext\n"
-        "from flows import interrupts\n"
+        "from mule.flows import interrupts\n"
         "interrupts.install(lambda signum: 'mule: stopped by ' + interrupts.how(signum))\n"
         f"path = {str(tmp_path / 'corpus.txt')!r}\n"
         "words = [f'w{i}' for i in range(2000)]\n"

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mule_core.text import PAD, UNK, Vocab, pad_batch, tokenize
+from mule.mule_core.text import PAD, UNK, Vocab, pad_batch, tokenize
 
 
 def test_moses_tokenisation_lower_cases_and_splits_punctuation():
@@ -39,7 +39,7 @@ def test_chinese_is_segmented_by_jieba_on_real_sentences():
 
 
 def test_the_tokeniser_is_chosen_by_language_code():
-    from mule_core.languages import tokenizer_name
+    from mule.mule_core.languages import tokenizer_name
 
     assert [tokenizer_name(code) for code in ("en", "de", "ja", "zh")] == ["moses", "moses", "janome", "jieba"]
     with pytest.raises(ValueError, match="no tokeniser for language code 'xx'; supported codes: as, bn"):
@@ -47,7 +47,7 @@ def test_the_tokeniser_is_chosen_by_language_code():
 
 
 def test_the_language_is_the_one_whose_vocabulary_knows_most_of_the_words():
-    from mule_core.text import PAD, UNK, Vocab, detect_language
+    from mule.mule_core.text import PAD, UNK, Vocab, detect_language
 
     vocabs = {"en": Vocab([PAD, UNK, "a", "red", "circle", "on", "the", "left"]),
               "de": Vocab([PAD, UNK, "ein", "roter", "kreis", "links", "a"]),
@@ -67,8 +67,8 @@ def test_the_language_is_the_one_whose_vocabulary_knows_most_of_the_words():
 def test_file_digests_follow_the_bytes_not_the_timestamps(tmp_path):
     import os
 
-    from data_catalog.content import FileHasher, sha256_file
-    from data_catalog.workdir import Workdir
+    from mule.data_catalog.content import FileHasher, sha256_file
+    from mule.data_catalog.workdir import Workdir
 
     wd = Workdir.at(tmp_path / "work")
     data = tmp_path / "data"
@@ -92,8 +92,8 @@ def test_file_digests_follow_the_bytes_not_the_timestamps(tmp_path):
 def test_tree_digests_follow_linked_folders_and_stop_at_loops(tmp_path):
     """`images -> /data/flickr30k-images`: a file replaced behind the link is a change;
     a link back up the tree is not followed forever."""
-    from data_catalog.content import FileHasher
-    from data_catalog.workdir import Workdir
+    from mule.data_catalog.content import FileHasher
+    from mule.data_catalog.workdir import Workdir
 
     wd = Workdir.at(tmp_path / "work")
     outside = tmp_path / "flickr30k-images"

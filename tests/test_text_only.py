@@ -3,10 +3,10 @@ cross-lingual evaluation work; the image stages say there are no images."""
 
 import pytest
 
-from data_catalog.workdir import Workdir
-from mule_core.config import resolve
-from pipeline.runner import run_alone
-from tasks.common import NoImagesError
+from mule.data_catalog.workdir import Workdir
+from mule.mule_core.config import resolve
+from mule.pipeline.runner import run_alone
+from mule.tasks.common import NoImagesError
 
 
 def test_text_only_dataset(tiny_multi30k, tmp_path):

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from mule_core.config import LossConfig, ModelConfig, PretrainConfig, TrainConfig
-from mule_core.model import MuleModel
-from mule_core.training import SplitTensors, Trainer, evaluate_split
+from mule.mule_core.config import LossConfig, ModelConfig, PretrainConfig, TrainConfig
+from mule.mule_core.model import MuleModel
+from mule.mule_core.training import SplitTensors, Trainer, evaluate_split
 
 LANGS = ["en", "fr"]
 
@@ -167,7 +167,7 @@ def test_balanced_language_groups_reach_the_sampler():
 
 def test_adding_a_language_trains_it_and_leaves_the_others_bit_identical():
 
-    from mule_core.model import with_added_language
+    from mule.mule_core.model import with_added_language
 
     n = 24
     cfg = ModelConfig(mule_dim=16, lstm_dim=16, joint_dim=16, image_hidden=32)
@@ -181,7 +181,7 @@ def test_adding_a_language_trains_it_and_leaves_the_others_bit_identical():
                            data.image_ids, data.features)  # fmt: skip
     Trainer(base, english, LOSS, replace(optim(15), sentences_per_image={"en": 2}), torch.device("cpu")).fit()
     before = evaluate_split(base, english, torch.device("cpu"))
-    from mule_core.training import encode_split
+    from mule.mule_core.training import encode_split
 
     reference = encode_split(base, english, torch.device("cpu"))
 
@@ -205,7 +205,7 @@ def test_adding_a_language_trains_it_and_leaves_the_others_bit_identical():
 
 
 def _mean_mr_on(data):
-    from mule_core.metrics import mean_mr
+    from mule.mule_core.metrics import mean_mr
 
     return lambda m: (mean_mr(evaluate_split(m, data, torch.device("cpu"))), {})
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from clients.googletrans import GoogleOptions, GoogleTranslateBackend, TranslationServiceError
-from data_catalog.catalog import Catalog
-from data_catalog.splits import load_split
-from data_catalog.workdir import Workdir
-from mule_core.config import resolve
-from pipeline.runner import run_alone
-from tasks import translate as stage
+from mule.clients.googletrans import GoogleOptions, GoogleTranslateBackend, TranslationServiceError
+from mule.data_catalog.catalog import Catalog
+from mule.data_catalog.splits import load_split
+from mule.data_catalog.workdir import Workdir
+from mule.mule_core.config import resolve
+from mule.pipeline.runner import run_alone
+from mule.tasks import translate as stage
 from tests.test_googletrans_backend import FakeService
 
 
@@ -140,7 +140,7 @@ def test_training_data_selection(ingested):
     write_lexicons(source)
     run(workdir, config(source), "translate")
     catalog = Catalog(Workdir.at(workdir))
-    from mule_core.text import Vocab, Vocabulary
+    from mule.mule_core.text import Vocab, Vocabulary
 
     vocabulary = Vocabulary(["en", "fr"], {"en": Vocab(["<pad>", "<unk>"]), "fr": Vocab(["<pad>", "<unk>"])})
 

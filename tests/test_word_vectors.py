@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from data_catalog.vectors import VectorFile, VectorFileError
-from tasks.text import train_fasttext
+from mule.data_catalog.vectors import VectorFile, VectorFileError
+from mule.tasks.text import train_fasttext
 
 
 def test_fasttext_learns_vectors_for_corpus_words_and_unseen_words():

@@ -25,7 +25,7 @@ import math
 from collections import defaultdict
 from itertools import permutations, product
 
-from mule_core.metrics import expected_hit_rate_ranked
+from mule.mule_core.metrics import expected_hit_rate_ranked
 
 from .multi30k_layout import CAPTIONS_PER_IMAGE, TASK1_LANGS, EmbeddedSpec, generate_image
 from .plans import (

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from mule_core.errors import UserError
+from mule.mule_core.errors import UserError
 
 from . import lang_en, lang_ja, lang_zh, staging
 from .plans import sample_plan

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from mule_core.errors import UserError
+from mule.mule_core.errors import UserError
 
 from ..content import sha256_file
 from ..images import BadImage, probe
