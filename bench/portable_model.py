@@ -52,7 +52,8 @@ print(json.dumps({"mule_importable_from": [m.__file__ for m in [__import__("mule
 
 def step(what: str, command: list[str], **kw) -> subprocess.CompletedProcess:
     started = time.perf_counter()
-    print(f"$ {' '.join(command)}", flush=True)
+    shown = [c if "\n" not in c else "<script>" for c in command]
+    print(f"$ {' '.join(shown)}", flush=True)
     done = subprocess.run(command, capture_output=True, text=True, **kw)
     if done.returncode != 0:
         sys.exit(f"{what} failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")

@@ -186,7 +186,7 @@ class IndexConfig:
 
     kind: str = "hnsw-sq8"  # hnsw-sq8 | ivf-sq8 (FAISS, one byte a dimension; mule_core/index.py) | flat (exact)
     cells: int = 0  # ivf-sq8's k-means cells; 0: about 4 sqrt(images)
-    breadth: int = 0  # search breadth (HNSW efSearch, IVF nprobe); 0: the kind's default (64, cells / 32)
+    breadth: int = 0  # search breadth (HNSW efSearch, IVF nprobe); 0: the kind's default (128, cells / 32)
     min_images: int = 100_000  # below this, mule serve scans every vector exactly (8 ms at 100k, 128-d)
 
 

@@ -2,16 +2,17 @@
 with FAISS. Two kinds, both storing a vector as one byte per dimension (8-bit scalar
 quantisation: a quarter of float32):
 
-- hnsw-sq8 (the default): a navigable small-world graph (32 links a vector). Highest
-  recall for the time on clustered and diffuse clouds alike (recall@10 0.98 in 0.2 ms at
-  1M x 128 here), at the price of a slower build (2 min for 1M x 128 on 2 cores) and
-  256 bytes of links a vector.
+- hnsw-sq8 (the default): a navigable small-world graph (32 links a vector). The best
+  recall for the time here (recall@10 0.98 in 0.25 ms at 1M x 128, 0.96 in 0.8 ms at
+  1M x 512), at the price of a slower build (3 and 5 min on 2 cores) and 256 bytes of
+  links a vector, read into memory (FAISS does not map a graph).
 - ivf-sq8: k-means cells, a query scans the `breadth` closest. Builds 15x faster and
   adds nothing to the vectors' bytes, but needs many cells scanned where neighbours
-  straddle cells (bench/ann_index.py: 0.83 at 1M x 128 with 64 of 2048 cells).
+  straddle cells (bench/ann_index.py: 0.83 at 1M x 128 with 64 of 2048 cells); its lists are
+  read memory-mapped.
 
 The search breadth (HNSW's efSearch, IVF's nprobe) is set at query time, without
-rebuilding. data_catalog.indexes keeps the files and reads them memory-mapped.
+rebuilding. data_catalog.indexes keeps the files.
 
     index = build(vectors)                      # (n, dim) float32, unit rows
     scores, rows = search(index, queries, k)    # best first; rows -1 when fewer than k
@@ -27,7 +28,7 @@ import numpy as np
 KINDS = ("hnsw-sq8", "ivf-sq8", "flat")
 HNSW_LINKS = 32  # M: links per vector (FAISS's and the HNSW paper's usual 16-48)
 HNSW_BUILD_BREADTH = 64  # efConstruction
-HNSW_SEARCH_BREADTH = 64  # efSearch: recall@10 0.976 at 1M x 128 (bench/ann_index.py)
+HNSW_SEARCH_BREADTH = 128  # efSearch: recall@10 0.98 at 1M x 128, 0.96 at 1M x 512 (bench/ann_index.py)
 
 
 def cells_for(n: int) -> int:
@@ -96,6 +97,14 @@ def set_breadth(index, breadth: int) -> None:
         index.nprobe = breadth
     elif hasattr(index, "hnsw"):
         index.hnsw.efSearch = breadth
+
+
+def default_breadth(index) -> int:
+    """This version's default search breadth for the index's kind (an index file keeps the
+    breadth it was built with; the default may have moved since)."""
+    if hasattr(index, "nlist"):
+        return probes_for(int(index.nlist))
+    return HNSW_SEARCH_BREADTH if hasattr(index, "hnsw") else 0
 
 
 def breadth(index) -> int:

@@ -94,8 +94,7 @@ def stored_index(searcher: Searcher, model_name: str = "model") -> tuple[object 
     index, ids, info = found
     if searcher.model_file is None or info.get("model_sha256") != sha256_file(searcher.model_file):
         return None, "the gallery index was built for another model (mule run index rebuilds it)"
-    if searcher.meta["cfg"].index.breadth:
-        ann.set_breadth(index, searcher.meta["cfg"].index.breadth)
+    ann.set_breadth(index, searcher.meta["cfg"].index.breadth or ann.default_breadth(index))
     return (index, ids), f"gallery index of {len(ids):,} images"
 
 
@@ -109,7 +108,9 @@ def load_gallery(searcher: Searcher, split: str = "all", stored: tuple[object, l
     data = searcher.split(split, with_features=stored is None)
     encoded = encode_split(searcher.model, data, searcher.device)  # no features: the captions only
     image_ids = list(stored[1]) if stored is not None else list(data.image_ids)
-    rows = {r["image_id"]: r for r in queries.image_rows(searcher.catalog, searcher.dataset, image_ids)}
+    # an indexed gallery can be millions of images: every row at once, not an IN list of them
+    named = None if stored is not None else image_ids
+    rows = {r["image_id"]: r for r in queries.image_rows(searcher.catalog, searcher.dataset, named)}
     files = {i: Path(r["path"]) for i, r in rows.items() if r["exists"] and r["path"]}
     texts = queries.caption_texts(searcher.catalog, searcher.dataset, data.caption_ids)
     caption_vectors = _unit(encoded["caption_joint"].cpu().numpy())
