@@ -288,9 +288,10 @@ def test_served_recall_at_10_is_the_evaluation_stage_s(served):
             continue  # the stage ranks only the images that have captions in the language
         hits = [image_id in [r["image_id"] for r in api.get("/api/search", params={"q": text, "lang": lang, "k": 10}).json()["results"]]
                 for text, image_id in zip(captions.texts, captions.image_ids)]  # fmt: skip
-        assert 100 * np.mean(hits) == pytest.approx(table[lang]["t2i_r10"], abs=1e-6), lang
+        # the stage computes in float32; one query of the split moves the figure by >= 0.1
+        assert 100 * np.mean(hits) == pytest.approx(table[lang]["t2i_r10"], abs=1e-4), lang
         own = [image_id in {r["image_id"] for r in answers[image_id][lang]} for image_id in test.image_ids]
-        assert 100 * np.mean(own) == pytest.approx(table[lang]["i2t_r10"], abs=1e-6), lang
+        assert 100 * np.mean(own) == pytest.approx(table[lang]["i2t_r10"], abs=1e-4), lang
         checked.append(lang)
     assert {"en", "de"} <= set(checked), checked
 
