@@ -9,8 +9,10 @@ averaged over the pairs and their k constraints. The k hardest negatives of an a
 do not depend on the positive, so they are found once per anchor with one top-k.
 Positives are never negatives: a candidate that shares the anchor's group (its image)
 is masked out of the negatives, whatever its language. With `sentence_text` (an id per
-distinct sentence), neither is a sentence identical to one of the anchor's own: it
-cannot be ranked below its copy, so as a "negative" it only teaches collapse.
+distinct sentence), a sentence's words belong to every image that has a copy of them,
+in both losses: a copy is never a negative of the sentences of any image it describes,
+since it cannot be ranked below the sentence it copies; as a "negative" it only keeps a
+loss floor no model can meet.
 """
 
 from __future__ import annotations
@@ -80,9 +82,15 @@ def neighborhood_loss(
     sentences of other images. sentences: S x D, L2-normalised; pairs: same-image pairs
     (a != p) in both orders."""
     sim = sentences @ sentences.T
-    positive = sentence_image[:, None] == sentence_image[None, :]  # includes the anchor itself
-    if sentence_text is not None:
-        positive = positive | (sentence_text[:, None] == sentence_text[None, :])
+    if sentence_text is None:
+        positive = sentence_image[:, None] == sentence_image[None, :]  # includes the anchor itself
+    else:
+        # A sentence's words belong to every image with a copy of them (as image_sentence_loss
+        # has it): two sentences are no negatives of each other when some image owns both.
+        same_text = (sentence_text[:, None] == sentence_text[None, :]).to(sim.dtype)
+        image = F.one_hot(sentence_image, int(sentence_image.max()) + 1).to(sim.dtype)
+        owners = (same_text @ image) > 0  # S x I
+        positive = (owners.to(sim.dtype) @ owners.to(sim.dtype).T) > 0
     return triplet_topk(sim, positive, pairs, margin, k)
 
 

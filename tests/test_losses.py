@@ -96,16 +96,37 @@ def test_a_copy_of_one_of_the_anchors_sentences_is_no_negative():
     assert image_sentence_loss(e, e, owner, 0.2, 1, sentence_text=torch.tensor([7, 8])).item() == pytest.approx(0.4)
 
 
-def test_neighborhood_constraints_skip_copies_of_the_anchors_own_sentence():
-    """s0, s1 describe image 0; s2 (image 1) repeats s0 word for word. Anchor s0 has no
-    negative left (s2 is its copy); anchor s1 still has s2: (0 + 0.2) / 2 pairs."""
+def test_neighborhood_constraints_skip_copies_of_any_sentence_of_the_anchors_image():
+    """s0, s1 describe image 0; s2 (image 1) repeats s0 word for word. Unmasked, each anchor
+    pays the margin (every embedding equal). Anchor s0 has no negative left (s2 is its
+    copy); nor has anchor s1: "s1 nearer s0 than s2" cannot hold when s2 is s0, so s2 is
+    masked for every sentence of image 0, as the image-sentence loss masks it: zero."""
     e = torch.nn.functional.normalize(torch.ones(3, 4), dim=-1)
     image = torch.tensor([0, 0, 1])
     pairs = (torch.tensor([0, 1]), torch.tensor([1, 0]))
     assert neighborhood_loss(e, image, pairs, 0.2, 1).item() == pytest.approx(0.2)
-    assert neighborhood_loss(e, image, pairs, 0.2, 1, sentence_text=torch.tensor([5, 6, 5])).item() == pytest.approx(
-        0.1
-    )
+    assert neighborhood_loss(e, image, pairs, 0.2, 1, sentence_text=torch.tensor([5, 6, 5])).item() == 0.0
+    assert neighborhood_loss(e, image, pairs, 0.2, 1, sentence_text=torch.tensor([5, 6, 7])).item() == pytest.approx(0.2)
+
+
+def test_with_a_copied_caption_nc_and_the_image_sentence_loss_both_reach_zero():
+    """Image 0: s0 (words 10), s1; image 1: s2 (words 10 again: a copy of s0), s3. The copy
+    has s0's vector x; s1 and s3 lean towards x each its own way (a = x + e2, b = x + e3).
+    Unmasked, anchor s0 must be nearer a than b and, as s2, nearer b than a: a floor no
+    model meets. Words 10 belong to both images, so s0/s2 have no negatives, and
+    s1 (resp. s3) only needs x nearer than b (a): 0.707 - 0.5 > 0.2. Both losses are zero,
+    with images x + e2 - e3 and x + e3 - e2 (hand-checked: every margin met)."""
+    e = torch.eye(4)
+    unit = torch.nn.functional.normalize
+    x, a, b = e[0], unit(e[0] + e[1], dim=0), unit(e[0] + e[2], dim=0)
+    sentences = torch.stack([x, a, x, b])
+    images = unit(torch.stack([e[0] + e[1] - e[2], e[0] + e[2] - e[1]]), dim=1)
+    owner, text = torch.tensor([0, 0, 1, 1]), torch.tensor([10, 11, 10, 12])
+    pairs = (torch.tensor([0, 1, 2, 3]), torch.tensor([1, 0, 3, 2]))
+    assert neighborhood_loss(sentences, owner, pairs, 0.2, 2).item() > 0.05
+    assert neighborhood_loss(sentences, owner, pairs, 0.2, 2, sentence_text=text).item() == 0.0
+    assert image_sentence_loss(images, sentences, owner, 0.2, 2).item() > 0.05
+    assert image_sentence_loss(images, sentences, owner, 0.2, 2, sentence_text=text).item() == 0.0
 
 
 def test_duplicate_ids_are_per_language_and_exact_words():

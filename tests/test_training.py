@@ -76,9 +76,9 @@ def test_the_best_validation_epoch_is_kept():
 
 
 def test_weight_averaging_validates_and_keeps_the_average_of_the_steps():
-    """train.ema: after each step, average <- average + (1 - d) (weights - average), with the
-    decay warmed up as d = min(ema, (1 + t) / (10 + t)); validation sees the average, and
-    the kept model is the average of the best epoch, not the raw weights."""
+    """train.ema: after step t, average <- average + w_t (weights - average), with Adam's bias
+    correction w_t = (1 - d) / (1 - d^t); validation sees the average, and the kept model
+    is the average of the best epoch, not the raw weights."""
     seen = []
 
     def validate(m):
@@ -100,9 +100,9 @@ def test_weight_averaging_validates_and_keeps_the_average_of_the_steps():
     trainer._update_ema = spy
     trainer.fit()
     for t, weights in enumerate(raw, start=1):  # the scheduler has counted t steps when the average updates
-        decay = min(0.99, (1 + t) / (10 + t))
+        weight = (1 - 0.99) / (1 - 0.99**t)  # written out: ema_weight's formula, checked by hand above
         for name, value in weights.items():
-            expected[name] = expected[name] + (1 - decay) * (value - expected[name])
+            expected[name] = expected[name] + weight * (value - expected[name])
     assert len(raw) == len(trainer.sampler) == 3
     for name, _ in model.named_parameters():
         assert torch.allclose(seen[0][name], expected[name], atol=1e-6), name  # validation saw the average
@@ -318,3 +318,21 @@ def test_the_adversary_ramps_up_in_steps():
     assert trainer.lc_scale() == pytest.approx(0.2 * (2 / (1 + np.exp(-5)) - 1))
     trainer.scheduler.last_epoch = 500
     assert trainer.lc_scale() == pytest.approx(0.2 * (2 / (1 + np.exp(-10)) - 1))
+
+
+def test_the_weight_average_uses_its_decay_from_the_first_step():
+    """train.ema is Adam's bias-corrected average: after t steps the kept weights are the
+    d-weighted mean of every step's weights (d^(t-i), normalised), checkable by hand.
+    d = 0.5 over weights 1, 2, 3: (0.25*1 + 0.5*2 + 1*3) / 1.75 = 2.4286. And two decays
+    differ from the first steps on (the former warm-up held every d >= 0.999 at
+    (1+t)/(10+t) until step 8,990: 0.999 and 0.9995 were one run)."""
+    from mule.mule_core.training import ema_weight
+
+    assert [ema_weight(0.5, t) for t in (1, 2, 3)] == pytest.approx([1.0, 2 / 3, 4 / 7])
+    average = 0.0
+    for step, weights in enumerate([1.0, 2.0, 3.0], start=1):
+        average += (weights - average) * ema_weight(0.5, step)
+    assert average == pytest.approx(4.25 / 1.75)
+    assert ema_weight(0.999, 750) != pytest.approx(ema_weight(0.9995, 750), rel=0.1)
+    assert ema_weight(0.999, 750) == pytest.approx(0.001 / (1 - 0.999**750))
+    assert ema_weight(0.0, 10) == 1.0
