@@ -369,9 +369,8 @@ def test_an_upload_over_the_pixel_budget_is_refused_from_its_header(served):
     assert api.post("/api/image", content=buffer.getvalue()).status_code == 200
 
 
-def test_cpu_work_runs_off_the_event_loop_and_admission_is_bounded(served):
-    """While one upload is being encoded (made slow here), the loop still answers; past
-    max_in_flight the next request gets 503 with Retry-After, and the bound frees again."""
+def test_cpu_work_runs_off_the_event_loop(served):
+    """While one upload is being encoded (made slow here), the loop still answers."""
     import threading
 
     from mule.serving.app import create_app
@@ -388,26 +387,58 @@ def test_cpu_work_runs_off_the_event_loop_and_admission_is_bounded(served):
     image = _image_file(served["wd"], served["caption"]["image_id"]).read_bytes()
     answers = []
     # one event loop for every request, as uvicorn has (a TestClient outside `with` makes one per request)
-    with client(create_app(slow, served["gallery"], max_in_flight=2, dataset="embedded")) as api:
+    with client(create_app(slow, served["gallery"], dataset="embedded")) as api:
         upload = threading.Thread(target=lambda: answers.append(api.post("/api/image", content=image)))
         upload.start()
-        assert started.wait(20)
-        t = time.perf_counter()
-        assert api.get("/api/info").status_code == 200 and time.perf_counter() - t < 1.0  # not stuck behind it
-        second = threading.Thread(target=lambda: answers.append(api.post("/api/image", content=image)))
-        second.start()
-        deadline = time.time() + 10
-        while time.time() < deadline:  # two uploads in flight: the third request is turned away
-            busy = api.get("/api/info")
-            if busy.status_code == 503:
-                break
-            time.sleep(0.05)
-        assert busy.status_code == 503 and busy.headers["retry-after"] == "1" and "busy" in busy.json()["error"]
-        release.set()
-        upload.join(20), second.join(20)
-        assert api.get("/api/info").status_code == 200
-    assert [a.status_code for a in answers] == [200, 200]
-    assert api.get("/api/info").status_code == 200
+        try:
+            assert started.wait(20)
+            t = time.perf_counter()
+            assert api.get("/api/info").status_code == 200 and time.perf_counter() - t < 1.0  # not stuck behind it
+        finally:
+            release.set()
+            upload.join(20)
+    assert [a.status_code for a in answers] == [200]
+
+
+def test_past_max_in_flight_the_next_request_gets_503_with_retry_after():
+    """The admission bound, on the Guard alone: two requests held in flight, the third is
+    turned away at once; when one finishes, the next is admitted again."""
+    import asyncio
+
+    from mule.serving.app import Guard
+
+    async def scenario():
+        gate = asyncio.Event()
+
+        async def held(scope, receive, send):
+            await gate.wait()
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"ok"})
+
+        guard = Guard(held, allowed_hosts=(), max_in_flight=2)
+
+        async def ask():
+            sent = []
+
+            async def send(message):
+                sent.append(message)
+
+            async def receive():
+                return {"type": "http.request", "body": b"", "more_body": False}
+
+            await guard({"type": "http", "headers": [(b"host", b"127.0.0.1")]}, receive, send)
+            return sent[0]["status"], dict(sent[0]["headers"])
+
+        first, second = asyncio.create_task(ask()), asyncio.create_task(ask())
+        await asyncio.sleep(0.05)
+        status, headers = await asyncio.wait_for(ask(), 5)
+        assert status == 503 and headers[b"retry-after"] == b"1" and headers[b"x-content-type-options"] == b"nosniff"
+        gate.set()
+        assert [(await first)[0], (await second)[0]] == [200, 200]
+        status, headers = await asyncio.wait_for(ask(), 5)
+        assert status == 200 and headers[b"x-content-type-options"] == b"nosniff"
+
+    asyncio.run(scenario())
 
 
 @pytest.mark.slow
