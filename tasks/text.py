@@ -93,7 +93,7 @@ def build_word_vectors(ctx: StageContext) -> dict[str, Any]:
         # only training captions teach fastText and the model.
         vocab = [PAD, UNK, *sorted(all_words, key=lambda w: (-train_counts[w], -all_words[w], w))]
         if lang in t.vectors:
-            source = VectorFile(t.vectors[lang])
+            source = VectorFile(t.vectors[lang], words=set(vocab))  # a .vec's other words are not kept
             origin = f"file:{source.path}"
             lookup = source.vector
             dim = source.dim

@@ -30,6 +30,23 @@ def test_bad_vec_file_names_the_line(tmp_path):
         VectorFile(path)
 
 
+def test_a_vec_file_is_streamed_keeping_only_the_words_asked_for(tmp_path):
+    """fastText's cc.<lang>.300.vec is 2M words for a vocabulary of thousands: only the
+    vocabulary's lines are parsed and kept (trailing spaces, as fastText writes, are fine);
+    a wanted word's bad line is still named by its line."""
+    path = tmp_path / "cc.de.300.vec"
+    path.write_text("4 2\nrot 0.1 0.2 \nblau 0.3 0.4 \nschön 1 2\nkreis 0.5 0.6\n", encoding="utf-8")
+    vectors = VectorFile(path, words={"rot", "schön", "quadrat"})
+    assert vectors.dim == 2 and vectors.lines == 5 and set(vectors._table) == {"rot", "schön"}
+    assert vectors.vector("schön").tolist() == [1.0, 2.0] and vectors.vector("blau") is None
+    path.write_text("2 2\nrot 0.1 zwei\nblau 0.3\n", encoding="utf-8")
+    assert VectorFile(path, words={"kreis"}).vector("rot") is None  # lines of other words are not parsed
+    with pytest.raises(VectorFileError, match=r"cc.de.300.vec:2: 'rot' has a value that is not a number"):
+        VectorFile(path, words={"rot"})
+    with pytest.raises(VectorFileError, match=r"cc.de.300.vec:3: expected a word and 2 numbers, got 1"):
+        VectorFile(path, words={"blau"})
+
+
 def test_missing_vector_file(tmp_path):
     with pytest.raises(VectorFileError, match="does not exist"):
         VectorFile(tmp_path / "cc.en.300.bin")
