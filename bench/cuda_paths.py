@@ -21,8 +21,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from checkout import use_checkout  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere, installed or not
+use_checkout()  # run from anywhere, installed or not
 
 from mule.mule_core.config import resolve  # noqa: E402
 from mule.mule_core.devices import resolve_device  # noqa: E402

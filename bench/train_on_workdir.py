@@ -31,11 +31,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from checkout import use_checkout  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere, installed or not
+use_checkout()  # run from anywhere, installed or not
 
 from mule.mule_core.config import parse_assignments, resolve  # noqa: E402
-from mule.mule_core.metrics import cross_lingual_recalls, mean_mr  # noqa: E402
+from mule.mule_core.metrics import cross_lingual_recalls, mean_mr, translation_pair_recalls  # noqa: E402
 from mule.mule_core.model import MuleModel  # noqa: E402
 from mule.mule_core.training import SplitTensors, Trainer, encode_split, evaluate_split, resolve_device  # noqa: E402
 
@@ -62,7 +63,7 @@ def export(workdir: str, dataset: str, preset: str, overrides: dict, out: str, b
         entry = {"tokens": split.tokens[mask].numpy().astype(np.int32 if wide else np.uint16),
                  "width": split.tokens.shape[1], "lengths": split.lengths.numpy().astype(np.uint8),
                  "caption_lang": split.caption_lang.astype(np.int8), "caption_image": split.caption_image.astype(np.int32),
-                 "image_ids": split.image_ids}  # fmt: skip
+                 "image_ids": split.image_ids, "caption_group": split.caption_group.astype(np.int32)}  # fmt: skip
         entry["features"] = None if text_only else _pack(split.features, bits)
         splits[name] = entry
     lp_file = catalog.lp_model_path(cfg)
@@ -92,6 +93,10 @@ def _unpack(features) -> torch.Tensor | None:
     return features.float()
 
 
+def _int64(array):
+    return None if array is None else array.astype(np.int64)
+
+
 def load_inputs(path: str):
     data = torch.load(path, map_location="cpu", weights_only=False)
     splits = {}
@@ -103,7 +108,8 @@ def load_inputs(path: str):
         )
         splits[name] = SplitTensors(data["languages"], tokens, lengths, entry["caption_lang"].astype(np.int64),
                                     entry["caption_image"].astype(np.int64), entry["image_ids"],
-                                    _unpack(entry["features"]))  # fmt: skip
+                                    _unpack(entry["features"]), None,
+                                    _int64(entry.get("caption_group")))  # fmt: skip
     return data, splits
 
 
@@ -190,6 +196,10 @@ def lp_variant(tag: str, cfg, data, splits, device) -> dict:
                                   torch.from_numpy(test.caption_lang).to(device), test.languages)  # fmt: skip
     result = {"variant": tag, "test_r1": {pair: round(row["r1"], 1) for pair, row in table.items()},
               "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
+    if test.caption_group is not None and (test.caption_group >= 0).any():
+        pairs = translation_pair_recalls(emb, torch.from_numpy(test.caption_group).to(device),
+                                         torch.from_numpy(test.caption_lang).to(device), test.languages)  # fmt: skip
+        result["test_translation_r1"] = {pair: round(row["r1"], 1) for pair, row in pairs.items()}
     result["val"], result["best_epoch"] = None, None
     print("RESULT " + json.dumps(result), flush=True)
     return result

@@ -33,9 +33,12 @@ def _in(values) -> str:
 # -- captions -------------------------------------------------------------------------
 def caption_selection(catalog: Catalog, dataset: str, selector: str, languages, captions: str) -> pa.Table:
     """The captions of a split (name, role or "all") in `languages` under a training-caption
-    selection, with whether their image has a file; ordered by image, language, caption."""
+    selection, with whether their image has a file and their translation key (the caption
+    a translation was made from, else the caption itself: Multi30K task1's parallel lines
+    share one); ordered by image, language, caption."""
     return catalog.query(
-        f"""SELECT c.caption_id, c.image_id, c.lang, c.tokens, i."exists" AS has_file
+        f"""SELECT c.caption_id, c.image_id, c.lang, c.tokens, i."exists" AS has_file,
+                   COALESCE(c.origin_caption_id, c.caption_id) AS translation_key
             FROM captions c JOIN images i ON i.dataset = c.dataset AND i.image_id = c.image_id
             WHERE c.dataset = ? AND (? = 'all' OR c.split = ? OR c.role = ?)
               AND c.lang IN ({_in(languages)}) AND {CAPTION_SELECTIONS[captions]}

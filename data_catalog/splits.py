@@ -4,6 +4,7 @@ captions (and image features) ready for the model."""
 from __future__ import annotations
 
 import logging
+from collections import Counter
 
 import numpy as np
 import torch
@@ -78,13 +79,15 @@ def load_split(
     image_row = {img: i for i, img in enumerate(image_ids)}
     lang_index = {lang: i for i, lang in enumerate(languages)}
     lang_col, token_col, id_col = rows["lang"].to_pylist(), rows["tokens"].to_pylist(), rows["caption_id"].to_pylist()
-    encoded, caption_image, caption_lang, caption_ids = [], [], [], []
-    for img, lang, tokens, caption_id, k in zip(image_col, lang_col, token_col, id_col, keep):
+    key_col = rows["translation_key"].to_pylist()
+    encoded, caption_image, caption_lang, caption_ids, keys = [], [], [], [], []
+    for img, lang, tokens, caption_id, key, k in zip(image_col, lang_col, token_col, id_col, key_col, keep):
         if k:
             encoded.append(vocabulary.vocabs[lang].encode(tokens))
             caption_image.append(image_row[img])
             caption_lang.append(lang_index[lang])
             caption_ids.append(caption_id)
+            keys.append(key)
     tokens, lengths = pad_batch(encoded, max_tokens)
     matrix = None
     if extractor is not None:
@@ -92,6 +95,14 @@ def load_split(
         matrix = torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32))
     return SplitTensors(
         languages, tokens, lengths, np.asarray(caption_lang, np.int64), np.asarray(caption_image, np.int64), image_ids,
-        matrix, caption_ids,
+        matrix, caption_ids, translation_groups(keys),
     )  # fmt: skip
+
+
+def translation_groups(keys: list[str]) -> np.ndarray:
+    """A number per caption shared by the captions that translate one another (one key:
+    the caption translated from); -1 for a caption whose key no other caption has."""
+    counts = Counter(keys)
+    numbers: dict[str, int] = {}
+    return np.asarray([numbers.setdefault(key, len(numbers)) if counts[key] > 1 else -1 for key in keys], np.int64)
 

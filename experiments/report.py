@@ -26,14 +26,18 @@ def recall_markdown(table: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
-def cross_lingual_markdown(tables: dict[str, dict[str, dict[str, float]]], ks=(1, 5, 10)) -> str:
-    """tables: layer -> "a->b" -> {r1, r5, r10, queries}."""
-    lines = ["| layer | query -> target | queries | " + " | ".join(f"R@{k}" for k in ks) + " |",
-             "|" + "---|" * (3 + len(ks))]  # fmt: skip
-    for layer, table in tables.items():
-        for pair, row in table.items():
-            cells = [layer, pair.replace("->", " -> "), str(int(row["queries"]))] + [f"{row[f'r{k}']:.1f}" for k in ks]
-            lines.append("| " + " | ".join(cells) + " |")
+def cross_lingual_markdown(tables: dict[str, dict[str, dict[str, float]]], ks=(1, 5, 10),
+                           pairs: dict[str, dict[str, dict[str, float]]] | None = None) -> str:  # fmt: skip
+    """tables: layer -> "a->b" -> {r1, r5, r10, queries}, image level (a hit: any caption
+    of the query's image); pairs: the same for translation pairs (a hit: the query's own
+    translation), when the split has them."""
+    lines = ["| layer | protocol | query -> target | queries | " + " | ".join(f"R@{k}" for k in ks) + " |",
+             "|" + "---|" * (4 + len(ks))]  # fmt: skip
+    for protocol, by_layer in (("image", tables), ("translation", pairs or {})):
+        for layer, table in by_layer.items():
+            for pair, row in table.items():
+                cells = [layer, protocol, pair.replace("->", " -> "), str(int(row["queries"]))]
+                lines.append("| " + " | ".join(cells + [f"{row[f'r{k}']:.1f}" for k in ks]) + " |")
     return "\n".join(lines)
 
 

@@ -71,7 +71,13 @@ class FeaturesConfig:
 @dataclass
 class TextConfig:
     word_dim: int = 64
-    vectors: dict[str, str] = field(default_factory=dict)  # lang -> .bin/.vec file; others are trained
+    vectors: dict[str, str] = field(default_factory=dict)  # lang -> .bin/.vec file; the others start from `init`
+    # Where the other languages' word vectors come from: "fasttext" (trained on the training
+    # captions, one language at a time) or "multilingual-e5" (each vocabulary word through
+    # the bundled multilingual-e5-small, every language projected by one shared PCA to
+    # word_dim: aligned across languages from the start; needs the e5 extra,
+    # mule_core/multilingual_encoder.py)
+    init: str = "fasttext"
     fasttext_model: str = "skipgram"
     fasttext_epochs: int = 20
     fasttext_min_count: int = 1
@@ -138,10 +144,9 @@ class TrainConfig:
     divergence_retries: int = 2
     # Exponential moving average of the weights per step, bias-corrected (0: off):
     # validation, the kept epoch and the saved model use the averaged weights. Its reach is
-    # about 1 / (1 - ema) steps: 0.999 (the former default, which a warm-up held near
-    # (1+t)/(10+t) for the whole run) averages over more steps than the demo's 750 and
-    # fell to test mR 55.7 there; 0.99 gives 59.4 (the warm-up's default gave 59.1): one
-    # seed each, no gain claimed. Not yet measured at 29k or with the paper preset (issue 31).
+    # about 1 / (1 - ema) steps: 0.999 averages over more steps than the demo's 750 (test
+    # mR 55.7 there, one seed). 0.99 against off, three seeds paired: +0.7 ± 0.2 test mR at
+    # 3k, none at 29k (docs/training-at-scale.md, "Settings over three seeds").
     ema: float = 0.99
     # Word embeddings learn at lr * word_lr_scale: vectors trained on a small caption corpus
     # barely separate words used in the same contexts (red / blue) until fine-tuned.
@@ -150,7 +155,8 @@ class TrainConfig:
     # lang -> sentences per image in a batch; languages left out: sentences_per_image_many
     # if they have several captions per image, else 1 (Multi30K: en/de 3, fr/cs 1).
     sentences_per_image: dict[str, int] = field(default_factory=dict)
-    # The paper takes 2; 3 gave +0.6 val mR at 29,000 images (docs/training-at-scale.md)
+    # The paper takes 2; 3 beats it over three seeds: +2.0 test mR at 3k, +0.8 at 29k
+    # (docs/training-at-scale.md, "Settings over three seeds")
     sentences_per_image_many: int = 3
     # Draw each batch equally from the groups of images with the same caption languages
     # (the paper's MSCOCO setting: en only, en+ja, en+zh).
@@ -387,6 +393,8 @@ def validate(cfg: MuleConfig) -> None:
         raise ConfigError(f"features.pool must be 'avg' or 'avg+grid', got {f.pool!r}")
     if f.resize and f.resize < f.input_size:
         raise ConfigError(f"features.resize ({f.resize}) must be at least features.input_size ({f.input_size})")
+    if cfg.text.init not in ("fasttext", "multilingual-e5"):
+        raise ConfigError(f"text.init must be 'fasttext' or 'multilingual-e5', got {cfg.text.init!r}")
     if cfg.model.sharing not in ("mule", "parallel"):
         raise ConfigError(f"model.sharing must be 'mule' or 'parallel', got {cfg.model.sharing!r}")
     d = cfg.data

@@ -123,6 +123,38 @@ def cross_lingual_recalls(
     return out
 
 
+def translation_pair_recalls(
+    sentence_emb: torch.Tensor,
+    sentence_group: torch.Tensor,
+    sentence_lang: torch.Tensor,
+    languages: Sequence[str],
+    ks: Sequence[int] = KS,
+) -> dict[str, dict[str, float]]:
+    """Sentence -> its translation (Multi30K task1's protocol, parallel lines).
+
+    sentence_group: captions that translate one another share a group (>= 0); -1 for a
+    caption with none. For each ordered pair (a, b): every caption in a whose group has a
+    caption in b is a query; the candidates are b's captions that have a group (its
+    translated lines, not its other captions); a hit at K if the query's own translation
+    is among the top K. sentence_emb must be L2-normalised. Keys are "a->b".
+    """
+    out: dict[str, dict[str, float]] = {}
+    for ia, a in enumerate(languages):
+        for ib, b in enumerate(languages):
+            if ia == ib:
+                continue
+            queries = ((sentence_lang == ia) & (sentence_group >= 0)).nonzero(as_tuple=True)[0]
+            candidates = ((sentence_lang == ib) & (sentence_group >= 0)).nonzero(as_tuple=True)[0]
+            queries = queries[torch.isin(sentence_group[queries], sentence_group[candidates])]
+            if queries.numel() == 0:
+                continue
+            sim = sentence_emb[queries] @ sentence_emb[candidates].T
+            ranks = grouped_ranks(sim, sentence_group[queries], sentence_group[candidates])
+            recalls = recall_from_ranks(ranks, ks)
+            out[f"{a}->{b}"] = {f"r{k}": v for k, v in recalls.items()} | {"queries": float(queries.numel())}
+    return out
+
+
 def expected_hit_rate(candidates: int, positives: int, k: int) -> float:
     """Chance that at least one of `positives` items lands in the top k when `candidates`
     items (positives included) are tied and ordered at random: 1 - C(n-p, k) / C(n, k)."""

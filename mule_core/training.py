@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from .batching import Batch, ImageBatchSampler, default_sentences_per_image, duplicate_ids
 from .devices import resolve_device  # noqa: F401 - where the training stages find it
 from .losses import image_sentence_loss, language_classifier_loss, neighborhood_loss
-from .metrics import cross_lingual_recalls, per_language_recalls
+from .metrics import cross_lingual_recalls, per_language_recalls, translation_pair_recalls
 from .model import MuleModel, TextBatch
 from .progress import Progress, format_seconds
 
@@ -53,6 +53,9 @@ class SplitTensors:
     image_ids: list[str]
     features: torch.Tensor | None = None  # n_images x F; None for a text-only dataset
     caption_ids: list[str] | None = None  # N, for showing the sentences behind results
+    # N: captions that are translations of one another (Multi30K task1's parallel lines)
+    # share a number; -1 for a caption with no translation in the split
+    caption_group: np.ndarray | None = None
 
     @property
     def n_images(self) -> int:
@@ -75,6 +78,7 @@ class SplitTensors:
             new_row[self.caption_image[rows]], [i for i, k in zip(self.image_ids, keep_image) if k],
             self.features[torch.from_numpy(np.nonzero(keep_image)[0])] if self.features is not None else None,
             [self.caption_ids[r] for r in rows] if self.caption_ids is not None else None,
+            self.caption_group[rows] if self.caption_group is not None else None,
         )  # fmt: skip
 
 
@@ -510,10 +514,25 @@ def evaluate_split(model: MuleModel, data: SplitTensors, device: torch.device, k
     )
 
 
-def cross_lingual(model: MuleModel, data: SplitTensors, device: torch.device, layer: str) -> dict:
-    """Cross-lingual sentence retrieval at the MULE ("mule") or multimodal ("joint") layer
-    (metrics.cross_lingual_recalls)."""
+def sentence_vectors(model: MuleModel, data: SplitTensors, device: torch.device, layer: str) -> torch.Tensor:
+    """Every caption's L2-normalised vector at the MULE ("mule") or multimodal ("joint") layer."""
     encoded = encode_split(model, data, device, joint=layer == "joint")
-    emb = encoded["caption_joint"] if layer == "joint" else F.normalize(encoded["caption_mule"], dim=-1)
+    return encoded["caption_joint"] if layer == "joint" else F.normalize(encoded["caption_mule"], dim=-1)
+
+
+def cross_lingual(model: MuleModel, data: SplitTensors, device: torch.device, layer: str) -> dict:
+    """Cross-lingual sentence retrieval at the MULE ("mule") or multimodal ("joint") layer,
+    image level (metrics.cross_lingual_recalls)."""
+    emb = sentence_vectors(model, data, device, layer)
     return cross_lingual_recalls(emb, torch.from_numpy(data.caption_image).to(device),
                                  torch.from_numpy(data.caption_lang).to(device), data.languages)  # fmt: skip
+
+
+def translation_pairs(model: MuleModel, data: SplitTensors, device: torch.device, layer: str) -> dict:
+    """Cross-lingual retrieval of each caption's own translation among the target language's
+    translated lines (metrics.translation_pair_recalls); {} when the split has none."""
+    if data.caption_group is None or not (data.caption_group >= 0).any():
+        return {}
+    emb = sentence_vectors(model, data, device, layer)
+    return translation_pair_recalls(emb, torch.from_numpy(data.caption_group).to(device),
+                                    torch.from_numpy(data.caption_lang).to(device), data.languages)  # fmt: skip

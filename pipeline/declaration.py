@@ -141,7 +141,7 @@ STAGES: tuple[Stage, ...] = (
           operational=frozenset({"features.runner", "features.dask_address", "features.dask_workers",
                                  "features.batch_size", "features.loader_workers", "features.shard_images",
                                  "features.engine", "features.device"})),
-    Stage("text", "Captions -> vocabulary and word vectors per language (FastText).",
+    Stage("text", "Captions -> vocabulary and word vectors per language (fastText, or multilingual-e5: text.init).",
           task="mule.tasks.text:build_word_vectors", publish=_PUBLISH + "text",
           reads=("captions", _MT, "vector files"), writes=("word vectors",),
           config=("text.", "data.dataset", "data.languages", "data.captions", "data.seed"),

@@ -1,5 +1,7 @@
 """Evaluation: per-language recalls (R@1/5/10 both ways, mR) on the test split,
-cross-lingual sentence retrieval at the MULE and multimodal layers, and a few queries
+cross-lingual sentence retrieval at the MULE and multimodal layers (image level: any
+caption of the query's image; and translation pairs: the query's own translation among
+the target language's translated lines, where the split has them), and a few queries
 with the images they found. Written to evaluation.json; the tables and figures made from
 it are the publisher's (pipeline.publish)."""
 
@@ -18,7 +20,14 @@ from mule.data_catalog.models import load_model
 from mule.data_catalog.splits import load_split
 from mule.mule_core.errors import MissingInputError
 from mule.mule_core.metrics import mean_mr
-from mule.mule_core.training import SplitTensors, cross_lingual, encode_split, evaluate_split, resolve_device
+from mule.mule_core.training import (
+    SplitTensors,
+    cross_lingual,
+    encode_split,
+    evaluate_split,
+    resolve_device,
+    translation_pairs,
+)
 
 from .common import StageContext, logger
 
@@ -59,7 +68,8 @@ def _evaluate_text_only(ctx: StageContext) -> dict[str, Any]:
     data = load_split(catalog, dataset, cfg.eval.split, meta["vocabulary"], meta["cfg"].text.max_tokens)
     out = ctx.workdir.results_dir(dataset)
     summary = {"split": cfg.eval.split, "model": str(path), "best_epoch": meta.get("best_epoch"), "mean_mR": None,
-               "table": {}, "cross_lingual": {"mule": cross_lingual(model, data, device, "mule")}, "images": 0,
+               "table": {}, "cross_lingual": {"mule": cross_lingual(model, data, device, "mule")},
+               "translation_pairs": {"mule": translation_pairs(model, data, device, "mule")}, "images": 0,
                "sentences": len(data.caption_image), "languages": list(data.languages), "examples": [],
                "results_dir": str(out)}  # fmt: skip
     write_json_atomic(summary, out / "evaluation.json")
@@ -82,6 +92,7 @@ def evaluate_model(ctx: StageContext) -> dict[str, Any]:
     summary = {"split": cfg.eval.split, "model": str(path), "best_epoch": meta.get("best_epoch"),
                "mean_mR": mean_mr(table), "table": table, "images": data.n_images,
                "cross_lingual": {layer: cross_lingual(model, data, device, layer) for layer in layers},
+               "translation_pairs": {layer: translation_pairs(model, data, device, layer) for layer in layers},
                "languages": list(data.languages),
                "results_dir": str(out)}  # fmt: skip
     ceiling = embedded_ceiling(wd, cfg.data, cfg.eval.split)

@@ -1,5 +1,6 @@
 """Word vectors per language: a vocabulary over the dataset's captions and a vector per
-word, from a given .bin/.vec file or from fastText trained on the training captions."""
+word, from a given .bin/.vec file, from fastText trained on the training captions, or
+from the multilingual-e5 encoder (text.init)."""
 
 from __future__ import annotations
 
@@ -71,6 +72,35 @@ def dataset_languages(catalog: Catalog, dataset: str, wanted: tuple[str, ...]) -
     return [lang for lang in wanted if lang in present]
 
 
+def language_vocabulary(catalog: Catalog, dataset: str, lang: str, captions: str) -> dict[str, Any]:
+    """A language's vocabulary (<pad>, <unk>, then words by training count) and the
+    training captions fastText would learn from."""
+    rows = queries.captions_for_word_vectors(catalog, dataset, lang, captions)
+    tokens, roles, selected = rows["tokens"].to_pylist(), rows["role"].to_pylist(), rows["selected"].to_pylist()
+    # fastText learns from the captions training will see (data.captions); every human
+    # caption's words get a vector, those of the test split included.
+    train = [tk for tk, role, used in zip(tokens, roles, selected) if role == "train" and used]
+    train_counts = Counter(w for tk in train for w in tk)
+    all_words = Counter(w for tk in tokens for w in tk)
+    # Words of every split get a vector (fastText builds unseen words from subwords;
+    # e5 reads any word); only training captions teach fastText and the model.
+    vocab = [PAD, UNK, *sorted(all_words, key=lambda w: (-train_counts[w], -all_words[w], w))]
+    return {"vocab": vocab, "train": train, "train_counts": train_counts, "all_words": all_words}
+
+
+def multilingual_e5_lookups(vocabs: dict[str, list[str]], dim: int) -> dict[str, Any]:
+    """word -> vector per language, from multilingual-e5 projected to `dim` (one shared
+    projection: the languages stay aligned)."""
+    from mule.mule_core import multilingual_encoder as e5
+
+    words = {lang: [w for w in vocab if w not in (PAD, UNK)] for lang, vocab in vocabs.items()}
+    logger().info("%s: %d words in %s, projected to %d dimensions", e5.NAME, sum(map(len, words.values())),
+                  ", ".join(words), dim)  # fmt: skip
+    vectors = e5.aligned_word_vectors(words, dim, lambda ws, lang: e5.embed(ws, f"e5 words ({lang})", logger=logger()))
+    tables = {lang: dict(zip(words[lang], vectors[lang])) for lang in words}
+    return {lang: table.get for lang, table in tables.items()}
+
+
 def build_word_vectors(ctx: StageContext) -> dict[str, Any]:
     catalog, cfg = ctx.catalog, ctx.cfg
     log, t, dataset = logger(), cfg.text, cfg.data.dataset
@@ -80,23 +110,24 @@ def build_word_vectors(ctx: StageContext) -> dict[str, Any]:
     }
     summary: dict[str, Any] = {}
     dims = set()
+    started = time.perf_counter()
+    words = {lang: language_vocabulary(catalog, dataset, lang, cfg.data.captions) for lang in languages}
+    from_e5 = [lang for lang in languages if lang not in t.vectors] if t.init == "multilingual-e5" else []
+    e5_lookups = multilingual_e5_lookups({lang: words[lang]["vocab"] for lang in from_e5}, t.word_dim) if from_e5 else {}
+    if from_e5:
+        from mule.mule_core.multilingual_encoder import encoder_version
+
+        e5_origin = f"multilingual-e5:{encoder_version()}:pca{t.word_dim}"
     for lang in languages:
-        started = time.perf_counter()
-        rows = queries.captions_for_word_vectors(catalog, dataset, lang, cfg.data.captions)
-        tokens, roles, selected = rows["tokens"].to_pylist(), rows["role"].to_pylist(), rows["selected"].to_pylist()
-        # fastText learns from the captions training will see (data.captions); every human
-        # caption's words get a vector, those of the test split included.
-        train = [tk for tk, role, used in zip(tokens, roles, selected) if role == "train" and used]
-        train_counts = Counter(w for tk in train for w in tk)
-        all_words = Counter(w for tk in tokens for w in tk)
-        # Words of every split get a vector (fastText builds unseen words from subwords);
-        # only training captions teach fastText and the model.
-        vocab = [PAD, UNK, *sorted(all_words, key=lambda w: (-train_counts[w], -all_words[w], w))]
+        vocab, train = words[lang]["vocab"], words[lang]["train"]
+        train_counts, all_words = words[lang]["train_counts"], words[lang]["all_words"]
         if lang in t.vectors:
             source = VectorFile(t.vectors[lang], words=set(vocab))  # a .vec's other words are not kept
             origin = f"file:{source.path}"
             lookup = source.vector
             dim = source.dim
+        elif lang in e5_lookups:
+            origin, lookup, dim = e5_origin, e5_lookups[lang], t.word_dim
         else:
             if not train:
                 raise InputError(f"no training captions in {lang!r} to train word vectors on")
@@ -120,6 +151,7 @@ def build_word_vectors(ctx: StageContext) -> dict[str, Any]:
                          "unseen_in_train": sum(1 for w in all_words if w not in train_counts),
                          "without_vector": missing, "source": origin, "dim": dim,
                          "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
+        started = time.perf_counter()
         log.info("%s: %d words (%d unseen in training), vectors from %s, %.1fs", lang, len(vocab),
                  summary[lang]["unseen_in_train"], origin, summary[lang]["seconds"])  # fmt: skip
     if len(dims) > 1:

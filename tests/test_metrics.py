@@ -70,6 +70,28 @@ def test_cross_lingual_retrieval():
     assert table["de->en"]["queries"] == 2
 
 
+def test_translation_pairs_count_only_the_query_s_own_translation():
+    from mule.mule_core.metrics import translation_pair_recalls
+
+    # en s0, s1 (s1 translated into de s2: group 0), a second image's en s3 (translated into de s4:
+    # group 1) and de s5, an independent German caption (no group: never a candidate).
+    emb = torch.nn.functional.normalize(torch.tensor(
+        [[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.9], [1.0, 0.05], [0.95, 0.0]]), dim=-1)  # fmt: skip
+    group, lang = torch.tensor([-1, 0, 0, 1, 1, -1]), torch.tensor([0, 0, 1, 0, 1, 1])
+    table = translation_pair_recalls(emb, group, lang, ["en", "de"], ks=(1, 2))
+    # en s1 -> de: s4 (group 1) beats s2 (its own): miss at 1, hit at 2; en s3 -> de: s2 beats s4: miss.
+    # s5 is closest to both but is not a translated line, so it never counts.
+    assert table["en->de"] == {"r1": 0.0, "r2": 100.0, "queries": 2.0}
+    assert table["de->en"]["queries"] == 2  # s0 has no translation: not a query, not a candidate
+
+
+def test_translation_groups_number_captions_that_translate_one_another():
+    from mule.data_catalog.splits import translation_groups
+
+    # keys: the caption translated from (or the caption itself); a key seen once is no pair
+    assert translation_groups(["a", "b", "a", "c", "c", "a"]).tolist() == [0, -1, 0, 1, 1, 0]
+
+
 def test_chance_recalls_by_hand():
     from mule.mule_core.metrics import chance_recalls
 

