@@ -91,6 +91,27 @@ def mean_r1(table: dict[str, dict[str, float]]) -> float:
     return sum(row["r1"] for row in table.values()) / len(table) if table else 0.0
 
 
+def _language_pairs(sentence_emb, sentence_group, sentence_lang, languages, ks, eligible):
+    """For each ordered pair (a, b): eligible captions in a whose group has an eligible
+    caption in b are queries; the candidates are b's eligible captions; a hit at K if a
+    candidate of the query's group is among the top K."""
+    out: dict[str, dict[str, float]] = {}
+    for ia, a in enumerate(languages):
+        for ib, b in enumerate(languages):
+            if ia == ib:
+                continue
+            queries = ((sentence_lang == ia) & eligible).nonzero(as_tuple=True)[0]
+            candidates = ((sentence_lang == ib) & eligible).nonzero(as_tuple=True)[0]
+            queries = queries[torch.isin(sentence_group[queries], sentence_group[candidates])]
+            if queries.numel() == 0:
+                continue
+            sim = sentence_emb[queries] @ sentence_emb[candidates].T
+            ranks = grouped_ranks(sim, sentence_group[queries], sentence_group[candidates])
+            recalls = recall_from_ranks(ranks, ks)
+            out[f"{a}->{b}"] = {f"r{k}": v for k, v in recalls.items()} | {"queries": float(queries.numel())}
+    return out
+
+
 def cross_lingual_recalls(
     sentence_emb: torch.Tensor,
     sentence_image: torch.Tensor,
@@ -104,23 +125,8 @@ def cross_lingual_recalls(
     query; the candidates are all captions in b; a hit at K if a caption of the query's
     image is among the top K. sentence_emb must be L2-normalised. Keys are "a->b".
     """
-    out: dict[str, dict[str, float]] = {}
-    for ia, a in enumerate(languages):
-        for ib, b in enumerate(languages):
-            if ia == ib:
-                continue
-            queries = (sentence_lang == ia).nonzero(as_tuple=True)[0]
-            candidates = (sentence_lang == ib).nonzero(as_tuple=True)[0]
-            if queries.numel() == 0 or candidates.numel() == 0:
-                continue
-            queries = queries[torch.isin(sentence_image[queries], sentence_image[candidates])]
-            if queries.numel() == 0:
-                continue
-            sim = sentence_emb[queries] @ sentence_emb[candidates].T
-            ranks = grouped_ranks(sim, sentence_image[queries], sentence_image[candidates])
-            recalls = recall_from_ranks(ranks, ks)
-            out[f"{a}->{b}"] = {f"r{k}": v for k, v in recalls.items()} | {"queries": float(queries.numel())}
-    return out
+    every = torch.ones_like(sentence_lang, dtype=torch.bool)
+    return _language_pairs(sentence_emb, sentence_image, sentence_lang, languages, ks, every)
 
 
 def translation_pair_recalls(
@@ -138,21 +144,7 @@ def translation_pair_recalls(
     translated lines, not its other captions); a hit at K if the query's own translation
     is among the top K. sentence_emb must be L2-normalised. Keys are "a->b".
     """
-    out: dict[str, dict[str, float]] = {}
-    for ia, a in enumerate(languages):
-        for ib, b in enumerate(languages):
-            if ia == ib:
-                continue
-            queries = ((sentence_lang == ia) & (sentence_group >= 0)).nonzero(as_tuple=True)[0]
-            candidates = ((sentence_lang == ib) & (sentence_group >= 0)).nonzero(as_tuple=True)[0]
-            queries = queries[torch.isin(sentence_group[queries], sentence_group[candidates])]
-            if queries.numel() == 0:
-                continue
-            sim = sentence_emb[queries] @ sentence_emb[candidates].T
-            ranks = grouped_ranks(sim, sentence_group[queries], sentence_group[candidates])
-            recalls = recall_from_ranks(ranks, ks)
-            out[f"{a}->{b}"] = {f"r{k}": v for k, v in recalls.items()} | {"queries": float(queries.numel())}
-    return out
+    return _language_pairs(sentence_emb, sentence_group, sentence_lang, languages, ks, sentence_group >= 0)
 
 
 def expected_hit_rate(candidates: int, positives: int, k: int) -> float:
