@@ -46,7 +46,8 @@ def toy_split(n_images: int, seed: int = 0) -> SplitTensors:
 
 def training(device: torch.device, n_images: int, epochs: int) -> None:
     cfg = resolve("demo", {"train.epochs": epochs, "pretrain.epochs": 2, "train.batch_images": 64,
-                           "pretrain.batch_images": 64, "loss.mining_warmup_steps": 10})  # fmt: skip
+                           "pretrain.batch_images": 64, "loss.mining_warmup_steps": 10,
+                           "pretrain.mining_warmup_steps": 10})  # fmt: skip
     data = toy_split(n_images)
     torch.manual_seed(0)
     model = MuleModel(LANGS, {lang: n_images + 2 for lang in LANGS}, 64, n_images, cfg.model)

@@ -28,7 +28,7 @@ from tests.test_damage import DAMAGES, damage  # noqa: E402 - the tests' damages
 SIZES = ["--train-images", "48", "--val-images", "16", "--test-images", "24"]
 SETS = {"data.image_size": 48, "features.input_size": 32, "text.fasttext_epochs": 3, "pretrain.epochs": 2,
         "pretrain.batch_images": 16, "train.epochs": 10, "train.batch_images": 16, "loss.mining_warmup_steps": 3,
-        "eval.examples": 1, "features.shard_images": 32}  # fmt: skip
+        "pretrain.mining_warmup_steps": 3, "eval.examples": 1, "features.shard_images": 32}  # fmt: skip
 
 # kind -> a glob under the workdir (the first match is damaged)
 KINDS = {

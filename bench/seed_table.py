@@ -17,10 +17,10 @@ Joint training rows (LP first, then the train stage's training): validation and 
 --lp-only rows (text without images: LP alone): test R@1 per en->x pair at the MULE
 layer, image level and translation pairs.
 
-Spread: the sample standard deviation over seeds. A row's difference from the baseline is
-taken seed by seed (the same seed's two runs), then averaged; it is called a gain (or a
-loss) only when every seed moves the same way and the mean exceeds the differences'
-spread, else "none": a difference inside the noise is not a result.
+Spread and verdict as experiments/seeds.py defines them (the ablation's report uses the
+same): a row's difference from the baseline is taken seed by seed, then averaged; it is
+called a gain (or a loss) only when every seed moves the same way and the mean exceeds
+the differences' spread, else "none": a difference inside the noise is not a result.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import time
 from pathlib import Path
 
@@ -39,23 +38,9 @@ use_checkout()  # run from anywhere, installed or not
 
 import train_on_workdir  # noqa: E402
 
+from mule.experiments.seeds import mean_spread, paired_difference  # noqa: E402
 from mule.mule_core.config import parse_assignments, resolve  # noqa: E402
 from mule.mule_core.devices import resolve_device  # noqa: E402
-
-
-def mean_spread(values: list[float]) -> str:
-    if len(values) == 1:
-        return f"{values[0]:.1f}"
-    return f"{statistics.mean(values):.1f} ± {statistics.stdev(values):.1f}"
-
-
-def verdict(differences: list[float]) -> str:
-    """The paired difference, and whether it is more than noise."""
-    mean = statistics.mean(differences)
-    spread = statistics.stdev(differences) if len(differences) > 1 else float("inf")
-    same_way = all(d > 0 for d in differences) or all(d < 0 for d in differences)
-    word = ("gain" if mean > 0 else "loss") if same_way and abs(mean) > spread else "none"
-    return f"{mean:+.1f} ± {spread:.1f} ({word})"
 
 
 def metrics_of(result: dict, lp_only: bool) -> dict[str, float]:
@@ -80,7 +65,8 @@ def print_table(rows: dict, results: dict, seeds: list[int]) -> None:
             values = [by_seed[s][column] for s in seeds]
             cell = mean_spread(values)
             if name != baseline:
-                cell += f"; {verdict([v - results[baseline][s][column] for v, s in zip(values, seeds)])}"
+                base = {s: results[baseline][s][column] for s in seeds}
+                cell += f"; {paired_difference({s: v for s, v in zip(seeds, values)}, base)}"
             cells.append(cell)
         print(f"| {name} | " + " | ".join(cells) + " |")
 

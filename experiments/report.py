@@ -52,19 +52,26 @@ def to_csv(rows: list[dict]) -> str:
 
 
 def ablation_markdown(rows, languages: list[str]) -> str:
-    """The ablation's table: mR per language (mean ± std over seeds when there are several),
-    their mean, parameters (total and language-specific). rows: pipeline.sweeps.RowResult."""
+    """The ablation's table: mR per language and their mean (mean ± std over seeds when
+    there are several), each row's difference from the row it adds to (paired by seed:
+    experiments/seeds.py), parameters (total and language-specific).
+    rows: pipeline.sweeps.RowResult."""
 
     def cell(row, lang: str) -> str:
         if lang not in row.mr:
             return "–"
         return f"{row.mr[lang]:.1f} ± {row.std[lang]:.1f}" if lang in row.std else f"{row.mr[lang]:.1f}"
 
-    head = "| model | " + " | ".join(languages) + " | mean | parameters | language-specific |"
-    lines = [head, "|" + "---|" * (len(languages) + 4)]
+    def mean(row) -> str:
+        if not row.mr:
+            return "–"
+        return f"{row.mean:.1f}" if row.mean_std is None else f"{row.mean:.1f} ± {row.mean_std:.1f}"
+
+    head = "| model | " + " | ".join(languages) + " | mean | vs (paired by seed) | parameters | language-specific |"
+    lines = [head, "|" + "---|" * (len(languages) + 5)]
     for row in rows:
+        versus = f"{row.difference} vs {row.baseline}" if row.difference is not None else ""
         cells = [row.name] + [cell(row, lang) for lang in languages]
-        mean = sum(row.mr.values()) / len(row.mr) if row.mr else float("nan")
-        cells += [f"{mean:.1f}", f"{row.parameters:,}", f"{row.language_specific:,}"]
+        cells += [mean(row), versus, f"{row.parameters:,}", f"{row.language_specific:,}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -181,6 +181,12 @@ class PretrainConfig:
     epochs: int = 10
     lr: float = 1e-3
     batch_images: int = 256
+    # LP's own loss.mining_warmup_steps (LP counts its own steps, in batches of
+    # batch_images). 150 is 1.3 epochs on Multi30K's 29,000 images: later mining costs the
+    # fastText start about 1 R@1 on the real text, while the multilingual-e5 start
+    # collapses there (every sentence one point) unless mining waits for 600 steps
+    # (docs/training-at-scale.md, "Three seeds, both protocols, MT").
+    mining_warmup_steps: int = 150
 
 
 @dataclass
@@ -267,6 +273,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "train.warmup_steps": 200,
         "train.word_lr_scale": 10.0,
         "loss.mining_warmup_steps": 500,
+        "pretrain.mining_warmup_steps": 500,
         "pretrain.lr": 1e-3,
     },
 }
@@ -449,6 +456,7 @@ def validate(cfg: MuleConfig) -> None:
         raise ConfigError(f"train.divergence_lr_factor must be in (0, 1], got {tr.divergence_lr_factor}")
     for key, value in (("train.warmup_steps", tr.warmup_steps), ("train.decay_steps", tr.decay_steps),
                        ("loss.mining_warmup_steps", cfg.loss.mining_warmup_steps),
+                       ("pretrain.mining_warmup_steps", cfg.pretrain.mining_warmup_steps),
                        ("train.divergence_retries", tr.divergence_retries),
                        ("loss.lc_ramp_steps", cfg.loss.lc_ramp_steps)):  # fmt: skip
         if value < 0:

@@ -121,8 +121,9 @@ class Trainer:
     mode "joint": image-sentence triplet loss (+ NC at both layers, + LC), for train.epochs
                   epochs at train.lr, with its warm-up, decay and weight averaging.
     mode "lp":    language pretraining of the MULE layers: NC at the MULE layer (+ LC), for
-                  pretrain.epochs at pretrain.lr in batches of pretrain.batch_images, with
-                  no warm-up, decay or averaging.
+                  pretrain.epochs at pretrain.lr in batches of pretrain.batch_images, mining
+                  after pretrain.mining_warmup_steps, with no learning-rate warm-up, decay
+                  or averaging.
     Both take the rest (word learning rate, clipping, seed, sampling, AMP, the divergence
     guard) from `train`.
     """
@@ -155,6 +156,7 @@ class Trainer:
         self.epochs, self.lr, self.batch_images = section.epochs, section.lr, section.batch_images
         self.lr_decay = 1.0 if lp else train.lr_decay
         self.warmup_steps = 0 if lp else train.warmup_steps
+        self.mining_warmup_steps = pretrain.mining_warmup_steps if lp else loss.mining_warmup_steps
         self.ema_decay = 0.0 if lp else train.ema
         self.sentences_per_image = sentences_per_image(train, data, lp)
         self.features = data.features.to(device) if data.features is not None and not lp else None
@@ -223,7 +225,7 @@ class Trainer:
     def losses(self, batch: Batch) -> dict[str, torch.Tensor]:
         cfg, dev = self.loss, self.device
         # Mining warm-up: every negative counts until the embeddings are past their first chaos.
-        k = cfg.top_k if self.step >= cfg.mining_warmup_steps else self.batch_images * 64
+        k = cfg.top_k if self.step >= self.mining_warmup_steps else self.batch_images * 64
         text = self.data.text_batch(batch.captions, batch.groups).to(dev)
         encoded = self.model.encode_text(text, joint=self.mode == "joint")
         sentence_image = batch.sentence_image.to(dev, non_blocking=True)

@@ -220,14 +220,20 @@ def ablation_report(wd: Workdir, cfg: MuleConfig, rows: list, run_id: str | None
     markdown = ablation_markdown(rows, languages)
     records = [{"model": r.name, **{lang: round(r.mr[lang], 2) for lang in languages if lang in r.mr},
                 **{f"{lang}_std": round(r.std[lang], 2) for lang in languages if lang in r.std},
-                "mean": round(sum(r.mr.values()) / max(len(r.mr), 1), 2), "seeds": r.seeds,
+                "mean": round(r.mean, 2), "mean_std": None if r.mean_std is None else round(r.mean_std, 2),
+                "seeds": r.seeds, "baseline": r.baseline,
+                "difference": None if r.difference is None else round(r.difference.mean, 2),
+                "difference_spread": None if r.difference is None or r.difference.spread is None
+                else round(r.difference.spread, 2),
+                "verdict": "" if r.difference is None else r.difference.verdict,
                 "parameters": r.parameters, "language_specific": r.language_specific, "note": r.note}
                for r in rows]  # fmt: skip
     out = wd.results_dir(cfg.data.dataset) / "ablation"
     out.mkdir(parents=True, exist_ok=True)
     seeds = max(r.seeds for r in rows)
     header = f"mR per language, {cfg.data.dataset} {cfg.eval.split}" + (
-        f", mean ± std over {seeds} seeds" if seeds > 1 else ""
+        f", mean ± std over {seeds} seeds; a difference is a gain or a loss only when every seed"
+        " moves the same way by more than the differences' spread" if seeds > 1 else ""
     )
     write_text_atomic(f"{header}\n\n{markdown}\n", out / "ablation.md")
     write_text_atomic(to_csv(records), out / "ablation.csv")

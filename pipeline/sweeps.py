@@ -22,6 +22,7 @@ from typing import Any
 from mule.data_catalog.catalog import Catalog
 from mule.data_catalog.workdir import Workdir
 from mule.experiments import tracking
+from mule.experiments.seeds import Difference, paired_difference
 from mule.mule_core.config import ConfigError, MuleConfig, apply_overrides
 
 from . import publish, reuse
@@ -42,6 +43,7 @@ class Row:
     name: str
     models: list[Model]
     note: str = ""
+    baseline: str = ""  # the row it is compared with, seed by seed: what switching one thing on adds
 
 
 @dataclass
@@ -53,6 +55,17 @@ class RowResult:
     note: str = ""
     std: dict[str, float] = field(default_factory=dict)  # language -> std over seeds (several seeds only)
     seeds: int = 1
+    by_seed: dict[int, float] = field(default_factory=dict)  # seed -> mR averaged over the languages
+    baseline: str = ""
+    difference: Difference | None = None  # from the baseline row, paired by seed (experiments/seeds.py)
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.by_seed.values()) if self.by_seed else statistics.fmean(self.mr.values())
+
+    @property
+    def mean_std(self) -> float | None:
+        return statistics.stdev(self.by_seed.values()) if len(self.by_seed) > 1 else None
 
 
 def model_name(slug: str) -> str:
@@ -76,25 +89,30 @@ def grid(languages: list[str], seeds: list[int] | None = None, with_mt: bool = F
         return [one_seed(label, slug, seed, overrides) for seed in seeds]
 
     mule = {"loss.nc": True, "loss.lc": True, "pretrain.enabled": True}
+    embn, parallel, full = "EmbN (one model per language)", "PARALLEL-EmbN", "MULE + NC + LC + LP (full)"
     rows = [
-        Row("EmbN (one model per language)",
+        Row(embn,
             [m for lang in languages
              for m in models(f"EmbN {lang}", f"embn-{lang}", **without, **{"model.sharing": "parallel", "data.languages": lang})]),
-        Row("PARALLEL-EmbN", models("PARALLEL-EmbN", "parallel", **without, **{"model.sharing": "parallel"})),
-        Row("MULE EmbN", models("MULE EmbN", "mule", **without)),
-        Row("MULE + NC", models("MULE + NC", "mule-nc", **{**without, "loss.nc": True})),
-        Row("MULE + NC + LC", models("MULE + NC + LC", "mule-nc-lc", **{**without, "loss.nc": True, "loss.lc": True})),
-        Row("MULE + NC + LC + LP (full)", models("MULE full", "mule-full", **mule)),
+        Row(parallel, models("PARALLEL-EmbN", "parallel", **without, **{"model.sharing": "parallel"}), baseline=embn),
+        Row("MULE EmbN", models("MULE EmbN", "mule", **without), baseline=parallel),
+        Row("MULE + NC", models("MULE + NC", "mule-nc", **{**without, "loss.nc": True}), baseline="MULE EmbN"),
+        Row("MULE + NC + LC", models("MULE + NC + LC", "mule-nc-lc", **{**without, "loss.nc": True, "loss.lc": True}),
+            baseline="MULE + NC"),
+        Row(full, models("MULE full", "mule-full", **mule), baseline="MULE + NC + LC"),
     ]  # fmt: skip
     if not with_mt:
         return rows
     mt = {"data.captions": "human+mt"}
     return rows + [
         Row("EmbN + MT", [m for lang in languages for m in models(
-            f"EmbN {lang} + MT", f"embn-{lang}-mt", **without, **mt, **{"model.sharing": "parallel", "data.languages": lang})]),
-        Row("PARALLEL-EmbN + MT", models("PARALLEL-EmbN + MT", "parallel-mt", **without, **mt, **{"model.sharing": "parallel"})),
-        Row("MULE full + MT", models("MULE full + MT", "mule-full-mt", **mule, **mt)),
-        Row("MULE full, MT only", models("MULE full, MT only", "mule-full-mt-only", **mule, **{"data.captions": "mt"})),
+            f"EmbN {lang} + MT", f"embn-{lang}-mt", **without, **mt, **{"model.sharing": "parallel", "data.languages": lang})],
+            baseline=embn),
+        Row("PARALLEL-EmbN + MT", models("PARALLEL-EmbN + MT", "parallel-mt", **without, **mt, **{"model.sharing": "parallel"}),
+            baseline=parallel),
+        Row("MULE full + MT", models("MULE full + MT", "mule-full-mt", **mule, **mt), baseline=full),
+        Row("MULE full, MT only", models("MULE full, MT only", "mule-full-mt-only", **mule, **{"data.captions": "mt"}),
+            baseline=full),
     ]  # fmt: skip
 
 
@@ -103,40 +121,56 @@ def english_models(models: list[Model]) -> list[Model]:
     return [m for m in models if m.overrides.get("data.languages") == "en" and "data.captions" not in m.overrides]
 
 
-def _average(result: RowResult, per_language: dict[str, list[float]], seeds: int) -> None:
-    result.mr = {lang: statistics.fmean(v) for lang, v in per_language.items()}
-    if seeds > 1:
-        result.std = {lang: statistics.stdev(v) for lang, v in per_language.items()}
-    result.seeds = seeds
+def _average(result: RowResult, per_language: dict[str, dict[int, float]]) -> None:
+    """per_language: language -> seed -> mR."""
+    result.mr = {lang: statistics.fmean(v.values()) for lang, v in per_language.items()}
+    seeds = sorted({s for v in per_language.values() for s in v})
+    if len(seeds) > 1:
+        result.std = {lang: statistics.stdev(v.values()) for lang, v in per_language.items()}
+    result.seeds = len(seeds)
+    result.by_seed = {s: statistics.fmean(v[s] for v in per_language.values() if s in v) for s in seeds}
 
 
 def row_result(name: str, models: list[tuple[MuleConfig, dict, dict]], note: str = "") -> RowResult:
     """One row from its models' (config, training, evaluation): a language's mR is averaged
     over seeds, and the parameters are those of one seed's models."""
     result = RowResult(name, note=note)
-    per_language: dict[str, list[float]] = {}
+    per_language: dict[str, dict[int, float]] = {}
     seeds = {cfg.train.seed for cfg, _, _ in models}
     for cfg, training, evaluation in models:
         for lang, r in evaluation["table"].items():
-            per_language.setdefault(lang, []).append(r["mR"])
+            per_language.setdefault(lang, {})[cfg.train.seed] = r["mR"]
         if cfg.train.seed == min(seeds):
             result.parameters += training["parameters"]["total"]
             result.language_specific += training["parameters"]["language_specific"]
-    _average(result, per_language, len(seeds))
+    _average(result, per_language)
     return result
 
 
-def translated_query_row(results: list[dict]) -> RowResult:
-    """The translate-the-query row: the English models' mR per query language (over seeds)."""
-    per_language: dict[str, list[float]] = {}
-    for result in results:
+def compare(rows: list[RowResult], baselines: dict[str, str]) -> list[RowResult]:
+    """Each row's difference from its baseline row (row name -> baseline name), paired by
+    seed on the mean over languages."""
+    by_name = {r.name: r for r in rows}
+    for row in rows:
+        base = by_name.get(baselines.get(row.name, ""))
+        if base is not None and row.by_seed and base.by_seed:
+            row.baseline, row.difference = base.name, paired_difference(row.by_seed, base.by_seed)
+    return rows
+
+
+def translated_query_row(results: list[tuple[int, dict]]) -> RowResult:
+    """The translate-the-query row from (seed, result) of each English model: mR per query
+    language (over seeds)."""
+    per_language: dict[str, dict[int, float]] = {}
+    for seed, result in results:
         for lang, row in result["table"].items():
-            per_language.setdefault(lang, []).append(row["mR"])
+            per_language.setdefault(lang, {})[seed] = row["mR"]
+    results = [result for _, result in results]
     row = RowResult(TRANSLATED,
                     note="lexicons: " + ", ".join(f"en-{lang}" for lang in results[0]["languages"]),
                     parameters=results[0]["parameters"]["total"],
                     language_specific=results[0]["parameters"]["language_specific"])  # fmt: skip
-    _average(row, per_language, len(results))
+    _average(row, per_language)
     return row
 
 
@@ -178,7 +212,8 @@ def _ablation_variants(wd: Workdir, cfg: MuleConfig) -> list[Variant]:
             variants.append(Variant(model.label, variant, steps, row.name))
         english += english_models(row.models)
     variants += [Variant(f"translate the query with {m.label}",
-                         apply_overrides(cfg, {"train.model_name": m.overrides["train.model_name"]}),
+                         apply_overrides(cfg, {"train.model_name": m.overrides["train.model_name"],
+                                               "train.seed": m.overrides["train.seed"]}),
                          ("query-translation",), TRANSLATED) for m in english]  # fmt: skip
     return variants
 
@@ -190,10 +225,12 @@ def _ablation_report(wd: Workdir, cfg: MuleConfig, variants: list[Variant], resu
         rows.setdefault(v.row, []).append(v)
     table = [row_result(name, [(v.cfg, results[v.label]["train"], results[v.label]["evaluate"]) for v in models])
              for name, models in rows.items() if name != TRANSLATED]  # fmt: skip
-    translated = [results[v.label]["query-translation"] for v in rows.get(TRANSLATED, [])]
-    if translated and translated[0]["languages"]:  # there were lexicons
+    translated = [(v.cfg.train.seed, results[v.label]["query-translation"]) for v in rows.get(TRANSLATED, [])]
+    if translated and translated[0][1]["languages"]:  # there were lexicons
         table.insert(1, translated_query_row(translated))
-    return publish.ablation_report(wd, cfg, table, run_id)
+    baselines = {row.name: row.baseline for row in grid(list(cfg.data.languages), with_mt=True)}
+    baselines[TRANSLATED] = table[0].name  # the English EmbN model, every language one model
+    return publish.ablation_report(wd, cfg, compare(table, baselines), run_id)
 
 
 def _add_language_variants(wd: Workdir, cfg: MuleConfig) -> list[Variant]:

@@ -142,6 +142,7 @@ REBUILT_TINY = {
     "train.epochs": 10,  # 30 steps: enough to fit the training images clearly above chance
     "train.batch_images": 16,
     "loss.mining_warmup_steps": 3,  # one epoch of 48 images
+    "pretrain.mining_warmup_steps": 3,  # LP's: one epoch too
     "eval.examples": 1,
     "features.shard_images": 32,  # several parts, to check that extraction resumes
 }

@@ -10,7 +10,7 @@ from mlflow.tracking import MlflowClient
 from mule.data_catalog.workdir import Workdir
 from mule.experiments.report import ablation_markdown
 from mule.mule_core.config import apply_overrides, resolve
-from mule.pipeline.sweeps import RowResult, english_models, grid, row_result
+from mule.pipeline.sweeps import RowResult, compare, english_models, grid, row_result
 
 TINY = {
     "data.train_images": 32,
@@ -24,6 +24,7 @@ TINY = {
     "train.epochs": 2,
     "train.batch_images": 16,
     "loss.mining_warmup_steps": 2,  # one epoch of 32 images
+    "pretrain.mining_warmup_steps": 2,
     "eval.examples": 0,
 }
 ROWS = ["EmbN (one model per language)", "Translate the query (EmbN en + lexicon)", "PARALLEL-EmbN", "MULE EmbN",
@@ -57,9 +58,37 @@ def test_table_4_rows_come_with_the_translate_stages_output():
 
 def test_markdown_table():
     text = ablation_markdown([RowResult("A", {"en": 10.0, "fr": 20.0}, 1000, 10)], ["en", "de", "fr"])
-    assert "| A | 10.0 | – | 20.0 | 15.0 | 1,000 | 10 |" in text
-    seeded = ablation_markdown([RowResult("B", {"en": 10.0}, 5, 1, std={"en": 0.5}, seeds=3)], ["en"])
-    assert "| B | 10.0 ± 0.5 | 10.0 | 5 | 1 |" in seeded
+    assert "| A | 10.0 | – | 20.0 | 15.0 |  | 1,000 | 10 |" in text
+    seeded = ablation_markdown([RowResult("B", {"en": 10.0}, 5, 1, std={"en": 0.5}, seeds=3,
+                                          by_seed={0: 9.5, 1: 10.0, 2: 10.5})], ["en"])  # fmt: skip
+    assert "| B | 10.0 ± 0.5 | 10.0 ± 0.5 |  | 5 | 1 |" in seeded
+
+
+def _row(name: str, seeds_by_language: dict[str, list[float]]):
+    """A row_result from hand-written mR per language, seeds 0, 1, 2 in order."""
+    configs = [resolve("demo", {"train.seed": s}) for s in range(3)]
+    training = {"parameters": {"total": 1, "language_specific": 1}}
+    evaluations = [{"table": {lang: {"mR": v[s]} for lang, v in seeds_by_language.items()}} for s in range(3)]
+    return row_result(name, [(cfg, training, e) for cfg, e in zip(configs, evaluations)])
+
+
+def test_each_row_is_compared_with_the_row_it_adds_to_seed_by_seed():
+    # per-seed means over en, fr: base 10, 12, 14; NC 13, 14, 18 (+3, +2, +4: a gain, 3 ± 1);
+    # LC 14, 13, 18 against NC (+1, -1, 0: none, although its mean is 0 above NC's spread)
+    base = _row("MULE EmbN", {"en": [12, 14, 16], "fr": [8, 10, 12]})
+    nc = _row("MULE + NC", {"en": [15, 16, 20], "fr": [11, 12, 16]})
+    lc = _row("MULE + NC + LC", {"en": [16, 15, 20], "fr": [12, 11, 16]})
+    assert base.by_seed == {0: 10, 1: 12, 2: 14} and base.mean == 12 and base.mean_std == 2
+    baselines = {row.name: row.baseline for row in grid(["en", "fr"])}
+    assert baselines["MULE + NC"] == "MULE EmbN" and baselines["MULE + NC + LC"] == "MULE + NC"
+    assert baselines["MULE + NC + LC + LP (full)"] == "MULE + NC + LC" and baselines["EmbN (one model per language)"] == ""
+    compare([base, nc, lc], baselines)
+    assert base.difference is None
+    assert (nc.baseline, nc.difference.mean, nc.difference.spread, nc.difference.verdict) == ("MULE EmbN", 3, 1, "gain")
+    assert (lc.difference.mean, lc.difference.verdict) == (0, "none")
+    text = ablation_markdown([base, nc, lc], ["en", "fr"])
+    assert "| MULE + NC | 17.0 ± 2.6 | 13.0 ± 2.6 | 15.0 ± 2.6 | +3.0 ± 1.0 (gain) vs MULE EmbN |" in text
+    assert "| MULE + NC + LC | 17.0 ± 2.6 | 13.0 ± 2.6 | 15.0 ± 2.6 | +0.0 ± 1.0 (none) vs MULE + NC |" in text
 
 
 def test_several_seeds_average_each_language_and_count_parameters_once():

@@ -18,6 +18,7 @@ TINY = {
     "train.epochs": 2,
     "train.batch_images": 16,
     "loss.mining_warmup_steps": 10,  # one epoch of 160 images
+    "pretrain.mining_warmup_steps": 10,
     "eval.examples": 0,
 }
 

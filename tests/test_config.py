@@ -16,6 +16,7 @@ def test_presets_differ_where_the_paper_does():
     # The paper's optimiser settings (lr 1e-4, margin 0.05) collapse at 29,000 images here: the
     # preset keeps its dimensions and batch, and trains like the demo (docs/training-at-scale.md)
     assert (paper.train.lr, paper.loss.margin, paper.loss.mining_warmup_steps) == (1e-3, 0.2, 500)
+    assert paper.pretrain.mining_warmup_steps == 500  # LP as measured in that table
     assert paper.loss.lc_weight == 1e-6 and paper.text.word_dim == 300
     assert demo.model.lstm_dim < paper.model.lstm_dim and demo.features.weights == "imagenet"
     assert demo.features.arch == "efficientnet_lite0"  # ImageNet weights that install offline
@@ -105,6 +106,7 @@ def test_a_model_file_s_config_with_a_retired_option_still_reads():
     ("train.divergence_drop", "1.5", "between 0 and 1"),
     ("train.divergence_lr_factor", "0", "in \\(0, 1\\]"),
     ("loss.mining_warmup_steps", "-1", "at least 0"),
+    ("pretrain.mining_warmup_steps", "-1", "at least 0"),
 ])  # fmt: skip
 def test_guard_and_schedule_options_are_checked(key, value, message):
     with pytest.raises(ConfigError, match=message):

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from mule.mule_core.config import LossConfig, ModelConfig, PretrainConfig, TrainConfig
+from mule.mule_core.losses import neighborhood_loss
 from mule.mule_core.model import MuleModel
 from mule.mule_core.training import SplitTensors, Trainer, evaluate_split
 
@@ -307,6 +308,27 @@ def test_learning_rate_warms_up_and_decays_in_steps():
     base = 3e-3
     expected = [base * min(1, (s + 1) / 4) * 0.5 ** (s / 2) for s in range(6)]
     assert lrs == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("mode", ["joint", "lp"])
+def test_hard_negatives_are_mined_after_the_warm_up_of_the_mode(mode):
+    """Joint training mines the top k after loss.mining_warmup_steps, LP after its own
+    pretrain.mining_warmup_steps: before that every negative counts."""
+    loss, pretrain = replace(LOSS, mining_warmup_steps=2), replace(lp(2), mining_warmup_steps=4)
+    trainer = Trainer(toy_model(), toy_split(), loss, optim(2), torch.device("cpu"), mode=mode, pretrain=pretrain)
+    seen = []
+
+    def recording(*args):
+        seen.append(args[4])  # k: how many of each anchor's violations count
+        return neighborhood_loss(*args)
+
+    trainer._neighborhood_loss = recording
+    trainer.fit()
+    every = 8 * 64  # batch_images x 64: more than any batch's candidates
+    calls = 1 if mode == "lp" else 2  # joint: NC at the MULE and the joint layer
+    steps = 6  # 2 epochs of 3 batches
+    warm = 4 if mode == "lp" else 2
+    assert seen == [every] * (calls * warm) + [LOSS.top_k] * (calls * (steps - warm))
 
 
 def test_the_adversary_ramps_up_in_steps():
