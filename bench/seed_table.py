@@ -15,7 +15,9 @@ order of the batches (the data and the word vectors stay the same).
 
 Joint training rows (LP first, then the train stage's training): validation and test mR.
 --lp-only rows (text without images: LP alone): test R@1 per en->x pair at the MULE
-layer, image level and translation pairs.
+layer, image level and translation pairs, and the perfect-translation ceiling (English
+queries against task1's English lines, the ones the other languages translate: what en->x
+image level would be with translations that lose nothing; bench/lp_ceiling.py).
 
 Spread and verdict as experiments/seeds.py defines them (the ablation's report uses the
 same): a row's difference from the baseline is taken seed by seed, then averaged; it is
@@ -49,6 +51,8 @@ def metrics_of(result: dict, lp_only: bool) -> dict[str, float]:
     out = {f"{pair} R@1": r1 for pair, r1 in result["test_r1"].items() if pair.startswith("en->")}
     out |= {f"{pair} R@1 (translation)": r1 for pair, r1 in result.get("test_translation_r1", {}).items()
             if pair.startswith("en->")}  # fmt: skip
+    if "test_ceiling_r1" in result:
+        out["en->en translated lines R@1 (perfect-translation ceiling)"] = result["test_ceiling_r1"]
     return out
 
 

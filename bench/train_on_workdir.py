@@ -36,7 +36,12 @@ from checkout import use_checkout  # noqa: E402
 use_checkout()  # run from anywhere, installed or not
 
 from mule.mule_core.config import parse_assignments, resolve  # noqa: E402
-from mule.mule_core.metrics import cross_lingual_recalls, mean_mr, translation_pair_recalls  # noqa: E402
+from mule.mule_core.metrics import (  # noqa: E402
+    cross_lingual_recalls,
+    mean_mr,
+    perfect_translation_ceiling,
+    translation_pair_recalls,
+)
 from mule.mule_core.model import MuleModel  # noqa: E402
 from mule.mule_core.training import SplitTensors, Trainer, encode_split, evaluate_split, resolve_device  # noqa: E402
 
@@ -200,6 +205,12 @@ def lp_variant(tag: str, cfg, data, splits, device) -> dict:
         pairs = translation_pair_recalls(emb, torch.from_numpy(test.caption_group).to(device),
                                          torch.from_numpy(test.caption_lang).to(device), test.languages)  # fmt: skip
         result["test_translation_r1"] = {pair: round(row["r1"], 1) for pair, row in pairs.items()}
+        if "en" in test.languages:  # en->x can rise only as far as en->en with perfect translations
+            ceiling = perfect_translation_ceiling(emb, torch.from_numpy(test.caption_image).to(device),
+                                                  torch.from_numpy(test.caption_group).to(device),
+                                                  torch.from_numpy(test.caption_lang).to(device),
+                                                  list(test.languages).index("en"))  # fmt: skip
+            result["test_ceiling_r1"] = round(ceiling["r1"], 1)
     result["val"], result["best_epoch"] = None, None
     print("RESULT " + json.dumps(result), flush=True)
     return result

@@ -27,16 +27,21 @@ def recall_markdown(table: dict[str, dict[str, float]]) -> str:
 
 
 def cross_lingual_markdown(tables: dict[str, dict[str, dict[str, float]]], ks=(1, 5, 10),
-                           pairs: dict[str, dict[str, dict[str, float]]] | None = None) -> str:  # fmt: skip
+                           pairs: dict[str, dict[str, dict[str, float]]] | None = None,
+                           ceilings: dict[str, dict[str, dict[str, float]]] | None = None) -> str:  # fmt: skip
     """tables: layer -> "a->b" -> {r1, r5, r10, queries}, image level (a hit: any caption
     of the query's image); pairs: the same for translation pairs (a hit: the query's own
-    translation), when the split has them."""
+    translation), when the split has them; ceilings: "a->a", a's captions against its own
+    translated lines (image level): what a->x reaches with perfect translations, for an x
+    that has only those lines."""
     lines = ["| layer | protocol | query -> target | queries | " + " | ".join(f"R@{k}" for k in ks) + " |",
              "|" + "---|" * (4 + len(ks))]  # fmt: skip
-    for protocol, by_layer in (("image", tables), ("translation", pairs or {})):
+    protocols = (("image", tables), ("translation", pairs or {}), ("perfect-translation ceiling", ceilings or {}))
+    for protocol, by_layer in protocols:
         for layer, table in by_layer.items():
             for pair, row in table.items():
-                cells = [layer, protocol, pair.replace("->", " -> "), str(int(row["queries"]))]
+                target = " (translated lines)" if protocol.startswith("perfect") else ""
+                cells = [layer, protocol, pair.replace("->", " -> ") + target, str(int(row["queries"]))]
                 lines.append("| " + " | ".join(cells + [f"{row[f'r{k}']:.1f}" for k in ks]) + " |")
     return "\n".join(lines)
 

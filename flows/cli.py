@@ -159,7 +159,8 @@ def _print_results(results: dict, workdir: Workdir, started: float) -> None:
         from mule.experiments.report import cross_lingual_markdown
 
         print(f"\nNo images: cross-lingual sentence retrieval at the MULE layer ({evaluation['split']}):\n")
-        print(cross_lingual_markdown(evaluation["cross_lingual"], pairs=evaluation.get("translation_pairs")))
+        print(cross_lingual_markdown(evaluation["cross_lingual"], pairs=evaluation.get("translation_pairs"),
+                                     ceilings=evaluation.get("translation_ceiling")))  # fmt: skip
         print(f"figures and tables: {evaluation['results_dir']}")
     elif evaluation:
         from mule.experiments.report import recall_markdown

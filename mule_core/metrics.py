@@ -147,6 +147,31 @@ def translation_pair_recalls(
     return _language_pairs(sentence_emb, sentence_group, sentence_lang, languages, ks, sentence_group >= 0)
 
 
+def perfect_translation_ceiling(
+    sentence_emb: torch.Tensor,
+    sentence_image: torch.Tensor,
+    sentence_group: torch.Tensor,
+    sentence_lang: torch.Tensor,
+    source: int,
+    ks: Sequence[int] = KS,
+) -> dict[str, float]:
+    """What image-level source->x recall would be if x's translated lines were perfect:
+    the source language's queries (all its captions) against its own translated lines
+    (sentence_group >= 0: the lines the other languages translate), a hit at K if a line
+    of the query's image is among the top K. A query that is itself a line finds itself;
+    the others must find a paraphrase. Cross-lingual alignment cannot lift source->x past
+    this: only better paraphrase retrieval can (docs/training-at-scale.md)."""
+    in_source = sentence_lang == source
+    candidates = (in_source & (sentence_group >= 0)).nonzero(as_tuple=True)[0]
+    queries = in_source.nonzero(as_tuple=True)[0]
+    queries = queries[torch.isin(sentence_image[queries], sentence_image[candidates])]
+    if queries.numel() == 0:
+        return {}
+    sim = sentence_emb[queries] @ sentence_emb[candidates].T
+    ranks = grouped_ranks(sim, sentence_image[queries], sentence_image[candidates])
+    return {f"r{k}": v for k, v in recall_from_ranks(ranks, ks).items()} | {"queries": float(queries.numel())}
+
+
 def expected_hit_rate(candidates: int, positives: int, k: int) -> float:
     """Chance that at least one of `positives` items lands in the top k when `candidates`
     items (positives included) are tied and ordered at random: 1 - C(n-p, k) / C(n, k)."""

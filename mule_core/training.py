@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from .batching import Batch, ImageBatchSampler, default_sentences_per_image, duplicate_ids
 from .devices import resolve_device  # noqa: F401 - where the training stages find it
 from .losses import image_sentence_loss, language_classifier_loss, neighborhood_loss
-from .metrics import cross_lingual_recalls, per_language_recalls, translation_pair_recalls
+from .metrics import cross_lingual_recalls, per_language_recalls, perfect_translation_ceiling, translation_pair_recalls
 from .model import MuleModel, TextBatch
 from .progress import Progress, format_seconds
 
@@ -538,3 +538,22 @@ def translation_pairs(model: MuleModel, data: SplitTensors, device: torch.device
     emb = sentence_vectors(model, data, device, layer)
     return translation_pair_recalls(emb, torch.from_numpy(data.caption_group).to(device),
                                     torch.from_numpy(data.caption_lang).to(device), data.languages)  # fmt: skip
+
+def translation_ceilings(model: MuleModel, data: SplitTensors, device: torch.device, layer: str) -> dict:
+    """Per language with translated lines and other captions too (Multi30K's en and de):
+    its captions against its own translated lines, "en->en" (metrics.perfect_translation_ceiling).
+    What image-level en->x can reach for a language x that has only the translated lines
+    (fr, cs); {} when the split has no translated lines."""
+    if data.caption_group is None or not (data.caption_group >= 0).any():
+        return {}
+    emb = sentence_vectors(model, data, device, layer)
+    image, lang = torch.from_numpy(data.caption_image).to(device), torch.from_numpy(data.caption_lang).to(device)
+    group = torch.from_numpy(data.caption_group).to(device)
+    out = {}
+    for index, name in enumerate(data.languages):
+        mine = lang == index
+        if (mine & (group >= 0)).any() and (mine & (group < 0)).any():
+            row = perfect_translation_ceiling(emb, image, group, lang, index)
+            if row:
+                out[f"{name}->{name}"] = row
+    return out

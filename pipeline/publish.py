@@ -155,8 +155,8 @@ def evaluate(wd: Workdir, cfg: MuleConfig, result: dict, run_id: str | None) -> 
     registered version of the pipeline's model."""
     tracker, dataset = Tracker(wd, run_id), cfg.data.dataset
     out, table, crossing = Path(result["results_dir"]), result["table"], result["cross_lingual"]
-    pairing = result.get("translation_pairs", {})
-    files = {"cross_lingual.md": cross_lingual_markdown(crossing, pairs=pairing) + "\n"}
+    pairing, ceilings = result.get("translation_pairs", {}), result.get("translation_ceiling", {})
+    files = {"cross_lingual.md": cross_lingual_markdown(crossing, pairs=pairing, ceilings=ceilings) + "\n"}
     figures = {f"cross_lingual_{layer}.png": plots.cross_lingual_heatmap(pairs, result["languages"],
                                                                          f"sentence -> sentence, {layer} layer")
                for layer, pairs in crossing.items() if pairs}  # fmt: skip
@@ -164,6 +164,8 @@ def evaluate(wd: Workdir, cfg: MuleConfig, result: dict, run_id: str | None) -> 
                for layer, pairs in crossing.items() for pair, row in pairs.items() for k in (1, 5, 10)}  # fmt: skip
     metrics |= {f"test.xling_translation.{layer}.{pair}.r{k}": row[f"r{k}"]
                 for layer, pairs in pairing.items() for pair, row in pairs.items() for k in (1, 5, 10)}  # fmt: skip
+    metrics |= {f"test.xling_ceiling.{layer}.{pair}.r{k}": row[f"r{k}"]
+                for layer, pairs in ceilings.items() for pair, row in pairs.items() for k in (1, 5, 10)}  # fmt: skip
     if table:
         files |= {"recalls.md": recall_markdown(table) + "\n", "recalls.csv": to_csv(recall_rows(table))}
         figures["recalls.png"] = plots.recall_bars(table, f"{dataset} {result['split']}: retrieval per language")

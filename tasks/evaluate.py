@@ -26,6 +26,7 @@ from mule.mule_core.training import (
     encode_split,
     evaluate_split,
     resolve_device,
+    translation_ceilings,
     translation_pairs,
 )
 
@@ -69,7 +70,8 @@ def _evaluate_text_only(ctx: StageContext) -> dict[str, Any]:
     out = ctx.workdir.results_dir(dataset)
     summary = {"split": cfg.eval.split, "model": str(path), "best_epoch": meta.get("best_epoch"), "mean_mR": None,
                "table": {}, "cross_lingual": {"mule": cross_lingual(model, data, device, "mule")},
-               "translation_pairs": {"mule": translation_pairs(model, data, device, "mule")}, "images": 0,
+               "translation_pairs": {"mule": translation_pairs(model, data, device, "mule")},
+               "translation_ceiling": {"mule": translation_ceilings(model, data, device, "mule")}, "images": 0,
                "sentences": len(data.caption_image), "languages": list(data.languages), "examples": [],
                "results_dir": str(out)}  # fmt: skip
     write_json_atomic(summary, out / "evaluation.json")
@@ -93,6 +95,7 @@ def evaluate_model(ctx: StageContext) -> dict[str, Any]:
                "mean_mR": mean_mr(table), "table": table, "images": data.n_images,
                "cross_lingual": {layer: cross_lingual(model, data, device, layer) for layer in layers},
                "translation_pairs": {layer: translation_pairs(model, data, device, layer) for layer in layers},
+               "translation_ceiling": {layer: translation_ceilings(model, data, device, layer) for layer in layers},
                "languages": list(data.languages),
                "results_dir": str(out)}  # fmt: skip
     ceiling = embedded_ceiling(wd, cfg.data, cfg.eval.split)

@@ -85,6 +85,19 @@ def test_translation_pairs_count_only_the_query_s_own_translation():
     assert table["de->en"]["queries"] == 2  # s0 has no translation: not a query, not a candidate
 
 
+def test_the_perfect_translation_ceiling_asks_english_queries_for_the_translated_english_lines():
+    from mule.mule_core.metrics import perfect_translation_ceiling
+
+    # Image 0: en s0 (its translated line, group 0) and s1; image 1: en s2 (line, group 1) and
+    # s3; de s4 translates s0. s1 is closer to image 1's line s2 than to its own line s0.
+    emb = torch.nn.functional.normalize(torch.tensor(
+        [[1.0, 0.0], [0.3, 1.0], [0.0, 1.0], [0.1, 1.0], [1.0, 0.1]]), dim=-1)  # fmt: skip
+    image, group, lang = torch.tensor([0, 0, 1, 1, 0]), torch.tensor([0, -1, 1, -1, 0]), torch.tensor([0, 0, 0, 0, 1])
+    table = perfect_translation_ceiling(emb, image, group, lang, source=0, ks=(1, 2))
+    # s0 and s2 find themselves, s3 finds s2 (its image's line), s1 finds s2 first: 3 of 4.
+    assert table == {"r1": 75.0, "r2": 100.0, "queries": 4.0}
+
+
 def test_translation_groups_number_captions_that_translate_one_another():
     from mule.data_catalog.splits import translation_groups
 

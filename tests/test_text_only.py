@@ -31,7 +31,15 @@ def test_text_only_dataset(tiny_multi30k, tmp_path):
     # translation pairs: task1's parallel lines only (each training image has one per language)
     translated = evaluation["translation_pairs"]["mule"]
     assert translated["fr->en"]["queries"] == 2 and translated["en->de"]["queries"] == 2
-    assert "| mule | translation | fr -> en | 2 |" in (tmp_path / "work" / "results" / "tiny" / "cross_lingual.md").read_text()
+    report = (tmp_path / "work" / "results" / "tiny" / "cross_lingual.md").read_text()
+    assert "| mule | translation | fr -> en | 2 |" in report
+    # the perfect-translation ceiling: en and de have captions besides their translated
+    # lines (task2's), fr and cs only those lines; every English caption is a query: two
+    # task2 captions per image plus the lines, less "A brown dog.", which is both (5)
+    ceiling = evaluation["translation_ceiling"]["mule"]
+    assert set(ceiling) == {"en->en", "de->de"} and ceiling["en->en"]["queries"] == 5
+    assert ceiling["en->en"]["r1"] >= 100 * 2 / 5  # the two translated lines find themselves
+    assert "| mule | perfect-translation ceiling | en -> en (translated lines) |" in report
 
 
 def test_word_vectors_from_the_multilingual_encoder(tiny_multi30k, tmp_path):
