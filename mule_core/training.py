@@ -157,6 +157,7 @@ class Trainer:
         self.lr_decay = 1.0 if lp else train.lr_decay
         self.warmup_steps = 0 if lp else train.warmup_steps
         self.mining_warmup_steps = pretrain.mining_warmup_steps if lp else loss.mining_warmup_steps
+        self.margin = pretrain.margin if lp else loss.margin
         self.ema_decay = 0.0 if lp else train.ema
         self.sentences_per_image = sentences_per_image(train, data, lp)
         self.features = data.features.to(device) if data.features is not None and not lp else None
@@ -235,19 +236,19 @@ class Trainer:
         # Without a MULE layer (PARALLEL-EmbN, EmbN) there is no MULE-layer NC and no LC.
         mule = F.normalize(encoded.mule, dim=-1) if encoded.mule is not None else None
         if self.mode == "lp":
-            parts["nc_mule"] = self._neighborhood_loss(mule, sentence_image, pairs, cfg.margin, k, text)
+            parts["nc_mule"] = self._neighborhood_loss(mule, sentence_image, pairs, self.margin, k, text)
         else:
             images = self.model.encode_image(self.features[batch.images.to(dev, non_blocking=True)])
             parts["match"] = cfg.match_weight * self._image_sentence_loss(
-                images, encoded.joint, sentence_image, cfg.margin, k, text
+                images, encoded.joint, sentence_image, self.margin, k, text
             )
             if cfg.nc:
                 if mule is not None:
                     parts["nc_mule"] = cfg.nc_weight * self._neighborhood_loss(
-                        mule, sentence_image, pairs, cfg.margin, k, text
+                        mule, sentence_image, pairs, self.margin, k, text
                     )
                 parts["nc_joint"] = cfg.nc_weight * self._neighborhood_loss(
-                    encoded.joint, sentence_image, pairs, cfg.margin, k, text
+                    encoded.joint, sentence_image, pairs, self.margin, k, text
                 )
         if cfg.lc and mule is not None and len(batch.groups) > 1:
             # The classifier learns at full strength (a weak adversary teaches nothing); the
@@ -538,6 +539,7 @@ def translation_pairs(model: MuleModel, data: SplitTensors, device: torch.device
     emb = sentence_vectors(model, data, device, layer)
     return translation_pair_recalls(emb, torch.from_numpy(data.caption_group).to(device),
                                     torch.from_numpy(data.caption_lang).to(device), data.languages)  # fmt: skip
+
 
 def translation_ceilings(model: MuleModel, data: SplitTensors, device: torch.device, layer: str) -> dict:
     """Per language with translated lines and other captions too (Multi30K's en and de):

@@ -137,6 +137,7 @@ REBUILT_TINY = {
     "data.image_size": 48,
     "features.input_size": 32,
     "text.fasttext_epochs": 3,
+    "text.word_dim": 64,  # the mechanics, not the default dimension: faster
     "pretrain.epochs": 2,
     "pretrain.batch_images": 16,
     "train.epochs": 10,  # 30 steps: enough to fit the training images clearly above chance

@@ -16,7 +16,7 @@ def test_presets_differ_where_the_paper_does():
     # The paper's optimiser settings (lr 1e-4, margin 0.05) collapse at 29,000 images here: the
     # preset keeps its dimensions and batch, and trains like the demo (docs/training-at-scale.md)
     assert (paper.train.lr, paper.loss.margin, paper.loss.mining_warmup_steps) == (1e-3, 0.2, 500)
-    assert paper.pretrain.mining_warmup_steps == 500  # LP as measured in that table
+    assert (paper.pretrain.mining_warmup_steps, paper.pretrain.margin) == (500, 0.2)  # LP as measured in that table
     assert paper.loss.lc_weight == 1e-6 and paper.text.word_dim == 300
     assert demo.model.lstm_dim < paper.model.lstm_dim and demo.features.weights == "imagenet"
     assert demo.features.arch == "efficientnet_lite0"  # ImageNet weights that install offline
@@ -48,6 +48,8 @@ def test_flow_parameters_may_be_json_values():
         ({"features.crops": 3}, "features.crops must be 1, 5 or 10"),
         ({"features.weights": "coco"}, "features.weights"),
         ({"train.epochs": 0}, "train.epochs must be at least 1"),
+        ({"pretrain.margin": 0}, r"pretrain.margin must be in \(0, 2\), got 0"),
+        ({"loss.margin": 2.5}, r"loss.margin must be in \(0, 2\)"),
     ],
 )
 def test_bad_options_name_the_option(overrides, message):

@@ -341,29 +341,26 @@ def test_search_finds_test_captions_images_and_an_image_s_captions(rebuilt, caps
     similarity = encoded["caption_joint"] @ encoded["image"].T
     texts = dict(zip(*catalog.query("SELECT caption_id, text FROM captions").to_pydict().values()))
     paths = dict(zip(*catalog.query("SELECT image_id, path FROM images").to_pydict().values()))
+    # What search returns is what the model ranks first (the tiny model is near chance on
+    # test images, so whether that is the right image is luck, not search's business).
     for index, lang in enumerate(data.languages):  # sentence -> images, the language detected
-        rows = np.nonzero(data.caption_lang == index)[0]
-        found = [r for r in rows if int(similarity[r].argmax()) == data.caption_image[r]]
-        assert found, f"the model ranks no {lang} test caption's image first"
-        caption = texts[data.caption_ids[found[0]]]
+        row = int(np.nonzero(data.caption_lang == index)[0][0])
+        caption = texts[data.caption_ids[row]]
         assert main(["search", caption, "--workdir", str(wd.root), "--split", "test", "--k", "3"]) == 0
         out = capsys.readouterr().out.splitlines()
         assert "(champion)" in out[0] and f"query in {lang} (detected:" in out[0]
         first = next(line for line in out if line.startswith("  1 "))
-        assert first.split()[2] == data.image_ids[data.caption_image[found[0]]]
-    # image -> sentences: an image whose own English caption the model ranks first
+        assert first.split()[2] == data.image_ids[int(similarity[row].argmax())]
+    # image -> sentences: the English caption the model ranks first for the first test image
     english = np.nonzero(data.caption_lang == data.languages.index("en"))[0]
-    by_image = {}
-    for image in range(data.n_images):
-        top = english[int(similarity[english, image].argmax())]
-        by_image[image] = data.caption_image[top] == image
-    image = next(i for i, hit in by_image.items() if hit)
+    image = 0
+    top = english[int(similarity[english, image].argmax())]
     sheet = tmp_path / "sheet.png"
     argv = ["search", "--image", paths[data.image_ids[image]], "--workdir", str(wd.root), "--split", "test", "--k", "2"]
     assert main([*argv, "--out", str(sheet)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert "image features: catalog image" in out[0]
-    assert out[out.index("[en]") + 1].endswith(f"({data.image_ids[image]})")
+    assert out[out.index("[en]") + 1].endswith(f"({data.image_ids[data.caption_image[top]]})")
     assert [line for line in out if line.startswith("[")] == ["[en]", "[de]", "[fr]", "[cs]"]
     assert sheet.stat().st_size > 1000
     # what a user gets wrong: a language the model lacks, words no language knows

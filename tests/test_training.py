@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mule.mule_core.config import LossConfig, ModelConfig, PretrainConfig, TrainConfig
-from mule.mule_core.losses import neighborhood_loss
+from mule.mule_core.losses import image_sentence_loss, neighborhood_loss
 from mule.mule_core.model import MuleModel
 from mule.mule_core.training import SplitTensors, Trainer, evaluate_split
 
@@ -329,6 +329,26 @@ def test_hard_negatives_are_mined_after_the_warm_up_of_the_mode(mode):
     steps = 6  # 2 epochs of 3 batches
     warm = 4 if mode == "lp" else 2
     assert seen == [every] * (calls * warm) + [LOSS.top_k] * (calls * (steps - warm))
+
+
+@pytest.mark.parametrize("mode", ["joint", "lp"])
+def test_each_mode_keeps_its_own_margin(mode):
+    """LP's hinges use pretrain.margin, joint training's loss.margin, in every loss."""
+    loss, pretrain = replace(LOSS, margin=0.1), replace(lp(1), margin=0.4)
+    trainer = Trainer(toy_model(), toy_split(), loss, optim(1), torch.device("cpu"), mode=mode, pretrain=pretrain)
+    seen = []
+
+    def recording(loss_function):
+        def record(*args):
+            seen.append(args[3])  # margin: the fourth argument of both losses
+            return loss_function(*args)
+
+        return record
+
+    trainer._neighborhood_loss = recording(neighborhood_loss)
+    trainer._image_sentence_loss = recording(image_sentence_loss)
+    trainer.fit()
+    assert seen and set(seen) == {0.4 if mode == "lp" else 0.1}
 
 
 def test_the_adversary_ramps_up_in_steps():
