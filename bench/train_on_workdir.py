@@ -58,6 +58,11 @@ def export(workdir: str, dataset: str, preset: str, overrides: dict, out: str, b
     catalog = Catalog(wd)
     extractor = None if text_only else catalog.require_current_extractor(dataset, cfg.features)
     vocabulary = load_vocabulary(catalog, dataset, cfg.data.languages)
+    # The catalog keeps one current set of word vectors per dataset: the text stage's last run.
+    dims = {lang: v.shape[1] for lang, v in vocabulary.vectors.items()}
+    if any(d != cfg.text.word_dim for d in dims.values()):
+        sys.exit(f"{workdir}: the word vectors in the catalog have dimensions {dims}, the config asks for "
+                 f"text.word_dim={cfg.text.word_dim}: run `mule run text` with the same --set first")  # fmt: skip
     splits = {}
     for name, selector in (("train", "train"), ("val", "val"), ("test", cfg.eval.split)):
         split = load_split(catalog, dataset, selector, vocabulary, cfg.text.max_tokens, extractor,
