@@ -50,7 +50,8 @@ def training(device: torch.device, n_images: int, epochs: int) -> None:
                            "pretrain.mining_warmup_steps": 10})  # fmt: skip
     data = toy_split(n_images)
     torch.manual_seed(0)
-    model = MuleModel(LANGS, {lang: n_images + 2 for lang in LANGS}, 64, n_images, cfg.model)
+    words = {lang: ["<pad>", "<unk>", *(f"{lang}word{i}" for i in range(n_images))] for lang in LANGS}
+    model = MuleModel(LANGS, {lang: n_images + 2 for lang in LANGS}, 64, n_images, cfg.model, words)
     for lang in LANGS:
         model.branches[lang].init_vectors(torch.randn(n_images + 2, 64))
     model.set_image_normalization(data.features)

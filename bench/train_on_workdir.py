@@ -79,6 +79,7 @@ def export(workdir: str, dataset: str, preset: str, overrides: dict, out: str, b
     lp_file = catalog.lp_model_path(cfg)
     lp_state = load_model(lp_file)[0].state_dict() if lp_file.exists() else None
     torch.save({"languages": vocabulary.languages, "vocab_sizes": vocabulary.sizes,
+                "words": {lang: vocab.tokens for lang, vocab in vocabulary.vocabs.items()},
                 "vectors": {k: v.half() for k, v in vocabulary.vectors.items()}, "splits": splits,
                 "lp_state": lp_state, "extractor": extractor, "dataset": dataset}, out)  # fmt: skip
     sizes = ", ".join(f"{name} {len(entry['image_ids'])} images" for name, entry in splits.items())
@@ -127,7 +128,10 @@ def load_inputs(path: str):
 def build(cfg, data, image_dim: int | None) -> MuleModel:
     vectors = {k: v.float() for k, v in data["vectors"].items()}
     dim = next(iter(vectors.values())).shape[1]
-    model = MuleModel(data["languages"], data["vocab_sizes"], dim, image_dim, cfg.model)
+    if cfg.model.subwords and "words" not in data:
+        sys.exit("these inputs hold no vocabularies (exported before model.subwords): export them again, "
+                 "or --set model.subwords=false")  # fmt: skip
+    model = MuleModel(data["languages"], data["vocab_sizes"], dim, image_dim, cfg.model, data.get("words"))
     for lang, v in vectors.items():
         model.branches[lang].init_vectors(v)
     return model
@@ -238,6 +242,7 @@ def from_workdir(workdir: str, cfg):
     splits = {"train": load("train", captions=cfg.data.captions), "val": load("val"), "test": load(cfg.eval.split)}
     lp_file = catalog.lp_model_path(cfg)
     data = {"languages": vocabulary.languages, "vocab_sizes": vocabulary.sizes, "vectors": vocabulary.vectors,
+            "words": {lang: vocab.tokens for lang, vocab in vocabulary.vocabs.items()},
             "lp_state": load_model(lp_file)[0].state_dict() if lp_file.exists() else None}  # fmt: skip
     return data, splits
 

@@ -27,6 +27,14 @@ LANGS = ["en", "de", "fr", "cs"]
 PER_IMAGE = {"en": 5, "de": 5, "fr": 1, "cs": 1}
 
 
+def pseudo_words(n: int, lang: str, seed: int = 0) -> list[str]:
+    """A vocabulary of n made-up words (3 to 10 letters): the subword n-gram tables
+    (model.subwords) get a realistic size without a real vocabulary."""
+    rng = np.random.default_rng([seed, len(lang)])
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+    return ["<pad>", "<unk>", *("".join(rng.choice(letters, rng.integers(3, 11))) + f"{i}" for i in range(n - 2))]
+
+
 def synthetic(n_images: int, image_dim: int, vocab: int, tokens: int = 12, seed: int = 0) -> SplitTensors:
     rng = np.random.default_rng(seed)
     image, lang = [], []
@@ -46,7 +54,8 @@ def bench_training(preset: str, device: torch.device, steps: int, compile_: bool
     n_images = cfg.train.batch_images * (steps + 2)
     data = synthetic(n_images, image_dim, vocab=20000)
     torch.manual_seed(0)
-    model = MuleModel(LANGS, {lang: 20000 for lang in LANGS}, cfg.text.word_dim, image_dim, cfg.model)
+    model = MuleModel(LANGS, {lang: 20000 for lang in LANGS}, cfg.text.word_dim, image_dim, cfg.model,
+                      {lang: pseudo_words(20000, lang) for lang in LANGS})  # fmt: skip
     model.set_image_normalization(data.features)
     train = dataclasses.replace(cfg.train, epochs=1, sentences_per_image={"en": 2, "de": 2, "fr": 1, "cs": 1},
                                 compile=compile_, ema=0.0)  # fmt: skip
@@ -87,7 +96,7 @@ def bench_evaluation(preset: str, device: torch.device) -> None:
     keep = data.caption_lang == 0  # the English test set: 1000 images x 5000 sentences
     data = SplitTensors(["en"], data.tokens[keep], data.lengths[keep], data.caption_lang[keep], data.caption_image[keep],
                         data.image_ids, data.features)  # fmt: skip
-    model = MuleModel(["en"], {"en": 20000}, cfg.text.word_dim, image_dim, cfg.model)
+    model = MuleModel(["en"], {"en": 20000}, cfg.text.word_dim, image_dim, cfg.model, {"en": pseudo_words(20000, "en")})
     model.set_image_normalization(data.features)
     for _ in range(2):  # the second run is the one reported
         if device.type == "cuda":

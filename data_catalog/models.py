@@ -57,7 +57,8 @@ def load_model(path: Path) -> tuple[MuleModel, dict]:
     cfg = from_dict(data["config"])
     vocabs = {lang: Vocab(tokens) for lang, tokens in data["vocab"].items()}
     sizes = {lang: len(v) for lang, v in vocabs.items()}
-    model = MuleModel(data["languages"], sizes, data["word_dim"], data["image_dim"], cfg.model)
+    words = {lang: v.tokens for lang, v in vocabs.items()}
+    model = MuleModel(data["languages"], sizes, data["word_dim"], data["image_dim"], cfg.model, words)
     model.load_state_dict(data["state_dict"])
     data["vocabulary"] = Vocabulary(list(data["languages"]), vocabs)
     data["cfg"] = cfg

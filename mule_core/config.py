@@ -98,6 +98,12 @@ class ModelConfig:
     joint_dim: int = 128
     image_hidden: int = 256
     finetune_words: bool = True
+    # A word's vector = its own + the mean of its character n-grams' vectors (fastText's
+    # composition), all fine-tuned, n-grams shared by two or more words only: what training
+    # teaches one form of a word reaches its other forms (mule_core/subwords.py). LP on the
+    # real Multi30K text: see docs/training-at-scale.md, "Subword vectors"
+    subwords: bool = True
+    ngram_lengths: tuple[int, ...] = (3, 4, 5)
 
 
 @dataclass
@@ -184,6 +190,10 @@ class PretrainConfig:
     epochs: int = 10
     lr: float = 1e-3
     batch_images: int = 256
+    # LP's own train.sentences_per_image_many: sentences per image for languages with several
+    # captions (Multi30K's en and de). Every pair of them is a constraint, so English
+    # paraphrases teach LP what the image protocol asks of it (docs/training-at-scale.md)
+    sentences_per_image_many: int = 5
     # LP's own loss.mining_warmup_steps (LP counts its own steps, in batches of
     # batch_images). 150 is 1.3 epochs on Multi30K's 29,000 images: later mining costs the
     # fastText start about 1 R@1 on the real text, while the multilingual-e5 start
@@ -263,6 +273,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "model.lstm_dim": 1024,
         "model.joint_dim": 512,
         "model.image_hidden": 2048,
+        "model.subwords": False,  # the paper fine-tunes one vector per word
         "loss.top_k": 10,
         "loss.lc_weight": 1e-6,
         "train.epochs": 20,
@@ -282,6 +293,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "loss.mining_warmup_steps": 500,
         "pretrain.mining_warmup_steps": 500,
         "pretrain.margin": 0.2,
+        "pretrain.sentences_per_image_many": 2,  # the paper's batches
         "pretrain.lr": 1e-3,
     },
 }
@@ -410,6 +422,8 @@ def validate(cfg: MuleConfig) -> None:
         raise ConfigError(f"features.resize ({f.resize}) must be at least features.input_size ({f.input_size})")
     if cfg.text.init not in ("fasttext", "multilingual-e5"):
         raise ConfigError(f"text.init must be 'fasttext' or 'multilingual-e5', got {cfg.text.init!r}")
+    if cfg.model.subwords and (not cfg.model.ngram_lengths or min(cfg.model.ngram_lengths) < 1):
+        raise ConfigError(f"model.ngram_lengths must be positive lengths (e.g. 3,4,5), got {cfg.model.ngram_lengths}")
     if cfg.model.sharing not in ("mule", "parallel"):
         raise ConfigError(f"model.sharing must be 'mule' or 'parallel', got {cfg.model.sharing!r}")
     d = cfg.data
@@ -472,6 +486,10 @@ def validate(cfg: MuleConfig) -> None:
     for key, value in (("loss.margin", cfg.loss.margin), ("pretrain.margin", cfg.pretrain.margin)):
         if not 0 < value < 2:  # cosine similarities: a margin of 2 or more is never met
             raise ConfigError(f"{key} must be in (0, 2), got {value}")
+    for key, value in (("train.sentences_per_image_many", tr.sentences_per_image_many),
+                       ("pretrain.sentences_per_image_many", cfg.pretrain.sentences_per_image_many)):  # fmt: skip
+        if value < 1:
+            raise ConfigError(f"{key} must be at least 1, got {value}")
     for lang, n in cfg.train.sentences_per_image.items():
         if n < 1:
             raise ConfigError(f"train.sentences_per_image.{lang} must be at least 1, got {n}")
@@ -489,10 +507,18 @@ RETIRED_OPTIONS = {
 }
 
 
+# Options added later whose default changed what a model is: a stored config without them
+# was trained as this value says, whatever today's default.
+INTRODUCED_OPTIONS = {
+    "model.subwords": False,  # one vector per word before 2026-11-25
+}
+
+
 def from_dict(data: dict[str, Any]) -> MuleConfig:
     """Inverse of to_dict (for configs stored next to models)."""
     preset = data.get("preset", "demo")
     overrides = {f"{s}.{k}": v for s in SECTIONS for k, v in data.get(s, {}).items()}
+    overrides = {**INTRODUCED_OPTIONS, **overrides}
     overrides = {k: v for k, v in overrides.items() if k not in RETIRED_OPTIONS}
     return apply_overrides(MuleConfig(preset=preset), overrides)
 

@@ -1,6 +1,8 @@
 """The MULE model.
 
     words (per language) --embedding--> --FC (per language)--> MULE word features (M)
+        (with model.subwords, a word's embedding is its own vector plus the mean of its
+        character n-grams' vectors: mule_core/subwords.py)
         mean over words                  -> MULE sentence vector (LP, NC, language classifier)
         shared LSTM, last hidden, FC     -> sentence embedding in the multimodal space (D)
     image features --FC-BN-ReLU-FC-->    -> image embedding in the multimodal space (D)
@@ -19,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
+
+from .subwords import SubwordVectors
 
 if TYPE_CHECKING:  # annotations only: a model is code of its own, not of the config's module
     from .config import ModelConfig
@@ -87,8 +91,9 @@ def unrolled_lstm_last(lstm: nn.LSTM, packed: PackedSequence) -> torch.Tensor:
 
 
 class LanguageBranch(nn.Module):
-    """One language's own parameters: word embeddings, then either the FC into MULE (the
-    sentence encoder after it is shared) or, for PARALLEL-EmbN, a sentence encoder of its own."""
+    """One language's own parameters: word embeddings (with `ngram_lengths`, composed with
+    its words' character n-grams), then either the FC into MULE (the sentence encoder after
+    it is shared) or, for PARALLEL-EmbN, a sentence encoder of its own."""
 
     def __init__(
         self,
@@ -97,10 +102,19 @@ class LanguageBranch(nn.Module):
         mule_dim: int,
         finetune: bool = True,
         encoder: SentenceEncoder | None = None,
+        words: Sequence[str] | None = None,
+        ngram_lengths: Sequence[int] = (),
     ):
         super().__init__()
         self.embed = nn.Embedding(vocab_size, word_dim, padding_idx=0)
         self.embed.weight.requires_grad_(finetune)
+        self.words = list(words) if words is not None else None
+        self.subwords = None
+        if ngram_lengths:
+            if self.words is None or len(self.words) != vocab_size:
+                raise ValueError("subword vectors need the vocabulary's words, one per embedding row")
+            self.subwords = SubwordVectors(self.words, word_dim, ngram_lengths)
+            self.subwords.vectors.weight.requires_grad_(finetune)
         self.fc = nn.Linear(word_dim, mule_dim) if encoder is None else None
         self.encoder = encoder
         # Initial vectors, for the L2 pull toward them; rebuilt from the catalog, not saved.
@@ -116,9 +130,16 @@ class LanguageBranch(nn.Module):
         """Squared distance of the word vectors from their initial values."""
         return (self.embed.weight - self.initial).pow(2).sum()
 
+    def word_parameters(self) -> list[nn.Parameter]:
+        """What the word learning rate (train.word_lr_scale) applies to."""
+        return [self.embed.weight] + ([self.subwords.vectors.weight] if self.subwords is not None else [])
+
+    def word_vectors(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.embed(tokens) if self.subwords is None else self.subwords.compose(self.embed, tokens)
+
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Word features: MULE word features, or plain word vectors without a MULE layer."""
-        words = self.embed(tokens)
+        words = self.word_vectors(tokens)
         return self.fc(words) if self.fc is not None else words
 
 
@@ -150,7 +171,10 @@ SHARING = ("mule", "parallel")
 class MuleModel(nn.Module):
     """sharing="mule": per-language embeddings + FC into MULE, everything after shared.
     sharing="parallel" (PARALLEL-EmbN; with one language, EmbN): each language has its own
-    embeddings and sentence encoder; only the image branch is shared."""
+    embeddings and sentence encoder; only the image branch is shared.
+
+    words: each language's vocabulary (its words in embedding-row order); needed with
+    model.subwords, whose n-gram tables are built from them."""
 
     def __init__(
         self,
@@ -159,10 +183,14 @@ class MuleModel(nn.Module):
         word_dim: int,
         image_dim: int | None,
         cfg: ModelConfig,
+        words: dict[str, Sequence[str]] | None = None,
     ):
         super().__init__()
         if cfg.sharing not in SHARING:
             raise ValueError(f"model.sharing must be one of {SHARING}, got {cfg.sharing!r}")
+        if cfg.subwords and (words is None or any(lang not in words for lang in languages)):
+            raise ValueError("model.subwords needs every language's words (the vocabulary), to build its n-grams")
+        ngram_lengths = tuple(cfg.ngram_lengths) if cfg.subwords else ()
         self.sharing = cfg.sharing
         self.languages = list(languages)
         self.lang_index = {lang: i for i, lang in enumerate(self.languages)}
@@ -175,6 +203,8 @@ class MuleModel(nn.Module):
                     cfg.mule_dim,
                     cfg.finetune_words,
                     SentenceEncoder(word_dim, cfg.lstm_dim, cfg.joint_dim) if parallel else None,
+                    words[lang] if words is not None else None,
+                    ngram_lengths,
                 )  # fmt: skip
                 for lang in languages
             }
@@ -273,7 +303,7 @@ def count_parameters(model: MuleModel) -> dict[str, object]:
 
 
 def with_added_language(base: MuleModel, cfg: ModelConfig, lang: str, vocab_size: int,
-                        vectors: torch.Tensor | None = None) -> MuleModel:  # fmt: skip
+                        vectors: torch.Tensor | None = None, words: Sequence[str] | None = None) -> MuleModel:  # fmt: skip
     """`base` plus a language: a new model holding every weight of `base`, frozen, and a
     new branch (word embeddings + FC into MULE) for `lang`, the only trainable part. The
     language classifier gains a row for the new language (frozen too: LC stays off while
@@ -287,7 +317,9 @@ def with_added_language(base: MuleModel, cfg: ModelConfig, lang: str, vocab_size
     sizes = {name: branch.embed.num_embeddings for name, branch in base.branches.items()} | {lang: vocab_size}
     word_dim = next(iter(base.branches.values())).embed.embedding_dim
     image_dim = base.image_mean.numel() if base.image_branch is not None else None
-    model = MuleModel(languages, sizes, word_dim, image_dim, cfg)
+    known = {name: branch.words for name, branch in base.branches.items()} | {lang: words}
+    model = MuleModel(languages, sizes, word_dim, image_dim, cfg,
+                      None if any(w is None for w in known.values()) else known)  # fmt: skip
     state = {k: v for k, v in base.state_dict().items() if not k.startswith("classifier.")}
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected or any(not (k.startswith(f"branches.{lang}.") or k.startswith("classifier.")) for k in missing):
@@ -304,7 +336,8 @@ def with_added_language(base: MuleModel, cfg: ModelConfig, lang: str, vocab_size
 
 def build_model(cfg: ModelConfig, vocabulary: Vocabulary, image_dim: int | None) -> MuleModel:
     """A new model for the vocabulary's languages, its word embeddings set to their vectors."""
-    model = MuleModel(vocabulary.languages, vocabulary.sizes, vocabulary.dim, image_dim, cfg)
+    words = {lang: vocab.tokens for lang, vocab in vocabulary.vocabs.items()}
+    model = MuleModel(vocabulary.languages, vocabulary.sizes, vocabulary.dim, image_dim, cfg, words)
     for lang, vectors in vocabulary.vectors.items():
         model.branches[lang].init_vectors(vectors)
     return model

@@ -82,11 +82,11 @@ class SplitTensors:
         )  # fmt: skip
 
 
-def sentences_per_image(train: TrainConfig, data: SplitTensors, lp: bool = False) -> dict[str, int]:
-    """Sentences per image in a batch, per language: train.sentences_per_image_many for
-    languages with several captions (LP keeps the paper's 2: its all-pairs constraints grow
-    with the square of it), else 1; train.sentences_per_image overrides."""
-    many = 2 if lp else train.sentences_per_image_many
+def sentences_per_image(train: TrainConfig, data: SplitTensors, pretrain: PretrainConfig | None = None) -> dict[str, int]:
+    """Sentences per image in a batch, per language: for languages with several captions,
+    train.sentences_per_image_many (or, for LP, pretrain.sentences_per_image_many), else 1;
+    train.sentences_per_image overrides."""
+    many = pretrain.sentences_per_image_many if pretrain is not None else train.sentences_per_image_many
     counts = default_sentences_per_image(data.caption_image, data.caption_lang, data.languages, many)
     counts.update({k: v for k, v in train.sentences_per_image.items() if k in counts})
     return counts
@@ -159,11 +159,11 @@ class Trainer:
         self.mining_warmup_steps = pretrain.mining_warmup_steps if lp else loss.mining_warmup_steps
         self.margin = pretrain.margin if lp else loss.margin
         self.ema_decay = 0.0 if lp else train.ema
-        self.sentences_per_image = sentences_per_image(train, data, lp)
+        self.sentences_per_image = sentences_per_image(train, data, pretrain if lp else None)
         self.features = data.features.to(device) if data.features is not None and not lp else None
         torch.manual_seed(train.seed)
         params = model.mule_parameters() if lp else [p for p in model.parameters() if p.requires_grad]
-        words = {id(b.embed.weight) for b in model.branches.values()}
+        words = {id(p) for b in model.branches.values() for p in b.word_parameters()}
         self.optimizer = torch.optim.Adam(
             [
                 {"params": [p for p in params if id(p) not in words]},

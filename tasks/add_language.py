@@ -68,7 +68,8 @@ def add_language(ctx: StageContext) -> dict[str, Any]:
     val = load_split(catalog, dataset, "val", vocabulary, max_tokens, extractor)
     device = resolve_device(cfg.train.device)
     torch.manual_seed(cfg.train.seed)
-    model = with_added_language(base, base_cfg.model, lang, vocabulary.sizes[lang], vocabulary.vectors[lang])
+    model = with_added_language(base, base_cfg.model, lang, vocabulary.sizes[lang], vocabulary.vectors[lang],
+                                vocabulary.vocabs[lang].tokens)  # fmt: skip
     counts = count_parameters(model)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     log.info("adding %s to %s: %d training images with %s captions (of %d), %s trainable parameters of %s",

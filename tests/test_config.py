@@ -13,6 +13,7 @@ def test_presets_differ_where_the_paper_does():
     assert (paper.features.arch, paper.features.crops, paper.features.input_size) == ("resnet152", 10, 448)
     assert (paper.train.batch_images, paper.train.epochs, paper.loss.top_k) == (450, 20, 10)
     assert paper.train.sentences_per_image_many == 2 and demo.train.sentences_per_image_many == 3
+    assert paper.pretrain.sentences_per_image_many == 2 and demo.pretrain.sentences_per_image_many == 5  # LP
     # The paper's optimiser settings (lr 1e-4, margin 0.05) collapse at 29,000 images here: the
     # preset keeps its dimensions and batch, and trains like the demo (docs/training-at-scale.md)
     assert (paper.train.lr, paper.loss.margin, paper.loss.mining_warmup_steps) == (1e-3, 0.2, 500)

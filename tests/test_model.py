@@ -6,7 +6,8 @@ from torch.nn.utils.rnn import pack_padded_sequence
 from mule.mule_core.config import ModelConfig, resolve
 from mule.mule_core.model import MuleModel, TextBatch, count_parameters, unrolled_lstm_last
 
-CFG = ModelConfig(mule_dim=6, lstm_dim=5, joint_dim=4, image_hidden=7)
+# One vector per word: the counts below are by hand (subword n-grams: test_subwords.py)
+CFG = ModelConfig(mule_dim=6, lstm_dim=5, joint_dim=4, image_hidden=7, subwords=False)
 
 
 def tiny_model(image_dim=3):
@@ -78,7 +79,7 @@ def test_text_only_model_has_no_image_branch():
 
 
 def test_parallel_and_embn_parameter_counts_by_hand():
-    cfg = ModelConfig(sharing="parallel", mule_dim=6, lstm_dim=5, joint_dim=4, image_hidden=7)
+    cfg = ModelConfig(sharing="parallel", mule_dim=6, lstm_dim=5, joint_dim=4, image_hidden=7, subwords=False)
     encoder = 4 * 5 * (2 + 5) + 2 * 4 * 5 + (5 * 4 + 4)  # an LSTM on 2-d word vectors, then FC
     image = (3 * 7 + 7) + 2 * 7 + (7 * 4 + 4)
     parallel = count_parameters(MuleModel(["en", "fr"], {"en": 10, "fr": 8}, 2, 3, cfg))
@@ -96,7 +97,7 @@ def test_parallel_and_embn_parameter_counts_by_hand():
 
 
 def test_parallel_model_routes_each_language_through_its_own_encoder():
-    cfg = ModelConfig(sharing="parallel", mule_dim=6, lstm_dim=5, joint_dim=4, image_hidden=7)
+    cfg = ModelConfig(sharing="parallel", mule_dim=6, lstm_dim=5, joint_dim=4, image_hidden=7, subwords=False)
     torch.manual_seed(0)
     model = MuleModel(["en", "fr"], {"en": 10, "fr": 8}, 2, 3, cfg).eval()
     tokens = torch.tensor([[2, 3], [2, 3]])

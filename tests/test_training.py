@@ -25,10 +25,16 @@ def toy_split(n_images=24, seed=0) -> SplitTensors:
                         torch.eye(n_images) + 0.01 * torch.randn(n_images, n_images, generator=torch.Generator().manual_seed(seed)))  # fmt: skip
 
 
+def toy_words(n_images=24) -> list[str]:
+    return ["<pad>", "<unk>", *(f"word{i}" for i in range(n_images))]
+
+
 def toy_model(n_images=24) -> MuleModel:
+    """The default model (subword vectors included) on the toy vocabulary."""
     torch.manual_seed(0)
     model = MuleModel(LANGS, {"en": n_images + 2, "fr": n_images + 2}, 8, n_images,
-                      ModelConfig(mule_dim=16, lstm_dim=16, joint_dim=16, image_hidden=32))  # fmt: skip
+                      ModelConfig(mule_dim=16, lstm_dim=16, joint_dim=16, image_hidden=32),
+                      {lang: toy_words(n_images) for lang in LANGS})  # fmt: skip
     for lang in LANGS:
         model.branches[lang].init_vectors(torch.randn(n_images + 2, 8))
     model.set_image_normalization(toy_split(n_images).features)
@@ -149,7 +155,8 @@ def test_switches_turn_losses_off():
 
 def test_parallel_embn_trains_with_nc_at_the_multimodal_layer_only():
     model = MuleModel(LANGS, {"en": 26, "fr": 26}, 8, 24,
-                      ModelConfig(sharing="parallel", lstm_dim=16, joint_dim=16, image_hidden=32))  # fmt: skip
+                      ModelConfig(sharing="parallel", lstm_dim=16, joint_dim=16, image_hidden=32),
+                      {lang: toy_words() for lang in LANGS})  # fmt: skip
     model.set_image_normalization(toy_split().features)
     trainer = Trainer(model, toy_split(), LOSS, optim(1), torch.device("cpu"))
     parts = trainer.losses(next(trainer.sampler.batches(1)))
@@ -173,7 +180,7 @@ def test_adding_a_language_trains_it_and_leaves_the_others_bit_identical():
     n = 24
     cfg = ModelConfig(mule_dim=16, lstm_dim=16, joint_dim=16, image_hidden=32)
     torch.manual_seed(0)
-    base = MuleModel(["en"], {"en": n + 2}, 8, n, cfg)
+    base = MuleModel(["en"], {"en": n + 2}, 8, n, cfg, {"en": toy_words(n)})
     base.branches["en"].init_vectors(torch.randn(n + 2, 8))
     data = toy_split(n)
     base.set_image_normalization(data.features)
@@ -186,9 +193,10 @@ def test_adding_a_language_trains_it_and_leaves_the_others_bit_identical():
 
     reference = encode_split(base, english, torch.device("cpu"))
 
-    model = with_added_language(base, cfg, "fr", n + 2, torch.randn(n + 2, 8))
+    model = with_added_language(base, cfg, "fr", n + 2, torch.randn(n + 2, 8), toy_words(n))
     assert {name for name, p in model.named_parameters() if p.requires_grad} == {
-        "branches.fr.embed.weight", "branches.fr.fc.weight", "branches.fr.fc.bias"}  # fmt: skip
+        "branches.fr.embed.weight", "branches.fr.subwords.vectors.weight", "branches.fr.fc.weight",
+        "branches.fr.fc.bias"}  # fmt: skip
     untrained = evaluate_split(model, data, torch.device("cpu"))["fr"]["mR"]
     # LC stays off: its classifier is frozen while a language is added
     Trainer(model, data, replace(LOSS, lc=False), optim(25), torch.device("cpu")).fit()
@@ -378,3 +386,15 @@ def test_the_weight_average_uses_its_decay_from_the_first_step():
     assert ema_weight(0.999, 750) != pytest.approx(ema_weight(0.9995, 750), rel=0.1)
     assert ema_weight(0.999, 750) == pytest.approx(0.001 / (1 - 0.999**750))
     assert ema_weight(0.0, 10) == 1.0
+
+
+def test_lp_and_joint_training_take_sentences_per_image_from_their_own_sections():
+    """en has two captions per image here: LP takes pretrain.sentences_per_image_many of
+    them, joint training train.sentences_per_image_many; fr has one either way."""
+    train = replace(optim(1), sentences_per_image={}, sentences_per_image_many=2)
+    pretrain = replace(lp(1), sentences_per_image_many=1)
+    cpu = torch.device("cpu")
+    assert Trainer(toy_model(), toy_split(), LOSS, train, cpu, mode="lp", pretrain=pretrain).sentences_per_image == {
+        "en": 1, "fr": 1}  # fmt: skip
+    assert Trainer(toy_model(), toy_split(), LOSS, train, cpu, pretrain=pretrain).sentences_per_image == {
+        "en": 2, "fr": 1}  # fmt: skip

@@ -1,0 +1,112 @@
+"""Subword vectors (model.subwords): a word's vector is its own plus the mean of its shared
+character n-grams' vectors, so training one form of a word moves its other forms."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from mule.data_catalog.models import load_model, save_model
+from mule.mule_core.config import LossConfig, ModelConfig, PretrainConfig, TrainConfig, from_dict, resolve, to_dict
+from mule.mule_core.model import MuleModel, TextBatch, count_parameters
+from mule.mule_core.subwords import char_ngrams, ngram_index
+from mule.mule_core.text import Vocab, Vocabulary
+from mule.mule_core.training import SplitTensors, Trainer
+
+WORDS = ["<pad>", "<unk>", "dog", "dogs", "cat"]
+CFG = ModelConfig(mule_dim=6, lstm_dim=5, joint_dim=4, image_hidden=7, ngram_lengths=(3,))
+
+
+def model_on(words=WORDS, cfg=CFG, dim=2):
+    torch.manual_seed(0)
+    return MuleModel(["en"], {"en": len(words)}, dim, None, cfg, {"en": words})
+
+
+def test_char_ngrams_are_fasttexts():
+    assert char_ngrams("dog", (3, 4)) == {"<do", "dog", "og>", "<dog", "dog>"}
+    assert char_ngrams("a", (3,)) == set()  # "<a>" is the whole wrapped word
+
+
+def test_only_ngrams_that_two_words_share_get_an_id():
+    # dog: <do dog og>; dogs: <do dog ogs gs>; cat: <ca cat at>. Shared: <do, dog.
+    index, count = ngram_index(WORDS, (3,))
+    assert count == 2
+    assert index.tolist() == [[0, 0], [0, 0], [1, 2], [1, 2], [0, 0]]
+
+
+def test_a_word_is_its_own_vector_plus_the_mean_of_its_ngrams():
+    branch = model_on().branches["en"]
+    with torch.no_grad():
+        branch.embed.weight.copy_(torch.tensor([[0, 0], [9, 9], [1, 0], [0, 1], [5, 5]], dtype=torch.float))
+        branch.subwords.vectors.weight.copy_(torch.tensor([[0, 0], [2, 0], [0, 4]], dtype=torch.float))
+    vectors = branch.word_vectors(torch.tensor([[2, 3, 4, 0]]))
+    assert vectors[0].tolist() == [[2, 2], [1, 3], [5, 5], [0, 0]]  # dog, dogs, cat (no shared n-gram), padding
+
+
+def test_a_new_model_starts_from_exactly_the_word_vectors_it_was_given():
+    model = model_on()
+    given = torch.randn(len(WORDS), 2)
+    model.branches["en"].init_vectors(given)
+    tokens = torch.tensor([[2, 3, 4, 1]])
+    expected = given[tokens].clone()
+    expected[tokens == 0] = 0
+    torch.testing.assert_close(model.branches["en"].word_vectors(tokens), expected)
+
+
+@pytest.mark.parametrize("subwords", [True, False])
+def test_training_one_form_moves_the_other_only_through_shared_ngrams(subwords):
+    """A step on sentences that say only "dogs" changes the vector of "dog" (never seen)
+    with subword vectors, and leaves it exactly where it was without them."""
+    model = model_on(cfg=dataclasses.replace(CFG, subwords=subwords))
+    branch = model.branches["en"]
+    dog, cat = torch.tensor([2]), torch.tensor([4])
+    before = branch.word_vectors(dog).detach().clone(), branch.word_vectors(cat).detach().clone()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    encoded = model.encode_text(TextBatch(torch.tensor([[3, 3]]), torch.tensor([2]), [("en", 0, 1)]), joint=False)
+    encoded.mule.pow(2).sum().backward()
+    optimizer.step()
+    moved = not torch.equal(branch.word_vectors(dog), before[0])
+    assert moved == subwords
+    assert torch.equal(branch.word_vectors(cat), before[1])  # shares nothing with "dogs"
+
+
+def test_ngram_vectors_are_word_parameters_and_counted_as_the_languages_own():
+    model = model_on()
+    branch = model.branches["en"]
+    assert branch.word_parameters() == [branch.embed.weight, branch.subwords.vectors.weight]
+    counts = count_parameters(model)
+    assert counts["per_language"]["en"] == 5 * 2 + (2 + 1) * 2 + (2 * 6 + 6)  # words, 2 n-grams + padding, FC
+    data = SplitTensors(["en"], torch.tensor([[2, 3], [4, 0]]), torch.tensor([2, 1]), np.zeros(2, dtype=np.int64),
+                        np.arange(2), ["a", "b"])  # fmt: skip
+    trainer = Trainer(model, data, LossConfig(), TrainConfig(word_lr_scale=10.0), torch.device("cpu"), mode="lp",
+                      pretrain=PretrainConfig(lr=1e-3))  # fmt: skip
+    word_group = trainer.optimizer.param_groups[1]
+    assert word_group["lr"] == pytest.approx(1e-2)
+    assert {id(p) for p in word_group["params"]} == {id(p) for p in branch.word_parameters()}
+
+
+def test_subword_vectors_need_the_words():
+    with pytest.raises(ValueError, match="needs every language's words"):
+        MuleModel(["en"], {"en": 5}, 2, None, CFG)
+
+
+def test_a_saved_model_encodes_the_same_after_loading(tmp_path):
+    cfg = resolve("demo", {"model.ngram_lengths": "3", "text.word_dim": 2})
+    vocabulary = Vocabulary(["en"], {"en": Vocab(WORDS)}, {"en": torch.randn(5, 2)})
+    model = MuleModel(["en"], {"en": 5}, 2, None, cfg.model, {"en": WORDS}).eval()
+    with torch.no_grad():
+        model.branches["en"].subwords.vectors.weight.normal_()
+    save_model(tmp_path / "m.pt", model, cfg, vocabulary, kind="lp")
+    loaded, meta = load_model(tmp_path / "m.pt")
+    batch = TextBatch(torch.tensor([[2, 3, 4]]), torch.tensor([3]), [("en", 0, 1)])
+    assert meta["cfg"].model.subwords
+    torch.testing.assert_close(loaded.encode_text(batch).mule, model.encode_text(batch).mule, rtol=0, atol=0)
+
+
+def test_a_config_stored_before_subwords_existed_reads_as_one_vector_per_word():
+    stored = to_dict(resolve("demo"))
+    del stored["model"]["subwords"], stored["model"]["ngram_lengths"]
+    assert from_dict(stored).model.subwords is False
+    assert from_dict(to_dict(resolve("demo"))).model.subwords is True  # today's files keep theirs
+    assert resolve("paper").model.subwords is False  # the paper fine-tunes one vector per word
