@@ -135,3 +135,23 @@ def test_duplicate_ids_are_per_language_and_exact_words():
     tokens = torch.tensor([[4, 5, 0], [4, 5, 0], [4, 5, 6], [4, 5, 0]])
     ids = duplicate_ids(tokens, torch.tensor([2, 2, 3, 2]), np.array([0, 0, 0, 1]))
     assert ids[0] == ids[1] and len({ids[0], ids[2], ids[3]}) == 3  # the same ids in another language differ
+
+
+@pytest.mark.parametrize("margin", [0.1, 0.4, 3.0])
+def test_the_warm_up_over_every_negative_is_the_hinge_mean_over_pairs_and_candidates(margin):
+    """k covering every candidate takes the sorted, prefix-sum path: it must give what the
+    definition says, [margin - s(a, p) + s(a, n)]_+ averaged over pairs x candidates
+    (positives count as zeros), value and gradient."""
+    torch.manual_seed(0)
+    group = torch.arange(7).repeat_interleave(4)
+    x = torch.nn.functional.normalize(torch.randn(len(group), 5), dim=1).requires_grad_()
+    positive = group[:, None] == group[None, :]
+    a, p = torch.nonzero(positive & ~torch.eye(len(group), dtype=torch.bool), as_tuple=True)
+
+    fast = triplet_topk(x @ x.T, positive, (a, p), margin, k=len(group))
+    (fast_grad,) = torch.autograd.grad(fast, x)
+    sim = x @ x.T
+    by_definition = ((margin - sim[a, p]).unsqueeze(1) + sim.masked_fill(positive, float("-inf"))[a]).clamp(min=0).mean()
+    (definition_grad,) = torch.autograd.grad(by_definition, x)
+    torch.testing.assert_close(fast, by_definition)
+    torch.testing.assert_close(fast_grad, definition_grad)
