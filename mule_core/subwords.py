@@ -68,4 +68,8 @@ class SubwordVectors(nn.Module):
         Each distinct word is composed once per call (a batch repeats its words many times)."""
         unique, inverse = tokens.unique(return_inverse=True)
         ngrams = self.vectors(self.index[unique].long()) / self.count[unique, None].to(embed.weight.dtype)
-        return (embed(unique) + ngrams)[inverse]
+        composed = embed(unique) + ngrams
+        # index_select, not composed[inverse]: advanced indexing's gradient (an accumulating
+        # index_put) sums in a different order from run to run on several CPU threads, and a
+        # resumed run must be the run never stopped, to the bit.
+        return composed.index_select(0, inverse.reshape(-1)).reshape(*tokens.shape, -1)

@@ -110,3 +110,25 @@ def test_a_config_stored_before_subwords_existed_reads_as_one_vector_per_word():
     assert from_dict(stored).model.subwords is False
     assert from_dict(to_dict(resolve("demo"))).model.subwords is True  # today's files keep theirs
     assert resolve("paper").model.subwords is False  # the paper fine-tunes one vector per word
+
+
+def test_word_vector_gradients_are_the_same_on_every_run_on_several_threads():
+    """A resumed run must equal the run never stopped to the bit (tests/test_stopping.py):
+    the composition's gradient may not depend on how threads split a sum."""
+    words = ["<pad>", "<unk>"] + [f"w{i}x{i % 7}y{i % 13}" for i in range(3000)]
+    torch.manual_seed(0)
+    branch = MuleModel(["en"], {"en": len(words)}, 16, None, dataclasses.replace(CFG, ngram_lengths=(3, 4)),
+                       {"en": words}).branches["en"]  # fmt: skip
+    tokens = torch.randint(2, len(words), (512, 12))
+    weights = torch.arange(512 * 12 * 16).reshape(512, 12, 16).float().sin()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(4)
+    try:
+        grads = []
+        for _ in range(5):
+            branch.zero_grad(set_to_none=True)
+            (branch.word_vectors(tokens) * weights).sum().backward()
+            grads.append(branch.embed.weight.grad.clone())
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(g, grads[0]) for g in grads)
