@@ -69,8 +69,7 @@ def paper_shaped(embedder):
     paper = resolve("paper", {})
     meta["cfg"] = dataclasses.replace(meta["cfg"], model=paper.model)
     sizes = {lang: len(v) for lang, v in meta["vocabulary"].vocabs.items()}
-    words = {lang: v.tokens for lang, v in meta["vocabulary"].vocabs.items()}
-    model = MuleModel(meta["languages"], sizes, meta["word_dim"], meta["image_dim"], paper.model, words)
+    model = MuleModel(meta["languages"], sizes, meta["word_dim"], meta["image_dim"], paper.model, meta["vocabulary"].words)
     return Embedder(model.eval(), meta, "untrained, paper-sized", embedder.device, embedder.load_network,
                     embedder.open_image)  # fmt: skip
 

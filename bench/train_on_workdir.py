@@ -79,7 +79,7 @@ def export(workdir: str, dataset: str, preset: str, overrides: dict, out: str, b
     lp_file = catalog.lp_model_path(cfg)
     lp_state = load_model(lp_file)[0].state_dict() if lp_file.exists() else None
     torch.save({"languages": vocabulary.languages, "vocab_sizes": vocabulary.sizes,
-                "words": {lang: vocab.tokens for lang, vocab in vocabulary.vocabs.items()},
+                "words": vocabulary.words,
                 "vectors": {k: v.half() for k, v in vocabulary.vectors.items()}, "splits": splits,
                 "lp_state": lp_state, "extractor": extractor, "dataset": dataset}, out)  # fmt: skip
     sizes = ", ".join(f"{name} {len(entry['image_ids'])} images" for name, entry in splits.items())
@@ -242,7 +242,7 @@ def from_workdir(workdir: str, cfg):
     splits = {"train": load("train", captions=cfg.data.captions), "val": load("val"), "test": load(cfg.eval.split)}
     lp_file = catalog.lp_model_path(cfg)
     data = {"languages": vocabulary.languages, "vocab_sizes": vocabulary.sizes, "vectors": vocabulary.vectors,
-            "words": {lang: vocab.tokens for lang, vocab in vocabulary.vocabs.items()},
+            "words": vocabulary.words,
             "lp_state": load_model(lp_file)[0].state_dict() if lp_file.exists() else None}  # fmt: skip
     return data, splits
 

@@ -37,7 +37,7 @@ def save_model(path: Path, model: MuleModel, cfg: MuleConfig, vocabulary: Vocabu
             "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
             "config": to_dict(cfg),
             "languages": vocabulary.languages,
-            "vocab": {lang: v.tokens for lang, v in vocabulary.vocabs.items()},
+            "vocab": vocabulary.words,
             "word_dim": vocabulary.dim,
             "image_dim": model.image_mean.numel() if model.image_branch is not None else None,
             "created": time.time(),
@@ -55,12 +55,11 @@ def load_model(path: Path) -> tuple[MuleModel, dict]:
     if data.get("format") != MODEL_FORMAT:
         raise InputError(f"{path} is not a mule model file (format {data.get('format')!r})")
     cfg = from_dict(data["config"])
-    vocabs = {lang: Vocab(tokens) for lang, tokens in data["vocab"].items()}
-    sizes = {lang: len(v) for lang, v in vocabs.items()}
-    words = {lang: v.tokens for lang, v in vocabs.items()}
-    model = MuleModel(data["languages"], sizes, data["word_dim"], data["image_dim"], cfg.model, words)
+    vocabulary = Vocabulary(list(data["languages"]), {lang: Vocab(tokens) for lang, tokens in data["vocab"].items()})
+    model = MuleModel(data["languages"], vocabulary.sizes, data["word_dim"], data["image_dim"], cfg.model,
+                      vocabulary.words)  # fmt: skip
     model.load_state_dict(data["state_dict"])
-    data["vocabulary"] = Vocabulary(list(data["languages"]), vocabs)
+    data["vocabulary"] = vocabulary
     data["cfg"] = cfg
     return model.eval(), data
 

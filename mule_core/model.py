@@ -336,8 +336,7 @@ def with_added_language(base: MuleModel, cfg: ModelConfig, lang: str, vocab_size
 
 def build_model(cfg: ModelConfig, vocabulary: Vocabulary, image_dim: int | None) -> MuleModel:
     """A new model for the vocabulary's languages, its word embeddings set to their vectors."""
-    words = {lang: vocab.tokens for lang, vocab in vocabulary.vocabs.items()}
-    model = MuleModel(vocabulary.languages, vocabulary.sizes, vocabulary.dim, image_dim, cfg, words)
+    model = MuleModel(vocabulary.languages, vocabulary.sizes, vocabulary.dim, image_dim, cfg, vocabulary.words)
     for lang, vectors in vocabulary.vectors.items():
         model.branches[lang].init_vectors(vectors)
     return model

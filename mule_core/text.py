@@ -117,6 +117,11 @@ class Vocabulary:
     def sizes(self) -> dict[str, int]:
         return {lang: len(v) for lang, v in self.vocabs.items()}
 
+    @property
+    def words(self) -> dict[str, list[str]]:
+        """Each language's words in embedding-row order (what model.subwords builds on)."""
+        return {lang: v.tokens for lang, v in self.vocabs.items()}
+
 
 def pad_batch(sequences: Sequence[Sequence[int]], max_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded (N x T) int64 tokens and lengths; empty sequences become one <unk>."""
