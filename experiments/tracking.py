@@ -338,8 +338,16 @@ def run(workdir: Workdir, cfg: MuleConfig, stage: str, parent_run_id: str | None
 
 def _is_stop(error: BaseException) -> bool:
     """A signal stopping the run: Ctrl-C, or SIGTERM as mule raises it (a KeyboardInterrupt)
-    or as Prefect's flow engine does while a flow runs (its TerminationSignal)."""
-    return isinstance(error, KeyboardInterrupt) or any(c.__name__ == "ExternalSignal" for c in type(error).__mro__)
+    or as Prefect's flow engine does while a flow runs (its TerminationSignal); or an error
+    raised while one unwinds (Prefect's `Task run is not set` when the signal lands before
+    its task run exists), which is the stop's doing, not a failure."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, KeyboardInterrupt) or any(c.__name__ == "ExternalSignal" for c in type(error).__mro__):
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False
 
 
 _open_runs: dict[str, Workdir] = {}  # run id -> workdir, for the runs this process has not ended yet

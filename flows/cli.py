@@ -537,6 +537,10 @@ def main(argv: list[str] | None = None) -> int:
         print("mule: interrupted; run the same command to resume", file=sys.stderr)
         return 130
     except Exception as error:  # noqa: BLE001 - one clear line for the errors users can fix
+        from .interrupts import finish, stopping
+
+        if (signum := stopping()) is not None:  # an error the stop caused while unwinding: the stop is the news
+            return finish(signum)
         if is_user_error(error):
             print(f"mule: error: {error}", file=sys.stderr)
             return 2

@@ -71,6 +71,10 @@ def _failing_quietly(body):
     try:
         return body()
     except Exception as error:
+        from .interrupts import Interrupted, stopping
+
+        if (signum := stopping()) is not None:  # e.g. Prefect failing to mark a task run crashed that it had not yet made
+            raise Interrupted(signum) from error
         if is_user_error(error):
             return Failed(message=str(error), data=error)
         raise

@@ -153,3 +153,38 @@ def test_a_second_run_is_refused_at_once_or_waits_for_the_first(tmp_path):
     assert waiting.process.returncode == 0, second[-3000:]
     assert "every stage is up to date" in second  # it ran once the first was done, reusing what it made
     assert "Traceback" not in second and "ConnectError" not in second
+
+
+def test_a_signal_while_prefect_is_still_making_a_task_run_stops_as_any_other(tmp_path, prefect_api_url):
+    """Prefect 3 answers a KeyboardInterrupt that lands before its task run exists with
+    `ValueError: Task run is not set` (its crash handler has nothing to mark): the stop
+    is still one line and 143, and the stage's flow run ends crashed. The signal is sent
+    from inside Prefect's task-run set-up, so it lands there every time."""
+    script = (
+        "import os, signal, sys\n"
+        "import prefect.task_engine as engine\n"
+        "collect = engine.collect_task_run_inputs_sync\n"
+        "def collect_then_stop(value, *args, **kwargs):\n"
+        "    engine.collect_task_run_inputs_sync = collect\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    return collect(value, *args, **kwargs)\n"
+        "engine.collect_task_run_inputs_sync = collect_then_stop\n"
+        "from mule.flows import cli\n"
+        f"sys.argv = ['mule', 'demo', '--workdir', {str(tmp_path / 'work')!r}, *{SIZES!r}]\n"
+        "cli.entry()\n"
+    )
+    env = {**os.environ, "PREFECT_API_URL": prefect_api_url, "MULE_PREFECT_HEARTBEATS": "off"}
+    process = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, env=env,
+                             timeout=120)  # fmt: skip
+    output = process.stdout + process.stderr
+    assert process.returncode == 143, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    said = [line for line in process.stderr.splitlines() if line.startswith("mule:")]
+    assert said and said[-1].startswith("mule: stopped by SIGTERM") and "in stage ingest" in said[-1], output[-3000:]
+    from prefect.client.orchestration import get_client
+
+    killed = {r.info.run_name: r for r in runs(tmp_path / "work") if r.info.status == "KILLED"}
+    assert {"ingest", "rebuild"} <= set(killed), sorted(killed)
+    with get_client(sync_client=True) as client:
+        flow_run = client.read_flow_run(killed["ingest"].data.tags["prefect.flow_run_id"])
+        assert flow_run.state.type.value in ("CRASHED", "CANCELLED"), flow_run.state
