@@ -204,6 +204,10 @@ class PretrainConfig:
     # R@1 on the real text, nothing on the 3k demo's test mR (three seeds each); joint
     # training keeps 0.2 (0.3 did not help it at 29k)
     margin: float = 0.4
+    # LP's own learning-rate decay (x lr_decay every epoch, smoothly) and weight average
+    # (train.ema's rule); 1.0 and 0: a constant rate, the last weights
+    lr_decay: float = 1.0
+    ema: float = 0.0
 
 
 @dataclass
@@ -472,8 +476,12 @@ def validate(cfg: MuleConfig) -> None:
         raise ConfigError(f"train.divergence must be rollback, stop, warn or off, got {tr.divergence!r}")
     if not 0 < tr.divergence_drop < 1:
         raise ConfigError(f"train.divergence_drop must be between 0 and 1, got {tr.divergence_drop}")
-    if not 0 <= tr.ema < 1:
-        raise ConfigError(f"train.ema must be in [0, 1), got {tr.ema}")
+    for key, value in (("train.ema", tr.ema), ("pretrain.ema", cfg.pretrain.ema)):
+        if not 0 <= value < 1:
+            raise ConfigError(f"{key} must be in [0, 1), got {value}")
+    for key, value in (("train.lr_decay", tr.lr_decay), ("pretrain.lr_decay", cfg.pretrain.lr_decay)):
+        if not 0 < value <= 1:
+            raise ConfigError(f"{key} must be in (0, 1], got {value}")
     if not 0 < tr.divergence_lr_factor <= 1:
         raise ConfigError(f"train.divergence_lr_factor must be in (0, 1], got {tr.divergence_lr_factor}")
     for key, value in (("train.warmup_steps", tr.warmup_steps), ("train.decay_steps", tr.decay_steps),

@@ -154,11 +154,11 @@ class Trainer:
         lp = mode == "lp"
         section = pretrain if lp else train
         self.epochs, self.lr, self.batch_images = section.epochs, section.lr, section.batch_images
-        self.lr_decay = 1.0 if lp else train.lr_decay
+        self.lr_decay = pretrain.lr_decay if lp else train.lr_decay
         self.warmup_steps = 0 if lp else train.warmup_steps
         self.mining_warmup_steps = pretrain.mining_warmup_steps if lp else loss.mining_warmup_steps
         self.margin = pretrain.margin if lp else loss.margin
-        self.ema_decay = 0.0 if lp else train.ema
+        self.ema_decay = pretrain.ema if lp else train.ema
         self.sentences_per_image = sentences_per_image(train, data, pretrain if lp else None)
         self.features = data.features.to(device) if data.features is not None and not lp else None
         torch.manual_seed(train.seed)
@@ -187,7 +187,7 @@ class Trainer:
         if train.compile:
             self._image_sentence_loss = torch.compile(image_sentence_loss, dynamic=True)
             self._neighborhood_loss = torch.compile(neighborhood_loss, dynamic=True)
-        self.decay_steps = train.decay_steps or len(self.sampler)
+        self.decay_steps = (0 if lp else train.decay_steps) or len(self.sampler)
         self.lr_scale = 1.0  # lowered by the divergence guard's rollbacks
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.epoch = 0

@@ -398,3 +398,24 @@ def test_lp_and_joint_training_take_sentences_per_image_from_their_own_sections(
         "en": 1, "fr": 1}  # fmt: skip
     assert Trainer(toy_model(), toy_split(), LOSS, train, cpu, pretrain=pretrain).sentences_per_image == {
         "en": 2, "fr": 1}  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", ["joint", "lp"])
+def test_each_mode_decays_its_learning_rate_and_averages_its_weights_by_its_own_section(mode):
+    """LP takes pretrain.lr_decay (per epoch: its own steps) and pretrain.ema, joint
+    training train.lr_decay and train.ema; 1.0 and 0 are a constant rate and the last
+    weights. Toy split: 3 batches an epoch, so after 2 epochs lr = lr0 x decay^2."""
+    train = replace(optim(2), lr_decay=0.5, ema=0.0, decay_steps=0)
+    pretrain = replace(lp(2), lr_decay=0.25, ema=0.9)
+    trainer = Trainer(toy_model(), toy_split(), LOSS, train, torch.device("cpu"), mode=mode, pretrain=pretrain)
+    lr0 = trainer.optimizer.param_groups[0]["lr"]
+    trainer.fit()
+    assert trainer.step == 6
+    decay = 0.25 if mode == "lp" else 0.5
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(lr0 * decay**2)
+    if mode == "lp":  # the kept model is the average, not the last weights
+        assert trainer.ema is not None and trainer.kept_model is trainer.ema
+        kept, last = trainer.kept_model.state_dict(), trainer.model.state_dict()
+        assert any(not torch.equal(kept[name], last[name]) for name in last)
+    else:
+        assert trainer.ema is None and trainer.kept_model is trainer.model
