@@ -4,6 +4,8 @@ figures that workdir's evaluate stage wrote.
 
     python bench/peer_e5.py --workdir W [--dataset multi30k] [--split test] [--out peer.json]
 
+(--dataset may be left out when the catalog holds one dataset.)
+
 Both protocols, every ordered language pair, R@1/5/10:
   image level  every caption whose image has captions in the target language is a query;
                a hit when any target caption of its image is in the top K (what LP's
@@ -44,6 +46,8 @@ def peer_tables(catalog: Catalog, dataset: str, split: str, languages: list[str]
     rows = queries.caption_selection(catalog, dataset, split, languages, "human")
     ids, langs = rows["caption_id"].to_pylist(), rows["lang"].to_pylist()
     images, keys = rows["image_id"].to_pylist(), rows["translation_key"].to_pylist()
+    if not ids:
+        raise SystemExit(f"{dataset}: no human captions in split {split!r} for {', '.join(languages)}")
     texts = queries.caption_texts(catalog, dataset, ids)
     ordered = [texts[i] for i in ids]
     stamp = f"{e5.encoder_version()} {hashlib.sha256(chr(0).join(ordered).encode()).hexdigest()[:16]}"
@@ -71,7 +75,7 @@ def peer_tables(catalog: Catalog, dataset: str, split: str, languages: list[str]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", required=True)
-    parser.add_argument("--dataset", default="multi30k")
+    parser.add_argument("--dataset", help="default: the catalog's one dataset")
     parser.add_argument("--split", default="test", help="a split name or role, as eval.split (default: test)")
     parser.add_argument("--languages", default="")
     parser.add_argument("--out", help="write both tables (peer and MULE) as JSON here")
@@ -79,6 +83,12 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")  # progress lines
     wd = Workdir.at(args.workdir)
     catalog = Catalog(wd)
+    held = catalog.datasets()
+    if args.dataset is None and len(held) == 1:
+        args.dataset = held[0]
+    if args.dataset not in held:  # else the tables would be empty, with nothing said
+        raise SystemExit(f"{wd.root}: the catalog holds {', '.join(held) or 'no dataset'}; "
+                         f"name one with --dataset{f' (not {args.dataset!r})' if args.dataset else ''}")
     languages = args.languages.split(",") if args.languages else catalog.languages(args.dataset)
     peer = peer_tables(catalog, args.dataset, args.split, languages,
                        wd.results_dir(args.dataset) / f"peer-e5-{args.split}.npy")  # fmt: skip
