@@ -88,7 +88,7 @@ def main() -> None:
         args.dataset = held[0]
     if args.dataset not in held:  # else the tables would be empty, with nothing said
         raise SystemExit(f"{wd.root}: the catalog holds {', '.join(held) or 'no dataset'}; "
-                         f"name one with --dataset{f' (not {args.dataset!r})' if args.dataset else ''}")
+                         f"name one with --dataset{f' (not {args.dataset!r})' if args.dataset else ''}")  # fmt: skip
     languages = args.languages.split(",") if args.languages else catalog.languages(args.dataset)
     peer = peer_tables(catalog, args.dataset, args.split, languages,
                        wd.results_dir(args.dataset) / f"peer-e5-{args.split}.npy")  # fmt: skip
