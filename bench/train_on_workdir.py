@@ -57,7 +57,7 @@ def export(workdir: str, dataset: str, preset: str, overrides: dict, out: str, b
     wd = Workdir.at(workdir)
     catalog = Catalog(wd)
     extractor = None if text_only else catalog.require_current_extractor(dataset, cfg.features)
-    vocabulary = load_vocabulary(catalog, dataset, cfg.data.languages)
+    vocabulary = load_vocabulary(catalog, dataset, cfg.data.languages, cfg.model)
     # The catalog keeps one current set of word vectors per dataset: the text stage's last run.
     dims = {lang: v.shape[1] for lang, v in vocabulary.vectors.items()}
     if any(d != cfg.text.word_dim for d in dims.values()):
@@ -69,11 +69,12 @@ def export(workdir: str, dataset: str, preset: str, overrides: dict, out: str, b
                            cfg.data.captions if name == "train" else "human")  # fmt: skip
         # Compact: tokens without padding (uint16 while vocabularies fit), small integer types.
         mask = torch.arange(split.tokens.shape[1])[None, :] < split.lengths[:, None]
-        wide = max(vocabulary.sizes.values()) > 65535
+        wide = int(split.tokens.max()) > 65535  # ids past a vocabulary: its words outside it
         entry = {"tokens": split.tokens[mask].numpy().astype(np.int32 if wide else np.uint16),
                  "width": split.tokens.shape[1], "lengths": split.lengths.numpy().astype(np.uint8),
                  "caption_lang": split.caption_lang.astype(np.int8), "caption_image": split.caption_image.astype(np.int32),
-                 "image_ids": split.image_ids, "caption_group": split.caption_group.astype(np.int32)}  # fmt: skip
+                 "image_ids": split.image_ids, "caption_group": split.caption_group.astype(np.int32),
+                 "unseen": split.unseen}  # fmt: skip
         entry["features"] = None if text_only else _pack(split.features, bits)
         splits[name] = entry
     lp_file = catalog.lp_model_path(cfg)
@@ -81,6 +82,8 @@ def export(workdir: str, dataset: str, preset: str, overrides: dict, out: str, b
     torch.save({"languages": vocabulary.languages, "vocab_sizes": vocabulary.sizes,
                 "words": vocabulary.words,
                 "vectors": {k: v.half() for k, v in vocabulary.vectors.items()}, "splits": splits,
+                "ngram_vectors": {k: (names, v.half()) for k, (names, v) in (vocabulary.ngram_vectors or {}).items()},
+                "ngram_lengths": vocabulary.ngram_lengths,
                 "lp_state": lp_state, "extractor": extractor, "dataset": dataset}, out)  # fmt: skip
     sizes = ", ".join(f"{name} {len(entry['image_ids'])} images" for name, entry in splits.items())
     print(f"wrote {out}: {Path(out).stat().st_size / 2**20:.1f} MiB ({sizes})")
@@ -120,7 +123,7 @@ def load_inputs(path: str):
         splits[name] = SplitTensors(data["languages"], tokens, lengths, entry["caption_lang"].astype(np.int64),
                                     entry["caption_image"].astype(np.int64), entry["image_ids"],
                                     _unpack(entry["features"]), None,
-                                    _int64(entry.get("caption_group")))  # fmt: skip
+                                    _int64(entry.get("caption_group")), entry.get("unseen"))  # fmt: skip
     return data, splits
 
 
@@ -131,9 +134,15 @@ def build(cfg, data, image_dim: int | None) -> MuleModel:
     if cfg.model.subwords and "words" not in data:
         sys.exit("these inputs hold no vocabularies (exported before model.subwords): export them again, "
                  "or --set model.subwords=false")  # fmt: skip
+    lengths = tuple(cfg.model.ngram_lengths) if cfg.model.subwords else ()
+    if lengths and "ngram_lengths" in data and tuple(data["ngram_lengths"]) != lengths:
+        sys.exit(f"these inputs were exported for n-grams of lengths {data.get('ngram_lengths')}, the config asks for "
+                 f"{lengths}: export them again with the same --set")  # fmt: skip
     model = MuleModel(data["languages"], data["vocab_sizes"], dim, image_dim, cfg.model, data.get("words"))
+    ngrams = data.get("ngram_vectors") or {}
     for lang, v in vectors.items():
-        model.branches[lang].init_vectors(v)
+        grams = (ngrams[lang][0], ngrams[lang][1].float()) if lang in ngrams else None
+        model.branches[lang].init_vectors(v, grams)
     return model
 
 
@@ -148,20 +157,43 @@ def printer(tag: str, started: float):
     return on_epoch
 
 
-def run_lp(cfg, data, train, val, device, tag: str) -> dict:
+def _mule_vectors(model, split, device) -> torch.Tensor:
+    encoded = encode_split(model, split, device, joint=False)
+    return torch.nn.functional.normalize(encoded["caption_mule"], dim=-1)
+
+
+def lp_score(model, split, device) -> tuple[float, dict]:
+    """LP's validation score (the pretrain stage's): mean cross-lingual R@1 over every pair, MULE layer."""
+    emb = _mule_vectors(model, split, device)
+    table = cross_lingual_recalls(emb, torch.from_numpy(split.caption_image).to(device),
+                                  torch.from_numpy(split.caption_lang).to(device), split.languages)  # fmt: skip
+    return float(np.mean([row["r1"] for row in table.values()])), table
+
+
+def run_lp(cfg, data, train, val, device, tag: str, last_weights: bool = False) -> dict:
+    """LP from the word vectors; the kept weights' state. With `last_weights` (and
+    pretrain.ema on), also the state that pretrain.ema=0 would have kept: the same run
+    (the average never feeds back into training), the raw weights validated every epoch."""
     model = build(cfg, data, None)
+    shadow = {"score": -np.inf, "state": None, "epoch": 0}
+    trainer = None
 
     def validate(m):
-        encoded = encode_split(m, val, device, joint=False)
-        emb = torch.nn.functional.normalize(encoded["caption_mule"], dim=-1)
-        table = cross_lingual_recalls(emb, torch.from_numpy(val.caption_image).to(device),
-                                      torch.from_numpy(val.caption_lang).to(device), val.languages)  # fmt: skip
-        return float(np.mean([row["r1"] for row in table.values()])), table
+        if last_weights and trainer is not None and trainer.ema is not None:
+            score, _ = lp_score(trainer.model, val, device)
+            if score > shadow["score"]:
+                shadow.update(score=score, state={k: v.detach().cpu().clone() for k, v in trainer.model.state_dict().items()},
+                              epoch=trainer.epoch + 1)  # fmt: skip
+        return lp_score(m, val, device)
 
     trainer = Trainer(model, train, cfg.loss, cfg.train, device, mode="lp", validate=validate, pretrain=cfg.pretrain)
     trainer.fit(printer(f"{tag} lp", time.perf_counter()))
     print(f"{tag} LP best epoch {trainer.best_epoch}: val cross-lingual R@1 {trainer.best_score:.2f}", flush=True)
-    return model.cpu().state_dict()
+    state = model.cpu().state_dict()
+    if last_weights and shadow["state"] is not None:
+        print(f"{tag} LP last weights: best epoch {shadow['epoch']}, val R@1 {shadow['score']:.2f}", flush=True)
+        state["_last_weights"] = shadow["state"]
+    return state
 
 
 def train_variant(tag: str, cfg, data, splits, device, run_lp_first: bool, test: bool) -> dict:
@@ -197,32 +229,45 @@ def train_variant(tag: str, cfg, data, splits, device, run_lp_first: bool, test:
     return result
 
 
-def lp_variant(tag: str, cfg, data, splits, device) -> dict:
-    """LP alone, then cross-lingual R@1 at the MULE layer on the test split (text-only data)."""
+def lp_recalls(model, split, device, name: str) -> dict:
+    """Cross-lingual R@1 per pair at the MULE layer on a split: image protocol, translation
+    protocol (where the split has parallel lines) and the perfect-translation ceiling."""
+    emb = _mule_vectors(model, split, device)
+    table = cross_lingual_recalls(emb, torch.from_numpy(split.caption_image).to(device),
+                                  torch.from_numpy(split.caption_lang).to(device), split.languages)  # fmt: skip
+    out = {f"{name}_r1": {pair: round(row["r1"], 1) for pair, row in table.items()}}
+    if split.caption_group is not None and (split.caption_group >= 0).any():
+        pairs = translation_pair_recalls(emb, torch.from_numpy(split.caption_group).to(device),
+                                         torch.from_numpy(split.caption_lang).to(device), split.languages)  # fmt: skip
+        out[f"{name}_translation_r1"] = {pair: round(row["r1"], 1) for pair, row in pairs.items()}
+        if "en" in split.languages:  # en->x can rise only as far as en->en with perfect translations
+            ceiling = perfect_translation_ceiling(emb, torch.from_numpy(split.caption_image).to(device),
+                                                  torch.from_numpy(split.caption_group).to(device),
+                                                  torch.from_numpy(split.caption_lang).to(device),
+                                                  list(split.languages).index("en"))  # fmt: skip
+            out[f"{name}_ceiling_r1"] = round(ceiling["r1"], 1)
+    return out
+
+
+def lp_variant(tag: str, cfg, data, splits, device, last_weights: bool = False) -> list[dict]:
+    """LP alone (text-only data), then cross-lingual R@1 at the MULE layer on the validation
+    split (what settings are chosen on) and the test split. With `last_weights`, a second
+    result: the same run's raw weights (what pretrain.ema=0 keeps)."""
     torch.manual_seed(cfg.train.seed)
     started = time.perf_counter()
-    model = build(cfg, data, None)
-    model.load_state_dict(run_lp(cfg, data, splits["train"], splits["val"], device, tag), strict=False)
-    test = splits["test"]
-    encoded = encode_split(model, test, device, joint=False)
-    emb = torch.nn.functional.normalize(encoded["caption_mule"], dim=-1)
-    table = cross_lingual_recalls(emb, torch.from_numpy(test.caption_image).to(device),
-                                  torch.from_numpy(test.caption_lang).to(device), test.languages)  # fmt: skip
-    result = {"variant": tag, "test_r1": {pair: round(row["r1"], 1) for pair, row in table.items()},
-              "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
-    if test.caption_group is not None and (test.caption_group >= 0).any():
-        pairs = translation_pair_recalls(emb, torch.from_numpy(test.caption_group).to(device),
-                                         torch.from_numpy(test.caption_lang).to(device), test.languages)  # fmt: skip
-        result["test_translation_r1"] = {pair: round(row["r1"], 1) for pair, row in pairs.items()}
-        if "en" in test.languages:  # en->x can rise only as far as en->en with perfect translations
-            ceiling = perfect_translation_ceiling(emb, torch.from_numpy(test.caption_image).to(device),
-                                                  torch.from_numpy(test.caption_group).to(device),
-                                                  torch.from_numpy(test.caption_lang).to(device),
-                                                  list(test.languages).index("en"))  # fmt: skip
-            result["test_ceiling_r1"] = round(ceiling["r1"], 1)
-    result["val"], result["best_epoch"] = None, None
-    print("RESULT " + json.dumps(result), flush=True)
-    return result
+    state = run_lp(cfg, data, splits["train"], splits["val"], device, tag, last_weights)
+    seconds = round(time.perf_counter() - started, 1)
+    results = []
+    for name, weights in (("", state), (" (last weights)", state.pop("_last_weights", None))):
+        if weights is None:
+            continue
+        model = build(cfg, data, None)
+        model.load_state_dict(weights, strict=False)
+        result = {"variant": tag + name, **lp_recalls(model, splits["val"], device, "val"),
+                  **lp_recalls(model, splits["test"], device, "test"), "seconds": seconds}  # fmt: skip
+        print("RESULT " + json.dumps(result), flush=True)
+        results.append(result)
+    return results
 
 
 def from_workdir(workdir: str, cfg):
@@ -236,13 +281,14 @@ def from_workdir(workdir: str, cfg):
     wd = Workdir.at(workdir)
     catalog = Catalog(wd)
     extractor = catalog.require_current_extractor(cfg.data.dataset, cfg.features)
-    vocabulary = load_vocabulary(catalog, cfg.data.dataset, cfg.data.languages)
+    vocabulary = load_vocabulary(catalog, cfg.data.dataset, cfg.data.languages, cfg.model)
     load = functools.partial(load_split, catalog, cfg.data.dataset, vocabulary=vocabulary,
                              max_tokens=cfg.text.max_tokens, extractor=extractor)  # fmt: skip
     splits = {"train": load("train", captions=cfg.data.captions), "val": load("val"), "test": load(cfg.eval.split)}
     lp_file = catalog.lp_model_path(cfg)
     data = {"languages": vocabulary.languages, "vocab_sizes": vocabulary.sizes, "vectors": vocabulary.vectors,
-            "words": vocabulary.words,
+            "words": vocabulary.words, "ngram_vectors": vocabulary.ngram_vectors or {},
+            "ngram_lengths": vocabulary.ngram_lengths,
             "lp_state": load_model(lp_file)[0].state_dict() if lp_file.exists() else None}  # fmt: skip
     return data, splits
 
@@ -286,10 +332,10 @@ def main() -> None:
         cfg = resolve(args.preset, {**base, **overrides})
         print(f"== {name}: {overrides}", flush=True)
         if args.text_only:
-            results.append(lp_variant(name, cfg, data, splits, device))
+            results += lp_variant(name, cfg, data, splits, device)
         else:
             results.append(train_variant(name, cfg, data, splits, device, args.lp, args.test))
-    if len(results) > 1:
+    if len(results) > 1 and not args.text_only:
         print("\n| variant | val mR | best epoch | test mR | seconds |\n|---|---|---|---|---|")
         for r in results:
             print(f"| {r['variant']} | {r['val']} | {r['best_epoch']} | {r.get('test', '')} | {r['seconds']} |")

@@ -26,7 +26,7 @@ from .schemas import TABLES, features_schema
 from .workdir import Workdir
 
 log = logging.getLogger("mule.catalog")
-VIEWS = ("images", "captions", "rejects", "word_vectors", "translations", "features")
+VIEWS = ("images", "captions", "rejects", "word_vectors", "subword_vectors", "translations", "features")
 # Which stage writes each table, so a missing table's error says what to run: filled from
 # the stage declarations (pipeline.reuse registers them; the catalog cannot import upwards).
 PRODUCED_BY: dict[str, str] = {}

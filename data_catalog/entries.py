@@ -2,7 +2,8 @@
 them), where each one lives under a config, and what kind of content it is, which says
 how its digest is taken for the reuse keys (pipeline.reuse).
 
-Kinds: "table" (a Parquet file), "file", "files", "tree" (every file under a folder),
+Kinds: "table" (a Parquet file), "tables" (several, by table name and content, not by
+path: a moved workdir keeps its keys), "file", "files", "tree" (every file under a folder),
 "images" (the images table's identity, split and bytes, not its paths: a moved workdir
 keeps its keys), "model" (a saved model's weights and vocabularies, not its file),
 "parts" (a folder of Parquet parts, by content only: parts written again with the same
@@ -111,7 +112,9 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
     Entry("features", "parts", _features),
     Entry("image rejects", "table", _table("rejects", ".images")),
     Entry("vector files", "files", lambda wd, catalog, cfg: [Path(p) for p in cfg.text.vectors.values()]),
-    Entry("word vectors", "table", _table("word_vectors")),
+    # each vocabulary word's vector, and each shared character n-gram's (model.subwords)
+    Entry("word vectors", "tables", lambda wd, catalog, cfg: [wd.table_path(name, cfg.data.dataset)
+                                                            for name in ("word_vectors", "subword_vectors")]),
     Entry("LP model", "model", lambda wd, catalog, cfg: [catalog.lp_model_path(cfg)]),
     Entry("model", "model", lambda wd, catalog, cfg: [wd.model_path(cfg.data.dataset, cfg.train.model_name)]),
     Entry("base model", "model", _base_model),
@@ -125,6 +128,7 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
 
 # Which catalog table each entry is, for the errors that name a missing table's stage.
 TABLE_ENTRIES = {"images": "images", "captions": "captions", "rejects": "rejects", "word_vectors": "word vectors",
+                 "subword_vectors": "word vectors",
                  "translations": "translations", "features": "features"}  # fmt: skip
 
 

@@ -55,7 +55,9 @@ def load_model(path: Path) -> tuple[MuleModel, dict]:
     if data.get("format") != MODEL_FORMAT:
         raise InputError(f"{path} is not a mule model file (format {data.get('format')!r})")
     cfg = from_dict(data["config"])
-    vocabulary = Vocabulary(list(data["languages"]), {lang: Vocab(tokens) for lang, tokens in data["vocab"].items()})
+    lengths = tuple(cfg.model.ngram_lengths) if cfg.model.subwords else ()
+    vocabulary = Vocabulary(list(data["languages"]), {lang: Vocab(tokens) for lang, tokens in data["vocab"].items()},
+                            ngram_lengths=lengths)  # fmt: skip
     model = MuleModel(data["languages"], vocabulary.sizes, data["word_dim"], data["image_dim"], cfg.model,
                       vocabulary.words)  # fmt: skip
     model.load_state_dict(data["state_dict"])

@@ -47,6 +47,30 @@ def caption_selection(catalog: Catalog, dataset: str, selector: str, languages, 
     )
 
 
+def split_names(catalog: Catalog, dataset: str) -> list[tuple[str, str]]:
+    """(split, role) of every split of the dataset's images, in name order."""
+    rows = catalog.query("SELECT DISTINCT split, role FROM images WHERE dataset = ? ORDER BY split", [dataset])
+    return list(zip(rows["split"].to_pylist(), rows["role"].to_pylist()))
+
+
+def evaluation_splits(catalog: Catalog, dataset: str, selector: str) -> list[tuple[str, str]]:
+    """eval.split as (what to read: a split or role, the name its metrics carry), in order.
+    Items are separated by commas; "tests" is every test split the dataset has (the test
+    role's, then the other splits named test*: Multi30K's 2017 and 2018 ones). A role that
+    is one split is named by that split (test -> test_2016); one that spans several keeps
+    its own name (their union is evaluated)."""
+    splits = split_names(catalog, dataset)
+    out: list[tuple[str, str]] = []
+    for item in (part.strip() for part in selector.split(",") if part.strip()):
+        if item == "tests":
+            named = [s for s, r in splits if r == "test"] + [s for s, r in splits if r != "test" and s.startswith("test")]
+            out += [(s, s) for s in named]
+            continue
+        by_role = [s for s, r in splits if r == item and s != item]
+        out.append((item, by_role[0] if len(by_role) == 1 and item not in {s for s, _ in splits} else item))
+    return list(dict.fromkeys(out))
+
+
 def captions_for_word_vectors(catalog: Catalog, dataset: str, lang: str, captions: str) -> pa.Table:
     """Every human caption of a language (all splits: every word gets a vector) and the MT
     captions the selection uses; columns tokens, role, selected (used by the selection)."""
@@ -127,6 +151,11 @@ def image_with_bytes(catalog: Catalog, dataset: str, sha256: str) -> str | None:
 # -- word vectors and features ------------------------------------------------------------
 def word_vectors(catalog: Catalog, dataset: str) -> pa.Table:
     return catalog.query('SELECT lang, token, vector FROM word_vectors WHERE dataset = ? ORDER BY lang, "index"',
+                         [dataset])  # fmt: skip
+
+
+def subword_vectors(catalog: Catalog, dataset: str) -> pa.Table:
+    return catalog.query("SELECT lang, ngram, vector FROM subword_vectors WHERE dataset = ? ORDER BY lang, ngram",
                          [dataset])  # fmt: skip
 
 

@@ -77,6 +77,19 @@ WORD_VECTORS = pa.schema(
     ]
 )
 
+# The character n-grams that two or more vocabulary words share (model.subwords) and their
+# vectors in the word-vector model the words' came from (fastText's input rows): what a
+# word outside the vocabulary is composed from.
+SUBWORD_VECTORS = pa.schema(
+    [
+        ("dataset", pa.string()),
+        ("lang", pa.string()),
+        ("ngram", pa.string()),
+        ("vector", pa.list_(pa.float32())),
+        ("source", pa.string()),  # fasttext:trained | file:<path>
+    ]
+)
+
 
 def features_schema(dim: int) -> pa.Schema:
     return pa.schema(
@@ -91,4 +104,4 @@ def features_schema(dim: int) -> pa.Schema:
 
 
 TABLES = {"images": IMAGES, "captions": CAPTIONS, "rejects": REJECTS, "word_vectors": WORD_VECTORS,
-          "translations": TRANSLATIONS}  # fmt: skip
+          "subword_vectors": SUBWORD_VECTORS, "translations": TRANSLATIONS}  # fmt: skip

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
+from mule.mule_core.config import ModelConfig
 from mule.mule_core.errors import InputError
 from mule.mule_core.text import Vocab, Vocabulary, pad_batch
 from mule.mule_core.training import SplitTensors
@@ -17,14 +19,14 @@ from . import queries
 from .catalog import Catalog
 
 
-def load_vocabulary(catalog: Catalog, dataset: str, languages: list[str] | tuple[str, ...]) -> Vocabulary:
+def load_vocabulary(catalog: Catalog, dataset: str, languages: list[str] | tuple[str, ...],
+                    model: ModelConfig | None = None) -> Vocabulary:  # fmt: skip
+    """The text stage's vocabularies and word vectors for these languages; for a `model`
+    with subword vectors, the n-grams it composes words from and their initial vectors."""
     table = queries.word_vectors(catalog, dataset)
     langs = table["lang"].to_numpy(zero_copy_only=False)
     tokens = table["token"].to_pylist()
-    vectors = table["vector"].combine_chunks()
-    flat = vectors.flatten().to_numpy(zero_copy_only=False)
-    dim = len(vectors[0]) if len(vectors) else 0
-    flat = flat.reshape(-1, dim)
+    flat = _matrix(table["vector"])
     out_vocabs, out_vectors, used = {}, {}, []
     for lang in languages:
         rows = np.nonzero(langs == lang)[0]
@@ -35,7 +37,24 @@ def load_vocabulary(catalog: Catalog, dataset: str, languages: list[str] | tuple
         used.append(lang)
     if not used:
         raise InputError(f"no word vectors for {list(languages)} in dataset {dataset!r}: run the text stage first")
-    return Vocabulary(used, out_vocabs, out_vectors)
+    lengths = tuple(model.ngram_lengths) if model is not None and model.subwords else ()
+    ngrams = None
+    if lengths:
+        grams = queries.subword_vectors(catalog, dataset)
+        gram_langs = grams["lang"].to_numpy(zero_copy_only=False)
+        names, matrix = grams["ngram"].to_pylist(), _matrix(grams["vector"])
+        ngrams = {}
+        for lang in used:
+            rows = np.nonzero(gram_langs == lang)[0]
+            ngrams[lang] = ([names[i] for i in rows], torch.from_numpy(matrix[rows].astype(np.float32)))
+    return Vocabulary(used, out_vocabs, out_vectors, ngrams, lengths)
+
+
+def _matrix(column) -> np.ndarray:
+    vectors = column.combine_chunks()
+    flat = vectors.flatten().to_numpy(zero_copy_only=False)
+    dim = len(vectors[0]) if len(vectors) else 0
+    return flat.reshape(-1, dim) if dim else flat.reshape(0, 0)
 
 
 def load_split(
@@ -46,6 +65,7 @@ def load_split(
     max_tokens: int,
     extractor: str | None = None,
     captions: str = "human",
+    rewrite: Callable[[list[str]], list[str]] | None = None,
 ) -> SplitTensors:
     """Captions of one split in the vocabulary's languages, as tensors.
 
@@ -58,6 +78,9 @@ def load_split(
     captions: "human" (the default, and always for evaluation), "human+mt" (plus the
     translate stage's captions), "mt" (English human captions, the other languages'
     replaced by machine translations).
+
+    rewrite: what each caption's tokens become before they are encoded (query translation:
+    word by word into English).
     """
     languages = vocabulary.languages
     rows = queries.caption_selection(catalog, dataset, selector, languages, captions)
@@ -80,14 +103,24 @@ def load_split(
     lang_index = {lang: i for i, lang in enumerate(languages)}
     lang_col, token_col, id_col = rows["lang"].to_pylist(), rows["tokens"].to_pylist(), rows["caption_id"].to_pylist()
     key_col = rows["translation_key"].to_pylist()
-    encoded, caption_image, caption_lang, caption_ids, keys = [], [], [], [], []
+    caption_image, caption_lang, caption_ids, keys, kept_tokens = [], [], [], [], []
     for img, lang, tokens, caption_id, key, k in zip(image_col, lang_col, token_col, id_col, key_col, keep):
         if k:
-            encoded.append(vocabulary.vocabs[lang].encode(tokens))
+            kept_tokens.append(rewrite(tokens) if rewrite else tokens)
             caption_image.append(image_row[img])
             caption_lang.append(lang_index[lang])
             caption_ids.append(caption_id)
             keys.append(key)
+    # Each language's captions through the vocabulary's one encoding (the served model's too)
+    encoded: list[list[int]] = [[] for _ in kept_tokens]
+    unseen = {}
+    for index, lang in enumerate(languages):
+        rows_of = [i for i, li in enumerate(caption_lang) if li == index]
+        result = vocabulary.encode(lang, [kept_tokens[i] for i in rows_of])
+        for i, ids in zip(rows_of, result.ids):
+            encoded[i] = ids
+        if result.unseen is not None:
+            unseen[lang] = result.unseen
     tokens, lengths = pad_batch(encoded, max_tokens)
     matrix = None
     if extractor is not None:
@@ -95,7 +128,7 @@ def load_split(
         matrix = torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32))
     return SplitTensors(
         languages, tokens, lengths, np.asarray(caption_lang, np.int64), np.asarray(caption_image, np.int64), image_ids,
-        matrix, caption_ids, translation_groups(keys),
+        matrix, caption_ids, translation_groups(keys), unseen or None,
     )  # fmt: skip
 
 

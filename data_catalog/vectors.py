@@ -79,3 +79,10 @@ class VectorFile:
         if self._model is not None:
             return self._model.get_word_vector(word)
         return self._table.get(word)
+
+    def ngram_vector(self, ngram: str) -> np.ndarray | None:
+        """A character n-gram's own row in a .bin's input matrix (what fastText averages
+        into a word's vector); None for a .vec, which has no n-grams."""
+        if self._model is None:
+            return None
+        return self._model.get_input_vector(self._model.get_subword_id(ngram))

@@ -27,6 +27,19 @@ from mule.mule_core.errors import is_user_error
 from mule.pipeline.declaration import ALL, REBUILD, in_pipeline_order
 
 DEMO_DATASETS = {"multi30k": "embedded", "coco": "embedded-coco"}  # mule demo --dataset -> generated dataset
+# What `mule serve` reads of the config: given to it, never taken from the trained model's
+# stored config (a model trained before a change would keep the old value for ever).
+SERVING_OPTIONS = ("index.breadth", "index.min_images")
+
+
+def serving_options(assignments: list[str]):
+    """The index section for `mule serve`: the defaults, and the --set serving options."""
+    overrides = parse_assignments(assignments)
+    other = [k for k in overrides if k not in SERVING_OPTIONS]
+    if other:
+        raise ConfigError(f"mule serve: {', '.join(other)} is not a serving option; serving options are "
+                          f"{', '.join(SERVING_OPTIONS)} (the model's own settings come with the model)")  # fmt: skip
+    return resolve("demo", overrides).index
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -110,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--index", choices=["auto", "on", "off"], default="auto",
                        help="search images through the index stage's approximate index: auto from "
                             "index.min_images images (default), on whenever it matches the model, off never")  # fmt: skip
+    serve.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
+                       help="a serving option: " + ", ".join(SERVING_OPTIONS) + " (e.g. --set index.breadth=256)")
 
     config = sub.add_parser("config", help="print the resolved config")
     _common(config)
@@ -394,13 +409,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     if args.max_megapixels <= 0 or args.max_in_flight < 1 or args.threads < 0:
         raise ConfigError("--max-megapixels and --max-in-flight must be positive, --threads at least 0")
+    options = serving_options(args.assignments)
     started = time.perf_counter()
     workdir = _adopted(args.workdir)
     searcher = search.open_searcher(workdir, args.dataset, args.run, args.version)
     index, how = None, "exact scan"
     if args.index != "off" and args.split == "all":
-        index, why = galleries.stored_index(searcher)
-        enough = index is not None and len(index[1]) >= searcher.meta["cfg"].index.min_images
+        index, why = galleries.stored_index(searcher, breadth=options.breadth)
+        enough = index is not None and len(index[1]) >= options.min_images
         if index is not None and (enough or args.index == "on"):
             how = why
         else:
@@ -450,9 +466,13 @@ def cmd_search(args: argparse.Namespace) -> int:
         found = search.search_text(searcher, args.text, args.lang, args.k, args.split)
         print(f"{found['model']}; query in {found['lang']} ({found['language']}); "
               f"{found['gallery']} images ({found['split']})")  # fmt: skip
-        if found["unknown_words"]:
-            print(f"words the {found['lang']} vocabulary does not know (read as <unk>): "
-                  f"{', '.join(found['unknown_words'])}")  # fmt: skip
+        composed = set(found["composed_words"])
+        unknown = [w for w in found["unknown_words"] if w not in composed]
+        if composed:
+            print(f"words outside the {found['lang']} vocabulary, built from their character n-grams: "
+                  f"{', '.join(found['composed_words'])}")  # fmt: skip
+        if unknown:
+            print(f"words the {found['lang']} vocabulary does not know (read as <unk>): {', '.join(unknown)}")
         for r in found["results"]:
             print(f"{r['rank']:>3}  {r['score']:.3f}  {r['image_id']:<24} {r['split']:<10} {r['path']}")
     else:

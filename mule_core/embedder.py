@@ -46,7 +46,8 @@ class TextVector:
     vector: np.ndarray  # (dim,), float32, unit length
     lang: str
     language: str  # how the language was chosen: "given" or "detected: ..."
-    unknown_words: list[str]
+    unknown_words: list[str]  # words outside the model's vocabulary
+    composed_words: list[str] = field(default_factory=list)  # of those, the ones built from their character n-grams
 
 
 @dataclass
@@ -93,7 +94,9 @@ class Embedder:
 
     def texts(self, texts: list[str], langs: list[str | None] | None = None, batch: int = 512) -> list[TextVector]:
         """Many sentences at once: each checked and its language chosen, then encoded in
-        batches of one language (the pyfunc model embeds a table of captions this way)."""
+        batches of one language (the pyfunc model embeds a table of captions this way).
+        Words become ids as everywhere else (Vocabulary.encode: the evaluate stage's too),
+        so a caption served here has the vector its evaluation measured."""
         langs = langs or [None] * len(texts)
         prepared = []
         for row, (text, lang) in enumerate(zip(texts, langs)):
@@ -102,35 +105,38 @@ class Embedder:
             except EmbedError as error:
                 error.row = row  # which sentence, for a caller that reports rows
                 raise
-        vectors: list[np.ndarray | None] = [None] * len(prepared)
+        vocabulary = self.meta["vocabulary"]
+        vectors: list[TextVector | None] = [None] * len(prepared)
         max_tokens = self.meta["cfg"].text.max_tokens
         for lang in dict.fromkeys(p[0] for p in prepared):
             rows = [i for i, p in enumerate(prepared) if p[0] == lang]
             for start in range(0, len(rows), batch):
                 chunk = rows[start : start + batch]
-                ids, lengths = pad_batch([prepared[i][2] for i in chunk], max_tokens)
+                encoded = vocabulary.encode(lang, [prepared[i][2] for i in chunk])
+                ids, lengths = pad_batch(encoded.ids, max_tokens)
+                unseen = {lang: encoded.unseen} if encoded.unseen is not None else None
                 with torch.no_grad():
-                    encoded = self.model.encode_text(TextBatch(ids, lengths, [(lang, 0, len(chunk))]))
-                for i, vector in zip(chunk, _unit(encoded.joint)):
-                    vectors[i] = vector
-        return [TextVector(v, p[0], p[1], p[3]) for v, p in zip(vectors, prepared)]
+                    joint = self.model.encode_text(TextBatch(ids, lengths, [(lang, 0, len(chunk))], unseen)).joint
+                for n, (i, vector) in enumerate(zip(chunk, _unit(joint))):
+                    outside_words = set(encoded.composed[n]) | set(encoded.unknown[n])
+                    outside = [t for t in prepared[i][2] if t in outside_words]
+                    vectors[i] = TextVector(vector, lang, prepared[i][1], outside, list(encoded.composed[n]))
+        return vectors
 
-    def _prepare(self, text: str, lang: str | None) -> tuple[str, str, list[int], list[str]]:
-        """(language, how it was chosen, token ids, unknown words), or EmbedError saying what is wrong."""
+    def _prepare(self, text: str, lang: str | None) -> tuple[str, str, list[str]]:
+        """(language, how it was chosen, tokens), or EmbedError saying what is wrong."""
         if not isinstance(text, str) or not text.strip():
             raise EmbedError("the sentence is empty", "empty")
         if len(text) > MAX_QUERY_CHARS:
             raise EmbedError(f"the sentence has {len(text):,} characters; at most {MAX_QUERY_CHARS:,}", "too large")
         lang, how = self.choose_language(text, lang)
-        vocab = self.meta["vocabulary"].vocabs[lang]
         tokens = tokenize(text, lang)
         if not tokens:
             raise EmbedError("the sentence has no words", "empty")
-        unknown = [t for t in tokens if vocab.index.get(t, 1) <= 1]
-        if len(unknown) == len(tokens):
+        if len(self.meta["vocabulary"].encode(lang, [tokens]).unknown[0]) == len(tokens):
             raise EmbedError(f"none of the words of {text!r} ({', '.join(tokens)}) is in the {lang} vocabulary of "
-                             f"{self.label}: nothing to search with", "unknown words")  # fmt: skip
-        return lang, how, vocab.encode(tokens), unknown
+                             f"{self.label}, nor shares a part with its words: nothing to search with", "unknown words")  # fmt: skip
+        return lang, how, tokens
 
     def image_features(self, source: Path | bytes, max_pixels: int = MAX_QUERY_PIXELS) -> torch.Tensor:
         """The CNN features of an image file or its bytes, from the model's extractor: (1, dim).

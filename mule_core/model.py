@@ -2,7 +2,8 @@
 
     words (per language) --embedding--> --FC (per language)--> MULE word features (M)
         (with model.subwords, a word's embedding is its own vector plus the mean of its
-        character n-grams' vectors: mule_core/subwords.py)
+        character n-grams' vectors, and a word outside the vocabulary the mean of its
+        n-grams' alone: mule_core/subwords.py)
         mean over words                  -> MULE sentence vector (LP, NC, language classifier)
         shared LSTM, last hidden, FC     -> sentence embedding in the multimodal space (D)
     image features --FC-BN-ReLU-FC-->    -> image embedding in the multimodal space (D)
@@ -120,9 +121,16 @@ class LanguageBranch(nn.Module):
         # Initial vectors, for the L2 pull toward them; rebuilt from the catalog, not saved.
         self.register_buffer("initial", torch.zeros(vocab_size, word_dim), persistent=False)
 
-    def init_vectors(self, vectors: torch.Tensor) -> None:
+    def init_vectors(self, vectors: torch.Tensor, ngrams: tuple[list[str], torch.Tensor] | None = None) -> None:
+        """Starts every word at `vectors` (one row per vocabulary word). With subword
+        vectors, the n-grams start at the word-vector model's (`ngrams`: names and vectors;
+        zero without) and each word's own vector at what makes its composition the given one."""
         with torch.no_grad():
-            self.embed.weight.copy_(vectors)
+            own = vectors.to(self.embed.weight.dtype)
+            if self.subwords is not None:
+                self.subwords.set_initial(*(ngrams or ([], vectors[:0])))
+                own = own - self.subwords.mean(self.subwords.index)
+            self.embed.weight.copy_(own)
             self.embed.weight[0].zero_()
             self.initial.copy_(self.embed.weight)
 
@@ -134,12 +142,14 @@ class LanguageBranch(nn.Module):
         """What the word learning rate (train.word_lr_scale) applies to."""
         return [self.embed.weight] + ([self.subwords.vectors.weight] if self.subwords is not None else [])
 
-    def word_vectors(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.embed(tokens) if self.subwords is None else self.subwords.compose(self.embed, tokens)
+    def word_vectors(self, tokens: torch.Tensor, unseen: torch.Tensor | None = None) -> torch.Tensor:
+        """Vectors of word ids (mule_core.text.Vocabulary.encode's): vocabulary rows, and from
+        the vocabulary's size on, words outside it composed from their n-grams (`unseen`)."""
+        return self.embed(tokens) if self.subwords is None else self.subwords.compose(self.embed, tokens, unseen)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, unseen: torch.Tensor | None = None) -> torch.Tensor:
         """Word features: MULE word features, or plain word vectors without a MULE layer."""
-        words = self.word_vectors(tokens)
+        words = self.word_vectors(tokens, unseen)
         return self.fc(words) if self.fc is not None else words
 
 
@@ -154,9 +164,16 @@ class TextBatch:
     tokens: torch.Tensor  # N x T
     lengths: torch.Tensor  # N, CPU
     groups: list[tuple[str, int, int]]
+    # lang -> n-gram ids of the words outside its vocabulary that `tokens` name (ids from
+    # the vocabulary's size on: mule_core.text.Vocabulary.encode); None: every word is in it
+    unseen: dict[str, torch.Tensor] | None = None
 
     def to(self, device: torch.device) -> TextBatch:
-        return TextBatch(self.tokens.to(device, non_blocking=True), self.lengths, self.groups)
+        unseen = {k: v.to(device, non_blocking=True) for k, v in self.unseen.items()} if self.unseen else self.unseen
+        return TextBatch(self.tokens.to(device, non_blocking=True), self.lengths, self.groups, unseen)
+
+    def unseen_of(self, lang: str) -> torch.Tensor | None:
+        return self.unseen.get(lang) if self.unseen else None
 
 
 @dataclass
@@ -238,7 +255,7 @@ class MuleModel(nn.Module):
             self.image_std.copy_(features.std(0).clamp(min=1e-6))
 
     def mule_words(self, batch: TextBatch) -> torch.Tensor:
-        parts = [self.branches[lang](batch.tokens[start:end]) for lang, start, end in batch.groups]
+        parts = [self.branches[lang](batch.tokens[start:end], batch.unseen_of(lang)) for lang, start, end in batch.groups]
         return torch.cat(parts, dim=0)
 
     def encode_text(self, batch: TextBatch, joint: bool = True) -> TextEncoding:
@@ -246,7 +263,8 @@ class MuleModel(nn.Module):
             parts = []
             for lang, start, end in batch.groups:
                 branch = self.branches[lang]
-                parts.append(branch.encoder(branch(batch.tokens[start:end]), batch.lengths[start:end]))
+                words = branch(batch.tokens[start:end], batch.unseen_of(lang))
+                parts.append(branch.encoder(words, batch.lengths[start:end]))
             return TextEncoding(None, torch.cat(parts) if joint else None)
         words = self.mule_words(batch)
         lengths = batch.lengths.to(words.device, non_blocking=True)
@@ -303,7 +321,8 @@ def count_parameters(model: MuleModel) -> dict[str, object]:
 
 
 def with_added_language(base: MuleModel, cfg: ModelConfig, lang: str, vocab_size: int,
-                        vectors: torch.Tensor | None = None, words: Sequence[str] | None = None) -> MuleModel:  # fmt: skip
+                        vectors: torch.Tensor | None = None, words: Sequence[str] | None = None,
+                        ngrams: tuple[list[str], torch.Tensor] | None = None) -> MuleModel:  # fmt: skip
     """`base` plus a language: a new model holding every weight of `base`, frozen, and a
     new branch (word embeddings + FC into MULE) for `lang`, the only trainable part. The
     language classifier gains a row for the new language (frozen too: LC stays off while
@@ -328,7 +347,7 @@ def with_added_language(base: MuleModel, cfg: ModelConfig, lang: str, vocab_size
         model.classifier.weight[: len(base.languages)] = base.classifier.weight
         model.classifier.bias[: len(base.languages)] = base.classifier.bias
     if vectors is not None:
-        model.branches[lang].init_vectors(vectors)
+        model.branches[lang].init_vectors(vectors, ngrams)
     for name, parameter in model.named_parameters():
         parameter.requires_grad = parameter.requires_grad and name.startswith(f"branches.{lang}.")
     return model
@@ -338,5 +357,5 @@ def build_model(cfg: ModelConfig, vocabulary: Vocabulary, image_dim: int | None)
     """A new model for the vocabulary's languages, its word embeddings set to their vectors."""
     model = MuleModel(vocabulary.languages, vocabulary.sizes, vocabulary.dim, image_dim, cfg, vocabulary.words)
     for lang, vectors in vocabulary.vectors.items():
-        model.branches[lang].init_vectors(vectors)
+        model.branches[lang].init_vectors(vectors, (vocabulary.ngram_vectors or {}).get(lang))
     return model

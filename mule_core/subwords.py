@@ -1,21 +1,28 @@
 """Word vectors that share what words share: a word's vector is its own vector plus the
-mean of its character n-grams' vectors (fastText's composition, Bojanowski et al. 2017),
-and all of them are fine-tuned.
+mean of its character n-grams' vectors, and all of them are fine-tuned. A word outside
+the vocabulary (a test caption's, a user's query's) is the mean of its n-grams' vectors
+alone: fastText's composition of an unseen word (Bojanowski et al. 2017), with what
+training taught the n-grams.
 
 A word fine-tuned on its own moves only when it occurs. Czech and French have one caption
 per Multi30K training image, and Czech spells each noun six or seven ways: 4.0% of its
-test tokens never occur in the training captions and 7.4% occur at most twice, so their
-vectors stay where fastText left them while the words around them move. Through shared
-n-grams, what training teaches "psem" reaches "psa" and "psovi" too.
+test tokens never occur in the training captions and 7.4% occur at most twice. Through
+shared n-grams, what training teaches "psem" reaches "psa" and "psovi" too, and a form
+training never saw is built from the same n-grams.
 
-Only n-grams that at least two words of the vocabulary share get a vector: an n-gram of
-one word alone holds nothing that the word's own vector cannot (and it halves the table).
-The n-gram vectors start at zero, so a model starts from exactly the word vectors it was
-given (fastText's, e5's or a file's).
+Only n-grams that at least two vocabulary words share get a vector: an n-gram of one word
+alone holds nothing that the word's own vector cannot (and it halves the table).
+
+The n-gram vectors start from the word-vector model's own (fastText's input rows for the
+n-gram), and each word's own vector starts at what makes the composition exactly the
+vector it was given; where the word vectors came without n-grams (multilingual-e5, a .vec
+file) the n-grams start at zero. Either way a model starts from exactly the word vectors
+it was given.
 """
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Sequence
 
@@ -24,6 +31,7 @@ from torch import nn
 
 # Vocabulary words that must contain an n-gram for it to get a vector of its own.
 MIN_WORDS = 2
+SPECIALS = 2  # <pad> and <unk> have no n-grams
 
 
 def char_ngrams(word: str, lengths: Sequence[int]) -> set[str]:
@@ -33,22 +41,62 @@ def char_ngrams(word: str, lengths: Sequence[int]) -> set[str]:
     return {wrapped[i : i + n] for n in lengths for i in range(len(wrapped) - n + 1)} - {wrapped}
 
 
-def ngram_index(words: Sequence[str], lengths: Sequence[int], specials: int = 2) -> tuple[torch.Tensor, int]:
-    """Row i: the ids (from 1; 0 pads) of word i's n-grams that MIN_WORDS or more words
-    share, in a words x widest-row int32 table, and how many n-grams there are. The first
-    `specials` words (<pad>, <unk>) have none. Ids follow the vocabulary's order: the same
-    words give the same table."""
-    grams = [set() if i < specials else char_ngrams(w, lengths) for i, w in enumerate(words)]
-    shared = Counter(g for word_grams in grams for g in word_grams)
-    ids: dict[str, int] = {}
-    rows = []
-    for word_grams in grams:
-        kept = sorted(g for g in word_grams if shared[g] >= MIN_WORDS)
-        rows.append([ids.setdefault(g, len(ids) + 1) for g in kept])
-    table = torch.zeros(len(words), max((len(r) for r in rows), default=0) or 1, dtype=torch.int32)
+class NgramTable:
+    """The character n-grams that MIN_WORDS or more words of a vocabulary share, with ids
+    from 1 (0 pads) in a fixed order: the same words give the same table.
+
+    `index`: row i holds word i's n-gram ids (a words x widest-row int32 table; the first
+    SPECIALS words have none). `rows(words)`: the same for any words, those outside the
+    vocabulary included (their n-grams that the vocabulary shares)."""
+
+    def __init__(self, words: Sequence[str], lengths: Sequence[int]):
+        self.lengths = tuple(lengths)
+        grams = [set() if i < SPECIALS else char_ngrams(w, self.lengths) for i, w in enumerate(words)]
+        shared = Counter(g for word_grams in grams for g in word_grams)
+        self.ids: dict[str, int] = {}
+        rows = []
+        for word_grams in grams:
+            kept = sorted(g for g in word_grams if shared[g] >= MIN_WORDS)
+            rows.append([self.ids.setdefault(g, len(self.ids) + 1) for g in kept])
+        self.index = _table(rows)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def ngrams(self) -> list[str]:
+        """The n-grams in id order (id 1 first)."""
+        return list(self.ids)
+
+    def word_ids(self, word: str) -> list[int]:
+        return sorted(self.ids[g] for g in char_ngrams(word, self.lengths) if g in self.ids)
+
+    def rows(self, words: Sequence[str]) -> torch.Tensor:
+        return _table([self.word_ids(w) for w in words])
+
+
+def _table(rows: list[list[int]]) -> torch.Tensor:
+    table = torch.zeros(len(rows), max((len(r) for r in rows), default=0) or 1, dtype=torch.int32)
     for i, row in enumerate(rows):
         table[i, : len(row)] = torch.tensor(row, dtype=torch.int32)
-    return table, len(ids)
+    return table
+
+
+@functools.lru_cache(maxsize=16)
+def _cached_table(words: tuple[str, ...], lengths: tuple[int, ...]) -> NgramTable:
+    return NgramTable(words, lengths)
+
+
+def ngram_table(words: Sequence[str], lengths: Sequence[int]) -> NgramTable:
+    """NgramTable(words, lengths), built once per vocabulary: the model's layers and the
+    sentence encoding that feeds them (mule_core.text.Vocabulary) read the same table."""
+    return _cached_table(tuple(words), tuple(lengths))
+
+
+def ngram_index(words: Sequence[str], lengths: Sequence[int]) -> tuple[torch.Tensor, int]:
+    """(NgramTable.index, how many n-grams)."""
+    table = ngram_table(words, lengths)
+    return table.index, len(table)
 
 
 class SubwordVectors(nn.Module):
@@ -56,20 +104,44 @@ class SubwordVectors(nn.Module):
 
     def __init__(self, words: Sequence[str], dim: int, lengths: Sequence[int]):
         super().__init__()
-        index, count = ngram_index(words, lengths)
+        self.table = ngram_table(words, lengths)
+        index = self.table.index
         # Rebuilt from the vocabulary (saved with every model), not saved: it is a function of it.
         self.register_buffer("index", index, persistent=False)
         self.register_buffer("count", (index > 0).sum(1).clamp(min=1).float(), persistent=False)
-        self.vectors = nn.EmbeddingBag(count + 1, dim, mode="sum", padding_idx=0)
+        self.vectors = nn.EmbeddingBag(len(self.table) + 1, dim, mode="sum", padding_idx=0)
         nn.init.zeros_(self.vectors.weight)
 
-    def compose(self, embed: nn.Embedding, tokens: torch.Tensor) -> torch.Tensor:
+    def mean(self, rows: torch.Tensor) -> torch.Tensor:
+        """The mean of the n-gram vectors of each row of n-gram ids (0 where a row has none)."""
+        count = (rows > 0).sum(1).clamp(min=1).to(self.vectors.weight.dtype)
+        return self.vectors(rows.long()) / count[:, None]
+
+    def compose(self, embed: nn.Embedding, tokens: torch.Tensor, unseen: torch.Tensor | None = None) -> torch.Tensor:
         """Word vectors of `tokens` (any shape): own vector + mean of the n-grams' vectors.
+        Ids from the vocabulary's size on are words outside it: row (id - size) of
+        `unseen` holds their n-gram ids, and they are the mean of those alone.
         Each distinct word is composed once per call (a batch repeats its words many times)."""
         unique, inverse = tokens.unique(return_inverse=True)
-        ngrams = self.vectors(self.index[unique].long()) / self.count[unique, None].to(embed.weight.dtype)
-        composed = embed(unique) + ngrams
+        size = embed.num_embeddings
+        if unseen is None or int(unique[-1]) < size:
+            ngrams = self.vectors(self.index[unique].long()) / self.count[unique, None].to(embed.weight.dtype)
+            composed = embed(unique) + ngrams
+        else:
+            known = unique < size
+            composed = torch.cat([embed(unique[known]) + self.mean(self.index[unique[known]]),
+                                  self.mean(unseen.to(unique.device)[unique[~known] - size])])  # fmt: skip
         # index_select, not composed[inverse]: advanced indexing's gradient (an accumulating
         # index_put) sums in a different order from run to run on several CPU threads, and a
         # resumed run must be the run never stopped, to the bit.
         return composed.index_select(0, inverse.reshape(-1)).reshape(*tokens.shape, -1)
+
+    def set_initial(self, ngrams: Sequence[str], vectors: torch.Tensor) -> None:
+        """N-gram vectors from the word-vector model (row i of `vectors` is ngrams[i]'s); the
+        table's other n-grams start at zero."""
+        rows = [(i, self.table.ids[g]) for i, g in enumerate(ngrams) if g in self.table.ids]
+        with torch.no_grad():
+            self.vectors.weight.zero_()
+            if rows:
+                given, mine = (torch.tensor(r, dtype=torch.long) for r in zip(*rows))
+                self.vectors.weight[mine] = vectors[given].to(self.vectors.weight.dtype)

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from .languages import tokenizer_name
+from .subwords import ngram_table
 
 PAD, UNK = "<pad>", "<unk>"
 TOKENIZER_VERSION = "moses-lower-nfkc-1"  # space-delimited languages (stored with each ingest)
@@ -101,13 +102,27 @@ class Vocab:
 
 
 @dataclass
+class EncodedSentences:
+    """Sentences of one language as rows of its word table (Vocabulary.encode)."""
+
+    ids: list[list[int]]  # per sentence; from the vocabulary's size on, words outside it: rows of `unseen`
+    unseen: torch.Tensor | None  # their character n-gram ids (mule_core.subwords), or None when there are none
+    composed: list[list[str]]  # per sentence, its words outside the vocabulary built from their n-grams
+    unknown: list[list[str]]  # per sentence, its words nothing is known of (<unk>)
+
+
+@dataclass
 class Vocabulary:
     """A model's languages, each one's vocabulary, and (from the word-vectors table) each
-    one's initial word vectors; a vocabulary read from a model file has no vectors."""
+    one's initial word vectors and n-gram vectors; a vocabulary read from a model file has
+    no vectors. `ngram_lengths`: the model's character n-grams (model.subwords), empty
+    for one vector per word."""
 
     languages: list[str]
     vocabs: dict[str, Vocab]
     vectors: dict[str, torch.Tensor] | None = None
+    ngram_vectors: dict[str, tuple[list[str], torch.Tensor]] | None = None  # lang -> (n-grams, vectors)
+    ngram_lengths: tuple[int, ...] = ()
 
     @property
     def dim(self) -> int:
@@ -121,6 +136,40 @@ class Vocabulary:
     def words(self) -> dict[str, list[str]]:
         """Each language's words in embedding-row order (what model.subwords builds on)."""
         return {lang: v.tokens for lang, v in self.vocabs.items()}
+
+    def encode(self, lang: str, sentences: Sequence[Sequence[str]]) -> EncodedSentences:
+        """The one way a tokenised sentence becomes word ids, for training, validation,
+        evaluation, `mule search`, `mule serve` and the registered model alike: a word of
+        the vocabulary is its row; a word outside it is composed from the character n-grams
+        it shares with the vocabulary (with model.subwords), else it is <unk>."""
+        vocab = self.vocabs[lang]
+        table = ngram_table(vocab.tokens, self.ngram_lengths) if self.ngram_lengths else None
+        outside: dict[str, int] = {}  # word outside the vocabulary -> its id (from len(vocab) on)
+        rows: list[list[int]] = []
+        ids, composed, unknown = [], [], []
+        for tokens in sentences:
+            sentence, built, unknowns = [], [], []
+            for token in tokens:
+                index = vocab.index.get(token)
+                if index is not None and index > 1:
+                    sentence.append(index)
+                    continue
+                if token not in outside:
+                    grams = table.word_ids(token) if table is not None else []
+                    outside[token] = len(vocab) + len(rows) if grams else 1
+                    if grams:
+                        rows.append(grams)
+                sentence.append(outside[token])
+                (built if outside[token] > 1 else unknowns).append(token)
+            ids.append(sentence)
+            composed.append(built)
+            unknown.append(unknowns)
+        unseen = None
+        if rows:
+            unseen = torch.zeros(len(rows), max(map(len, rows)), dtype=torch.int32)
+            for i, row in enumerate(rows):
+                unseen[i, : len(row)] = torch.tensor(row, dtype=torch.int32)
+        return EncodedSentences(ids, unseen, composed, unknown)
 
 
 def pad_batch(sequences: Sequence[Sequence[int]], max_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:

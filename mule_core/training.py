@@ -56,6 +56,9 @@ class SplitTensors:
     # N: captions that are translations of one another (Multi30K task1's parallel lines)
     # share a number; -1 for a caption with no translation in the split
     caption_group: np.ndarray | None = None
+    # lang -> n-gram ids of the words outside its vocabulary (token ids from the
+    # vocabulary's size on; mule_core.text.Vocabulary.encode); None: there are none
+    unseen: dict[str, torch.Tensor] | None = None
 
     @property
     def n_images(self) -> int:
@@ -64,7 +67,7 @@ class SplitTensors:
     def text_batch(self, rows: torch.Tensor, groups: list[tuple[str, int, int]]) -> TextBatch:
         lengths = self.lengths[rows]
         tokens = self.tokens[rows, : int(lengths.max())]
-        return TextBatch(tokens, lengths, groups)
+        return TextBatch(tokens, lengths, groups, self.unseen)
 
     def images_with(self, lang: str) -> SplitTensors:
         """The images that have a caption in `lang`, with all their captions."""
@@ -78,7 +81,7 @@ class SplitTensors:
             new_row[self.caption_image[rows]], [i for i, k in zip(self.image_ids, keep_image) if k],
             self.features[torch.from_numpy(np.nonzero(keep_image)[0])] if self.features is not None else None,
             [self.caption_ids[r] for r in rows] if self.caption_ids is not None else None,
-            self.caption_group[rows] if self.caption_group is not None else None,
+            self.caption_group[rows] if self.caption_group is not None else None, self.unseen,
         )  # fmt: skip
 
 

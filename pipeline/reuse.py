@@ -50,6 +50,16 @@ def config_parts(cfg: MuleConfig, stage: Stage) -> dict[str, str]:
             if k not in excluded and any(k == w or (w.endswith(".") and k.startswith(w)) for w in stage.config)}  # fmt: skip
 
 
+def runtime_parts(cfg: MuleConfig, stage: Stage) -> dict[str, str]:
+    """What the machine contributes to a stage's numbers: the CPU threads a training stage
+    computes with (1 and 2 threads train different weights)."""
+    if not stage.threaded:
+        return {}
+    from mule.mule_core.devices import cpu_threads
+
+    return {"runtime cpu threads": str(cpu_threads(cfg.train.threads))}
+
+
 def _images_digest(catalog: Catalog, dataset: str) -> str | None:
     """The images' identity, split and bytes (not their paths: a moved workdir keeps its key)."""
     if not catalog.has_table("images", dataset):
@@ -88,6 +98,8 @@ def entry_digest(name: str, wd: Workdir, catalog: Catalog, cfg: MuleConfig, hash
         digests = sorted(hasher.digest(part) for p in paths for part in p.glob("part-*.parquet"))
         return combine({str(i): d for i, d in enumerate(digests)})[:16] if digests else None
     digests = [hasher.digest(p) for p in paths]
+    if entry.kind == "tables":  # by table name: the same tables in a moved workdir are the same entry
+        return combine({f"{p.parent.name}/{p.name}": d for p, d in zip(paths, digests)})[:16]
     if entry.kind == "files":
         return combine({str(p): d for p, d in zip(paths, digests)})[:16]
     return digests[0][:16] if digests[0] else None
@@ -138,7 +150,8 @@ class Decision:
 def _changes(old: dict, new: dict, limit: int = 4) -> str:
     changed = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
     names = [k.removeprefix("input ") + " changed" if k.startswith("input ") else
-             f"{k.removeprefix('config ')} {old.get(k)} -> {new.get(k)}" if k.startswith(("config ", "code library "))
+             f"{k.removeprefix('config ')} {old.get(k)} -> {new.get(k)}" if k.startswith(("config ", "code library ",
+                                                                                    "runtime "))
              else f"{k} changed" for k in changed]  # fmt: skip
     more = f", and {len(names) - limit} more" if len(names) > limit else ""
     return "; ".join(names[:limit]) + more
@@ -152,7 +165,8 @@ def decide(wd: Workdir, cfg: MuleConfig, name: str, force: bool = False, repo: P
     catalog, hasher = Catalog(wd), FileHasher(wd)
     try:
         slot = slot_for(wd, catalog, cfg, stage)
-        parts = {**code_parts(stage, repo), **config_parts(cfg, stage), **input_parts(wd, catalog, cfg, stage, hasher)}
+        parts = {**code_parts(stage, repo), **config_parts(cfg, stage), **runtime_parts(cfg, stage),
+                 **input_parts(wd, catalog, cfg, stage, hasher)}  # fmt: skip
     except Exception as error:  # an input is missing: the stage runs, and fails saying which
         if not (is_user_error(error) or isinstance(error, FileNotFoundError)):
             raise

@@ -4,6 +4,7 @@ and a JSON API.
     GET  /                          the page: type a sentence, or drop an image
     GET  /api/info                  the model, its languages, the gallery's size
     GET  /api/search?q=...&lang=&k= images for a sentence (language optional: detected)
+    GET  /api/embed?q=...&lang=     a sentence's vector in the shared space (for an index of your own)
     POST /api/image?k=              sentences per language for an image (the body: its bytes)
     GET  /images/{image_id}         a gallery image's file, by id
 
@@ -106,8 +107,15 @@ def create_app(embedder: Embedder, gallery: Gallery, max_upload_bytes: int = 10 
         for r in results:
             r["url"] = f"/images/{r['image_id']}" if r["image_id"] in gallery.files else None
         return {"query": q, "lang": found.lang, "language": found.language, "unknown_words": found.unknown_words,
+                "composed_words": found.composed_words,
                 "gallery": len(gallery.image_ids), "results": results,
                 "ms": round(1000 * (time.perf_counter() - started), 2)}  # fmt: skip
+
+    @app.get("/api/embed")
+    async def embed(q: str = "", lang: str | None = None) -> dict:
+        found = await on_cpu(embedder.text, q, lang or None)
+        return {"query": q, "lang": found.lang, "language": found.language, "unknown_words": found.unknown_words,
+                "composed_words": found.composed_words, "vector": found.vector.tolist()}  # fmt: skip
 
     @app.post("/api/image")
     async def image(request: Request, k: int = 5) -> dict:

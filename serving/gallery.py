@@ -82,8 +82,9 @@ def top_k(vectors: np.ndarray, query: np.ndarray, k: int) -> list[tuple[int, flo
     return [(int(i), float(scores[i])) for i in top]
 
 
-def stored_index(searcher: Searcher, model_name: str = "model") -> tuple[object | None, str]:
-    """(the index stage's index of this model's gallery, or None; why not, or what it is)."""
+def stored_index(searcher: Searcher, model_name: str = "model", breadth: int = 0) -> tuple[object | None, str]:
+    """(the index stage's index of this model's gallery, or None; why not, or what it is).
+    breadth: the search breadth (index.breadth, given to mule serve); 0: the kind's default."""
     wd = searcher.catalog.workdir
     problem = indexes.index_problem(wd, searcher.dataset, model_name)
     if problem:
@@ -94,7 +95,7 @@ def stored_index(searcher: Searcher, model_name: str = "model") -> tuple[object 
     index, ids, info = found
     if searcher.model_file is None or info.get("model_sha256") != sha256_file(searcher.model_file):
         return None, "the gallery index was built for another model (mule run index rebuilds it)"
-    ann.set_breadth(index, searcher.meta["cfg"].index.breadth or ann.default_breadth(index))
+    ann.set_breadth(index, breadth or ann.default_breadth(index))
     return (index, ids), f"gallery index of {len(ids):,} images"
 
 

@@ -48,7 +48,8 @@ OUTPUTS = Schema([
     ColSpec("string", "input"),  # "text" or "image"
     ColSpec("string", "lang"),  # the sentence's language ("" for an image)
     ColSpec("string", "language"),  # how it was chosen: "given" or "detected: ..."
-    ColSpec(Array("string"), "unknown_words"),
+    ColSpec(Array("string"), "unknown_words"),  # words outside the model's vocabulary
+    ColSpec(Array("string"), "composed_words"),  # of those, the ones built from their character n-grams
     ColSpec(Array("float"), "embedding"),
 ])  # fmt: skip
 SIGNATURE = ModelSignature(inputs=INPUTS, outputs=OUTPUTS)
@@ -93,7 +94,7 @@ class MuleEmbeddings(PythonModel):
                 else:
                     vector = self.embedder.image(bytes(image) if image is not None else self._allowed(str(path)))
                     rows[number] = {"input": "image", "lang": "", "language": "", "unknown_words": [],
-                                    "embedding": vector.tolist()}  # fmt: skip
+                                    "composed_words": [], "embedding": vector.tolist()}  # fmt: skip
             except EmbedError as error:
                 raise _bad_row(number, error) from None
         try:
@@ -102,7 +103,8 @@ class MuleEmbeddings(PythonModel):
             raise _bad_row(sentences[error.row][0] if error.row is not None else 0, error) from None
         for (number, _, _), vector in zip(sentences, found):
             rows[number] = {"input": "text", "lang": vector.lang, "language": vector.language,
-                            "unknown_words": vector.unknown_words, "embedding": vector.vector.tolist()}  # fmt: skip
+                            "unknown_words": vector.unknown_words, "composed_words": vector.composed_words,
+                            "embedding": vector.vector.tolist()}  # fmt: skip
         return pd.DataFrame(rows, columns=[c.name for c in OUTPUTS.inputs])
 
 

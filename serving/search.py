@@ -78,17 +78,17 @@ def embedder(searcher: Searcher) -> Embedder:
     return searcher.embedder
 
 
-def _encode_text(searcher: Searcher, text: str, lang: str | None) -> tuple[torch.Tensor, str, str, list[str]]:
+def _encode_text(searcher: Searcher, text: str, lang: str | None):
     try:
-        found = embedder(searcher).text(text, lang)
+        return embedder(searcher).text(text, lang)
     except EmbedError as error:
         raise SearchError(str(error)) from None
-    return torch.from_numpy(found.vector), found.lang, found.language, found.unknown_words
 
 
 def search_text(searcher: Searcher, text: str, lang: str | None = None, k: int = 5, split: str = "all") -> dict:
     """The k images closest to the sentence, best first."""
-    query, lang, how, unknown = _encode_text(searcher, text, lang)
+    found = _encode_text(searcher, text, lang)
+    query = torch.from_numpy(found.vector)
     data = searcher.split(split, with_features=True)
     with torch.no_grad():
         images = torch.cat([searcher.model.encode_image(data.features[s : s + 1024])
@@ -99,7 +99,8 @@ def search_text(searcher: Searcher, text: str, lang: str | None = None, k: int =
     info = _image_info(searcher, ids)
     results = [{"rank": r + 1, "image_id": i, "score": float(s), **info[i]}
                for r, (i, s) in enumerate(zip(ids, top.values.tolist()))]  # fmt: skip
-    return {"query": text, "lang": lang, "language": how, "unknown_words": unknown, "model": searcher.label,
+    return {"query": text, "lang": found.lang, "language": found.language, "unknown_words": found.unknown_words,
+            "composed_words": found.composed_words, "model": searcher.label,
             "split": split, "gallery": len(data.image_ids), "results": results}  # fmt: skip
 
 

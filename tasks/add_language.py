@@ -20,6 +20,7 @@ import torch
 
 from mule.data_catalog.models import load_model, save_model
 from mule.data_catalog.splits import load_split, load_vocabulary
+from mule.mule_core.devices import use_cpu_threads
 from mule.mule_core.errors import UserError
 from mule.mule_core.metrics import mean_r1
 from mule.mule_core.model import count_parameters, with_added_language
@@ -53,7 +54,7 @@ def add_language(ctx: StageContext) -> dict[str, Any]:
     base, meta = load_model(base_path)
     if lang in base.languages:
         raise AddLanguageError(f"{base_path} already reads {lang}")
-    vocabulary = load_vocabulary(catalog, dataset, [*base.languages, lang])
+    vocabulary = load_vocabulary(catalog, dataset, [*base.languages, lang], meta["cfg"].model)
     if lang not in vocabulary.languages:
         raise AddLanguageError(
             f"no {lang} word vectors in dataset {dataset!r}: run the text stage with {lang} in data.languages"
@@ -67,9 +68,10 @@ def add_language(ctx: StageContext) -> dict[str, Any]:
     train = all_train.images_with(lang)  # the others' images teach the new branch nothing
     val = load_split(catalog, dataset, "val", vocabulary, max_tokens, extractor)
     device = resolve_device(cfg.train.device)
+    use_cpu_threads(cfg.train.threads)  # in the key: the count changes the weights
     torch.manual_seed(cfg.train.seed)
     model = with_added_language(base, base_cfg.model, lang, vocabulary.sizes[lang], vocabulary.vectors[lang],
-                                vocabulary.vocabs[lang].tokens)  # fmt: skip
+                                vocabulary.vocabs[lang].tokens, (vocabulary.ngram_vectors or {}).get(lang))  # fmt: skip
     counts = count_parameters(model)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     log.info("adding %s to %s: %d training images with %s captions (of %d), %s trainable parameters of %s",

@@ -10,6 +10,7 @@ import torch
 
 from mule.data_catalog.models import save_model
 from mule.data_catalog.splits import load_split, load_vocabulary
+from mule.mule_core.devices import use_cpu_threads
 from mule.mule_core.metrics import mean_r1
 from mule.mule_core.model import build_model
 from mule.mule_core.training import Trainer, cross_lingual, resolve_device
@@ -24,13 +25,14 @@ def pretrain_mule(ctx: StageContext) -> dict[str, Any]:
     if not cfg.pretrain.enabled:
         log.info("LP is switched off (pretrain.enabled=false); joint training will start from the word vectors")
         return {"skipped": "pretrain.enabled=false"}
-    vocabulary = load_vocabulary(catalog, dataset, cfg.data.languages)
+    vocabulary = load_vocabulary(catalog, dataset, cfg.data.languages, cfg.model)
     if len(vocabulary.languages) < 2:
         log.info("LP needs two languages or more; dataset %s has %s: skipped", dataset, vocabulary.languages)
         return {"skipped": f"one language ({', '.join(vocabulary.languages)})"}
     train = load_split(catalog, dataset, "train", vocabulary, cfg.text.max_tokens, captions=cfg.data.captions)
     val = load_split(catalog, dataset, "val", vocabulary, cfg.text.max_tokens)
     device = resolve_device(cfg.train.device)
+    threads = use_cpu_threads(cfg.train.threads)  # in the key: the count changes the weights
     torch.manual_seed(cfg.train.seed)  # the same initial weights on every run
     model = build_model(cfg.model, vocabulary, image_dim=None)
 
@@ -39,8 +41,9 @@ def pretrain_mule(ctx: StageContext) -> dict[str, Any]:
         return mean_r1(table), table
 
     trainer = Trainer(model, train, cfg.loss, cfg.train, device, mode="lp", validate=validate, pretrain=cfg.pretrain)
-    log.info("LP on %d captions (%s) of %d images; sentences per image %s; device %s",
-             len(train.caption_image), cfg.data.captions, train.n_images, trainer.sentences_per_image, device)  # fmt: skip
+    log.info("LP on %d captions (%s) of %d images; sentences per image %s; device %s, %d CPU thread(s)",
+             len(train.caption_image), cfg.data.captions, train.n_images, trainer.sentences_per_image, device,
+             threads)  # fmt: skip
 
     def on_epoch(result) -> None:
         metrics = {f"lp.{k}": v for k, v in result.losses.items()}

@@ -5,6 +5,7 @@ sweep, run on each English model (cfg.train.model_name)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from mule.data_catalog import queries
@@ -13,21 +14,10 @@ from mule.data_catalog.lexicons import english_lexicons
 from mule.data_catalog.models import load_model
 from mule.data_catalog.sources import locate
 from mule.data_catalog.splits import load_split
-from mule.mule_core.text import Vocab, Vocabulary, translate_tokens, word_translator
+from mule.mule_core.text import translate_tokens, word_translator
 from mule.mule_core.training import evaluate_split, resolve_device
 
 from .common import StageContext, logger
-
-
-class _TranslatingVocab(Vocab):
-    """The English vocabulary, reading sentences translated word by word into English."""
-
-    def __init__(self, english: Vocab, table: dict[str, str]):
-        super().__init__(english.tokens)
-        self.table = table
-
-    def encode(self, tokens):
-        return super().encode(translate_tokens(tokens, self.table))
 
 
 def evaluate_translated_queries(ctx: StageContext) -> dict[str, Any]:
@@ -42,15 +32,18 @@ def evaluate_translated_queries(ctx: StageContext) -> dict[str, Any]:
     model, meta = load_model(path)
     if meta["vocabulary"].languages != ["en"]:
         raise ValueError(f"{path} is not an English-only model: {meta['vocabulary'].languages}")
-    english: Vocab = meta["vocabulary"].vocabs["en"]
+    english = meta["vocabulary"]
     counts = queries.training_word_counts(catalog, dataset, "en")
     device = resolve_device(cfg.train.device)
     table = {}
     for lang in ["en", *lexicons]:
-        vocab = english if lang == "en" else _TranslatingVocab(english, word_translator(lexicons[lang], counts))
-        data = load_split(catalog, dataset, cfg.eval.split, Vocabulary([lang], {lang: vocab}),
-                          meta["cfg"].text.max_tokens, meta["extractor"])  # fmt: skip
-        data.languages = ["en"]  # the English model reads the translated sentences
+        # the query language's captions, translated word by word, read as English sentences
+        words = word_translator(lexicons[lang], counts) if lang != "en" else {}
+        data = load_split(catalog, dataset, cfg.eval.split, replace(english, languages=[lang],
+                          vocabs={lang: english.vocabs["en"]}), meta["cfg"].text.max_tokens, meta["extractor"],
+                          rewrite=lambda tokens, words=words: translate_tokens(tokens, words))  # fmt: skip
+        data.languages = ["en"]
+        data.unseen = {"en": data.unseen[lang]} if data.unseen else None
         table[lang] = evaluate_split(model, data, device, cfg.eval.ks)["en"]
     if not lexicons:
         logger().warning("no en-<lang>.txt lexicons in %s: only English queries were evaluated", folder)

@@ -20,6 +20,7 @@ from mule.data_catalog.catalog import Catalog
 from mule.data_catalog.vectors import VectorFile
 from mule.mule_core.errors import InputError
 from mule.mule_core.progress import format_seconds
+from mule.mule_core.subwords import ngram_table
 from mule.mule_core.text import PAD, UNK
 
 from .common import StageContext, logger
@@ -73,19 +74,47 @@ def dataset_languages(catalog: Catalog, dataset: str, wanted: tuple[str, ...]) -
 
 
 def language_vocabulary(catalog: Catalog, dataset: str, lang: str, captions: str) -> dict[str, Any]:
-    """A language's vocabulary (<pad>, <unk>, then words by training count) and the
-    training captions fastText would learn from."""
+    """A language's vocabulary (<pad>, <unk>, then the training captions' words by count)
+    and the training captions fastText learns from.
+
+    Only what training sees: a word of the validation or test captions alone gets no row
+    (those are composed from their character n-grams, or <unk>, the same way wherever
+    the model embeds a sentence: mule_core.text.Vocabulary.encode), so evaluation
+    measures the model a user gets. `unseen` counts the other captions' words outside it."""
     rows = queries.captions_for_word_vectors(catalog, dataset, lang, captions)
     tokens, roles, selected = rows["tokens"].to_pylist(), rows["role"].to_pylist(), rows["selected"].to_pylist()
-    # fastText learns from the captions training will see (data.captions); every human
-    # caption's words get a vector, those of the test split included.
     train = [tk for tk, role, used in zip(tokens, roles, selected) if role == "train" and used]
     train_counts = Counter(w for tk in train for w in tk)
-    all_words = Counter(w for tk in tokens for w in tk)
-    # Words of every split get a vector (fastText builds unseen words from subwords;
-    # e5 reads any word); only training captions teach fastText and the model.
-    vocab = [PAD, UNK, *sorted(all_words, key=lambda w: (-train_counts[w], -all_words[w], w))]
-    return {"vocab": vocab, "train": train, "train_counts": train_counts, "all_words": all_words}
+    unseen = {w for tk, role in zip(tokens, roles) if role != "train" for w in tk if w not in train_counts}
+    vocab = [PAD, UNK, *sorted(train_counts, key=lambda w: (-train_counts[w], w))]
+    return {"vocab": vocab, "train": train, "train_counts": train_counts, "unseen": unseen}
+
+
+def subword_rows(vocab: list[str], lengths: tuple[int, ...], vector) -> tuple[list[str], list[np.ndarray]]:
+    """The n-grams two or more vocabulary words share (what model.subwords composes words
+    from) with their vectors in the word-vector model (`vector(ngram)`, None: it has none)."""
+    names, vectors = [], []
+    for gram in ngram_table(vocab, lengths).ngrams:
+        value = vector(gram)
+        if value is not None:
+            names.append(gram)
+            vectors.append(np.asarray(value, np.float32))
+    return names, vectors
+
+
+def vector_column(vectors: list[np.ndarray]) -> pa.Array:
+    """Equal-length float32 vectors as one list<float32> column, without a Python float each."""
+    if not vectors:
+        return pa.array([], pa.list_(pa.float32()))
+    flat = np.ascontiguousarray(np.stack(vectors), dtype=np.float32)
+    offsets = np.arange(0, flat.size + 1, flat.shape[1], dtype=np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat.reshape(-1)))
+
+
+def fasttext_ngram_vector(model):
+    """An n-gram's own row in a fastText model's input matrix (the rows fastText averages
+    into a word's vector)."""
+    return lambda gram: model.get_input_vector(model.get_subword_id(gram))
 
 
 def multilingual_e5_lookups(vocabs: dict[str, list[str]], dim: int) -> dict[str, Any]:
@@ -105,9 +134,11 @@ def build_word_vectors(ctx: StageContext) -> dict[str, Any]:
     catalog, cfg = ctx.catalog, ctx.cfg
     log, t, dataset = logger(), cfg.text, cfg.data.dataset
     languages = dataset_languages(catalog, dataset, cfg.data.languages)
+    lengths = tuple(cfg.model.ngram_lengths) if cfg.model.subwords else ()
     columns: dict[str, list] = {
         name: [] for name in ("dataset", "lang", "index", "token", "train_count", "vector", "source")
     }
+    grams: dict[str, list] = {name: [] for name in ("dataset", "lang", "ngram", "vector", "source")}
     summary: dict[str, Any] = {}
     dims = set()
     started = time.perf_counter()
@@ -119,12 +150,12 @@ def build_word_vectors(ctx: StageContext) -> dict[str, Any]:
 
         e5_origin = f"multilingual-e5:{encoder_version()}:pca{t.word_dim}"
     for lang in languages:
-        vocab, train = words[lang]["vocab"], words[lang]["train"]
-        train_counts, all_words = words[lang]["train_counts"], words[lang]["all_words"]
+        vocab, train, train_counts = words[lang]["vocab"], words[lang]["train"], words[lang]["train_counts"]
+        ngram_vector = None  # where the word vectors came with n-gram vectors (fastText), what they are
         if lang in t.vectors:
             source = VectorFile(t.vectors[lang], words=set(vocab))  # a .vec's other words are not kept
             origin = f"file:{source.path}"
-            lookup = source.vector
+            lookup, ngram_vector = source.vector, source.ngram_vector
             dim = source.dim
         elif lang in e5_lookups:
             origin, lookup, dim = e5_origin, e5_lookups[lang], t.word_dim
@@ -134,6 +165,7 @@ def build_word_vectors(ctx: StageContext) -> dict[str, Any]:
             model = train_fasttext(train, t.word_dim, t.fasttext_model, t.fasttext_epochs, t.fasttext_min_count,
                                    t.fasttext_threads)  # fmt: skip
             origin, lookup, dim = "fasttext:trained", model.get_word_vector, t.word_dim
+            ngram_vector = fasttext_ngram_vector(model)
         dims.add(dim)
         rng = np.random.default_rng([cfg.data.seed, len(lang)])
         vectors, missing = [np.zeros(dim, np.float32)], 0
@@ -147,15 +179,28 @@ def build_word_vectors(ctx: StageContext) -> dict[str, Any]:
             for key, value in (("dataset", dataset), ("lang", lang), ("index", index), ("token", word),
                                ("train_count", train_counts.get(word, 0)), ("vector", vector), ("source", origin)):  # fmt: skip
                 columns[key].append(value)
+        names, ngram_vectors = subword_rows(vocab, lengths, ngram_vector) if lengths and ngram_vector else ([], [])
+        for gram, vector in zip(names, ngram_vectors):
+            for key, value in (("dataset", dataset), ("lang", lang), ("ngram", gram), ("vector", vector),
+                               ("source", origin)):  # fmt: skip
+                grams[key].append(value)
+        unseen = words[lang]["unseen"]
+        table = ngram_table(vocab, lengths) if lengths else None
+        composable = sum(1 for w in unseen if table.word_ids(w)) if table is not None else 0
         summary[lang] = {"vocab": len(vocab), "train_tokens": sum(train_counts.values()),
-                         "unseen_in_train": sum(1 for w in all_words if w not in train_counts),
+                         "unseen_in_train": len(unseen), "unseen_composed": composable,
+                         "ngrams": len(table) if table is not None else 0, "ngram_vectors": len(names),
                          "without_vector": missing, "source": origin, "dim": dim,
                          "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
         started = time.perf_counter()
-        log.info("%s: %d words (%d unseen in training), vectors from %s, %.1fs", lang, len(vocab),
-                 summary[lang]["unseen_in_train"], origin, summary[lang]["seconds"])  # fmt: skip
+        log.info("%s: %d words, vectors from %s; %d shared character n-grams (%d with the word-vector model's "
+                 "vectors); %d words of the other splits are outside the vocabulary, %d of them composed from "
+                 "n-grams, the rest <unk>; %.1fs", lang, len(vocab), origin, summary[lang]["ngrams"], len(names),
+                 len(unseen), composable, summary[lang]["seconds"])  # fmt: skip
     if len(dims) > 1:
         raise InputError(f"word vectors of all languages must have one dimension, got {sorted(dims)}: {summary}")
-    columns["vector"] = pa.array([v.tolist() for v in columns["vector"]], pa.list_(pa.float32()))
+    columns["vector"] = vector_column(columns["vector"])
+    grams["vector"] = vector_column(grams["vector"])
     catalog.write_table("word_vectors", dataset, pa.table(columns))
+    catalog.write_table("subword_vectors", dataset, pa.table(grams))
     return summary

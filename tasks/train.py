@@ -16,6 +16,7 @@ from mule.data_catalog import queries
 from mule.data_catalog.content import ids_digest
 from mule.data_catalog.models import load_model, save_atomic, save_model
 from mule.data_catalog.splits import load_split, load_vocabulary
+from mule.mule_core.devices import use_cpu_threads
 from mule.mule_core.errors import UserError
 from mule.mule_core.metrics import mean_mr
 from mule.mule_core.model import build_model, count_parameters
@@ -48,10 +49,11 @@ def train_model(ctx: StageContext) -> dict[str, Any]:
     log, dataset = logger(), cfg.data.dataset
     images_with_files(catalog, dataset)  # a dataset without images stops here, saying so
     extractor = catalog.require_current_extractor(dataset, cfg.features)
-    vocabulary = load_vocabulary(catalog, dataset, cfg.data.languages)
+    vocabulary = load_vocabulary(catalog, dataset, cfg.data.languages, cfg.model)
     train = load_split(catalog, dataset, "train", vocabulary, cfg.text.max_tokens, extractor, cfg.data.captions)
     val = load_split(catalog, dataset, "val", vocabulary, cfg.text.max_tokens, extractor)
     device = resolve_device(cfg.train.device)
+    threads = use_cpu_threads(cfg.train.threads)  # in the key: the count changes the weights
     torch.manual_seed(cfg.train.seed)  # the same initial weights on every run
     model = build_model(cfg.model, vocabulary, image_dim=train.features.shape[1])
     model.set_image_normalization(train.features)
@@ -73,9 +75,10 @@ def train_model(ctx: StageContext) -> dict[str, Any]:
         return mean_mr(table), table
 
     trainer = Trainer(model, train, cfg.loss, cfg.train, device, mode="joint", validate=validate)
-    log.info("training on %d images, %d captions (%s); sentences per image %s; %s parameters (%s language-specific); %s",
-             train.n_images, len(train.caption_image), ", ".join(train.languages), trainer.sentences_per_image,
-             f"{counts['total']:,}", f"{counts['language_specific']:,}", device)  # fmt: skip
+    log.info("training on %d images, %d captions (%s); sentences per image %s; %s parameters (%s language-specific); "
+             "%s, %d CPU thread(s)", train.n_images, len(train.caption_image), ", ".join(train.languages),
+             trainer.sentences_per_image, f"{counts['total']:,}", f"{counts['language_specific']:,}", device,
+             threads)  # fmt: skip
 
     # Resume only a checkpoint of this very stage key: the same inputs, config and code.
     path = wd.model_path(dataset, cfg.train.model_name)

@@ -128,6 +128,48 @@ print(json.dumps(out.to_dict("records")))
     assert np.allclose(vectors[2], embedder.image(image), atol=1e-5)
 
 
+@pytest.mark.slow
+def test_a_test_caption_is_one_vector_in_evaluation_in_mule_serve_and_in_the_registered_model(served, tmp_path):
+    """Test captions with words no training caption has: the evaluate stage's vectors
+    (its loader and encoder), `mule serve`'s (GET /api/embed) and the registered pyfunc
+    model's in a fresh process are the same numbers, words outside the vocabulary included."""
+    import torch
+
+    from mule.data_catalog.splits import load_split
+    from mule.mule_core.training import encode_split
+
+    wd, searcher = served["wd"], served["searcher"]
+    vocabulary, catalog = searcher.meta["vocabulary"], Catalog(wd)
+    data = load_split(catalog, "embedded", "test", vocabulary, searcher.meta["cfg"].text.max_tokens)
+    evaluated = encode_split(searcher.model, data, torch.device("cpu"))["caption_joint"].numpy()
+    sizes = np.array([vocabulary.sizes[data.languages[i]] for i in data.caption_lang])
+    composed = np.nonzero((data.tokens.numpy() >= sizes[:, None]).any(1))[0]
+    unknown = np.nonzero((data.tokens.numpy() == 1).any(1))[0]
+    rows = [int(r) for r in [*composed[:12], *unknown[:4]]]
+    assert len(composed) >= 10, "the tiny test split should hold captions with words outside the vocabulary"
+    texts = queries.caption_texts(catalog, "embedded", [data.caption_ids[r] for r in rows])
+    sentences = [(texts[data.caption_ids[r]], data.languages[data.caption_lang[r]]) for r in rows]
+    api = client(served["app"])
+    for (text, lang), row in zip(sentences, rows):
+        answer = api.get("/api/embed", params={"q": text, "lang": lang}).json()
+        assert np.allclose(answer["vector"], evaluated[row], atol=1e-5), (text, lang)
+        if row in composed:
+            assert answer["composed_words"], text
+    script = f"""
+import json, mlflow, pandas as pd
+model = mlflow.pyfunc.load_model({MODEL_URI!r})
+out = model.predict(pd.DataFrame({{"text": {[t for t, _ in sentences]!r}, "lang": {[lang for _, lang in sentences]!r}}}))
+print(json.dumps(out["embedding"].tolist()))
+"""
+    env = {**os.environ, "MLFLOW_TRACKING_URI": wd.mlflow_uri}
+    with only_the_mlflow_store(wd):
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180,
+                              cwd=tmp_path, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    served_vectors = np.array(json.loads(done.stdout.strip().splitlines()[-1]), dtype=np.float32)
+    assert np.allclose(served_vectors, evaluated[rows], atol=1e-5)
+
+
 def test_the_pyfunc_model_embeds_a_table_in_batches_and_names_a_bad_row(served):
     import pandas as pd
     from mlflow.exceptions import MlflowException
@@ -316,6 +358,24 @@ def test_the_index_stage_s_index_serves_what_the_exact_scan_finds(served):
         found = api.get("/api/search", params={"q": english.texts[row], "lang": "en", "k": 10}).json()["results"]
         overlap.append(len(exact & {r["image_id"] for r in found}) / 10)
     assert np.mean(overlap) >= 0.95, overlap
+
+
+def test_the_search_breadth_is_given_to_mule_serve_not_read_from_the_model(served):
+    """index.breadth is a serving option: `mule serve --set index.breadth=N` sets it on the
+    stored index, whatever config the model was trained under; other options are refused."""
+    from mule.flows.cli import serving_options
+    from mule.mule_core import index as ann
+    from mule.mule_core.config import ConfigError
+    from mule.serving import gallery as galleries
+
+    options = serving_options(["index.breadth=256", "index.min_images=10"])
+    assert (options.breadth, options.min_images) == (256, 10)
+    stored, _ = galleries.stored_index(served["searcher"], breadth=options.breadth)
+    assert ann.breadth(stored[0]) == 256
+    default, _ = galleries.stored_index(served["searcher"])
+    assert ann.breadth(default[0]) == ann.default_breadth(default[0])
+    with pytest.raises(ConfigError, match="train.epochs is not a serving option"):
+        serving_options(["train.epochs=3"])
 
 
 def test_the_server_answers_only_to_its_own_names(served):

@@ -1,5 +1,6 @@
 """Subword vectors (model.subwords): a word's vector is its own plus the mean of its shared
-character n-grams' vectors, so training one form of a word moves its other forms."""
+character n-grams' vectors, so training one form of a word moves its other forms; a word
+outside the vocabulary is the mean of its n-grams' alone, as fastText builds one."""
 
 import dataclasses
 
@@ -11,7 +12,7 @@ from mule.data_catalog.models import load_model, save_model
 from mule.mule_core.config import LossConfig, ModelConfig, PretrainConfig, TrainConfig, from_dict, resolve, to_dict
 from mule.mule_core.model import MuleModel, TextBatch, count_parameters
 from mule.mule_core.subwords import char_ngrams, ngram_index
-from mule.mule_core.text import Vocab, Vocabulary
+from mule.mule_core.text import Vocab, Vocabulary, pad_batch
 from mule.mule_core.training import SplitTensors, Trainer
 
 WORDS = ["<pad>", "<unk>", "dog", "dogs", "cat"]
@@ -52,6 +53,57 @@ def test_a_new_model_starts_from_exactly_the_word_vectors_it_was_given():
     expected = given[tokens].clone()
     expected[tokens == 0] = 0
     torch.testing.assert_close(model.branches["en"].word_vectors(tokens), expected)
+
+
+def test_a_word_outside_the_vocabulary_is_the_mean_of_the_ngrams_it_shares_with_it():
+    """dogma: <do dog ogm gma ma> shares <do and dog with the vocabulary; cow shares
+    nothing and is <unk>. The same word twice is one row of the unseen table."""
+    vocabulary = Vocabulary(["en"], {"en": Vocab(WORDS)}, ngram_lengths=(3,))
+    encoded = vocabulary.encode("en", [["dog", "dogma", "cow"], ["dogma", "cat"]])
+    assert encoded.ids == [[2, 5, 1], [5, 4]]  # 5 = the vocabulary's size: the first word outside it
+    assert encoded.unseen.tolist() == [[1, 2]]  # dogma's n-gram ids
+    assert encoded.composed == [["dogma"], ["dogma"]] and encoded.unknown == [["cow"], []]
+    branch = model_on().branches["en"]
+    with torch.no_grad():
+        branch.embed.weight.copy_(torch.tensor([[0, 0], [9, 9], [1, 0], [0, 1], [5, 5]], dtype=torch.float))
+        branch.subwords.vectors.weight.copy_(torch.tensor([[0, 0], [2, 0], [0, 4]], dtype=torch.float))
+    ids, _ = pad_batch(encoded.ids, 8)
+    vectors = branch.word_vectors(ids, encoded.unseen)
+    assert vectors.tolist() == [[[2, 2], [1, 2], [9, 9]], [[1, 2], [5, 5], [0, 0]]]  # dog, dogma, <unk>; dogma, cat
+    # without subword vectors, every word outside the vocabulary is <unk>
+    plain = Vocabulary(["en"], {"en": Vocab(WORDS)}).encode("en", [["dog", "dogma", "cow"]])
+    assert plain.ids == [[2, 1, 1]] and plain.unseen is None and plain.unknown == [["dogma", "cow"]]
+
+
+def test_the_ngrams_start_at_the_word_vector_model_s_and_every_word_at_its_given_vector():
+    model = model_on()
+    branch = model.branches["en"]
+    given = torch.tensor([[0, 0], [7, 7], [3, 1], [1, 3], [4, 4]], dtype=torch.float)
+    # the word-vector model's n-grams: "<do" and "dog" are the table's; "cat" is no shared n-gram
+    branch.init_vectors(given, (["dog", "cat", "<do"], torch.tensor([[0, 4], [8, 8], [2, 0]], dtype=torch.float)))
+    assert branch.subwords.vectors.weight.tolist() == [[0, 0], [2, 0], [0, 4]]
+    tokens = torch.tensor([[2, 3, 4, 1, 0]])
+    expected = given[tokens].clone()
+    expected[tokens == 0] = 0
+    torch.testing.assert_close(branch.word_vectors(tokens), expected)
+    # an unseen "dogma" starts where fastText puts it: the mean of its n-grams' vectors
+    unseen = Vocabulary(["en"], {"en": Vocab(WORDS)}, ngram_lengths=(3,)).encode("en", [["dogma"]])
+    assert branch.word_vectors(torch.tensor([[5]]), unseen.unseen).tolist() == [[[1.0, 2.0]]]
+
+
+def test_fasttext_ngram_rows_are_the_ones_it_averages_into_a_word():
+    """The text stage's n-gram vectors are fastText's own input rows: averaged with the
+    word's row they give fastText's vector of a word, and alone its vector of an unseen one."""
+    from mule.tasks.text import fasttext_ngram_vector, train_fasttext
+
+    corpus = [["a", "brown", "dog", "runs"], ["two", "dogs", "run"], ["a", "cat", "sleeps"]] * 30
+    model = train_fasttext(corpus, dim=8, model="skipgram", epochs=2, min_count=1, threads=1)
+    ngram = fasttext_ngram_vector(model)
+    for word in ("dogs", "doggy"):  # in fastText's vocabulary, and not
+        names, ids = model.get_subwords(word)
+        rows = [ngram(name) if name != word else model.get_input_vector(i) for name, i in zip(names, ids)]
+        assert np.allclose(np.mean(rows, 0), model.get_word_vector(word), atol=1e-6), word
+    assert np.allclose(ngram("<do"), model.get_input_vector(model.get_subword_id("<do")))
 
 
 @pytest.mark.parametrize("subwords", [True, False])
