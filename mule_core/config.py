@@ -70,9 +70,8 @@ class FeaturesConfig:
 
 @dataclass
 class TextConfig:
-    # 300 (the paper's): over 64, +1.6 to +2.5 cross-lingual R@1 on the real Multi30K text
-    # and +1.1 test mR on the 3k demo, three seeds each; fastText takes 2.6x as long
-    # (docs/training-at-scale.md, "300-d word vectors")
+    # The word vectors' dimension (the paper's 300); fastText's time grows with it. How each
+    # default was chosen, on validation: docs/training-at-scale.md ("Defaults, chosen on validation")
     word_dim: int = 300
     vectors: dict[str, str] = field(default_factory=dict)  # lang -> .bin/.vec file; the others start from `init`
     # Where the other languages' word vectors come from: "fasttext" (trained on the training
@@ -84,7 +83,9 @@ class TextConfig:
     fasttext_model: str = "skipgram"
     fasttext_epochs: int = 20
     fasttext_min_count: int = 1
-    fasttext_threads: int = 1  # 1 keeps trained vectors reproducible
+    # 1 keeps trained vectors reproducible; on several threads fastText trains other vectors on
+    # every run (its updates race), so the count is part of the text stage's key
+    fasttext_threads: int = 1
     max_tokens: int = 32
 
 
@@ -100,8 +101,8 @@ class ModelConfig:
     finetune_words: bool = True
     # A word's vector = its own + the mean of its character n-grams' vectors (fastText's
     # composition), all fine-tuned, n-grams shared by two or more words only: what training
-    # teaches one form of a word reaches its other forms (mule_core/subwords.py). LP on the
-    # real Multi30K text: see docs/training-at-scale.md, "Subword vectors"
+    # teaches one form of a word reaches its other forms, and a word outside the vocabulary
+    # is composed from its n-grams instead of being <unk> (mule_core/subwords.py)
     subwords: bool = True
     ngram_lengths: tuple[int, ...] = (3, 4, 5)
 
@@ -109,8 +110,8 @@ class ModelConfig:
 @dataclass
 class LossConfig:
     margin: float = 0.2
-    # Most violated constraints kept per anchor (the paper's 10). Chosen on validation at 3,000
-    # and 29,000 images: 10 beat 20 and 50 at both (docs/training-at-scale.md)
+    # Most violated constraints kept per anchor (the paper's 10; chosen on validation:
+    # docs/training-at-scale.md)
     top_k: int = 10
     # Optimizer steps that use every negative before mining the top k: hardest-negative
     # mining from a cold start collapses the text encoder (all sentences map to one point).
@@ -133,12 +134,10 @@ class LossConfig:
 
 @dataclass
 class TrainConfig:
-    # 16: the 3k demo gains 0.7 val mR from 20, and 29k images must train within 20 minutes
-    # on 2 cores (docs/training-at-scale.md)
+    # Joint training's length; the kept epoch is the best on validation (docs/training-at-scale.md)
     epochs: int = 16
     batch_images: int = 64
-    # Tuned on the embedded dataset's validation split (bench notes in the README): 3e-3
-    # beats 1e-3 and 2e-3; 4e-3 collapses the text encoder.
+    # Adam's learning rate (chosen on validation; 4e-3 collapses the text encoder)
     lr: float = 3e-3
     lr_decay: float = 0.9  # exponential: x lr_decay every decay_steps steps (smoothly)
     decay_steps: int = 0  # 0: one epoch's steps
@@ -153,9 +152,7 @@ class TrainConfig:
     divergence_retries: int = 2
     # Exponential moving average of the weights per step, bias-corrected (0: off):
     # validation, the kept epoch and the saved model use the averaged weights. Its reach is
-    # about 1 / (1 - ema) steps: 0.999 averages over more steps than the demo's 750 (test
-    # mR 55.7 there, one seed). 0.99 against off, three seeds paired: +0.7 ± 0.2 test mR at
-    # 3k, none at 29k (docs/training-at-scale.md, "Settings over three seeds").
+    # about 1 / (1 - ema) steps (0.999 reaches past the demo's 750 steps)
     ema: float = 0.99
     # Word embeddings learn at lr * word_lr_scale: vectors trained on a small caption corpus
     # barely separate words used in the same contexts (red / blue) until fine-tuned.
@@ -164,14 +161,16 @@ class TrainConfig:
     # lang -> sentences per image in a batch; languages left out: sentences_per_image_many
     # if they have several captions per image, else 1 (Multi30K: en/de 3, fr/cs 1).
     sentences_per_image: dict[str, int] = field(default_factory=dict)
-    # The paper takes 2; 3 beats it over three seeds: +2.0 test mR at 3k, +0.8 at 29k
-    # (docs/training-at-scale.md, "Settings over three seeds")
+    # Sentences per image in a batch for languages with several captions (the paper's 2)
     sentences_per_image_many: int = 3
     # Draw each batch equally from the groups of images with the same caption languages
     # (the paper's MSCOCO setting: en only, en+ja, en+zh).
     balance_language_groups: bool = False
     seed: int = 0
     device: str = "auto"
+    # CPU threads for LP, training and adding a language; 0: torch's own choice (OMP_NUM_THREADS,
+    # else one per core). Results depend on the count, so the count used is part of the keys
+    threads: int = 0
     amp: bool = True  # mixed precision (float16 autocast + gradient scaling) on CUDA; ignored on CPU
     compile: bool = False  # torch.compile the loss functions (pays on GPU; compile time dominates on CPU)
     model_name: str = "model"  # models/<dataset>/<model_name>.pt; the ablation trains several
@@ -185,37 +184,33 @@ class TrainConfig:
 @dataclass
 class PretrainConfig:
     enabled: bool = True  # LP: pretrain the MULE layers on sentences of the same image
-    # 10: on the real Multi30K text LP's validation R@1 still rose after 5 (69.8 -> 71.7 at
-    # epoch 9 of 12; docs/training-at-scale.md)
+    # LP's length; the kept epoch is the best on validation
     epochs: int = 10
     lr: float = 1e-3
     batch_images: int = 256
     # LP's own train.sentences_per_image_many: sentences per image for languages with several
     # captions (Multi30K's en and de). Every pair of them is a constraint, so English
-    # paraphrases teach LP what the image protocol asks of it (docs/training-at-scale.md)
+    # paraphrases teach LP what the image protocol asks of it
     sentences_per_image_many: int = 5
     # LP's own loss.mining_warmup_steps (LP counts its own steps, in batches of
-    # batch_images). 150 is 1.3 epochs on Multi30K's 29,000 images: later mining costs the
-    # fastText start about 1 R@1 on the real text, while the multilingual-e5 start
-    # collapses there (every sentence one point) unless mining waits for 600 steps
-    # (docs/training-at-scale.md, "Three seeds, both protocols, MT").
+    # batch_images; 150 is 1.3 epochs on Multi30K's 29,000 images). The multilingual-e5
+    # start collapses on the real text (every sentence one point) unless mining waits for 600
     mining_warmup_steps: int = 150
-    # LP's own loss.margin. 0.4 over 0.2 with 300-d vectors: +0.8 / +1.5 / +1.5 en->de/fr/cs
-    # R@1 on the real text, nothing on the 3k demo's test mR (three seeds each); joint
-    # training keeps 0.2 (0.3 did not help it at 29k)
+    # LP's own loss.margin (joint training keeps loss.margin)
     margin: float = 0.4
     # LP's own learning-rate decay (x lr_decay every epoch, smoothly; 1.0: a constant rate)
     lr_decay: float = 1.0
-    # LP's weight average (train.ema's rule; 0: the last weights). 0.99, about one epoch of
-    # Multi30K's 113 LP steps: +1.4 / +0.7 / +1.0 en->de/fr/cs R@1 on the real text (every
-    # en->x above 60), on the 3k demo -0.4 +- 0.3 val mR and no change in test mR (three
-    # seeds each; docs/training-at-scale.md, "A weight average in LP")
+    # LP's weight average (train.ema's rule; 0: the last weights). 0.99 reaches about one
+    # epoch of Multi30K's 113 LP steps
     ema: float = 0.99
 
 
 @dataclass
 class EvalConfig:
-    split: str = "test"  # a split name (test_2016) or role (test, val)
+    # What the evaluate stage measures: a split name (test_2016), a role (test, val), several
+    # separated by commas, or "tests" (every test split the dataset has); the first is the
+    # headline (the recall table, the registry's tags). Metrics carry the split's name.
+    split: str = "test"
     ks: tuple[int, ...] = (1, 5, 10)
     examples: int = 3  # queries per language in the retrieved-images figure
 
@@ -226,6 +221,7 @@ class IndexConfig:
 
     kind: str = "hnsw-sq8"  # hnsw-sq8 | ivf-sq8 (FAISS, one byte a dimension; mule_core/index.py) | flat (exact)
     cells: int = 0  # ivf-sq8's k-means cells; 0: about 4 sqrt(images)
+    # Serving options, given to `mule serve --set ...` (never read from a trained model's config):
     breadth: int = 0  # search breadth (HNSW efSearch, IVF nprobe); 0: the kind's default (128, cells / 32)
     min_images: int = 100_000  # below this, mule serve scans every vector exactly (8 ms at 100k, 128-d)
 
@@ -491,7 +487,7 @@ def validate(cfg: MuleConfig) -> None:
     for key, value in (("train.warmup_steps", tr.warmup_steps), ("train.decay_steps", tr.decay_steps),
                        ("loss.mining_warmup_steps", cfg.loss.mining_warmup_steps),
                        ("pretrain.mining_warmup_steps", cfg.pretrain.mining_warmup_steps),
-                       ("train.divergence_retries", tr.divergence_retries),
+                       ("train.divergence_retries", tr.divergence_retries), ("train.threads", tr.threads),
                        ("loss.lc_ramp_steps", cfg.loss.lc_ramp_steps)):  # fmt: skip
         if value < 0:
             raise ConfigError(f"{key} must be at least 0, got {value}")

@@ -1,12 +1,46 @@
-"""Which device to compute on."""
+"""Which device to compute on, and with how many CPU threads."""
 
 from __future__ import annotations
 
-import torch
+import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 def resolve_device(name: str) -> torch.device:
     """"auto": CUDA when there is a GPU, else the CPU; any other name as torch reads it."""
+    import torch
+
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
+
+
+def cpu_threads(requested: int) -> int:
+    """The CPU threads torch computes with: `requested` (train.threads), or with 0 what
+    torch would take by itself: OMP_NUM_THREADS where it is set, else one per core this
+    process may run on. Training's results depend on the count (a parallel sum is split
+    differently), so the count is part of the training stages' keys. Known without
+    importing torch: keys are taken before anything heavy is imported."""
+    if requested > 0:
+        return requested
+    try:
+        return max(1, int(os.environ.get("OMP_NUM_THREADS", "")))
+    except ValueError:
+        pass
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def use_cpu_threads(requested: int) -> int:
+    """Sets torch's CPU threads to cpu_threads(requested); returns the count."""
+    import torch
+
+    count = cpu_threads(requested)
+    if torch.get_num_threads() != count:
+        torch.set_num_threads(count)
+    return count

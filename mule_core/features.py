@@ -230,6 +230,14 @@ def engine_for(f, device: torch.device) -> str:
     return f.engine
 
 
+def numerics(device: torch.device) -> str:
+    """How the extractor's arithmetic is done on `device`: part of the vectors' identity.
+    On CUDA, bfloat16 autocast (ResNet features differ from float32's by ~0.4% relative
+    L2); on the CPU, float32, whether PyTorch or ONNX Runtime runs it (they agree within
+    1e-4 on the real weights: tests/test_backbones.py), so the two share vectors."""
+    return "bfloat16-autocast" if device.type == "cuda" else "float32"
+
+
 def extractor_network(f, device: torch.device, state_dict: dict | None):
     """The extractor of FeaturesConfig `f` with these weights (None: random, seeded), ready
     to run on `device`: the module itself, or its ONNX Runtime twin on the CPU."""

@@ -70,6 +70,9 @@ class Stage:
     # its variants run; the rebuild's stages that write what those read run before it.
     sweep: str | None = None
     steps: tuple[str, ...] = ()
+    # trains with torch on train.threads CPU threads: the count used (mule_core.devices.cpu_threads)
+    # changes its results, so it is part of the key
+    threaded: bool = False
 
     @property
     def module(self) -> str:
@@ -112,7 +115,10 @@ _TRAINING = ("model.", "loss.", "train.", "pretrain.")
 _FEATURE_IDENTITY = ("features.arch", "features.weights", "features.weights_file", "features.input_size",
                      "features.resize", "features.crops", "features.pool", "features.seed")  # fmt: skip
 # Where a model trains, not what it learns; a trained model's name is its record's slot.
-_PLACEMENT = frozenset({"train.device"})
+# train.threads: the count it resolves to is the key's (a threaded stage's runtime part).
+_PLACEMENT = frozenset({"train.device", "train.threads"})
+# Where the raw files are: their content is the key's ("raw files", "lexicons"), not their path.
+_WHERE = frozenset({"data.source", "data.images", "data.dictionaries"})
 # Options of the training sections LP does not use: joint training's schedule and the
 # image-sentence loss; the names of trained models.
 _NOT_LP = frozenset({"train.epochs", "train.lr", "train.lr_decay", "train.decay_steps", "train.warmup_steps",
@@ -132,55 +138,59 @@ STAGES: tuple[Stage, ...] = (
           task="mule.tasks.translate:translate_captions", publish=_PUBLISH + "translate",
           reads=("captions", Read("lexicons", _lexicon_backend, "translate.backend=lexicon")),
           writes=("mt captions", "translations"),
-          config=("translate.", "data.dataset", "data.languages", "data.format"),
-          operational=frozenset({"translate.concurrency", "translate.timeout_s", "translate.retries"})),
+          config=("translate.", "data.dataset", "data.languages", "data.format", *_WHERE),
+          operational=frozenset({"translate.concurrency", "translate.timeout_s", "translate.retries"}) | _WHERE),
     Stage("features", "Image files -> CNN features, stored under what made them (extractor, weights, code).",
           task="mule.tasks.features:extract_features", publish=_PUBLISH + "features",
           prepare="mule.tasks.prepare:extractor_weights", reads=("images", "extractor weights"), writes=("features", "image rejects"),
-          config=("features.", "data.strict"),
+          config=("features.", "data.strict", "data.dataset", "data.source"),
+          # engine and device are where it runs; the arithmetic they imply is in the vectors'
+          # identity (mule_core.features.numerics)
           operational=frozenset({"features.runner", "features.dask_address", "features.dask_workers",
                                  "features.batch_size", "features.loader_workers", "features.shard_images",
-                                 "features.engine", "features.device"})),
+                                 "features.engine", "features.device", "data.source"})),
     Stage("text", "Captions -> vocabulary and word vectors per language (fastText, or multilingual-e5: text.init).",
           task="mule.tasks.text:build_word_vectors", publish=_PUBLISH + "text",
           reads=("captions", _MT, "vector files"), writes=("word vectors",),
-          config=("text.", "data.dataset", "data.languages", "data.captions", "data.seed"),
-          operational=frozenset({"text.fasttext_threads"})),
+          # model.subwords / ngram_lengths: which n-grams get the word-vector model's vectors
+          config=("text.", "data.dataset", "data.languages", "data.captions", "data.seed", "model.subwords",
+                  "model.ngram_lengths")),
     Stage("pretrain", "LP: the MULE layers on sentences of the same image across languages.",
           task="mule.tasks.pretrain:pretrain_mule", publish=_PUBLISH + "pretrain",
           reads=("captions", _MT, "word vectors"), writes=("LP model",), slot="LP model",
           config=(*_TRAINING, "data.dataset", "data.languages", "data.captions", "text.max_tokens"),
-          operational=_PLACEMENT, ignores=_NOT_LP),
+          operational=_PLACEMENT, ignores=_NOT_LP, threaded=True),
     Stage("train", "Joint training (triplet + NC + LC), best epoch on validation mR; registers the champion.",
           task="mule.tasks.train:train_model", publish=_PUBLISH + "train",
           reads=("captions", _MT, "word vectors", "images", "features", _LP), writes=("model",), slot="model",
           config=(*_TRAINING, "data.dataset", "data.languages", "data.captions", "text.max_tokens", "eval.ks",
                   *_FEATURE_IDENTITY),
-          operational=_PLACEMENT, ignores=frozenset({"train.add_language", "train.base_model"})),
+          operational=_PLACEMENT, ignores=frozenset({"train.add_language", "train.base_model"}), threaded=True),
     Stage("evaluate", "Recall table per language on the test split, cross-lingual retrieval, figures.",
           task="mule.tasks.evaluate:evaluate_model", publish=_PUBLISH + "evaluate",
           # the LP model is what a dataset without images is evaluated with
           reads=("captions", "images", "features", "model", _LP),
           writes=("evaluation",), slot="model",
           config=("eval.", "data.dataset", "train.model_name", "data.train_images", "data.val_images",
-                  "data.test_images", "data.seed", "data.image_size")),
+                  "data.test_images", "data.seed", "data.image_size", "data.source", "train.device"),
+          operational=frozenset({"train.device", "data.source"})),
     Stage("index", "The gallery's approximate index (FAISS HNSW or IVF, 8-bit) over the model's image vectors, for mule serve.",
           task="mule.tasks.index:build_gallery_index", publish=_PUBLISH + "index",
           reads=("images", "features", "model"), writes=("gallery index",), slot="model",
-          config=("index.", "data.dataset", "train.model_name"),
-          operational=frozenset({"index.breadth", "index.min_images"})),
+          config=("index.kind", "index.cells", "data.dataset", "train.model_name")),
     Stage("extend", "Trains a new language's branch onto a frozen trained model (add-language's step).",
           task="mule.tasks.add_language:add_language", publish=_PUBLISH + "extend", kind="step",
           reads=("captions", _MT, "word vectors", "images", "features", "base model"), writes=("model",),
           slot="model",
           config=(*_TRAINING, "data.dataset", "data.languages", "data.captions", "eval.ks", "eval.split",
                   *_FEATURE_IDENTITY),
-          operational=_PLACEMENT),
+          operational=_PLACEMENT, threaded=True),
     Stage("query-translation", "An English model searched with other languages' queries translated word by word.",
           task="mule.tasks.query_translation:evaluate_translated_queries", publish=_PUBLISH + "query_translation",
           kind="step", reads=("captions", "word vectors", "images", "features", "model", "lexicons"),
           writes=("translated-query evaluation",), slot="model",
-          config=("eval.", "data.dataset", "data.languages", "train.model_name")),
+          config=("eval.", "data.dataset", "data.languages", "train.model_name", "train.device", *_WHERE),
+          operational=frozenset({"train.device"}) | _WHERE),
     Stage("ablation", "Baselines and MULE's parts (the paper's Table 2), one child run per model.",
           task=None, kind="sweep", sweep="mule.pipeline.sweeps:ABLATION",
           steps=("pretrain", "train", "evaluate", "query-translation")),

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from mule.data_catalog.images import BadImage, load_rgb
-from mule.mule_core.features import crop_transform, extract
+from mule.mule_core.features import crop_transform, extract, numerics
 
 if TYPE_CHECKING:
     from mule.mule_core.config import FeaturesConfig
@@ -58,5 +58,5 @@ def collate(items) -> tuple[list[int], torch.Tensor | None, list[tuple[int, str]
 def vectors(net, crops: torch.Tensor, device: torch.device) -> np.ndarray:
     """One vector per image of the batch (the mean over its crops), float32."""
     crops = crops.to(device, non_blocking=True)
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=numerics(device) == "bfloat16-autocast"):
         return extract(net, crops).float().cpu().numpy()

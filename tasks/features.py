@@ -38,7 +38,7 @@ from mule.data_catalog.workdir import Workdir
 from mule.mule_core.devices import resolve_device
 from mule.mule_core.errors import UserError
 from mule.mule_core.extractor_names import identity_name, resize_for, setting
-from mule.mule_core.features import backbone
+from mule.mule_core.features import ExtractorError, backbone, numerics
 from mule.mule_core.progress import Progress
 
 from . import extraction
@@ -54,11 +54,12 @@ class ImageRejectedError(UserError, RuntimeError):
     pass
 
 
-def extractor_identity(f: FeaturesConfig, weights: dict) -> tuple[str, dict]:
+def extractor_identity(f: FeaturesConfig, weights: dict, arithmetic: str) -> tuple[str, dict]:
     """(the identity's name, what it is made of). `weights`: the description of the weights
-    the network was loaded with (data_catalog.weights: their file's sha256, or the seed)."""
+    the network was loaded with (data_catalog.weights: their file's sha256, or the seed);
+    `arithmetic`: mule_core.features.numerics of the device it runs on."""
     made_of = {"weights_digest": weights.get("sha256") or weights["weights"],
-               "code": code_parts(extraction.__name__)}  # fmt: skip
+               "code": code_parts(extraction.__name__), "numerics": arithmetic}  # fmt: skip
     return identity_name(f, made_of), {"setting": setting(f.arch, f.weights, f.input_size, f.resize, f.crops,
                                                           f.seed, f.pool), **made_of}  # fmt: skip
 
@@ -127,7 +128,7 @@ def plan_features(ctx: StageContext) -> dict[str, Any]:
                     len(without_file), len(without_file) + len(image_ids), len(image_ids))  # fmt: skip
     device = resolve_device(f.device)
     _, weights = load_extractor(f, device)  # fails fast (offline weights) before any work
-    identity, made_of = extractor_identity(f, weights)
+    identity, made_of = extractor_identity(f, weights, numerics(device))
     folder = ctx.workdir.features_dir(dataset, identity)
     catalog.write_extractor_info(dataset, identity, {
         "extractor": identity, **made_of, "arch": f.arch, "weights": weights["weights"],
@@ -176,6 +177,11 @@ def extract_shard(workdir: str, features: dict, dataset: str, identity: str, sha
     f = FeaturesConfig(**features)
     catalog = Catalog(Workdir.at(workdir))
     device = device_for_worker(resolve_device(f.device))
+    made_by = catalog.extractor_info(dataset, identity) or {}
+    if made_by.get("numerics") != numerics(device):  # a Dask worker on another kind of device
+        raise ExtractorError(f"features {identity} are computed in {made_by.get('numerics')}, and this worker's "
+                             f"{device} computes in {numerics(device)}: their vectors would differ; give the "
+                             "cluster's workers one kind of device, or features.device")  # fmt: skip
     net, _ = load_extractor(f, device)
     image_ids = [i for i, _, _ in shard["images"]]
     paths = [p for _, p, _ in shard["images"]]

@@ -188,3 +188,33 @@ def test_the_features_identity_is_the_extraction_code_not_the_stage_s(workdir, r
     assert identity_name(f, {"weights_digest": "b", "code": {"file x": "1"}}) != name
     assert identity_name(f, {"weights_digest": "a", "code": {"file x": "2"}}) != name
     assert identity_name(dataclasses.replace(f, crops=10), {"weights_digest": "a", "code": {"file x": "1"}}) != name
+    # and with the arithmetic: bfloat16 autocast on CUDA makes other vectors than float32
+    # on the CPU, where PyTorch and ONNX Runtime agree (tests/test_backbones.py) and share one
+    import torch
+
+    from mule.mule_core.features import numerics
+    from mule.tasks.features import extractor_identity
+
+    assert (numerics(torch.device("cpu")), numerics(torch.device("cuda"))) == ("float32", "bfloat16-autocast")
+    weights = {"weights": "imagenet", "sha256": "a"}
+    assert extractor_identity(f, weights, "float32")[0] != extractor_identity(f, weights, "bfloat16-autocast")[0]
+
+
+def test_the_cpu_threads_a_training_stage_computes_with_are_in_its_key(workdir, monkeypatch):
+    """1 and 2 threads train different weights (a parallel sum splits differently), so the
+    count used (train.threads, else what torch would take) is part of the training stages'
+    keys, and only theirs."""
+    from mule.mule_core.devices import cpu_threads
+
+    cfg = resolve("demo", REBUILT_TINY)
+    used = cpu_threads(0)
+    monkeypatch.setenv("OMP_NUM_THREADS", str(used + 1))
+    for name in ("pretrain", "train"):
+        assert reuse.decide(workdir, cfg, name).reason == f"runtime cpu threads {used} -> {used + 1}"
+    for name in ("text", "evaluate"):
+        assert not reuse.decide(workdir, cfg, name).run
+    monkeypatch.setenv("OMP_NUM_THREADS", str(used))
+    assert not reuse.decide(workdir, cfg, "train").run
+    # the count, not how it was asked for: train.threads naming the same count changes nothing
+    assert not reuse.decide(workdir, apply_overrides(cfg, {"train.threads": used}), "train").run
+    assert reuse.decide(workdir, apply_overrides(cfg, {"train.threads": used + 2}), "train").run
