@@ -13,11 +13,15 @@ file (the same captions, another text.init: the image features need not travel t
 A seed is `train.seed`: the model's initial weights and the
 order of the batches (the data and the word vectors stay the same).
 
+Settings are chosen on validation; the test split is read after, once, and shown beside it.
 Joint training rows (LP first, then the train stage's training): validation and test mR.
---lp-only rows (text without images: LP alone): test R@1 per en->x pair at the MULE
-layer, image level and translation pairs, and the perfect-translation ceiling (English
-queries against task1's English lines, the ones the other languages translate: what en->x
-image level would be with translations that lose nothing; bench/lp_ceiling.py).
+--lp-only rows (text without images: LP alone): R@1 per en->x pair at the MULE layer,
+image level and translation pairs, and the perfect-translation ceiling (English queries
+against task1's English lines, the ones the other languages translate: what en->x image
+level would be with translations that lose nothing; bench/lp_ceiling.py), on the
+validation split first, then on the test split. `--last-weights` adds, for each LP row
+with pretrain.ema on, the row of its raw weights ("<row> (last weights)": what
+pretrain.ema=0 keeps, from the same runs: the average never feeds back into training).
 
 Spread and verdict as experiments/seeds.py defines them (the ablation's report uses the
 same): a row's difference from the baseline is taken seed by seed, then averaged; it is
@@ -48,11 +52,13 @@ from mule.mule_core.devices import resolve_device  # noqa: E402
 def metrics_of(result: dict, lp_only: bool) -> dict[str, float]:
     if not lp_only:
         return {"val mR": result["val"], "test mR": result["test"]}
-    out = {f"{pair} R@1": r1 for pair, r1 in result["test_r1"].items() if pair.startswith("en->")}
-    out |= {f"{pair} R@1 (translation)": r1 for pair, r1 in result.get("test_translation_r1", {}).items()
-            if pair.startswith("en->")}  # fmt: skip
-    if "test_ceiling_r1" in result:
-        out["en->en translated lines R@1 (perfect-translation ceiling)"] = result["test_ceiling_r1"]
+    out = {}
+    for split in ("val", "test"):
+        out |= {f"{split} {pair} R@1": r1 for pair, r1 in result[f"{split}_r1"].items() if pair.startswith("en->")}
+        out |= {f"{split} {pair} R@1 (translation)": r1 for pair, r1 in result.get(f"{split}_translation_r1", {}).items()
+                if pair.startswith("en->")}  # fmt: skip
+        if f"{split}_ceiling_r1" in result:
+            out[f"{split} ceiling R@1"] = result[f"{split}_ceiling_r1"]
     return out
 
 
@@ -63,7 +69,8 @@ def print_table(rows: dict, results: dict, seeds: list[int]) -> None:
     columns = list(next(iter(results[baseline].values())))
     print(f"\nmean ± spread over seeds {seeds}; difference from '{baseline}' paired by seed\n")
     print("| row | " + " | ".join(columns) + " |\n|---|" + "---|" * len(columns))
-    for name in [r for r in rows if r in results and all(s in results[r] for s in seeds)]:
+    names = [n for r in rows for n in (r, f"{r} (last weights)")]
+    for name in [r for r in names if r in results and all(s in results[r] for s in seeds)]:
         by_seed, cells = results[name], []
         for column in columns:
             values = [by_seed[s][column] for s in seeds]
@@ -81,6 +88,8 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--preset", default="demo")
     parser.add_argument("--lp-only", action="store_true")
+    parser.add_argument("--last-weights", action="store_true",
+                        help="LP rows with pretrain.ema on: also the raw weights' row, from the same runs")
     parser.add_argument("--only", action="append", help="run only these rows (repeatable)")
     parser.add_argument("--set", dest="assignments", action="append", default=[],
                         help="an override for every row (a row's own settings win)")
@@ -109,7 +118,6 @@ def main() -> None:
         data, splits = loaded[row["inputs"]]
         if row.get("vectors"):
             data = data | {"vectors": torch.load(row["vectors"], map_location="cpu", weights_only=False)["vectors"]}
-        results[name] = {}
         for seed in seeds:
             overrides = {"data.dataset": data.get("dataset", "embedded"), **parse_assignments(args.assignments),
                          **row.get("set", {}), "train.seed": seed}  # fmt: skip
@@ -117,11 +125,13 @@ def main() -> None:
             started = time.perf_counter()
             tag = f"{name} seed {seed}"
             if args.lp_only:
-                result = train_on_workdir.lp_variant(tag, cfg, data, splits, device)
+                found = train_on_workdir.lp_variant(tag, cfg, data, splits, device, args.last_weights)
             else:
-                result = train_on_workdir.train_variant(tag, cfg, data, splits, device, True, True)
-            results[name][seed] = metrics_of(result, args.lp_only)
-            print(f"{tag}: {results[name][seed]} ({time.perf_counter() - started:.0f} s)", flush=True)
+                found = [train_on_workdir.train_variant(tag, cfg, data, splits, device, True, True)]
+            for result, row_name in zip(found, (name, f"{name} (last weights)")):
+                results.setdefault(row_name, {})[seed] = metrics_of(result, args.lp_only)
+                print(f"{tag}: {row_name}: {results[row_name][seed]} ({time.perf_counter() - started:.0f} s)",
+                      flush=True)  # fmt: skip
             if args.out:  # after every run: a run stopped at its time limit keeps what it finished
                 Path(args.out).write_text(json.dumps({"seeds": seeds, "rows": rows, "results": results}, indent=1))
     if next(iter(all_rows)) in results:

@@ -100,9 +100,10 @@ def register(workdir: Workdir, candidate: Candidate) -> dict[str, Any]:
     return {"model": name, "version": int(version.version), "champion": promote, "why": why}
 
 
-def tag_test_results(workdir: Workdir, dataset: str, train_run_id: str | None, mean_mr: float | None,
+def tag_test_results(workdir: Workdir, dataset: str, train_run_id: str | None, split: str, mean_mr: float | None,
                      table: dict) -> int | None:  # fmt: skip
-    """Adds the test mR to the version that train run registered; returns its number."""
+    """Adds the evaluated split's mR (mule.<split>.mR, and per language) to the version that
+    train run registered; returns its number."""
     if not train_run_id or mean_mr is None:
         return None
     client = tracking.client(workdir)
@@ -111,9 +112,9 @@ def tag_test_results(workdir: Workdir, dataset: str, train_run_id: str | None, m
     except MlflowException:
         return None
     for version in versions:
-        client.set_model_version_tag(version.name, version.version, "mule.test_mR", f"{mean_mr:.4f}")
+        client.set_model_version_tag(version.name, version.version, f"mule.{split}.mR", f"{mean_mr:.4f}")
         for lang, row in table.items():
-            client.set_model_version_tag(version.name, version.version, f"mule.test_mR.{lang}", f"{row['mR']:.4f}")
+            client.set_model_version_tag(version.name, version.version, f"mule.{split}.mR.{lang}", f"{row['mR']:.4f}")
     return int(versions[0].version) if versions else None
 
 

@@ -150,30 +150,38 @@ def index(wd: Workdir, cfg: MuleConfig, result: dict, run_id: str | None) -> dic
 
 
 def evaluate(wd: Workdir, cfg: MuleConfig, result: dict, run_id: str | None) -> dict:
-    """The recall table (markdown, CSV, bars), the cross-lingual tables and heatmaps, the
-    retrieved images: beside evaluation.json and on the MLflow run; the test mR on the
-    registered version of the pipeline's model."""
+    """For every split evaluated: the recall table (markdown, CSV, bars), the cross-lingual
+    tables and heatmaps, beside evaluation.json and on the MLflow run, the metrics named by
+    the split they measured (test_2016.en.mR, val.mean_mR, ...); the headline split's
+    retrieved images, and its mR on the registered version of the pipeline's model."""
     tracker, dataset = Tracker(wd, run_id), cfg.data.dataset
-    out, table, crossing = Path(result["results_dir"]), result["table"], result["cross_lingual"]
-    pairing, ceilings = result.get("translation_pairs", {}), result.get("translation_ceiling", {})
-    files = {"cross_lingual.md": cross_lingual_markdown(crossing, pairs=pairing, ceilings=ceilings) + "\n"}
-    figures = {f"cross_lingual_{layer}.png": plots.cross_lingual_heatmap(pairs, result["languages"],
-                                                                         f"sentence -> sentence, {layer} layer")
-               for layer, pairs in crossing.items() if pairs}  # fmt: skip
-    metrics = {f"test.xling.{layer}.{pair}.r{k}": row[f"r{k}"]
-               for layer, pairs in crossing.items() for pair, row in pairs.items() for k in (1, 5, 10)}  # fmt: skip
-    metrics |= {f"test.xling_translation.{layer}.{pair}.r{k}": row[f"r{k}"]
-                for layer, pairs in pairing.items() for pair, row in pairs.items() for k in (1, 5, 10)}  # fmt: skip
-    metrics |= {f"test.xling_ceiling.{layer}.{pair}.r{k}": row[f"r{k}"]
-                for layer, pairs in ceilings.items() for pair, row in pairs.items() for k in (1, 5, 10)}  # fmt: skip
-    if table:
-        files |= {"recalls.md": recall_markdown(table) + "\n", "recalls.csv": to_csv(recall_rows(table))}
-        figures["recalls.png"] = plots.recall_bars(table, f"{dataset} {result['split']}: retrieval per language")
-        if result.get("examples"):
-            figures["retrieved_images.png"] = plots.retrieved_images(result["examples"])
-        metrics |= {f"test.{lang}.{k}": v for lang, row in table.items() for k, v in row.items()}
-        metrics["test.mean_mR"] = result["mean_mR"]
-        metrics |= {f"ceiling.{lang}.mR": row["mR"] for lang, row in result.get("ceiling", {}).items()}
+    out = Path(result["results_dir"])
+    splits = result.get("splits") or {result["split"]: result}
+    headline = next(iter(splits))
+    files, figures, metrics = {}, {}, {}
+    for name, measured in splits.items():
+        suffix = "" if name == headline else f"_{name}"
+        crossing, table = measured["cross_lingual"], measured["table"]
+        pairing, ceilings = measured.get("translation_pairs", {}), measured.get("translation_ceiling", {})
+        files[f"cross_lingual{suffix}.md"] = cross_lingual_markdown(crossing, pairs=pairing, ceilings=ceilings) + "\n"
+        figures |= {f"cross_lingual_{layer}{suffix}.png": plots.cross_lingual_heatmap(
+            pairs, measured["languages"], f"{name}: sentence -> sentence, {layer} layer")
+            for layer, pairs in crossing.items() if pairs}  # fmt: skip
+        metrics |= {f"{name}.xling.{layer}.{pair}.r{k}": row[f"r{k}"]
+                    for layer, pairs in crossing.items() for pair, row in pairs.items() for k in (1, 5, 10)}  # fmt: skip
+        metrics |= {f"{name}.xling_translation.{layer}.{pair}.r{k}": row[f"r{k}"]
+                    for layer, pairs in pairing.items() for pair, row in pairs.items() for k in (1, 5, 10)}  # fmt: skip
+        metrics |= {f"{name}.xling_ceiling.{layer}.{pair}.r{k}": row[f"r{k}"]
+                    for layer, pairs in ceilings.items() for pair, row in pairs.items() for k in (1, 5, 10)}  # fmt: skip
+        if table:
+            files |= {f"recalls{suffix}.md": recall_markdown(table) + "\n",
+                      f"recalls{suffix}.csv": to_csv(recall_rows(table))}  # fmt: skip
+            figures[f"recalls{suffix}.png"] = plots.recall_bars(table, f"{dataset} {name}: retrieval per language")
+            metrics |= {f"{name}.{lang}.{k}": v for lang, row in table.items() for k, v in row.items()}
+            metrics[f"{name}.mean_mR"] = measured["mean_mR"]
+            metrics |= {f"{name}.ceiling.{lang}.mR": row["mR"] for lang, row in measured.get("ceiling", {}).items()}
+    if result.get("examples"):
+        figures["retrieved_images.png"] = plots.retrieved_images(result["examples"])
     out.mkdir(parents=True, exist_ok=True)
     for name, content in files.items():
         write_text_atomic(content, out / name)
@@ -184,9 +192,10 @@ def evaluate(wd: Workdir, cfg: MuleConfig, result: dict, run_id: str | None) -> 
         tracker.artifact(out / name)  # the file just written: rendering it again for MLflow costs as much
     tracker.artifact(out / "evaluation.json")
     tracker.metrics(metrics)
-    if not table or cfg.train.model_name != "model":
+    if not result["table"] or cfg.train.model_name != "model":
         return {}
-    return {"registered_version": registry.tag_test_results(wd, dataset, _train_run(wd, cfg), result["mean_mR"], table)}
+    return {"registered_version": registry.tag_test_results(wd, dataset, _train_run(wd, cfg), headline,
+                                                            result["mean_mR"], result["table"])}
 
 
 def _train_run(wd: Workdir, cfg: MuleConfig) -> str | None:
@@ -211,7 +220,7 @@ def extend(wd: Workdir, cfg: MuleConfig, result: dict, run_id: str | None) -> di
 
 def query_translation(wd: Workdir, cfg: MuleConfig, result: dict, run_id: str | None) -> dict:
     tracker = Tracker(wd, run_id)
-    tracker.metrics({f"test.{lang}.mR": row["mR"] for lang, row in result["table"].items()})
+    tracker.metrics({f"{result['split']}.{lang}.mR": row["mR"] for lang, row in result["table"].items()})
     tracker.params({"translate.lexicons": result["lexicons"]})
     return {}
 

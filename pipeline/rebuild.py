@@ -123,9 +123,9 @@ def report(wd: Workdir, cfg: MuleConfig, results: dict, decisions: dict[str, str
     if "ablation" in results:
         tracker.artifact(Path(results["ablation"]["results_dir"]) / "ablation.md")
     if "evaluate" in results and results["evaluate"]["table"]:
-        table = results["evaluate"]["table"]
-        per_language = {f"test.{lang}.mR": row["mR"] for lang, row in table.items()}
-        tracker.metrics({"test.mean_mR": results["evaluate"]["mean_mR"], **per_language})
+        table, split = results["evaluate"]["table"], results["evaluate"]["split"]
+        per_language = {f"{split}.{lang}.mR": row["mR"] for lang, row in table.items()}
+        tracker.metrics({f"{split}.mean_mR": results["evaluate"]["mean_mR"], **per_language})
         for name in ("recalls.md", "recalls.csv", "recalls.png"):
             path = wd.results_dir(cfg.data.dataset) / name
             if path.exists():

@@ -1,4 +1,5 @@
-"""Evaluation: per-language recalls (R@1/5/10 both ways, mR) on the test split,
+"""Evaluation: per-language recalls (R@1/5/10 both ways, mR) on the test split (or every
+split eval.split names: "tests" is every test split the dataset has),
 cross-lingual sentence retrieval at the MULE and multimodal layers (image level: any
 caption of the query's image; and translation pairs: the query's own translation among
 the target language's translated lines, where the split has them), and a few queries
@@ -8,6 +9,7 @@ it are the publisher's (pipeline.publish)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -53,7 +55,7 @@ def retrieval_examples(model, data: SplitTensors, catalog, dataset: str, device,
     return examples
 
 
-def _evaluate_text_only(ctx: StageContext) -> dict[str, Any]:
+def _evaluate_text_only(ctx: StageContext, splits: list[tuple[str, str]]) -> dict[str, Any]:
     """No images: cross-lingual sentence retrieval of the LP model at the MULE layer."""
     catalog, cfg, dataset = ctx.catalog, ctx.cfg, ctx.dataset
     path = catalog.lp_model_path(cfg)
@@ -66,46 +68,60 @@ def _evaluate_text_only(ctx: StageContext) -> dict[str, Any]:
                   dataset)  # fmt: skip
     model, meta = load_model(path)
     device = resolve_device(cfg.train.device)
-    data = load_split(catalog, dataset, cfg.eval.split, meta["vocabulary"], meta["cfg"].text.max_tokens)
     out = ctx.workdir.results_dir(dataset)
-    summary = {"split": cfg.eval.split, "model": str(path), "best_epoch": meta.get("best_epoch"), "mean_mR": None,
-               "table": {}, "cross_lingual": {"mule": cross_lingual(model, data, device, "mule")},
-               "translation_pairs": {"mule": translation_pairs(model, data, device, "mule")},
-               "translation_ceiling": {"mule": translation_ceilings(model, data, device, "mule")}, "images": 0,
-               "sentences": len(data.caption_image), "languages": list(data.languages), "examples": [],
-               "results_dir": str(out)}  # fmt: skip
-    write_json_atomic(summary, out / "evaluation.json")
+    results = {}
+    for selector, name in splits:
+        data = load_split(catalog, dataset, selector, meta["vocabulary"], meta["cfg"].text.max_tokens)
+        results[name] = {"split": name, "mean_mR": None, "table": {},
+                         "cross_lingual": {"mule": cross_lingual(model, data, device, "mule")},
+                         "translation_pairs": {"mule": translation_pairs(model, data, device, "mule")},
+                         "translation_ceiling": {"mule": translation_ceilings(model, data, device, "mule")},
+                         "images": 0, "sentences": len(data.caption_image), "languages": list(data.languages)}  # fmt: skip
+    return _summary(ctx, results, {"model": str(path), "best_epoch": meta.get("best_epoch"), "examples": [],
+                                   "results_dir": str(out)})  # fmt: skip
+
+
+def _summary(ctx: StageContext, results: dict[str, dict], common: dict) -> dict[str, Any]:
+    """The headline split's results at the top (the first of eval.split), every split's
+    under "splits"; written to evaluation.json."""
+    headline = next(iter(results))
+    summary = {**results[headline], **common, "splits": results}
+    write_json_atomic(summary, Path(common["results_dir"]) / "evaluation.json")
     return summary
 
 
 def evaluate_model(ctx: StageContext) -> dict[str, Any]:
     wd, catalog, cfg = ctx.workdir, ctx.catalog, ctx.cfg
     dataset = cfg.data.dataset
+    splits = queries.evaluation_splits(catalog, dataset, cfg.eval.split)
+    if not splits:
+        raise MissingInputError(f"eval.split={cfg.eval.split!r} names no split")
     if queries.image_file_count(catalog, dataset) == 0:
-        return _evaluate_text_only(ctx)
+        return _evaluate_text_only(ctx, splits)
     path = wd.model_path(dataset, cfg.train.model_name)
     model, meta = load_model(path)
     device = resolve_device(cfg.train.device)
-    data = load_split(catalog, dataset, cfg.eval.split, meta["vocabulary"], meta["cfg"].text.max_tokens,
-                      meta["extractor"])  # fmt: skip
-    table = evaluate_split(model, data, device, cfg.eval.ks)
     layers = ("mule", "joint") if model.has_mule else ("joint",)
     out = wd.model_results_dir(dataset, cfg.train.model_name)
-    summary = {"split": cfg.eval.split, "model": str(path), "best_epoch": meta.get("best_epoch"),
-               "mean_mR": mean_mr(table), "table": table, "images": data.n_images,
-               "cross_lingual": {layer: cross_lingual(model, data, device, layer) for layer in layers},
-               "translation_pairs": {layer: translation_pairs(model, data, device, layer) for layer in layers},
-               "translation_ceiling": {layer: translation_ceilings(model, data, device, layer) for layer in layers},
-               "languages": list(data.languages),
-               "results_dir": str(out)}  # fmt: skip
-    ceiling = embedded_ceiling(wd, cfg.data, cfg.eval.split)
-    if ceiling:  # what a model that knew every scene would score: how far there is to go
-        summary["ceiling"] = {lang: ceiling[lang] for lang in table if lang in ceiling}
-    summary["examples"] = (retrieval_examples(model, data, catalog, dataset, device, cfg.eval.examples)
-                           if cfg.eval.examples > 0 else [])  # fmt: skip
-    write_json_atomic(summary, out / "evaluation.json")
-    logger().info("test mean mR %.2f (%s, %d images)", summary["mean_mR"], cfg.eval.split, data.n_images)
-    return summary
+    results = {}
+    for number, (selector, name) in enumerate(splits):
+        data = load_split(catalog, dataset, selector, meta["vocabulary"], meta["cfg"].text.max_tokens,
+                          meta["extractor"])  # fmt: skip
+        table = evaluate_split(model, data, device, cfg.eval.ks)
+        result = {"split": name, "mean_mR": mean_mr(table), "table": table, "images": data.n_images,
+                  "cross_lingual": {layer: cross_lingual(model, data, device, layer) for layer in layers},
+                  "translation_pairs": {layer: translation_pairs(model, data, device, layer) for layer in layers},
+                  "translation_ceiling": {layer: translation_ceilings(model, data, device, layer) for layer in layers},
+                  "languages": list(data.languages)}  # fmt: skip
+        ceiling = embedded_ceiling(wd, cfg.data, selector)
+        if ceiling:  # what a model that knew every scene would score: how far there is to go
+            result["ceiling"] = {lang: ceiling[lang] for lang in table if lang in ceiling}
+        if number == 0:  # the headline split's retrieved images
+            result["examples"] = (retrieval_examples(model, data, catalog, dataset, device, cfg.eval.examples)
+                                  if cfg.eval.examples > 0 else [])  # fmt: skip
+        results[name] = result
+        logger().info("%s mean mR %.2f (%d images)", name, result["mean_mR"], data.n_images)
+    return _summary(ctx, results, {"model": str(path), "best_epoch": meta.get("best_epoch"), "results_dir": str(out)})
 
 
 def read_results(workdir, dataset: str) -> dict | None:

@@ -88,7 +88,7 @@ def test_mlflow_runs(rebuilt):
     assert parent.info.run_name == "rebuild" and parent.info.status == "FINISHED"
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # the UI opens on runs
     for lang in ("en", "de", "fr", "cs"):  # the parent run shows every language, not only the mean
-        assert parent.data.metrics[f"test.{lang}.mR"] == pytest.approx(results["evaluate"]["table"][lang]["mR"])
+        assert parent.data.metrics[f"test_2016.{lang}.mR"] == pytest.approx(results["evaluate"]["table"][lang]["mR"])
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     assert sorted(r.info.run_name for r in children) == sorted(STAGES)
     flow_runs = {r.data.tags["prefect.flow_run_id"] for r in [parent, *children]}
@@ -115,7 +115,7 @@ def test_mlflow_runs(rebuilt):
     assert {"recalls.md", "recalls.csv", "recalls.png", "retrieved_images.png"} <= {
         a.path for a in client.list_artifacts(evaluate.info.run_id)
     }
-    assert evaluate.data.metrics["test.en.mR"] == pytest.approx(results["evaluate"]["table"]["en"]["mR"])
+    assert evaluate.data.metrics["test_2016.en.mR"] == pytest.approx(results["evaluate"]["table"]["en"]["mR"])
     assert by_name["features"].data.tags["mule.weights"].startswith("efficientnet_lite0 ImageNet")
     features = by_name["features"].data.params
     assert len(features["features.weights_sha256"]) == 64 and features["features.weights_file_used"].endswith(".pth")
@@ -180,7 +180,7 @@ def test_the_command_with_nothing_to_run_records_the_reuse_without_starting_pref
                                 order_by=["attributes.start_time DESC"], max_results=1,
                                 filter_string="tags.mlflow.runName = 'rebuild'")[0]  # fmt: skip
     assert parent.data.tags["mule.stages_ran"] == "none" and "prefect.flow_run_id" not in parent.data.tags
-    assert parent.data.metrics["test.mean_mR"] == pytest.approx(rebuilt[1]["evaluate"]["mean_mR"])
+    assert parent.data.metrics["test_2016.mean_mR"] == pytest.approx(rebuilt[1]["evaluate"]["mean_mR"])
     children = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     assert sorted(r.info.run_name for r in children) == sorted(STAGES)
     assert all(r.data.tags["mule.stage_status"] == "reused" and r.data.tags["mule.reused_from_run"] for r in children)
@@ -232,7 +232,7 @@ def test_a_caption_edit_reruns_the_text_side_and_not_the_features(rebuilt, tmp_p
     assert sorted(int(v.version) for v in versions) == [1, 2]
     best = max(versions, key=lambda v: (float(v.tags["mule.val_mR"]), -int(v.version)))
     assert client.get_model_version_by_alias("mule-embedded", "champion").version == best.version
-    assert all(v.tags["mule.test_mR"] and v.tags["mule.champion_decision"] for v in versions)
+    assert all(v.tags["mule.test_2016.mR"] and v.tags["mule.champion_decision"] for v in versions)
 
 
 @pytest.mark.slow
@@ -390,6 +390,28 @@ def test_a_stage_reruns_alone_and_resumes(rebuilt):
     experiment = client.get_experiment_by_name("mule/embedded")
     top_level = [r for r in client.search_runs([experiment.experiment_id]) if "mlflow.parentRunId" not in r.data.tags]
     assert sorted(r.info.run_name for r in top_level) == ["evaluate", "features", "features", "rebuild"]
+
+
+@pytest.mark.slow
+def test_every_test_split_in_one_evaluation_each_under_its_own_names(rebuilt):
+    """eval.split=tests,val: every test split the dataset has, then val, in one run; each
+    split's metrics carry its name (never test.* for what was not the test split), the
+    first is the headline."""
+    from mule.flows.stages import evaluate_flow
+
+    wd, results = rebuilt
+    both = evaluate_flow(workdir=str(wd.root), overrides={**TINY, "eval.split": "tests,val"}, force=True)
+    assert list(both["splits"]) == ["test_2016", "val"] and both["split"] == "test_2016"
+    assert both["splits"]["test_2016"]["table"] == results["evaluate"]["table"] == both["table"]
+    assert both["splits"]["val"]["images"] == 16 and both["splits"]["test_2016"]["images"] == 24
+    client = MlflowClient(wd.mlflow_uri)
+    run = client.search_runs([client.get_experiment_by_name("mule/embedded").experiment_id],
+                             order_by=["attributes.start_time DESC"], max_results=1,
+                             filter_string="tags.mlflow.runName = 'evaluate'")[0]  # fmt: skip
+    assert run.data.metrics["val.mean_mR"] == pytest.approx(both["splits"]["val"]["mean_mR"])
+    assert run.data.metrics["test_2016.mean_mR"] == pytest.approx(results["evaluate"]["mean_mR"])
+    assert not any(name.startswith("test.") for name in run.data.metrics)
+    assert {"recalls.md", "recalls_val.md", "cross_lingual_val.md"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
 
 
 @pytest.mark.slow

@@ -37,10 +37,10 @@ def test_the_champion_moves_only_when_a_comparable_model_is_better_and_test_resu
     assert version.tags["mule.val_mR"] == "40.0000" and version.tags["mule.languages"] == "en,de"
     assert version.tags["mule.champion_decision"] == decisions[1]["why"]
 
-    # The evaluate stage adds the test mR to the version its model's train run registered.
+    # The evaluate stage adds the mR of the split it measured to the version its model's train run registered.
     table = {"en": {"mR": 41.25}}
     run = client.get_model_version("mule-toy", "5").run_id
-    assert registry.tag_test_results(wd, "toy", run, 41.25, table) == 5
+    assert registry.tag_test_results(wd, "toy", run, "test_2016", 41.25, table) == 5
     tags = client.get_model_version("mule-toy", "5").tags
-    assert tags["mule.test_mR"] == "41.2500" and tags["mule.test_mR.en"] == "41.2500"
-    assert registry.tag_test_results(wd, "toy", "no-such-run", 41.25, table) is None
+    assert tags["mule.test_2016.mR"] == "41.2500" and tags["mule.test_2016.mR.en"] == "41.2500"
+    assert registry.tag_test_results(wd, "toy", "no-such-run", "test_2016", 41.25, table) is None
