@@ -4,7 +4,13 @@ fast as it is answered) for a fixed time, while one more client keeps uploading 
 resident memory before and after.
 
     python bench/serve_load.py [--workdir DIR] [--clients 1,8,32] [--seconds 20] [--image-share 0.2]
-                               [--python PY --module M] [--serve-arg=--max-megapixels=100 ...]
+                               [--hostile 80] [--python PY --module M] [--serve-arg=--max-megapixels=100 ...]
+
+--hostile N: a second table, each row with N slow clients beside the N honest ones (half
+announce a 1 MB upload and send a byte a second, half never finish their headers; each
+reconnects when dropped) and four 6000 x 6000 16-bit PNG uploads at once (36 MP, a few
+hundred KB each) kept in flight: the honest clients' throughput and latency, what the
+slow ones got, and the server's peak resident memory.
 
 --workdir: a workdir with a champion (default: a small demo workdir built first, ~1 min).
 Requests: sentences drawn from the catalog's captions by a seed (GET /api/search, k=10)
@@ -115,6 +121,70 @@ class BigUploads(threading.Thread):
             self.seconds.append(time.perf_counter() - started)
 
 
+class SlowClients(threading.Thread):
+    """`count` connections at a time that never finish: uploads announcing 1 MB and sending
+    a byte a second, or headers that never end; a dropped one is replaced. Counts the
+    statuses the server sent them (0: closed without an answer)."""
+
+    def __init__(self, port: int, until: float, count: int):
+        super().__init__(daemon=True)
+        self.port, self.until, self.count = port, until, count
+        self.statuses: dict[int, int] = {}
+
+    def _open(self, n: int) -> socket.socket:
+        sock = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+        sock.setblocking(False)
+        if n % 2:
+            sock.sendall(f"POST /api/image HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\nContent-Length: {2**20}\r\n\r\n"
+                         .encode())  # fmt: skip
+        else:
+            sock.sendall(f"GET /api/info HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\nX-Slow: ".encode())
+        return sock
+
+    def run(self) -> None:
+        open_ = [self._open(n) for n in range(self.count)]
+        while time.perf_counter() < self.until:
+            for n, sock in enumerate(open_):
+                try:
+                    head = sock.recv(64)
+                    code = int(head.split()[1]) if head.startswith(b"HTTP/") else 0
+                    self.statuses[code] = self.statuses.get(code, 0) + 1
+                    sock.close()
+                    open_[n] = self._open(n)
+                except BlockingIOError:
+                    try:
+                        sock.send(b"x")  # one more byte of a body (or of a header) that never ends
+                    except OSError:
+                        pass
+                except OSError:
+                    open_[n] = self._open(n)
+            time.sleep(1.0)
+        for sock in open_:
+            sock.close()
+
+
+class PeakRSS(threading.Thread):
+    def __init__(self, pid: int, until: float):
+        super().__init__(daemon=True)
+        self.pid, self.until, self.peak = pid, until, 0.0
+
+    def run(self) -> None:
+        while time.perf_counter() < self.until:
+            self.peak = max(self.peak, rss_mb(self.pid))
+            time.sleep(0.05)
+
+
+def png16(side: int) -> bytes:
+    """A side x side 16-bit grey PNG (a gradient: a few hundred KB for tens of megapixels)."""
+    import numpy as np
+    from PIL import Image
+
+    row = (np.arange(side, dtype=np.uint32) * 65535 // (side - 1)).astype(np.uint16)
+    buffer = io.BytesIO()
+    Image.fromarray(np.broadcast_to(row, (side, side)).copy()).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -145,6 +215,7 @@ def main() -> None:
     parser.add_argument("--module", default="mule.flows.cli")
     parser.add_argument("--cwd", type=Path, default=REPO)
     parser.add_argument("--serve-arg", action="append", default=[])
+    parser.add_argument("--hostile", type=int, default=0, help="slow clients per row of the hostile table (0: none)")
     args = parser.parse_args()
     workdir = args.workdir
     if workdir is None:
@@ -197,12 +268,51 @@ def main() -> None:
         end_rss = rss_mb(server.pid)
         print("\n" + "\n".join(lines))
         print(f"\nserver RSS: {start_rss:.0f} MB after warm-up, {end_rss:.0f} MB at the end ({end_rss - start_rss:+.0f} MB)")
+        if args.hostile:
+            hostile(args, port, server.pid, sentences, images)
     finally:
         server.terminate()
         try:
             server.wait(timeout=20)
         except subprocess.TimeoutExpired:
             server.kill()
+
+
+def hostile(args, port: int, pid: int, sentences: list[str], images: list[bytes]) -> None:
+    png = png16(6000)
+    before = rss_mb(pid)
+    lines = [f"\nhostile: {args.hostile} slow clients and four 6000 x 6000 16-bit PNGs ({len(png) / 1024:.0f} KB) in "
+             f"flight beside the honest clients; server RSS before {before:.0f} MB",
+             "| honest clients | requests/s | search p50 / p99 ms | upload p50 / p99 ms | errors | slow clients got | "
+             "16-bit PNG answers (s each) | peak RSS MB |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for count in [int(c) for c in args.clients.split(",")]:
+        until = time.perf_counter() + args.seconds
+        clients = [Client(port, until, sentences, images, args.image_share, args.seed + i) for i in range(count)]
+        slow = SlowClients(port, until, args.hostile)
+        uploads = [BigUploads(port, until, png) for _ in range(4)]
+        peak = PeakRSS(pid, until + 5)
+        for thread in [peak, slow, *uploads, *clients]:
+            thread.start()
+        for thread in [slow, *uploads, *clients, peak]:
+            thread.join(args.seconds + 130)
+        search = [x for c in clients for x in c.latencies["search"]]
+        upload = [x for c in clients for x in c.latencies["image"]]
+        errors = [e for c in clients for e in c.errors]
+        answers: dict[int, int] = {}
+        for u in uploads:
+            for code, n in u.answers.items():
+                answers[code] = answers.get(code, 0) + n
+        seconds = [s for u in uploads for s in u.seconds]
+        lines.append(f"| {count} | {(len(search) + len(upload)) / args.seconds:.1f} | "
+                     f"{1000 * percentile(search, 0.5):.1f} / {1000 * percentile(search, 0.99):.1f} | "
+                     f"{1000 * percentile(upload, 0.5):.1f} / {1000 * percentile(upload, 0.99):.1f} | {len(errors)} | "
+                     f"{', '.join(f'{n} x {c}' for c, n in sorted(slow.statuses.items())) or 'nothing yet'} | "
+                     f"{', '.join(f'{n} x {c}' for c, n in sorted(answers.items()))} "
+                     f"({statistics.median(seconds) if seconds else float('nan'):.2f}) | {peak.peak:.0f} |")  # fmt: skip
+        print(lines[-1], flush=True)
+        for error in errors[:3]:
+            print(f"    e.g. {error}")
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -2,8 +2,11 @@
 name, then renamed over it. A crash leaves the old file or the new one, never half of
 one; the temporaries of killed writers are removed by the next writer.
 
-Every write is also a crash point (data_catalog.faults), between the temporary file and
-the rename, for the tests that kill a stage at the worst moment.
+Every write passes a named point between the temporary file and the rename
+(`write:<folder>/<file>`; the translate stage's journal passes `journal:<dataset>`). In a
+normal run nothing listens there (POINTS is empty). It is the one seam for the tests that
+kill a stage at the worst moment: data_catalog.faults hooks into it, only when a test asks
+for it (MULE_CRASH_AT, MULE_BUG_AT; flows.cli installs it then).
 """
 
 from __future__ import annotations
@@ -15,7 +18,32 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .faults import remove_stale_temporaries, write_point
+# Called with the point's name at every write point; empty unless faults.install() ran.
+POINTS: list[Callable[[str], None]] = []
+
+
+def point(name: str) -> None:
+    for hook in POINTS:
+        hook(name)
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_temporaries(path: Path) -> None:
+    """Temporary files that killed writers left beside `path` (.<name>.tmp-<pid> of a dead
+    pid), whatever their name: feature parts are never written twice under one name."""
+    for tmp in path.parent.glob(".*.tmp-*"):
+        pid = tmp.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and not process_alive(int(pid)):
+            tmp.unlink(missing_ok=True)
 
 
 @contextmanager
@@ -26,8 +54,8 @@ def atomic_path(path: Path, crash_point: bool = True) -> Iterator[Path]:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         yield tmp
-        if crash_point:
-            write_point(path)
+        if crash_point and POINTS:
+            point(f"write:{path.parent.name}/{path.name}")
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

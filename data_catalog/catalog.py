@@ -63,13 +63,45 @@ def readable_parquet(path: Path) -> bool:
         return False
 
 
+def _lock_conflict(error: Exception) -> bool:
+    """DuckDB's answer when another process holds the database file: not damage."""
+    text = str(error).lower()
+    return "lock" in text and ("conflicting" in text or "could not set" in text)
+
+
+def _duckdb_readable(path: Path) -> bool:
+    """The file opens as a DuckDB database (read-only: a lock conflict also proves it one)."""
+    try:
+        duckdb.connect(str(path), read_only=True).close()
+        return True
+    except duckdb.Error as error:
+        return _lock_conflict(error)
+
+
+def _quoted(text: str) -> str:
+    return text.replace("'", "''")
+
+
 def write_parquet_atomic(table: pa.Table, path: Path) -> Path:
     return write_atomic(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
 
 
 class Catalog:
-    def __init__(self, workdir: Workdir):
+    """read_only: a reading command's catalog (mule serve, search, catalog): it writes
+    nothing, catalog.duckdb included, and its writes are errors."""
+
+    def __init__(self, workdir: Workdir, read_only: bool = False):
         self.workdir = workdir
+        self.read_only = read_only
+
+    def _committing(self) -> None:
+        """Before a write readers see: they wait until this stage is recorded (data_catalog.locks)."""
+        if self.read_only:
+            raise CatalogError(f"a reading command tried to write the catalog of {self.workdir.root}")
+        from .locks import committing, holds_lock
+
+        if holds_lock(self.workdir):  # a run (tests and benches that run stages alone have no readers)
+            committing(self.workdir)
 
     # -- views ----------------------------------------------------------------------
     def _globs(self) -> dict[str, str]:
@@ -79,52 +111,85 @@ class Catalog:
         return globs
 
     def refresh_views(self) -> None:
-        """(Re)creates one view per table that has files; safe to call any time. The views
-        are all catalog.duckdb holds, derived from the Parquet files: an unreadable database
-        is rebuilt rather than trusted, and a damaged Parquet file is left out of its view
-        (the stage that wrote it runs again: pipeline.reuse checks outputs before reuse)."""
+        """Refreshes catalog.duckdb, the views people query with `duckdb` (mule's own reads
+        never open it: Catalog.query). Only a run holding the workdir's lock writes it. The
+        views are derived from the Parquet files, so a file proven unreadable is rebuilt;
+        one another process has open (a lock conflict) is left alone, and the next run
+        refreshes it. A damaged Parquet file is left out of its view (the stage that wrote
+        it runs again: pipeline.reuse checks outputs before reuse)."""
+        from .locks import holds_lock
+
+        if self.read_only:
+            return
+        path = self.workdir.duckdb_path
         try:
-            con = duckdb.connect(str(self.workdir.duckdb_path))
-        except duckdb.Error:
-            self._rebuild_database()
-            con = duckdb.connect(str(self.workdir.duckdb_path))
+            con = duckdb.connect(str(path))
+        except duckdb.Error as error:
+            if _lock_conflict(error):
+                log.warning("catalog: %s is open in another process (%s); its views are refreshed by the next run",
+                            path, str(error).splitlines()[0][:200])  # fmt: skip
+                return
+            if path.exists() and not _duckdb_readable(path) and holds_lock(self.workdir):
+                self._rebuild_database()  # proven unreadable, and no other mule process writes here
+                con = duckdb.connect(str(path))
+            else:
+                log.warning("catalog: %s cannot be opened (%s); its views are refreshed by the next run", path,
+                            str(error).splitlines()[0][:200])  # fmt: skip
+                return
         with con:
             for name, pattern in self._globs().items():
-                files = sorted(glob.glob(pattern))
-                if not files:
+                if not self._create_view(con, name, pattern):
                     con.execute(f"DROP VIEW IF EXISTS {name}")
-                    continue
-                try:
-                    con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM "
-                                f"read_parquet('{pattern}', union_by_name = true)")  # fmt: skip
-                except duckdb.Error:
-                    readable = [f for f in files if readable_parquet(Path(f))]
-                    log.warning("catalog: left out of the %s view, unreadable (damaged?): %s", name,
-                                ", ".join(f for f in files if f not in readable))  # fmt: skip
-                    if not readable:
-                        con.execute(f"DROP VIEW IF EXISTS {name}")
-                        continue
-                    listed = ", ".join("'" + f.replace("'", "''") + "'" for f in readable)
-                    con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM "
-                                f"read_parquet([{listed}], union_by_name = true)")  # fmt: skip
+
+    def _create_view(self, con, name: str, pattern: str, replace: str = "") -> bool:
+        """A view over the table's Parquet files: all of them, or the readable ones (a
+        damaged file is left out, saying so); False when there are none it can read.
+        `replace`: a REPLACE clause for its columns."""
+        files = sorted(glob.glob(pattern))
+        if not files:
+            return False
+        columns = f"* REPLACE ({replace})" if replace else "*"
+        try:
+            con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT {columns} FROM "
+                        f"read_parquet('{_quoted(pattern)}', union_by_name = true)")  # fmt: skip
+            return True
+        except duckdb.Error:
+            readable = [f for f in files if readable_parquet(Path(f))]
+            log.warning("catalog: left out of the %s view, unreadable (damaged?): %s", name,
+                        ", ".join(f for f in files if f not in readable))  # fmt: skip
+            if not readable:
+                return False
+            listed = ", ".join(f"'{_quoted(f)}'" for f in readable)
+            con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT {columns} FROM "
+                        f"read_parquet([{listed}], union_by_name = true)")  # fmt: skip
+            return True
 
     def _rebuild_database(self) -> None:
         log.warning("catalog: %s was unreadable; rebuilt from the Parquet tables", self.workdir.duckdb_path)
         for stale in (self.workdir.duckdb_path, self.workdir.duckdb_path.with_name("catalog.duckdb.wal")):
             stale.unlink(missing_ok=True)
 
-    def _connect_read_only(self):
-        if not self.workdir.duckdb_path.exists():
-            self.refresh_views()
-        try:
-            return duckdb.connect(str(self.workdir.duckdb_path), read_only=True)
-        except duckdb.Error:
-            self._rebuild_database()
-            self.refresh_views()
-            return duckdb.connect(str(self.workdir.duckdb_path), read_only=True)
+    def _connect(self, sql: str):
+        """An in-memory DuckDB with a view over the Parquet files of each table `sql` names.
+        Never catalog.duckdb: a reader cannot collide with a run writing it, and never
+        writes the workdir. In a workdir copied or moved since its last run, the images'
+        paths inside it are read as they are now (the next run rewrites them for good)."""
+        con = duckdb.connect()
+        globs = self._globs()
+        moved = self.workdir.moved_from()
+        for name in VIEWS:
+            if not re.search(rf"\b{name}\b", sql):
+                continue
+            replace = ""
+            if name == "images" and moved is not None:
+                old, new = str(moved).rstrip("/") + "/", str(self.workdir.root) + "/"
+                replace = (f"CASE WHEN starts_with(path, '{_quoted(old)}') THEN '{_quoted(new)}' || "
+                           f"substr(path, {len(old) + 1}) ELSE path END AS path")  # fmt: skip
+            self._create_view(con, name, globs[name], replace)
+        return con
 
     def query(self, sql: str, params: list | None = None) -> pa.Table:
-        with self._connect_read_only() as con:
+        with self._connect(sql) as con:
             try:
                 relation = con.sql(sql, params=params or None)
                 # DuckDB 2 renamed arrow() to to_arrow_table().
@@ -140,6 +205,7 @@ class Catalog:
         schema = TABLES[name]
         table = table.select(schema.names).cast(schema)
         path = self.workdir.table_path(name, dataset)
+        self._committing()
         write_parquet_atomic(table, path)
         self.refresh_views()
         return path
@@ -195,6 +261,11 @@ class Catalog:
         return self.workdir.lp_model_path(data.dataset, data.captions, None if set(used) == present else used,
                                           cfg.train.seed)  # fmt: skip
 
+    def lp_checkpoint_path(self, cfg) -> Path:
+        """LP's checkpoint beside its model (pretrain-checkpoint.pt, ...)."""
+        path = self.lp_model_path(cfg)
+        return path.with_name(f"{path.stem}-checkpoint.pt")
+
     def languages(self, dataset: str) -> list[str]:
         """The languages of a dataset's captions (human or machine-translated)."""
         return sorted(self.query("SELECT DISTINCT lang FROM captions WHERE dataset = ?", [dataset])["lang"].to_pylist())
@@ -240,6 +311,7 @@ class Catalog:
         from mule.mule_core.extractor_names import setting_name
 
         current = self.current_extractors(dataset) | {setting_name(features): identity}
+        self._committing()
         write_json_atomic(current, self._current_file(dataset))
 
     def feature_identities(self, dataset: str) -> list[dict]:
@@ -313,6 +385,7 @@ class Catalog:
     def drop_superseded_features(self, dataset: str, extractor: str, image_ids: set[str], keep: set[str]) -> int:
         """Removes image_ids' rows from every part but those named in `keep` (the parts that
         hold their new features), so the table has one row per image. Returns rows dropped."""
+        self._committing()
         dropped = 0
         for part in self.feature_parts(dataset, extractor):
             if part.name in keep:

@@ -1,16 +1,18 @@
-"""Crash points, for the tests that kill a stage and rerun it.
+"""Fault injection, for the tests that kill a stage and rerun it: hooks into the write
+points of data_catalog.atomic (its one seam), never imported by a normal run.
 
 `MULE_CRASH_AT=<pattern>[@n]` makes the process kill itself with SIGKILL (no cleanup, no
 finally, like a power cut or the OOM killer) the n-th time it passes a point whose name
 matches the glob pattern. Every atomic write is a point, between writing its temporary
 file and renaming it into place: `write:<folder>/<file>` (write:captions/embedded.parquet,
 write:*/part-00001.parquet, write:embedded/model-checkpoint.pt); so is every translation
-appended to the translate stage's journal (journal:<dataset>). Unset, a point costs one
-dictionary lookup.
+appended to the translate stage's journal (journal:<dataset>).
 
 `MULE_BUG_AT=<pattern>` raises an internal error there instead: a FileNotFoundError for a
 path no user gave, the kind of bug that must keep its traceback (exit 1, mule.error_kind=bug)
 and never be reported as bad input.
+
+`install()` (flows.cli calls it when either variable is set) hooks `crash_point` in.
 """
 
 from __future__ import annotations
@@ -18,13 +20,23 @@ from __future__ import annotations
 import os
 import signal
 from fnmatch import fnmatch
-from pathlib import Path
+
+from . import atomic
 
 _hits: dict[str, int] = {}
 
 
 class InjectedBug(FileNotFoundError):
     """What MULE_BUG_AT raises: an internal error, not one of mule's input checks."""
+
+
+def wanted() -> bool:
+    return bool(os.environ.get("MULE_CRASH_AT") or os.environ.get("MULE_BUG_AT"))
+
+
+def install() -> None:
+    if crash_point not in atomic.POINTS:
+        atomic.POINTS.append(crash_point)
 
 
 def crash_point(name: str) -> None:
@@ -39,26 +51,3 @@ def crash_point(name: str) -> None:
         _hits[pattern] = _hits.get(pattern, 0) + 1
         if _hits[pattern] >= int(nth or 1):
             os.kill(os.getpid(), signal.SIGKILL)
-
-
-def write_point(path: Path) -> None:
-    crash_point(f"write:{path.parent.name}/{path.name}")
-
-
-def remove_stale_temporaries(path: Path) -> None:
-    """Temporary files that killed writers left beside `path` (.<name>.tmp-<pid> of a dead
-    pid), whatever their name: feature parts are never written twice under one name."""
-    for tmp in path.parent.glob(".*.tmp-*"):
-        pid = tmp.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and int(pid) != os.getpid() and not process_alive(int(pid)):
-            tmp.unlink(missing_ok=True)
-
-
-def process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

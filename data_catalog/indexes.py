@@ -41,8 +41,12 @@ def index_files(wd: Workdir, dataset: str, model_name: str = "model") -> list[Pa
 def write_index(wd: Workdir, dataset: str, model_name: str, index, image_ids: list[str], info: dict) -> Path:
     import faiss
 
+    from .locks import committing, holds_lock
+
     folder = index_dir(wd, dataset, model_name)
     faiss_file, rows_file, info_file = index_files(wd, dataset, model_name)
+    if holds_lock(wd):  # three files mule serve reads together: they appear at once (data_catalog.locks)
+        committing(wd)
     write_atomic(faiss_file, lambda tmp: faiss.write_index(index, str(tmp)))
     write_parquet_atomic(pa.table({"image_id": pa.array(image_ids, pa.string())}), rows_file)
     files = {p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in (faiss_file, rows_file)}

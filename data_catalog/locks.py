@@ -1,4 +1,4 @@
-"""One mule process at a time per workdir.
+"""One mule process at a time per workdir, and readers that never see a stage half-written.
 
 Two `mule run` (or deployment) processes writing the same catalog could interleave their
 tables; the second one refuses with a message naming the holder instead. The lock is an
@@ -6,6 +6,14 @@ flock on <workdir>/mule.lock, so the kernel releases it when its holder dies, ev
 kill -9: a stale lock never blocks the rerun. The file holds who has it (pid, host,
 stage, command, since when) for the refusal message. A process re-enters its own lock:
 `rebuild` holds it across its stages and each stage updates the holder's stage.
+
+Readers (`mule serve`, `mule search`, `mule catalog`) take no workdir lock: they read while
+a run writes. What they read is consistent: a stage that changes what readers see
+(Catalog's writes of tables, of the current features, of the gallery index) first takes
+catalog.lock exclusively (`committing`), and keeps it until its record is written
+(`end_commit`, by pipeline.runner), so its outputs appear all at once; a reader loads
+under the shared lock (`catalog_reading`), waiting the few seconds a stage takes to write
+them. A stage's computing (training for an hour) holds nothing readers wait for.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import os
 import socket
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -24,6 +33,7 @@ from mule.mule_core.errors import UserError
 from .workdir import Workdir
 
 _held: dict[str, int] = {}  # lock file -> descriptor, for the locks this process holds
+_runs: dict[str, str] = {}  # lock file -> this holding's token (what a remote worker checks)
 
 
 class WorkdirBusyError(UserError):
@@ -36,8 +46,8 @@ def _describe(info: dict) -> str:
             f"`{info.get('command')}`, since {since}")  # fmt: skip
 
 
-def _write_holder(fd: int, stage: str, since: float) -> None:
-    info = {"pid": os.getpid(), "host": socket.gethostname(), "stage": stage,
+def _write_holder(fd: int, stage: str, since: float, run: str = "") -> None:
+    info = {"pid": os.getpid(), "host": socket.gethostname(), "stage": stage, "run": run,
             "command": " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv)), "since": since}  # fmt: skip
     data = json.dumps(info).encode()
     os.ftruncate(fd, 0)
@@ -50,6 +60,32 @@ def holder(workdir: Workdir) -> dict | None:
         return json.loads(workdir.lock_path.read_text() or "null")
     except (FileNotFoundError, ValueError):
         return None
+
+
+def run_token(workdir: Workdir) -> str | None:
+    """This process's holding of the workdir's lock, as a token (None when it holds none):
+    what work handed to other machines checks before it writes (still_running)."""
+    return _runs.get(str(workdir.lock_path))
+
+
+def still_running(workdir: Workdir, token: str) -> bool:
+    """The run whose token this is still holds the workdir: a Dask worker's shard, done
+    after that run stopped (its lock released) or while another run holds the workdir, is
+    not written. Asked from any process that sees the workdir."""
+    if _runs.get(str(workdir.lock_path)) == token:
+        return True
+    try:
+        fd = os.open(workdir.lock_path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return False  # nobody holds it: the run is over
+        except BlockingIOError:
+            return (holder(workdir) or {}).get("run") == token
+    finally:
+        os.close(fd)
 
 
 def holds_lock(workdir: Workdir) -> bool:
@@ -68,10 +104,10 @@ def workdir_lock(workdir: Workdir, stage: str, wait: bool = False,
     path = str(workdir.lock_path)
     if path in _held:  # this process already holds it (a stage inside rebuild)
         fd, outer = _held[path], _last_stage
-        _write_holder(fd, stage, time.time())
+        _write_holder(fd, stage, time.time(), _runs[path])
         _last_stage = stage
         yield
-        _write_holder(fd, outer or stage, time.time())
+        _write_holder(fd, outer or stage, time.time(), _runs[path])
         _last_stage = outer
         return
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -93,12 +129,13 @@ def workdir_lock(workdir: Workdir, stage: str, wait: bool = False,
                 told = info.get("stage")
             time.sleep(0.2)
     _held[path] = fd
+    _runs[path] = uuid.uuid4().hex
     try:
-        _write_holder(fd, stage, time.time())
+        _write_holder(fd, stage, time.time(), _runs[path])
         _last_stage = stage
         yield
     finally:
-        del _held[path]
+        del _held[path], _runs[path]
         os.ftruncate(fd, 0)
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
@@ -114,3 +151,57 @@ def last_stage() -> str | None:
 
 def describe(info: dict) -> str:
     return _describe(info)
+
+
+class CatalogBusyError(UserError):
+    pass
+
+
+_commits: dict[str, int] = {}  # catalog.lock -> descriptor, while this process writes what readers see
+
+
+def committing(workdir: Workdir) -> None:
+    """This process is about to change what readers see: readers wait until end_commit
+    (waits itself for the readers loading now, seconds at most)."""
+    path = str(workdir.catalog_lock_path)
+    if path in _commits:
+        return
+    workdir.catalog_lock_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    _commits[path] = fd
+
+
+def end_commit(workdir: Workdir) -> None:
+    """The stage is recorded: readers may read again."""
+    fd = _commits.pop(str(workdir.catalog_lock_path), None)
+    if fd is not None:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+@contextmanager
+def catalog_reading(workdir: Workdir, timeout: float = 120.0) -> Iterator[None]:
+    """For a reader: the catalog as the last stage left it, never half-way through a
+    stage's writes. Creates nothing (no lock file yet: no run has written since readers
+    took care). A run still writing after `timeout` seconds: CatalogBusyError saying so."""
+    try:
+        fd = os.open(workdir.catalog_lock_path, os.O_RDONLY)
+    except FileNotFoundError:
+        yield
+        return
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    info = holder(workdir) or {}
+                    raise CatalogBusyError(f"a mule run is writing the catalog of {workdir.root} ({_describe(info)}) "
+                                           f"for more than {timeout:.0f} s; try again when it is done") from None  # fmt: skip
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)  # releases the shared lock

@@ -116,6 +116,11 @@ class Workdir:
         return self.root / "mule.lock"
 
     @property
+    def catalog_lock_path(self) -> Path:
+        """Readers' and writers' lock on what readers see (data_catalog.locks.committing)."""
+        return self.state_dir / "catalog.lock"
+
+    @property
     def home_marker(self) -> Path:
         return self.root / "workdir.json"
 
@@ -125,6 +130,20 @@ class Workdir:
             return Path(json.loads(self.home_marker.read_text())["root"])
         except (FileNotFoundError, KeyError, ValueError):
             return None
+
+    def moved_from(self) -> Path | None:
+        """The root this workdir was copied or moved from, while no run has adopted it here
+        yet (experiments.relocation); None when it is where it was last used."""
+        previous = self.recorded_root()
+        return previous if previous is not None and previous != self.root else None
+
+    def here(self, path: Path) -> Path:
+        """A path stored before the workdir was copied or moved, as it is now (for readers:
+        a run rewrites the stored paths for good, experiments.relocation)."""
+        moved = self.moved_from()
+        if moved is not None and Path(path).is_relative_to(moved):
+            return self.root / Path(path).relative_to(moved)
+        return Path(path)
 
     def record_root(self) -> None:
         from .atomic import write_json_atomic

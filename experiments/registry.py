@@ -11,6 +11,8 @@ better model.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 from dataclasses import dataclass
@@ -50,12 +52,42 @@ class Candidate:
     languages: tuple[str, ...]
     val_split: str  # digest of the validation image ids
     eval_split: str  # the evaluation split's name (test, test_2016, ...)
+    model_identity: str = ""  # model_identity(the train stage's record): registered once, whoever publishes it
 
 
 def _tags(c: Candidate) -> dict[str, str]:
     return {"mule.val_mR": f"{c.val_mR:.4f}", "mule.languages": ",".join(c.languages),
             "mule.val_split": c.val_split, "mule.eval_split": c.eval_split, "mule.dataset": c.dataset,
-            "mule.train_run_id": c.run_id}  # fmt: skip
+            "mule.train_run_id": c.run_id, "mule.model_identity": c.model_identity}  # fmt: skip
+
+
+def model_identity(train_record: dict | None) -> str:
+    """What tells one trained model from another: the train stage's key and its weights'
+    digest (a forced retrain that makes other weights is another model); "" for none."""
+    if not train_record:
+        return ""
+    blob = json.dumps([train_record.get("key"), train_record.get("outputs")], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def registered_for(workdir: Workdir, dataset: str, model_identity: str) -> dict[str, Any] | None:
+    """The version already registered for this train key (a run that registered it and
+    stopped before its record said so), as register() returns it; None when there is none."""
+    if not model_identity:
+        return None
+    client, name = tracking.client(workdir), model_name(dataset)
+    try:
+        versions = client.search_model_versions(f"name = '{name}'")
+    except MlflowException:
+        return None
+    found = [v for v in versions if v.tags.get("mule.model_identity") == model_identity]
+    if not found:
+        return None
+    version = min(found, key=lambda v: int(v.version))
+    champion = _champion(client, name)
+    return {"model": name, "version": int(version.version),
+            "champion": champion is not None and champion.version == version.version,
+            "why": version.tags.get("mule.champion_decision", "") + " (registered before, by the run that trained it)"}  # fmt: skip
 
 
 def _champion(client, name: str):
@@ -100,15 +132,18 @@ def register(workdir: Workdir, candidate: Candidate) -> dict[str, Any]:
     return {"model": name, "version": int(version.version), "champion": promote, "why": why}
 
 
-def tag_test_results(workdir: Workdir, dataset: str, train_run_id: str | None, split: str, mean_mr: float | None,
+def tag_test_results(workdir: Workdir, dataset: str, train: dict | None, split: str, mean_mr: float | None,
                      table: dict) -> int | None:  # fmt: skip
-    """Adds the evaluated split's mR (mule.<split>.mR, and per language) to the version that
-    train run registered; returns its number."""
-    if not train_run_id or mean_mr is None:
+    """Adds the evaluated split's mR (mule.<split>.mR, and per language) to the version the
+    train stage registered (`train`: its record: the version with its key, or one its runs
+    registered); returns its number."""
+    if not train or mean_mr is None:
         return None
     client = tracking.client(workdir)
+    runs = {train.get("run_id"), train.get("published_in_run")} - {None}
     try:
-        versions = client.search_model_versions(f"name = '{model_name(dataset)}' and run_id = '{train_run_id}'")
+        versions = [v for v in client.search_model_versions(f"name = '{model_name(dataset)}'")
+                    if v.tags.get("mule.model_identity") == model_identity(train) or v.run_id in runs]  # fmt: skip
     except MlflowException:
         return None
     for version in versions:
@@ -123,6 +158,9 @@ def resolve_model_file(
 ) -> tuple[Path, str]:
     """The weights-only model file (data_catalog.models format) of a train run: the champion's
     unless a run id or version is given. Returns (path, what it is, for messages)."""
+    if not tracking.store_exists(workdir):
+        raise RegistryError(f"no trained model in {workdir.root} (no MLflow store yet): train a model first "
+                            "(mule demo, or mule run train)")  # fmt: skip
     client, name = tracking.client(workdir), model_name(dataset)
     if run_id is None:
         try:
@@ -142,8 +180,8 @@ def resolve_model_file(
         root = client.get_run(run_id).info.artifact_uri
     except MlflowException:
         raise RegistryError(f"no MLflow run {run_id} in {workdir.root}") from None
-    if root.startswith("file://"):  # the workdir's own artifact store: read in place
-        path = Path(urlparse(root).path) / "model.pt"
+    if root.startswith("file://"):  # the workdir's own artifact store: read in place (where it is now)
+        path = workdir.here(Path(urlparse(root).path) / "model.pt")
     else:
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
         try:

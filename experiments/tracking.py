@@ -97,6 +97,11 @@ def _store(workdir: Workdir) -> Path:
     return workdir.root / "mlflow.db"
 
 
+def store_exists(workdir: Workdir) -> bool:
+    """The workdir has an MLflow store (a reader must not make one by asking)."""
+    return _store(workdir).exists()
+
+
 def _columns(con: sqlite3.Connection) -> list[tuple[str, str]]:
     present = []
     for table, column in ARTIFACT_COLUMNS:

@@ -115,7 +115,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-megapixels", type=float, default=40.0,
                        help="largest image upload in pixels, read from its header before decoding (default: 40)")
     serve.add_argument("--max-in-flight", type=int, default=64,
-                       help="requests admitted at once; the next get 503 with Retry-After (default: 64)")
+                       help="requests admitted at once, uploads apart; the next get 503 with Retry-After (default: 64)")
+    serve.add_argument("--max-uploads", type=int, default=8,
+                       help="image uploads admitted at once, apart from the other requests (default: 8)")
+    serve.add_argument("--header-timeout", type=float, default=10.0,
+                       help="seconds a request's headers may take to arrive; then 408 (default: 10)")
+    serve.add_argument("--body-timeout", type=float, default=10.0,
+                       help="seconds an upload's body may take to arrive; then 408 (default: 10)")
+    serve.add_argument("--reload", type=float, default=30.0,
+                       help="every this many seconds, serve a new champion or new gallery images if a run made "
+                            "them (0: never; default: 30)")
     serve.add_argument("--threads", type=int, default=0,
                        help="threads for the encoders and the gallery scan (default: one per core)")
     serve.add_argument("--allowed-host", action="append", default=[],
@@ -260,6 +269,7 @@ def _waiting_for(workdir: Workdir):
 
 # What a stage keeps of its own work when it is stopped (else: what it finished)
 RESUMES = {"features": "the images extracted so far", "train": "its checkpoint of the last finished epoch",
+           "pretrain": "its checkpoint of the last finished epoch",
            "translate": "the sentences translated so far", "ablation": "the variants finished",
            "add-language": "the steps finished"}  # fmt: skip
 
@@ -273,16 +283,20 @@ def _stopped_line(workdir: Workdir, cfg, began: float):
         from .interrupts import how
 
         stage = last_stage() or "starting"
-        finished = []
+        finished, unpublished = [], []
         for path in sorted(workdir.root.glob(f"state/stages/{cfg.data.dataset}/*.json")):
             try:
                 record = json.loads(path.read_text())
                 if record.get("finished", 0) >= began:
                     finished.append((record["finished"], path.stem))
+                    if record.get("published") is False:
+                        unpublished.append(path.stem)
             except (OSError, ValueError, KeyError, TypeError):
                 continue
         kept = [", ".join(name for _, name in sorted(finished)) + " (finished)"] if finished else []
-        if stage in RESUMES:
+        if unpublished:
+            kept.append(f"{', '.join(unpublished)}: computed and recorded, not yet published (the next run publishes it)")
+        if stage in RESUMES and stage not in unpublished:
             kept.append(f"{stage}: {RESUMES[stage]}")
         where = "before any stage started" if stage in ("starting", "rebuild") or stage.startswith("run: ") else (
             f"in stage {stage}")  # fmt: skip
@@ -319,12 +333,20 @@ def _without_prefect_if_up_to_date(workdir: Workdir, cfg, stages: list[str], for
     return results | {"mlflow_run_id": run_id, "stages": decisions}
 
 
-def _adopted(path: str | None) -> Workdir:
-    """The workdir, its stored paths pointed at itself if it was copied or moved."""
-    from mule.experiments.relocation import adopt
+def _reading(path: str | None, command: str) -> Workdir:
+    """The workdir for a reading command (serve, search, catalog, ui): it takes no lock and
+    writes nothing there, while a run may be writing it. A workdir copied or moved since its
+    last run is read where it is now; the next run points its stored paths here for good."""
+    from mule.experiments import tracking
 
     workdir = Workdir.at(path)
-    adopt(workdir)
+    if not workdir.root.is_dir():
+        raise ConfigError(f"mule {command}: there is no workdir at {workdir.root}: run `mule demo` (or `mule run`) first")
+    tracking.check_store(workdir)
+    moved = workdir.moved_from()
+    if moved is not None:
+        print(f"mule {command}: {workdir.root} was copied or moved from {moved}; read where it is now (the next "
+              "`mule run` points its stored paths here)", flush=True)  # fmt: skip
     return workdir
 
 
@@ -336,8 +358,10 @@ def cmd_ui(args: argparse.Namespace) -> int:
         raise ConfigError(f"--workers must be at least 1, got {args.workers}")
     from mule.experiments import tracking
 
-    workdir = _adopted(args.workdir)
-    workdir.artifacts_dir.mkdir(parents=True, exist_ok=True)
+    workdir = _reading(args.workdir, "ui")
+    if not tracking.store_exists(workdir):
+        print(f"no runs yet in {workdir.root}: run `mule demo` first", flush=True)
+        return 1
     base = f"http://{_browsable(args.host)}:{args.port}"
     runs = tracking.runs_address(workdir, base, args.dataset)
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", workdir.mlflow_uri,
@@ -404,41 +428,38 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.max_upload_mb <= 0:
         raise ConfigError(f"--max-upload-mb must be positive, got {args.max_upload_mb}")
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    from mule.serving import gallery as galleries
-    from mule.serving import search
 
     if args.max_megapixels <= 0 or args.max_in_flight < 1 or args.threads < 0:
         raise ConfigError("--max-megapixels and --max-in-flight must be positive, --threads at least 0")
     options = serving_options(args.assignments)
+    if args.reload < 0 or args.header_timeout <= 0 or args.body_timeout <= 0 or args.max_uploads < 1:
+        raise ConfigError("--reload must be at least 0, --header-timeout and --body-timeout positive, "
+                          "--max-uploads at least 1")  # fmt: skip
+    from mule.serving import live as serving
+
     started = time.perf_counter()
-    workdir = _adopted(args.workdir)
-    searcher = search.open_searcher(workdir, args.dataset, args.run, args.version)
-    index, how = None, "exact scan"
-    if args.index != "off" and args.split == "all":
-        index, why = galleries.stored_index(searcher, breadth=options.breadth)
-        enough = index is not None and len(index[1]) >= options.min_images
-        if index is not None and (enough or args.index == "on"):
-            how = why
-        else:
-            if args.index == "on":
-                print(f"mule serve: {why}: scanning every image exactly", flush=True)
-            index = None
-    gallery = galleries.load_gallery(searcher, args.split, index)
-    embedder = search.embedder(searcher)
+    workdir = _reading(args.workdir, "serve")
+    request = serving.Request(workdir, args.dataset, args.run, args.version, args.split, args.index, options.breadth,
+                              options.min_images)  # fmt: skip
+    served, source, how = serving.load(request)
+    embedder, gallery = served.embedder, served.gallery
     weights = embedder.warm_up()  # before the first queries, not during them
     captions = sum(len(c.ids) for c in gallery.captions.values())
-    print(f"{searcher.label}: {len(gallery.image_ids):,} images and {captions:,} sentences "
+    print(f"{embedder.label}: {len(gallery.image_ids):,} images and {captions:,} sentences "
           f"({', '.join(gallery.captions)}) of {args.dataset} ({args.split}) embedded in "
           f"{time.perf_counter() - started:.1f} s, {gallery.nbytes / 2**20:.1f} MiB; images searched by "
-          f"{gallery.index_kind if index is not None else how}; image extractor {embedder.extractor} ({weights})",
-          flush=True)  # fmt: skip
+          f"{how}; image extractor {embedder.extractor} ({weights})", flush=True)  # fmt: skip
     import uvicorn
 
-    from mule.serving.app import allowed_hosts_for, create_app
+    from mule.serving.app import Live, allowed_hosts_for, create_app, deadline_protocol
 
+    live = Live(served)
     app = create_app(embedder, gallery, int(args.max_upload_mb * 2**20), args.dataset,
                      max_pixels=int(args.max_megapixels * 1e6), max_in_flight=args.max_in_flight,
-                     cpu_threads=args.threads or None, allowed_hosts=allowed_hosts_for(args.host, tuple(args.allowed_host)))  # fmt: skip
+                     max_uploads=args.max_uploads, body_timeout=args.body_timeout, cpu_threads=args.threads or None,
+                     allowed_hosts=allowed_hosts_for(args.host, tuple(args.allowed_host)), live=live)  # fmt: skip
+    if args.reload:  # a new champion or new gallery images, served without a restart
+        serving.Reloader(request, live, source, args.reload).start()
     print(f"search page: http://{_browsable(args.host)}:{args.port}/  (JSON API: /api/search?q=..., "
           f"POST /api/image; Ctrl-C stops)", flush=True)  # fmt: skip
     from . import interrupts
@@ -446,7 +467,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     interrupts.install(lambda signum: f"mule serve: stopped by {interrupts.how(signum)}; port {args.port} is free")
     # uvicorn takes Ctrl-C and SIGTERM while it serves and stops (answers in flight get a
     # second); it swallows the KeyboardInterrupt it raises again, so ask what stopped it.
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=1)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=1,
+                http=deadline_protocol(args.header_timeout))  # fmt: skip
     stopped_by = interrupts.stopping()
     return interrupts.finish(stopped_by) if stopped_by else 0
 
@@ -458,12 +480,17 @@ def cmd_search(args: argparse.Namespace) -> int:
     if args.k < 1:
         raise ConfigError(f"--k must be at least 1, got {args.k}")
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    from mule.data_catalog.locks import catalog_reading
     from mule.serving import search
 
-    workdir = _adopted(args.workdir)
-    searcher = search.open_searcher(workdir, args.dataset, args.run, args.version)
+    workdir = _reading(args.workdir, "search")
+    with catalog_reading(workdir):  # never a stage's outputs half-written
+        searcher = search.open_searcher(workdir, args.dataset, args.run, args.version)
+        if args.text:
+            found = search.search_text(searcher, args.text, args.lang, args.k, args.split)
+        else:
+            found = search.search_image(searcher, Path(args.image), args.k, args.split)
     if args.text:
-        found = search.search_text(searcher, args.text, args.lang, args.k, args.split)
         print(f"{found['model']}; query in {found['lang']} ({found['language']}); "
               f"{found['gallery']} images ({found['split']})")  # fmt: skip
         composed = set(found["composed_words"])
@@ -476,7 +503,6 @@ def cmd_search(args: argparse.Namespace) -> int:
         for r in found["results"]:
             print(f"{r['rank']:>3}  {r['score']:.3f}  {r['image_id']:<24} {r['split']:<10} {r['path']}")
     else:
-        found = search.search_image(searcher, Path(args.image), args.k, args.split)
         print(f"{found['model']}; image features: {found['features']}")
         for lang, results in found["results"].items():
             print(f"[{lang}]")
@@ -496,15 +522,17 @@ def cmd_search(args: argparse.Namespace) -> int:
 def cmd_catalog(args: argparse.Namespace) -> int:
     from mule.data_catalog import queries
     from mule.data_catalog.catalog import Catalog
+    from mule.data_catalog.locks import catalog_reading
 
-    workdir = _adopted(args.workdir)
-    catalog = Catalog(workdir)
+    workdir = _reading(args.workdir, "catalog")
+    catalog = Catalog(workdir, read_only=True)
     if not catalog.datasets():
         print(f"the catalog in {workdir.root} is empty: run `mule demo` or `mule run ingest ...`")
         return 0
-    catalog.refresh_views()
     print(f"catalog: {workdir.duckdb_path}")
-    held = queries.summary(catalog)
+    with catalog_reading(workdir):
+        held = queries.summary(catalog)
+        identities = {dataset: catalog.feature_identities(dataset) for dataset in catalog.datasets()}
     for row in held["images"]:
         print(
             f"  images    {row['dataset']:<12} {row['split']:<18} {row['images']:>7}  ({row['with_file']} with a file)"
@@ -513,8 +541,8 @@ def cmd_catalog(args: argparse.Namespace) -> int:
         print(f"  captions  {row['dataset']:<12} {row['split']:<18} {row['lang']:<4} {row['n']:>7}  {row['origin']}")
     for row in held["rejects"]:
         print(f"  rejects   {row['dataset']:<12} {row['kind']:<18} {row['n']:>7}")
-    for dataset in catalog.datasets():
-        for row in catalog.feature_identities(dataset):
+    for dataset, rows in identities.items():
+        for row in rows:
             use = "current" if row["current"] else "kept (a model may use it; delete the folder to free it)"
             print(f"  features  {dataset:<12} {row['extractor']:<50} {row['rows']:>7}  "
                   f"{row['bytes'] / 2**20:.1f} MiB, {use}")  # fmt: skip
@@ -523,6 +551,10 @@ def cmd_catalog(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if os.environ.get("MULE_CRASH_AT") or os.environ.get("MULE_BUG_AT"):  # tests that kill runs ask for it
+        from mule.data_catalog import faults
+
+        faults.install()
     try:
         if args.command == "demo":
             overrides = parse_assignments(args.assignments)

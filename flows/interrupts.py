@@ -28,6 +28,9 @@ import time
 from collections.abc import Callable
 
 GRACE_S = 1.5
+# What the cleanups (ending MLflow runs in SQLite, stopping Prefect's server) may take in
+# all: one that hangs (a store locked by another process) is left, and the line comes out.
+CLEANUP_S = 2.0
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -55,6 +58,8 @@ class _State:
         self.arming = threading.Lock()
         self.finishing = threading.Lock()
         self.finished = False
+        self.said = False  # the one line is out
+        self.saying = threading.Lock()
         self.cleanups: list[Callable[[], None]] = []  # in order, before the line is printed
         self.last: list[Callable[[], None]] = []  # after it (the Prefect server, stopped last)
         self.abandon: list[Callable[[], None]] = []  # when the cleanups cannot run (a second signal)
@@ -135,9 +140,10 @@ def finish(signum: int) -> int:
     try:
         if not _state.finished:
             _state.finished = True
-            _run(_state.cleanups)
-            print(_safe_message(signum), file=sys.stderr, flush=True)
-            _run(_state.last)
+            deadline = time.monotonic() + CLEANUP_S
+            _run(_state.cleanups, deadline)
+            _say(signum)
+            _run(_state.last, deadline + CLEANUP_S / 2)
     finally:
         _state.finishing.release()
     return exit_code(signum)
@@ -148,8 +154,9 @@ def _exit_now(signum: int, wait: float) -> None:
         _state.finishing.release()
         if not _state.finished:
             finish(signum)
-    else:  # the main thread is in the cleanups: leave them
+    else:  # the main thread is in the cleanups: leave them, say the line all the same
         _run(_state.abandon)
+        _say(signum)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -158,12 +165,37 @@ def _exit_now(signum: int, wait: float) -> None:
     os._exit(exit_code(signum))
 
 
-def _run(actions: list[Callable[[], None]]) -> None:
+def _run(actions: list[Callable[[], None]], deadline: float | None = None) -> None:
+    """Each action in turn; with a deadline, each on a thread of its own, waited for only
+    until the deadline: one that hangs is left behind (the process is about to end)."""
     for action in actions:
-        try:
-            action()
-        except Exception:  # noqa: BLE001 - a cleanup that fails must not keep the others from running
-            pass
+        if deadline is None:
+            _quietly(action)
+            continue
+        left = deadline - time.monotonic()
+        if left <= 0:
+            _debug(f"no time left for {getattr(action, '__name__', action)}")
+            continue
+        worker = threading.Thread(target=_quietly, args=(action,), name="mule-cleanup", daemon=True)
+        worker.start()
+        worker.join(left)
+        if worker.is_alive():
+            _debug(f"{getattr(action, '__name__', action)} did not finish in time: left behind")
+
+
+def _quietly(action: Callable[[], None]) -> None:
+    try:
+        action()
+    except Exception:  # noqa: BLE001 - a cleanup that fails must not keep the others from running
+        pass
+
+
+def _say(signum: int) -> None:
+    with _state.saying:
+        if _state.said:
+            return
+        _state.said = True
+    print(_safe_message(signum), file=sys.stderr, flush=True)
 
 
 def _safe_message(signum: int) -> str:

@@ -110,15 +110,23 @@ def train(wd: Workdir, cfg: MuleConfig, result: dict, run_id: str | None) -> dic
     tracker.artifact(path)  # weights + vocabularies, loadable without pickle (data_catalog.models.load_model)
     if not run_id or cfg.train.model_name != "model":  # the ablation's and add-language's variants are not registered
         return {}
+    from mule.pipeline import reuse
     from mule.serving import mlflow_model
 
     dataset, f = cfg.data.dataset, cfg.features
+    # One version per trained model, whoever publishes it: a stopped run and the next
+    identity = registry.model_identity(reuse.read_record(wd, cfg, "train"))
+    registered = registry.registered_for(wd, dataset, identity)
+    if registered is not None:
+        tracker.tags({"mule.registered_version": str(registered["version"]),
+                      "mule.champion": str(registered["champion"]).lower()})  # fmt: skip
+        return {"registry": registered}
     source = mlflow_model.log_model(wd.mlflow_uri, run_id, path, result["examples"],
                                     f"{dataset} model of run {run_id}",
                                     {"name": result["extractor"], "weights": _weights_source(f)},
                                     _carried_weights(wd, f))  # fmt: skip
     candidate = registry.Candidate(dataset, run_id, source, result["val_mean_mR"], tuple(result["languages"]),
-                                   result["val_images"], cfg.eval.split)  # fmt: skip
+                                   result["val_images"], cfg.eval.split, identity)  # fmt: skip
     registered = registry.register(wd, candidate)
     tracker.tags({"mule.registered_version": str(registered["version"]),
                   "mule.champion": str(registered["champion"]).lower()})  # fmt: skip
@@ -194,17 +202,11 @@ def evaluate(wd: Workdir, cfg: MuleConfig, result: dict, run_id: str | None) -> 
     tracker.metrics(metrics)
     if not result["table"] or cfg.train.model_name != "model":
         return {}
-    return {"registered_version": registry.tag_test_results(wd, dataset, _train_run(wd, cfg), headline,
-                                                            result["mean_mR"], result["table"])}
-
-
-def _train_run(wd: Workdir, cfg: MuleConfig) -> str | None:
-    """The MLflow run that trained (and registered) the evaluated model: the train stage's
-    record says, whether this rebuild trained it or reused it."""
     from mule.pipeline import reuse
 
-    record = reuse.read_record(wd, cfg, "train")
-    return record.get("run_id") if record else None
+    # the train stage's record names the model's key and runs, whether this rebuild trained it or reused it
+    return {"registered_version": registry.tag_test_results(wd, dataset, reuse.read_record(wd, cfg, "train"),
+                                                            headline, result["mean_mR"], result["table"])}
 
 
 def extend(wd: Workdir, cfg: MuleConfig, result: dict, run_id: str | None) -> dict:

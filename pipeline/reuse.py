@@ -245,8 +245,10 @@ def _outputs_changed(wd: Workdir, hasher: FileHasher, record: dict) -> str:
 
 
 def record(wd: Workdir, cfg: MuleConfig, decision: Decision, result: Any, run_id: str | None) -> None:
-    """After the stage ran: its key (of the inputs it started from), its outputs' digests
-    and its result."""
+    """As soon as the stage's computation returned, before anything is published: its key
+    (of the inputs it started from), its outputs' digests and its result, "published":
+    false. A stop while publishing then loses nothing: the next run reuses the stage and
+    publishes it (publish_pending)."""
     if not decision.key:  # no key could be taken before it ran: the next run takes one
         return
     catalog, hasher = Catalog(wd), FileHasher(wd)
@@ -256,7 +258,24 @@ def record(wd: Workdir, cfg: MuleConfig, decision: Decision, result: Any, run_id
     path = wd.stage_record_path(cfg.data.dataset, stage, decision.slot)
     write_json_atomic({"stage": stage, "key": decision.key, "parts": decision.parts, "outputs": outputs,
                        "result": result, "run_id": run_id, "finished": time.time(), "reason": decision.reason,
-                       "root": str(wd.root)}, path)  # fmt: skip
+                       "root": str(wd.root), "published": False}, path)  # fmt: skip
+
+
+def mark_published(wd: Workdir, cfg: MuleConfig, decision: Decision, result: Any, run_id: str | None) -> None:
+    """The stage's publishing is done (in run `run_id`): its record says so, with what the
+    publisher added to the result (a registered version)."""
+    if not decision.key:
+        return
+    path = wd.stage_record_path(cfg.data.dataset, decision.stage, decision.slot)
+    current = _read_record(path)
+    if current is None or current["key"] != decision.key:
+        return
+    write_json_atomic({**current, "result": result, "published": True, "published_in_run": run_id}, path)
+
+
+def publish_pending(decision: Decision) -> bool:
+    """The stage was computed and recorded, and its run stopped before publishing it."""
+    return bool(decision.record) and decision.record.get("published") is False
 
 
 def reused_result(decision: Decision, wd: Workdir) -> dict:
@@ -296,11 +315,24 @@ def tags(decision: Decision) -> dict[str, str]:
 
 def reuse_stage(wd: Workdir, cfg: MuleConfig, decision: Decision, parent_run_id: str | None) -> dict:
     """A stage whose key is unchanged: no work, an MLflow run that says so (and points at the
-    run that produced what is reused), and the result that run recorded."""
+    run that produced what is reused), and the result that run recorded. If that run
+    stopped before publishing it, this run publishes it (the figures, the logged and
+    registered model: once, see experiments.registry) and says so."""
+    result = reused_result(decision, wd)
     with tracking.run(wd, cfg, decision.stage, parent_run_id) as run_id:
         tracking.Tracker(wd, run_id).tags(tags(decision))
+        if publish_pending(decision):
+            from .publish import publish
+
+            logger().warning("%s: reused (key %s); the run that computed it (MLflow %s) stopped before publishing "
+                             "it: publishing it now", decision.stage, decision.key[:12], decision.record.get("run_id"))  # fmt: skip
+            result = result | publish(decision.stage, wd, cfg, result, run_id)
+            tracking.Tracker(wd, run_id).tags({"mule.published_here": f"for run {decision.record.get('run_id')}, "
+                                                                      "which stopped before publishing"})  # fmt: skip
+            mark_published(wd, cfg, decision, {k: v for k, v in result.items()
+                                               if k not in ("reused", "stage_key", "reused_from_run")}, run_id)  # fmt: skip
     logger().info("%s: %s, from MLflow run %s", decision.stage, decision.describe(), decision.record.get("run_id"))
-    return reused_result(decision, wd)
+    return result
 
 
 def decisions_markdown(decisions: dict[str, str]) -> str:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from mule.data_catalog.locks import end_commit
 from mule.data_catalog.workdir import Workdir
 from mule.mule_core.config import MuleConfig
 
@@ -76,9 +77,18 @@ class Runner:
         report.tags(reuse.tags(decision))
         reuse.logger().info("%s: %s", stage.name, decision.describe())
         ctx = StageContext(self.workdir, cfg, key=decision.key, force=decision.forced, report=report)
-        result = self.computes(stage)(ctx)
+        try:
+            result = self.computes(stage)(ctx)
+            # Recorded before publishing: a stop or an MLflow error while publishing (seconds,
+            # for a registered model) keeps the work; the next run publishes it (reuse.reuse_stage).
+            reuse.record(self.workdir, cfg, decision, result, run_id)
+        finally:
+            end_commit(self.workdir)  # readers (mule serve, search) may read what it wrote
+        for cleanup in ctx.after_record:  # what only a recorded result may let go (a checkpoint)
+            cleanup()
         result = result | publish(stage.name, self.workdir, cfg, result, run_id)
-        reuse.record(self.workdir, cfg, decision, result, run_id)
+        if run_id or not stage.publish:  # without MLflow (track=False) the rest stays to publish
+            reuse.mark_published(self.workdir, cfg, decision, result, run_id)
         return result
 
 

@@ -14,28 +14,41 @@ nothing in a request is used as a path. A bad request gets a 4xx with a JSON
 
 Safe to leave running: the CPU work (the sentence and image encoders, the scan of the
 gallery) runs on a bounded pool of threads, never on the event loop, so a slow upload
-does not stall the other requests; at most `max_in_flight` requests are admitted (the
-next get 503 with Retry-After); an upload's pixels are checked from its header against
-a budget before anything is decoded; the Host header must name this server (a page on
-another site cannot reach a loopback server by DNS rebinding); images go out with the
-type their own bytes declare and `X-Content-Type-Options: nosniff`.
+does not stall the other requests; uploads and the other requests are admitted apart (at
+most `max_uploads` uploads and `max_in_flight` others at once, the next get 503 with
+Retry-After), so uploads in flight never starve the page or a search; a request's
+headers must arrive within `header_timeout` seconds and an upload's body within
+`body_timeout` (408 otherwise: a client sending a byte a second holds nothing for long);
+an upload's pixels and decoded bytes are checked from its header against budgets before
+anything is decoded, and only JPEG, PNG, WebP, GIF, BMP and TIFF are opened (415 for the
+rest); the Host header must name this server (a page on another site cannot reach a
+loopback server by DNS rebinding); images go out with the type their own bytes declare
+and `X-Content-Type-Options: nosniff`.
+
+What it serves can change under it: `Live` holds the model and the gallery, and
+serving.live reloads them (a new champion, new images) without a restart.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
 import time
+from dataclasses import dataclass
 from functools import partial
 from importlib import resources
 from pathlib import Path
 
 import anyio
+import h11
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from mule.mule_core.embedder import MAX_QUERY_PIXELS, Embedder, EmbedError
 
@@ -43,7 +56,8 @@ from .gallery import Gallery
 
 MAX_K = 100
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
-STATUS = {"too large": 413, "not an image": 415, "not found": 404}  # every other EmbedError: 400
+STATUS = {"too large": 413, "not an image": 415, "not found": 404, "too slow": 408}  # every other EmbedError: 400
+UPLOAD = ("POST", "/api/image")  # what the upload slots admit; every other request takes a general slot
 log = logging.getLogger("mule.serve")
 
 
@@ -51,20 +65,53 @@ class BadRequest(EmbedError):
     pass
 
 
+class ClientGone(Exception):
+    """The client hung up before its upload was read: nobody to answer, nothing to log but a line."""
+
+
+@dataclass(frozen=True)
+class Served:
+    """What answers the requests: the model as a function and the gallery it searches."""
+
+    embedder: Embedder
+    gallery: Gallery
+    note: str = ""  # what it is, for /api/info (the registered version, when it was loaded)
+
+
+class Live:
+    """The Served in use; `swap` replaces it at once (a request in flight keeps the one it began with)."""
+
+    def __init__(self, served: Served):
+        self.current = served
+
+    def swap(self, served: Served) -> None:
+        self.current = served
+
+
 def create_app(embedder: Embedder, gallery: Gallery, max_upload_bytes: int = 10 * 2**20, dataset: str = "", *,
-               max_pixels: int = MAX_QUERY_PIXELS, max_in_flight: int = 64, cpu_threads: int | None = None,
-               allowed_hosts: tuple[str, ...] = LOOPBACK) -> FastAPI:  # fmt: skip
+               max_pixels: int = MAX_QUERY_PIXELS, max_in_flight: int = 64, max_uploads: int = 8,
+               body_timeout: float = 10.0, cpu_threads: int | None = None, allowed_hosts: tuple[str, ...] = LOOPBACK,
+               live: Live | None = None) -> FastAPI:  # fmt: skip
     """The search page and API over `gallery`. allowed_hosts: the names the Host header may
-    carry (serve.allowed_hosts_for: the bound address's); () checks nothing."""
+    carry (serve.allowed_hosts_for: the bound address's); () checks nothing. `live`: what
+    serving.live reloads (else made here from `embedder` and `gallery`)."""
     app = FastAPI(title="mule", docs_url="/api/docs", redoc_url=None, openapi_url="/api/openapi.json")
     page = resources.files("mule.serving").joinpath("page.html").read_text(encoding="utf-8")
     cpu = anyio.CapacityLimiter(cpu_threads or os.cpu_count() or 1)
+    live = live or Live(Served(embedder, gallery))
+    app.state.live = live
 
     async def on_cpu(work, *args):
         """CPU work on the bounded pool (its own threads: the event loop keeps answering)."""
         return await anyio.to_thread.run_sync(partial(work, *args), limiter=cpu)
 
-    app.add_middleware(Guard, allowed_hosts=tuple(h.lower() for h in allowed_hosts), max_in_flight=max_in_flight)
+    app.add_middleware(Guard, allowed_hosts=tuple(h.lower() for h in allowed_hosts), max_in_flight=max_in_flight,
+                       max_uploads=max_uploads)  # fmt: skip
+
+    @app.exception_handler(ClientGone)
+    async def client_gone(request: Request, error: ClientGone) -> Response:
+        log.info("%s %s: the client hung up before its upload arrived", request.method, request.url.path)
+        return Response(status_code=400)  # nobody reads it
 
     @app.exception_handler(EmbedError)
     async def embed_error(request: Request, error: EmbedError) -> JSONResponse:
@@ -90,44 +137,46 @@ def create_app(embedder: Embedder, gallery: Gallery, max_upload_bytes: int = 10 
 
     @app.get("/api/info")
     async def info() -> dict:
+        served = live.current
+        embedder, gallery = served.embedder, served.gallery
         return {"model": embedder.label, "dataset": dataset, "languages": embedder.languages,
                 "images": len(gallery.image_ids), "captions": {k: len(v.ids) for k, v in gallery.captions.items()},
                 "extractor": embedder.extractor, "max_k": MAX_K, "max_upload_bytes": max_upload_bytes,
-                "max_pixels": max_pixels, "index": gallery.index_kind}  # fmt: skip
+                "max_pixels": max_pixels, "index": gallery.index_kind, "loaded": served.note}  # fmt: skip
 
-    def text_search(q: str, lang: str | None, k: int) -> tuple:
-        found = embedder.text(q, lang or None)
-        return found, gallery.top_images(found.vector, k)
+    def text_search(served: Served, q: str, lang: str | None, k: int) -> tuple:
+        found = served.embedder.text(q, lang or None)
+        return found, served.gallery.top_images(found.vector, k)
 
     @app.get("/api/search")
     async def search(q: str = "", lang: str | None = None, k: int = 10) -> dict:
-        started = time.perf_counter()
+        started, served = time.perf_counter(), live.current
         _check_k(k)
-        found, results = await on_cpu(text_search, q, lang, k)
+        found, results = await on_cpu(text_search, served, q, lang, k)
         for r in results:
-            r["url"] = f"/images/{r['image_id']}" if r["image_id"] in gallery.files else None
+            r["url"] = f"/images/{r['image_id']}" if r["image_id"] in served.gallery.files else None
         return {"query": q, "lang": found.lang, "language": found.language, "unknown_words": found.unknown_words,
                 "composed_words": found.composed_words,
-                "gallery": len(gallery.image_ids), "results": results,
+                "gallery": len(served.gallery.image_ids), "results": results,
                 "ms": round(1000 * (time.perf_counter() - started), 2)}  # fmt: skip
 
     @app.get("/api/embed")
     async def embed(q: str = "", lang: str | None = None) -> dict:
-        found = await on_cpu(embedder.text, q, lang or None)
+        found = await on_cpu(live.current.embedder.text, q, lang or None)
         return {"query": q, "lang": found.lang, "language": found.language, "unknown_words": found.unknown_words,
                 "composed_words": found.composed_words, "vector": found.vector.tolist()}  # fmt: skip
 
     @app.post("/api/image")
     async def image(request: Request, k: int = 5) -> dict:
-        started = time.perf_counter()
+        started, served = time.perf_counter(), live.current
         _check_k(k)
-        body = await _body(request, max_upload_bytes)
-        results = await on_cpu(lambda: gallery.top_captions(embedder.image(body, max_pixels), k))
+        body = await _body(request, max_upload_bytes, body_timeout)
+        results = await on_cpu(lambda: served.gallery.top_captions(served.embedder.image(body, max_pixels), k))
         return {"bytes": len(body), "results": results, "ms": round(1000 * (time.perf_counter() - started), 2)}
 
     @app.get("/images/{image_id}")
     async def image_file(image_id: str) -> FileResponse:
-        path = gallery.files.get(image_id)  # the catalog's table, never the request's string as a path
+        path = live.current.gallery.files.get(image_id)  # the catalog's table, never the request's string as a path
         kind = await anyio.to_thread.run_sync(image_type, path) if path is not None else None
         if kind is None:  # gone, or no longer an image (the file changed since the catalog was made)
             raise StarletteHTTPException(404, f"no image {image_id!r} in the gallery")
@@ -173,12 +222,14 @@ def _host_name(header: str) -> str:
 
 
 class Guard:
-    """ASGI middleware in front of every route: the Host check, the admission bound (503
-    with Retry-After past it) and nosniff on every response."""
+    """ASGI middleware in front of every route: the Host check, admission (503 with
+    Retry-After past it; uploads in slots of their own, so that they never starve the page
+    or a search) and nosniff on every response."""
 
-    def __init__(self, app, allowed_hosts: tuple[str, ...], max_in_flight: int):
-        self.app, self.allowed_hosts, self.max_in_flight = app, allowed_hosts, max_in_flight
-        self.in_flight = 0
+    def __init__(self, app, allowed_hosts: tuple[str, ...], max_in_flight: int, max_uploads: int = 8):
+        self.app, self.allowed_hosts = app, allowed_hosts
+        self.limits = {"upload": max_uploads, "other": max_in_flight}
+        self.in_flight = {"upload": 0, "other": 0}
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -188,10 +239,12 @@ class Guard:
         if self.allowed_hosts and host not in self.allowed_hosts:
             return await _refuse(send, 421, f"this server does not answer to the host {host!r} (it answers to "
                                             f"{', '.join(self.allowed_hosts)}; mule serve --allowed-host adds one)")  # fmt: skip
-        if self.in_flight >= self.max_in_flight:
-            return await _refuse(send, 503, f"busy: {self.in_flight} requests in flight; try again in a second",
+        kind = "upload" if (scope.get("method"), scope.get("path")) == UPLOAD else "other"
+        if self.in_flight[kind] >= self.limits[kind]:
+            what = "uploads" if kind == "upload" else "requests"
+            return await _refuse(send, 503, f"busy: {self.in_flight[kind]} {what} in flight; try again in a second",
                                  [(b"retry-after", b"1")])  # fmt: skip
-        self.in_flight += 1
+        self.in_flight[kind] += 1
 
         async def send_nosniff(message) -> None:
             if message["type"] == "http.response.start":
@@ -201,7 +254,7 @@ class Guard:
         try:
             await self.app(scope, receive, send_nosniff)
         finally:
-            self.in_flight -= 1
+            self.in_flight[kind] -= 1
 
 
 async def _refuse(send, status: int, error: str, headers: list | None = None) -> None:
@@ -217,18 +270,76 @@ def _check_k(k: int) -> None:
         raise BadRequest(f"k must be between 1 and {MAX_K}, got {k}")
 
 
-async def _body(request: Request, limit: int) -> bytes:
-    """The upload, refused as soon as it passes the limit (never read whole first)."""
+async def _body(request: Request, limit: int, timeout: float = 10.0) -> bytes:
+    """The upload, refused as soon as it passes the limit (never read whole first), and
+    when it has not all arrived within `timeout` seconds (408): a client that sends a byte
+    a second holds its slot for seconds, not for as long as it likes."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise BadRequest(f"the upload is {int(declared):,} bytes; at most {limit:,}", "too large")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BadRequest(f"the upload is more than {limit:,} bytes", "too large")
-        chunks.append(chunk)
+    try:
+        with anyio.fail_after(timeout):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise BadRequest(f"the upload is more than {limit:,} bytes", "too large")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise BadRequest(f"the upload did not arrive within {timeout:g} s ({size:,} bytes came)", "too slow") from None
+    except ClientDisconnect:
+        raise ClientGone() from None
     body = b"".join(chunks)
     if not body:
         raise BadRequest("no image: the request's body is empty (send the image's bytes)", "empty")
     return body
+
+
+class DeadlineProtocol(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol, with a deadline for a request's headers: a connection
+    that has not sent a whole request head within `header_timeout` seconds of opening (or
+    of its last answer) gets 408 and is closed; uvicorn alone waits for ever."""
+
+    header_timeout = 10.0
+    _timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._arm()
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._timer = self.loop.call_later(self.header_timeout, self._headers_too_slow)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        if self.conn.their_state is not h11.IDLE:  # a whole request head has come
+            self._disarm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._arm()  # the next request's head, on a kept-alive connection
+
+    def connection_lost(self, exc) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _headers_too_slow(self) -> None:
+        self._timer = None
+        if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+            return
+        body = json.dumps({"error": f"the request's headers did not arrive within {self.header_timeout:g} s"}).encode()
+        self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+                             b"connection: close\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)  # fmt: skip
+        self.transport.close()
+
+
+def deadline_protocol(header_timeout: float) -> type[DeadlineProtocol]:
+    """DeadlineProtocol with this deadline, for uvicorn.run(http=...)."""
+    return type("DeadlineProtocol", (DeadlineProtocol,), {"header_timeout": header_timeout})

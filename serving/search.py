@@ -71,7 +71,7 @@ def open_searcher(workdir: Workdir, dataset: str, run_id: str | None = None, ver
     embedder = open_embedder(path, label, device=resolve_device("cpu"))
     if embedder.model.image_branch is None:
         raise SearchError(f"{label} was trained without images (a text-only dataset): it cannot search images")
-    return Searcher(embedder, dataset, Catalog(workdir), Path(path))
+    return Searcher(embedder, dataset, Catalog(workdir, read_only=True), Path(path))
 
 
 def embedder(searcher: Searcher) -> Embedder:

@@ -49,6 +49,9 @@ class StageContext:
     key: str = ""  # the stage's key for this run: what a checkpoint must match to be resumed
     force: bool = False  # --force: redo even what a rerun would keep (features: every image)
     report: Reporter = field(default_factory=Silent)
+    # What to do once the result is recorded (pipeline.runner): e.g. remove a checkpoint,
+    # which must outlive the computation until its result cannot be lost
+    after_record: list = field(default_factory=list)
 
     @functools.cached_property
     def catalog(self) -> Catalog:

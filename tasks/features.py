@@ -32,6 +32,7 @@ import torch
 from mule.data_catalog import queries
 from mule.data_catalog.catalog import Catalog, write_json_atomic
 from mule.data_catalog.code_digests import code_parts
+from mule.data_catalog.locks import run_token, still_running
 from mule.data_catalog.schemas import REJECTS
 from mule.data_catalog.weights import load_extractor
 from mule.data_catalog.workdir import Workdir
@@ -153,7 +154,8 @@ def plan_features(ctx: StageContext) -> dict[str, Any]:
     changed = [i for i, _, _ in todo if i in stored]
     log.info("extractor %s: %d images to extract (%d extracted before%s), %d already done", identity, len(todo),
              len(changed), ", forced" if since else "", len(image_ids) - len(todo))  # fmt: skip
-    shards = [{"name": f"{stamp}-{n:05d}", "images": todo[b : b + f.shard_images], "offset": b}
+    run = run_token(ctx.workdir)  # a worker elsewhere writes only while this run holds the workdir
+    shards = [{"name": f"{stamp}-{n:05d}", "images": todo[b : b + f.shard_images], "offset": b, "run": run}
               for n, b in enumerate(range(0, len(todo), f.shard_images))]  # fmt: skip
     missing = [{"path": r["path"], "reason": "image file missing"} for r in without_file]
     return {"extractor": identity, "weights": weights, "images": len(image_ids) + len(without_file),
@@ -198,6 +200,13 @@ def extract_shard(workdir: str, features: dict, dataset: str, identity: str, sha
             vectors.append(extraction.vectors(net, crops, device))
             kept += [image_ids[i] for i in positions]
         progress.update(len(positions) + len(bad))
+    if kept and shard.get("run") and not still_running(catalog.workdir, shard["run"]):
+        # a remote worker that finished after the run stopped (mule exited, or another run
+        # holds the workdir now): its part is not written; that run's rerun extracts it
+        logger().warning("features shard %s: the run that planned it no longer holds %s; its part is not written",
+                         shard["name"], catalog.workdir.root)  # fmt: skip
+        return {"extracted": 0, "rejects": [], "seconds": time.perf_counter() - started, "part": None,
+                "image_ids": [], "discarded": True}  # fmt: skip
     if kept:
         import numpy as np
 

@@ -16,7 +16,7 @@ from mule.mule_core.model import build_model
 from mule.mule_core.training import Trainer, cross_lingual, resolve_device
 
 from .common import StageContext, history_records, logger
-from .training_common import divergence_tags
+from .training_common import Checkpoints, divergence_tags
 
 
 def pretrain_mule(ctx: StageContext) -> dict[str, Any]:
@@ -45,6 +45,10 @@ def pretrain_mule(ctx: StageContext) -> dict[str, Any]:
              len(train.caption_image), cfg.data.captions, train.n_images, trainer.sentences_per_image, device,
              threads)  # fmt: skip
 
+    # LP checkpoints every epoch and resumes as joint training does
+    checkpoints = Checkpoints(ctx, catalog.lp_checkpoint_path(cfg))
+    checkpoints.resume(trainer)
+
     def on_epoch(result) -> None:
         metrics = {f"lp.{k}": v for k, v in result.losses.items()}
         metrics["lp.val_cross_lingual_r1"] = result.score
@@ -52,11 +56,13 @@ def pretrain_mule(ctx: StageContext) -> dict[str, Any]:
         metrics |= {f"lp.val.{pair}.r1": row["r1"] for pair, row in (result.validation or {}).items()}
         ctx.report.metrics(metrics, step=result.epoch)
         ctx.report.tags(divergence_tags(trainer, result, "pretrain"))
+        checkpoints.save(trainer)
 
     started = time.perf_counter()
     history = trainer.fit(on_epoch)
     path = catalog.lp_model_path(cfg)
     save_model(path, model, cfg, vocabulary, kind="lp", best_epoch=trainer.best_epoch, val_score=trainer.best_score)
+    checkpoints.remove_once_recorded()
     log.info("LP done: best epoch %d, val cross-lingual R@1 %.1f (MULE layer)", trainer.best_epoch, trainer.best_score)
     return {"path": str(path), "captions": len(train.caption_image), "best_epoch": trainer.best_epoch,
             "val_cross_lingual_r1": trainer.best_score, "seconds": round(time.perf_counter() - started, 1),

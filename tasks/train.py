@@ -14,7 +14,7 @@ import torch
 
 from mule.data_catalog import queries
 from mule.data_catalog.content import ids_digest
-from mule.data_catalog.models import load_model, save_atomic, save_model
+from mule.data_catalog.models import load_model, save_model
 from mule.data_catalog.splits import load_split, load_vocabulary
 from mule.mule_core.devices import use_cpu_threads
 from mule.mule_core.errors import UserError
@@ -23,7 +23,7 @@ from mule.mule_core.model import build_model, count_parameters
 from mule.mule_core.training import Trainer, evaluate_split, resolve_device
 
 from .common import StageContext, history_records, images_with_files, logger
-from .training_common import divergence_tags
+from .training_common import Checkpoints, divergence_tags
 
 
 class MissingPretrainError(UserError, RuntimeError):
@@ -80,16 +80,9 @@ def train_model(ctx: StageContext) -> dict[str, Any]:
              trainer.sentences_per_image, f"{counts['total']:,}", f"{counts['language_specific']:,}", device,
              threads)  # fmt: skip
 
-    # Resume only a checkpoint of this very stage key: the same inputs, config and code.
     path = wd.model_path(dataset, cfg.train.model_name)
-    checkpoint = wd.checkpoint_path(dataset, cfg.train.model_name)
-    state = _read_checkpoint(checkpoint) if checkpoint.exists() else None
-    if state is not None:
-        if ctx.key and state.get("key") == ctx.key:
-            trainer.load_state_dict(state["trainer"])
-            log.info("resuming from the checkpoint after epoch %d (%s)", trainer.epoch, checkpoint)
-        else:
-            log.info("ignoring a checkpoint of another setting, inputs or code (%s)", checkpoint)
+    checkpoints = Checkpoints(ctx, wd.checkpoint_path(dataset, cfg.train.model_name))
+    checkpoints.resume(trainer)
 
     def on_epoch(result) -> None:
         metrics = {f"train.{k}": v for k, v in result.losses.items()}
@@ -101,7 +94,7 @@ def train_model(ctx: StageContext) -> dict[str, Any]:
             metrics[f"val.{lang}.mR"] = row["mR"]
         ctx.report.metrics(metrics, step=result.epoch)
         ctx.report.tags(divergence_tags(trainer, result, "train"))
-        save_atomic({"key": ctx.key, "trainer": trainer.state_dict()}, checkpoint)
+        checkpoints.save(trainer)
 
     started = time.perf_counter()
     history = trainer.fit(on_epoch)
@@ -109,7 +102,7 @@ def train_model(ctx: StageContext) -> dict[str, Any]:
     save_model(path, model, cfg, vocabulary, kind="joint", dataset=dataset, extractor=extractor,
                best_epoch=trainer.best_epoch, val_score=trainer.best_score,
                val_table=best.validation if best else None, parameters=counts)  # fmt: skip
-    checkpoint.unlink(missing_ok=True)
+    checkpoints.remove_once_recorded()
     log.info("training done: best epoch %d of %d, val mean mR %.2f; model at %s",
              trainer.best_epoch, cfg.train.epochs, trainer.best_score, path)  # fmt: skip
     return {"path": str(path), "best_epoch": trainer.best_epoch, "val_mean_mR": trainer.best_score,
@@ -129,17 +122,3 @@ def example_sentences(catalog, dataset: str, val) -> list[tuple[str, str]]:
             picked[lang] = val.caption_ids[rows[0]]
     texts = queries.caption_texts(catalog, dataset, list(picked.values()))
     return [(lang, texts[caption]) for lang, caption in picked.items() if caption in texts]
-
-
-def _read_checkpoint(path) -> dict | None:
-    """The checkpoint, or None when it cannot be read (cut, overwritten): training starts over."""
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
-        if isinstance(state, dict) and "trainer" in state:
-            return state
-    except Exception as error:  # noqa: BLE001 - torch raises many kinds for a damaged file
-        logger().warning("the checkpoint %s is unreadable (%s): training starts from epoch 1", path,
-                         str(error).splitlines()[0][:120] if str(error) else type(error).__name__)  # fmt: skip
-        return None
-    logger().warning("the checkpoint %s is not one: training starts from epoch 1", path)
-    return None

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 
 from mule.data_catalog import queries
 from mule.data_catalog.catalog import Catalog
-from mule.data_catalog.faults import crash_point
+from mule.data_catalog.atomic import point
 from mule.data_catalog.lexicons import LexiconError, read_muse
 from mule.data_catalog.schemas import CAPTIONS, TRANSLATIONS
 from mule.data_catalog.sources import locate
@@ -180,15 +180,20 @@ class TranslationCache:
             except (OSError, pa.ArrowException) as error:  # damaged: what it held is translated again
                 logger().warning("the translations table %s is unreadable (%s): its sentences are translated again",
                                  self.table_path, str(error).splitlines()[0][:120])  # fmt: skip
+        cut = False
         if self.journal_path.exists():
-            for line in self.journal_path.read_bytes().splitlines():
+            data = self.journal_path.read_bytes()
+            for line in data.splitlines():
                 try:
                     row = json.loads(line)
                     self.rows[self.key(row)] = row
                 except (ValueError, KeyError, TypeError):  # a killed run's last line, cut short; a damaged one
                     continue
+            cut = bool(data) and not data.endswith(b"\n")
         self.journal_path.parent.mkdir(parents=True, exist_ok=True)
         self._journal = open(self.journal_path, "a", encoding="utf-8")
+        if cut:  # a crash cut the last line: end it, so the next translation is a line of its own
+            self._journal.write("\n")
 
     @staticmethod
     def key(row: dict) -> tuple:
@@ -207,7 +212,7 @@ class TranslationCache:
         if self.durable:  # a request's answer is on disk before the next request is made
             self._journal.flush()
             os.fsync(self._journal.fileno())
-        crash_point(f"journal:{self.dataset}")
+        point(f"journal:{self.dataset}")  # data_catalog.atomic's seam: a test may stop the run here
 
     def commit(self) -> None:
         """The journal folded into the table (atomic), then emptied."""

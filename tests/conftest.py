@@ -150,7 +150,8 @@ REBUILT_TINY = {
 # Test files that share a session fixture run on one pytest-xdist worker (else each
 # worker would build it): file -> group. Every other file is a group of its own, as
 # --dist loadfile would make it.
-SHARED_WORKER = {"test_serving": "test_rebuild_flow", "test_stage_keys": "test_rebuild_flow"}
+SHARED_WORKER = {"test_serving": "test_rebuild_flow", "test_stage_keys": "test_rebuild_flow",
+                 "test_option_reads": "test_rebuild_flow", "test_readers": "test_rebuild_flow"}
 
 
 @pytest.fixture(scope="session")

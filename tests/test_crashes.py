@@ -244,3 +244,20 @@ def test_a_second_process_on_the_same_workdir_is_refused_naming_the_first(tmp_pa
             if time.time() > deadline:
                 raise
             time.sleep(0.1)
+
+
+def test_a_normal_run_has_no_fault_injection_in_its_write_path():
+    """Fault injection is a test seam: a write passes data_catalog.atomic's point, where
+    nothing listens unless MULE_CRASH_AT or MULE_BUG_AT asked faults.install() to."""
+    code = ("import mule.flows.cli, sys; from mule.data_catalog import atomic; "
+            "print(len(atomic.POINTS), 'mule.data_catalog.faults' in sys.modules)")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in ("MULE_CRASH_AT", "MULE_BUG_AT")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.stdout.split() == ["0", "False"], done.stdout + done.stderr
+    from mule.data_catalog import atomic, faults
+
+    try:
+        faults.install()
+        assert atomic.POINTS == [faults.crash_point]
+    finally:
+        atomic.POINTS.clear()

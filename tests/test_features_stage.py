@@ -123,3 +123,38 @@ def test_dask_and_in_process_runs_give_the_same_table(tmp_path):
     assert sorted(ours) == sorted(theirs)  # same rows, no duplicates
     for image_id, vector in ours.items():
         np.testing.assert_allclose(theirs[image_id], vector, rtol=1e-4, atol=1e-5)
+
+
+def test_a_worker_whose_run_stopped_writes_nothing(tmp_path):
+    """A Dask worker on another machine keeps computing after mule stopped: the shard it
+    finishes then (the workdir's lock released, or held by another run) is not written,
+    so nothing changes a workdir that no run holds."""
+    import subprocess
+    import sys
+    from dataclasses import asdict
+
+    from mule.data_catalog.locks import run_token, workdir_lock
+    from mule.pipeline.runner import prepare
+    from mule.tasks.common import StageContext
+    from mule.tasks.features import extract_shard, plan_features
+
+    wd, cfg = ingested(tmp_path / "work", {**TINY, "data.train_images": 8, "data.val_images": 4, "data.test_images": 4})
+    prepare(wd, cfg, "features")
+    with workdir_lock(wd, "features"):
+        plan = plan_features(StageContext(wd, cfg))
+        token = run_token(wd)
+    assert plan["shards"] and all(s["run"] == token for s in plan["shards"])
+    # the run is over: the shard, finished now on a "remote" worker (another process), is dropped
+    code = (f"from mule.tasks.features import extract_shard; r = extract_shard({str(wd.root)!r}, "
+            f"{asdict(cfg.features)!r}, 'embedded', {plan['extractor']!r}, {plan['shards'][0]!r}, 16); "
+            "print(r.get('discarded'), r['part'])")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.stdout.split()[-2:] == ["True", "None"], done.stdout + done.stderr
+    assert not Catalog(wd).feature_parts("embedded", plan["extractor"])
+    # another run holds the workdir now: not written either; the run that planned it: written
+    with workdir_lock(wd, "features"):
+        late = extract_shard(str(wd.root), asdict(cfg.features), "embedded", plan["extractor"], plan["shards"][0], 16)
+        assert late.get("discarded") and late["part"] is None
+        plan = plan_features(StageContext(wd, cfg))
+        own = extract_shard(str(wd.root), asdict(cfg.features), "embedded", plan["extractor"], plan["shards"][0], 16)
+        assert own["part"] and own["extracted"] > 0

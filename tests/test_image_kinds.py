@@ -77,6 +77,14 @@ def _rgb(size=(32, 24)) -> Image.Image:
     return Image.fromarray(np.random.default_rng(1).integers(0, 255, (size[1], size[0], 3), np.uint8))
 
 
+def _can_save(fmt: str) -> bool:
+    try:
+        _save(_rgb((4, 4)), fmt)
+        return True
+    except (OSError, KeyError):
+        return False
+
+
 # name -> (bytes, expected): ("ok", (width, height) after EXIF orientation) or ("reject", reason fragment)
 KINDS = {
     "rgb.jpg": (_save(_rgb(), "JPEG"), ("ok", (32, 24))),
@@ -107,8 +115,12 @@ KINDS = {
     "truncated-header.jpg": (_save(_rgb((200, 200)), "JPEG")[:300], ("reject", "unreadable image header")),
     "corrupt.png": (_corrupt_png(), ("reject", "does not decode")),
     "empty.jpg": (b"", ("reject", "empty file (0 bytes)")),
-    "text.jpg": (b"<html>not an image</html>\n", ("reject", "not an image format")),
-    "svg.jpg": (b'<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"/>', ("reject", "not an image format")),
+    "text.jpg": (b"<html>not an image</html>\n", ("reject", "not a JPEG, PNG, WebP, GIF, BMP or TIFF image")),
+    "svg.jpg": (b'<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"/>', ("reject", "not a JPEG, PNG")),
+    # formats Pillow reads but photos never come in: EPS (rendered by Ghostscript where it is installed), ICO
+    "eps.jpg": (_save(_rgb(), "EPS") if _can_save("EPS") else b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 32 24\n",
+                ("reject", "not a JPEG, PNG, WebP, GIF, BMP or TIFF image")),
+    "icon.jpg": (_save(_rgb((16, 16)), "ICO"), ("reject", "not a JPEG, PNG, WebP, GIF, BMP or TIFF image")),
 }
 
 
@@ -173,3 +185,36 @@ def test_a_large_jpeg_is_decoded_at_a_reduced_scale(tmp_path):
     _rgb((4000, 3000)).save(path, "JPEG")
     image = load_rgb(path, min_side=256)
     assert min(image.size) >= 256 and image.size[0] <= 1000  # 1/4 scale: 1000 x 750, not 4000 x 3000
+
+
+def test_16_bit_and_float_images_come_to_8_bits_in_strips_as_one_stretch():
+    """Strip by strip, the same stretch as the whole image's (min to max onto 0..255), and a
+    float image's NaN and infinities read as its minimum."""
+    from mule.data_catalog.images import _to_8bit
+
+    values = (np.arange(300 * 40, dtype=np.uint16).reshape(300, 40) * 5) + 1000
+    eight = np.asarray(_to_8bit(Image.fromarray(values), strip_rows=7))
+    expected = ((values.astype(np.float64) - values.min()) * 255 / (values.max() - values.min())).astype(np.uint8)
+    assert eight.dtype == np.uint8 and np.abs(eight.astype(int) - expected).max() <= 1
+    assert eight.min() == 0 and eight.max() == 255
+    floats = np.linspace(-1, 1, 600, dtype=np.float32).reshape(20, 30)
+    floats[0, 0], floats[0, 1] = np.nan, np.inf
+    out = np.asarray(_to_8bit(Image.fromarray(floats), strip_rows=3))
+    assert out[0, 0] == 0 and out[0, 1] == 0 and out.max() == 255
+
+
+def test_a_query_s_budget_counts_the_bytes_an_image_decodes_to(tmp_path):
+    """Within the pixel budget, an RGBA or float image decodes to more bytes than an RGB
+    photo of as many pixels: a query's byte budget (3 bytes a pixel) refuses it from its
+    header, before anything is decoded; an RGB image of as many pixels passes."""
+    from mule.data_catalog.embedders import open_query_image
+    from mule.mule_core.embedder import EmbedError
+
+    rgba = _save(Image.new("RGBA", (100, 100)), "PNG")
+    with pytest.raises(EmbedError, match=r"100x100 pixels of RGBA decode to .* MiB, more than"):
+        open_query_image(rgba, 32, 100 * 100)
+    with open_query_image(_save(Image.new("RGB", (100, 100)), "PNG"), 32, 100 * 100) as image:
+        assert image.size == (100, 100)
+    big = _save(Image.new("RGB", (400, 300)), "PNG")  # far larger than a 32-px crop needs: reduced first
+    with open_query_image(big, 32, 10**6) as image:
+        assert image.size == (400 // 4, 300 // 4)

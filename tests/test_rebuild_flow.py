@@ -451,7 +451,7 @@ def test_an_interrupted_training_resumes_from_its_checkpoint(rebuilt, monkeypatc
     with pytest.raises(KeyboardInterrupt):
         run_alone(wd, cfg, "train", force=False)
     checkpoint = wd.models_dir("embedded") / "model-checkpoint.pt"
-    assert torch.load(checkpoint, weights_only=False)["trainer"]["epoch"] == 1
+    assert torch.load(checkpoint, weights_only=True)["trainer"]["epoch"] == 1  # tensors and numbers: no pickle
 
     def count_epochs(self):
         epochs_run.append(self.epoch + 1)
@@ -461,6 +461,39 @@ def test_an_interrupted_training_resumes_from_its_checkpoint(rebuilt, monkeypatc
     summary = run_alone(wd, cfg, "train", force=False)  # the same key: the checkpoint is this run's
     assert epochs_run == [1, 2, 3]  # epoch 1 before the crash; 2 and 3 after resuming
     assert not checkpoint.exists() and summary["best_epoch"] in (1, 2, 3)
+
+
+@pytest.mark.slow
+def test_an_interrupted_lp_resumes_from_its_checkpoint(rebuilt, monkeypatch):
+    """LP checkpoints every epoch too, and a rerun of the same key resumes there."""
+    from mule.mule_core.training import Trainer
+    from mule.pipeline.runner import run_alone
+
+    wd, _ = rebuilt
+    cfg = resolve("demo", {**TINY, "pretrain.epochs": 3})
+    real_run_epoch = Trainer.run_epoch
+    epochs_run = []
+
+    def crash_in_epoch_2(self):
+        if self.epoch == 1:
+            raise KeyboardInterrupt("power cut")
+        epochs_run.append(self.epoch + 1)
+        return real_run_epoch(self)
+
+    monkeypatch.setattr(Trainer, "run_epoch", crash_in_epoch_2)
+    with pytest.raises(KeyboardInterrupt):
+        run_alone(wd, cfg, "pretrain", force=False)
+    checkpoint = wd.models_dir("embedded") / "pretrain-checkpoint.pt"
+    assert torch.load(checkpoint, weights_only=True)["trainer"]["epoch"] == 1
+
+    def count_epochs(self):
+        epochs_run.append(self.epoch + 1)
+        return real_run_epoch(self)
+
+    monkeypatch.setattr(Trainer, "run_epoch", count_epochs)
+    summary = run_alone(wd, cfg, "pretrain", force=False)
+    assert epochs_run == [1, 2, 3] and not checkpoint.exists() and summary["best_epoch"] in (1, 2, 3)
+    run_alone(wd, resolve("demo", TINY), "pretrain", force=False)  # back to the fixture's LP model
 
 
 def file_digests(root) -> dict[str, str]:

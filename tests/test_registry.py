@@ -40,7 +40,27 @@ def test_the_champion_moves_only_when_a_comparable_model_is_better_and_test_resu
     # The evaluate stage adds the mR of the split it measured to the version its model's train run registered.
     table = {"en": {"mR": 41.25}}
     run = client.get_model_version("mule-toy", "5").run_id
-    assert registry.tag_test_results(wd, "toy", run, "test_2016", 41.25, table) == 5
+    assert registry.tag_test_results(wd, "toy", {"run_id": run}, "test_2016", 41.25, table) == 5
     tags = client.get_model_version("mule-toy", "5").tags
     assert tags["mule.test_2016.mR"] == "41.2500" and tags["mule.test_2016.mR.en"] == "41.2500"
-    assert registry.tag_test_results(wd, "toy", "no-such-run", "test_2016", 41.25, table) is None
+    assert registry.tag_test_results(wd, "toy", {"run_id": "no-such-run"}, "test_2016", 41.25, table) is None
+
+
+def test_a_trained_model_is_registered_once_whoever_publishes_it(tmp_path):
+    """The train publisher asks first whether its model (train key and weights' digest) is
+    registered already: a run stopped after registering, before its record said so, leaves
+    one version, not two, when the next run publishes."""
+    wd = Workdir.at(tmp_path)
+    client = tracking.client(wd)
+    experiment = tracking.experiment_id(wd, "toy")
+    record = {"key": "k1", "outputs": {"models/toy/model.pt": "abc"}}
+    identity = registry.model_identity(record)
+    assert identity != registry.model_identity({**record, "outputs": {"models/toy/model.pt": "other weights"}})
+    assert registry.registered_for(wd, "toy", identity) is None
+    run = client.create_run(experiment).info.run_id
+    first = registry.register(wd, registry.Candidate("toy", run, f"runs:/{run}/model", 50.0, ("en",),
+                                                     registry.split_digest(["a"]), "test", identity))  # fmt: skip
+    again = registry.registered_for(wd, "toy", identity)
+    assert again["version"] == first["version"] == 1 and again["champion"] is True
+    later = client.create_run(experiment).info.run_id  # the run that published it after the stop
+    assert registry.tag_test_results(wd, "toy", {**record, "run_id": later}, "test_2016", 41.0, {"en": {"mR": 41.0}}) == 1

@@ -10,8 +10,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
@@ -578,3 +580,155 @@ def _post_json(url: str, body: dict) -> tuple[int, dict]:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as error:
         return error.code, json.loads(error.read() or b"{}")
+
+
+def _png16(side: int) -> bytes:
+    """A side x side 16-bit grey PNG: a gradient, a few hundred KB for tens of megapixels."""
+    import io
+
+    from PIL import Image
+
+    row = (np.arange(side, dtype=np.uint32) * 65535 // max(side - 1, 1)).astype(np.uint16)
+    buffer = io.BytesIO()
+    Image.fromarray(np.broadcast_to(row, (side, side)).copy()).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def _slow_upload(port: int, announced: int) -> socket.socket:
+    """A client that announces an upload of `announced` bytes and sends its first byte only."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    sock.sendall(f"POST /api/image HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: image/png\r\n"
+                 f"Content-Length: {announced}\r\n\r\n".encode() + b"\x89")  # fmt: skip
+    return sock
+
+
+def _slow_headers(port: int) -> socket.socket:
+    """A client that starts a request and never ends its headers."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    sock.sendall(f"GET /api/info HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nX-Slow: ".encode())
+    return sock
+
+
+def _status(sock: socket.socket) -> int:
+    head = sock.recv(4096).decode("latin-1")
+    return int(head.split()[1]) if head.startswith("HTTP/") else 0
+
+
+@pytest.mark.slow
+def test_slow_clients_and_16_bit_uploads_never_lock_others_out(served, tmp_path):
+    """`mule serve` as a user runs it, against clients it does not know: uploads that
+    announce a megabyte and send one byte, requests whose headers never end, more of them
+    than it admits uploads; meanwhile the page, a search and /api/info are answered within
+    a second. The slow ones get 408 when their deadline passes. Then four 6000 x 6000
+    16-bit PNGs at once (200 KB each, 36 MP: under the pixel budget) are answered, and the
+    server grows by a few hundred MB, not gigabytes. Its log has no traceback."""
+    import psutil
+
+    wd, caption = served["wd"], served["caption"]
+    port = free_port()
+    log = (tmp_path / "serve.log").open("w")
+    server = subprocess.Popen([sys.executable, "-m", "mule.flows.cli", "serve", "--workdir", str(wd.root), "--port",
+                               str(port), "--max-uploads", "4", "--body-timeout", "4", "--header-timeout", "4",
+                               "--reload", "0"], stdout=log, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    slow: list[socket.socket] = []
+    try:
+        _wait_for(f"{base}/api/info", server, 120)
+        slow = [_slow_upload(port, 2**20) for _ in range(12)] + [_slow_headers(port) for _ in range(6)]
+        time.sleep(0.5)
+        for path in ("/", f"/api/search?q={urllib.parse.quote(caption['text'])}&k=5", "/api/info"):
+            started = time.monotonic()
+            with urllib.request.urlopen(base + path, timeout=5) as answer:
+                assert answer.status == 200, path
+            assert time.monotonic() - started < 1.0, path
+        # the upload slots are taken: another upload is turned away at once, never queued
+        request = urllib.request.Request(f"{base}/api/image", data=b"x", method="POST")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=5)
+        assert refused.value.code == 503
+        statuses = [_status(sock) for sock in slow]  # each deadline passes (4 s): 408, or closed
+        assert statuses[:4] == [408] * 4, statuses  # the admitted uploads: their body was too slow
+        assert all(s in (408, 503) for s in statuses[4:12]), statuses  # the others: turned away
+        assert statuses[12:] == [408] * 6, statuses  # headers that never ended
+
+        process = psutil.Process(server.pid)
+        before = process.memory_info().rss
+        peak = [before]
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.is_set():
+                peak.append(process.memory_info().rss)
+                time.sleep(0.02)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        png = _png16(6000)
+        assert len(png) < 2**20
+
+        def post(_) -> int:
+            req = urllib.request.Request(f"{base}/api/image?k=3", data=png, method="POST")
+            with urllib.request.urlopen(req, timeout=120) as answer:
+                return answer.status
+
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(4) as pool:
+            assert list(pool.map(post, range(4))) == [200] * 4
+        done.set()
+        watcher.join()
+        grown = (max(peak) - before) / 2**20
+        assert grown < 700, f"the server grew by {grown:.0f} MB for four 36 MP 16-bit uploads"
+    finally:
+        for sock in slow:
+            sock.close()
+        server.terminate()
+        server.wait(timeout=30)
+        log.close()
+    output = (tmp_path / "serve.log").read_text()
+    assert "Traceback" not in output, output[-3000:]
+
+
+@pytest.mark.slow
+def test_mule_serve_serves_a_new_champion_and_new_gallery_without_a_restart(served, tmp_path):
+    """The reloader (every --reload seconds in mule serve) sees a new champion, or a gallery
+    stage that ran again, loads it beside what is served and swaps it in; a request in
+    flight keeps what it began with; nothing is written to the workdir by serving."""
+    import shutil
+
+    from mlflow.tracking import MlflowClient
+
+    from mule.data_catalog.workdir import Workdir
+    from mule.serving import live as serving
+    from mule.serving.app import Live
+
+    from mule.experiments.relocation import adopt
+
+    shutil.copytree(served["wd"].root, tmp_path / "work")
+    wd = Workdir.at(tmp_path / "work")
+    adopt(wd)  # as the run that made it there would have
+    request = serving.Request(wd, "embedded", index="off")
+    first, source, _ = serving.load(request)
+    current = Live(first)
+    reloader = serving.Reloader(request, current, source, period=3600)
+    before = {p: p.stat().st_mtime_ns for p in wd.root.rglob("*") if p.is_file()}
+    assert not reloader.check() and current.current is first  # nothing changed: nothing loaded
+
+    # a rebuild registered a new champion (another train run's model)
+    client = MlflowClient(wd.mlflow_uri)
+    champion = client.get_model_version_by_alias("mule-embedded", "champion")
+    run = client.create_run(client.get_run(champion.run_id).info.experiment_id).info.run_id
+    client.log_artifact(run, str(wd.model_path("embedded")))
+    version = client.create_model_version("mule-embedded", f"runs:/{run}/model.pt", run_id=run)
+    client.set_registered_model_alias("mule-embedded", "champion", version.version)
+    assert reloader.check() and current.current is not first
+    assert f"v{version.version} (champion)" in current.current.note
+    second = current.current
+
+    # a gallery stage ran again (its record is new): the gallery is loaded anew
+    record = next((wd.state_dir / "stages" / "embedded").glob("features.json"))
+    record.write_text(record.read_text())
+    assert reloader.check() and current.current is not second
+    assert sorted(current.current.gallery.image_ids) == sorted(first.gallery.image_ids)
+    changed = [p for p, t in before.items() if p.exists() and p.stat().st_mtime_ns != t and p.name != "features.json"]
+    assert not [p for p in changed if "mlflow.db" not in p.name and "mlartifacts" not in str(p)], changed

@@ -133,6 +133,33 @@ def test_a_signal_while_c_code_runs_still_stops_within_the_grace(tmp_path):
     assert rest.strip() == "mule: stopped by Ctrl-C"
 
 
+def test_a_cleanup_that_hangs_does_not_keep_a_stopped_command_alive():
+    """Ending the MLflow runs or stopping Prefect's server can hang (an SQLite store another
+    process holds): the cleanups get CLEANUP_S in all, the one line comes out, the process ends."""
+    script = (
+        "import time\n"
+        "from mule.flows import interrupts\n"
+        "interrupts.install(lambda signum: 'mule: stopped by ' + interrupts.how(signum))\n"
+        "interrupts.on_stop(lambda: time.sleep(600))\n"
+        "print('working', flush=True)\n"
+        "try:\n"
+        "    while True:\n"
+        "        time.sleep(0.05)\n"
+        "except interrupts.Interrupted as stop:\n"  # as the command does (flows.cli.entry)
+        "    raise SystemExit(interrupts.finish(stop.signum))\n"
+    )
+    from mule.flows.interrupts import CLEANUP_S
+
+    process = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    assert process.stdout.readline().strip() == "working"
+    sent = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    rest = process.communicate(timeout=60)[0]
+    assert process.returncode == 143 and time.monotonic() - sent < CLEANUP_S + LIMIT_S, rest
+    assert rest.strip() == "mule: stopped by SIGTERM"
+
+
 @pytest.mark.slow
 def test_a_second_run_is_refused_at_once_or_waits_for_the_first(tmp_path):
     workdir = tmp_path / "work"

@@ -167,3 +167,24 @@ def test_lp_on_human_and_mt_captions_is_a_model_of_its_own(ingested):
     both = run(workdir, config(source, **{"pretrain.epochs": 1, "data.captions": "human+mt"}), "pretrain")
     assert human["path"].endswith("pretrain.pt") and both["path"].endswith("pretrain.human-mt.pt")
     assert both["captions"] > human["captions"]  # LP read the translations too
+
+
+def test_a_journal_cut_mid_line_by_a_crash_loses_only_that_line(tmp_path):
+    """A crash in the middle of an append leaves a line without its end: the cache reads
+    the whole lines, and the next translation goes on a line of its own (it merged into
+    the cut one before, and was lost on the next read)."""
+    wd = Workdir.at(tmp_path / "work")
+    catalog = Catalog(wd)
+    cache = stage.TranslationCache(catalog, "tiny")
+    cache.put("lexicon", "1", "en", "de", "a dog", "ein hund")
+    cache._journal.close()
+    journal = cache.journal_path
+    journal.write_bytes(journal.read_bytes() + b'{"dataset": "tiny", "backend": "lexi')  # cut by a crash
+    again = stage.TranslationCache(catalog, "tiny")
+    assert again.get("lexicon", "1", "en", "de", "a dog") == "ein hund"
+    again.put("lexicon", "1", "en", "de", "a cat", "eine katze")
+    again._journal.close()
+    third = stage.TranslationCache(catalog, "tiny")
+    assert third.get("lexicon", "1", "en", "de", "a cat") == "eine katze"
+    assert third.get("lexicon", "1", "en", "de", "a dog") == "ein hund"
+    third._journal.close()

@@ -11,7 +11,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from ..faults import process_alive
+from ..atomic import process_alive
 
 
 def manifest_matches(root: Path, spec, code: str) -> bool:
