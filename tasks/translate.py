@@ -26,8 +26,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from mule.data_catalog import queries
-from mule.data_catalog.catalog import Catalog
 from mule.data_catalog.atomic import point
+from mule.data_catalog.catalog import Catalog
 from mule.data_catalog.lexicons import LexiconError, read_muse
 from mule.data_catalog.schemas import CAPTIONS, TRANSLATIONS
 from mule.data_catalog.sources import locate

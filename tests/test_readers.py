@@ -10,7 +10,6 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from pathlib import Path
 

@@ -699,10 +699,9 @@ def test_mule_serve_serves_a_new_champion_and_new_gallery_without_a_restart(serv
     from mlflow.tracking import MlflowClient
 
     from mule.data_catalog.workdir import Workdir
+    from mule.experiments.relocation import adopt
     from mule.serving import live as serving
     from mule.serving.app import Live
-
-    from mule.experiments.relocation import adopt
 
     shutil.copytree(served["wd"].root, tmp_path / "work")
     wd = Workdir.at(tmp_path / "work")
