@@ -116,6 +116,9 @@ class EpochResult:
     lr: float | None = None  # at the end of the epoch
     divergence: str | None = None  # why the guard fired this epoch, if it did
     action: str | None = None  # what it did about it
+    # seconds per phase: batches (sampling), forward, backward, optimizer (clipping, the step,
+    # the weight average), validation; on CUDA the device's queue may blur them
+    phases: dict | None = None
 
 
 class Trainer:
@@ -288,12 +291,24 @@ class Trainer:
         progress = Progress(
             f"{self.mode} epoch {epoch}/{self.epochs}", len(self.sampler), unit="batches", logger=log
         )
+        phases = dict.fromkeys(("batches", "forward", "backward", "optimizer", "validation"), 0.0)
+        clock = time.perf_counter()
+
+        def lap(phase: str) -> None:
+            nonlocal clock
+            now = time.perf_counter()
+            phases[phase] += now - clock
+            clock = now
+
         for batch in self.sampler.batches(epoch):
+            lap("batches")
             with torch.autocast("cuda", dtype=torch.float16, enabled=self.amp):
                 parts = self.losses(batch)
                 total = sum(v for k, v in parts.items() if k != "lc_accuracy")
+            lap("forward")
             self.optimizer.zero_grad(set_to_none=True)
             self.scaler.scale(total).backward()
+            lap("backward")
             if self.train.grad_clip > 0:
                 self.scaler.unscale_(self.optimizer)
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.train.grad_clip)
@@ -310,6 +325,7 @@ class Trainer:
             steps += 1
             sentences += len(batch.captions)
             progress.update(1)
+            lap("optimizer")
         seconds = time.perf_counter() - started
         result = EpochResult(
             epoch, {k: float(v) / max(steps, 1) for k, v in sums.items()}, seconds, sentences / seconds,
@@ -317,7 +333,10 @@ class Trainer:
         )  # fmt: skip
         finite = all(math.isfinite(v) for v in result.losses.values())
         if self.validate is not None and finite:
+            clock = time.perf_counter()
             result.score, result.validation = self.validate(self.kept_model)
+            lap("validation")
+        result.phases = {k: round(v, 3) for k, v in phases.items()}
         result.divergence = self._divergence(result)
         if result.divergence is None and result.score is not None and result.score > self.best_score:
             result.is_best = True

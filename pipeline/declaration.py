@@ -118,7 +118,7 @@ _FEATURE_IDENTITY = ("features.arch", "features.weights", "features.weights_file
 # train.threads: the count it resolves to is the key's (a threaded stage's runtime part).
 _PLACEMENT = frozenset({"train.device", "train.threads"})
 # Where the raw files are: their content is the key's ("raw files", "lexicons"), not their path.
-_WHERE = frozenset({"data.source", "data.images", "data.dictionaries"})
+_WHERE = ("data.source", "data.images", "data.dictionaries")
 # Options of the training sections LP does not use: joint training's schedule and the
 # image-sentence loss; the names of trained models.
 _NOT_LP = frozenset({"train.epochs", "train.lr", "train.lr_decay", "train.decay_steps", "train.warmup_steps",
@@ -139,7 +139,7 @@ STAGES: tuple[Stage, ...] = (
           reads=("captions", Read("lexicons", _lexicon_backend, "translate.backend=lexicon")),
           writes=("mt captions", "translations"),
           config=("translate.", "data.dataset", "data.languages", "data.format", *_WHERE),
-          operational=frozenset({"translate.concurrency", "translate.timeout_s", "translate.retries"}) | _WHERE),
+          operational=frozenset({"translate.concurrency", "translate.timeout_s", "translate.retries"}) | frozenset(_WHERE)),
     Stage("features", "Image files -> CNN features, stored under what made them (extractor, weights, code).",
           task="mule.tasks.features:extract_features", publish=_PUBLISH + "features",
           prepare="mule.tasks.prepare:extractor_weights", reads=("images", "extractor weights"), writes=("features", "image rejects"),
@@ -190,7 +190,7 @@ STAGES: tuple[Stage, ...] = (
           kind="step", reads=("captions", "word vectors", "images", "features", "model", "lexicons"),
           writes=("translated-query evaluation",), slot="model",
           config=("eval.", "data.dataset", "data.languages", "train.model_name", "train.device", *_WHERE),
-          operational=frozenset({"train.device"}) | _WHERE),
+          operational=frozenset({"train.device"}) | frozenset(_WHERE)),
     Stage("ablation", "Baselines and MULE's parts (the paper's Table 2), one child run per model.",
           task=None, kind="sweep", sweep="mule.pipeline.sweeps:ABLATION",
           steps=("pretrain", "train", "evaluate", "query-translation")),

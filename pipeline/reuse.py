@@ -244,7 +244,8 @@ def _outputs_changed(wd: Workdir, hasher: FileHasher, record: dict) -> str:
     return ""
 
 
-def record(wd: Workdir, cfg: MuleConfig, decision: Decision, result: Any, run_id: str | None) -> None:
+def record(wd: Workdir, cfg: MuleConfig, decision: Decision, result: Any, run_id: str | None,
+           seconds: float | None = None) -> None:  # fmt: skip
     """As soon as the stage's computation returned, before anything is published: its key
     (of the inputs it started from), its outputs' digests and its result, "published":
     false. A stop while publishing then loses nothing: the next run reuses the stage and
@@ -258,10 +259,12 @@ def record(wd: Workdir, cfg: MuleConfig, decision: Decision, result: Any, run_id
     path = wd.stage_record_path(cfg.data.dataset, stage, decision.slot)
     write_json_atomic({"stage": stage, "key": decision.key, "parts": decision.parts, "outputs": outputs,
                        "result": result, "run_id": run_id, "finished": time.time(), "reason": decision.reason,
-                       "root": str(wd.root), "published": False}, path)  # fmt: skip
+                       "root": str(wd.root), "published": False,
+                       "seconds": None if seconds is None else round(seconds, 2)}, path)  # fmt: skip
 
 
-def mark_published(wd: Workdir, cfg: MuleConfig, decision: Decision, result: Any, run_id: str | None) -> None:
+def mark_published(wd: Workdir, cfg: MuleConfig, decision: Decision, result: Any, run_id: str | None,
+                   seconds: float | None = None) -> None:  # fmt: skip
     """The stage's publishing is done (in run `run_id`): its record says so, with what the
     publisher added to the result (a registered version)."""
     if not decision.key:
@@ -270,7 +273,8 @@ def mark_published(wd: Workdir, cfg: MuleConfig, decision: Decision, result: Any
     current = _read_record(path)
     if current is None or current["key"] != decision.key:
         return
-    write_json_atomic({**current, "result": result, "published": True, "published_in_run": run_id}, path)
+    write_json_atomic({**current, "result": result, "published": True, "published_in_run": run_id,
+                       "publish_seconds": None if seconds is None else round(seconds, 2)}, path)  # fmt: skip
 
 
 def publish_pending(decision: Decision) -> bool:

@@ -12,6 +12,7 @@ sweeps' steps all run here, so there is one way a stage runs and one way it is r
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,18 +78,20 @@ class Runner:
         report.tags(reuse.tags(decision))
         reuse.logger().info("%s: %s", stage.name, decision.describe())
         ctx = StageContext(self.workdir, cfg, key=decision.key, force=decision.forced, report=report)
+        started = time.perf_counter()
         try:
             result = self.computes(stage)(ctx)
             # Recorded before publishing: a stop or an MLflow error while publishing (seconds,
             # for a registered model) keeps the work; the next run publishes it (reuse.reuse_stage).
-            reuse.record(self.workdir, cfg, decision, result, run_id)
+            reuse.record(self.workdir, cfg, decision, result, run_id, time.perf_counter() - started)
         finally:
             end_commit(self.workdir)  # readers (mule serve, search) may read what it wrote
         for cleanup in ctx.after_record:  # what only a recorded result may let go (a checkpoint)
             cleanup()
+        started = time.perf_counter()
         result = result | publish(stage.name, self.workdir, cfg, result, run_id)
         if run_id or not stage.publish:  # without MLflow (track=False) the rest stays to publish
-            reuse.mark_published(self.workdir, cfg, decision, result, run_id)
+            reuse.mark_published(self.workdir, cfg, decision, result, run_id, time.perf_counter() - started)
         return result
 
 

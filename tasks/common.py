@@ -91,3 +91,13 @@ def logger() -> logging.Logger:
 def history_records(history) -> list[dict]:
     """A trainer's epochs as plain records: part of a stage's summary, drawn by its publisher."""
     return [asdict(epoch) for epoch in history]
+
+
+def phase_seconds(history) -> dict[str, float]:
+    """Where a training's time went, summed over its epochs (batches, forward, backward,
+    optimizer, validation): part of a stage's summary, so bench/stage_times.py can print it."""
+    totals: dict[str, float] = {}
+    for epoch in history:
+        for phase, seconds in (epoch.phases or {}).items():
+            totals[phase] = round(totals.get(phase, 0.0) + seconds, 2)
+    return totals

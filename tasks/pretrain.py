@@ -15,7 +15,7 @@ from mule.mule_core.metrics import mean_r1
 from mule.mule_core.model import build_model
 from mule.mule_core.training import Trainer, cross_lingual, resolve_device
 
-from .common import StageContext, history_records, logger
+from .common import StageContext, history_records, logger, phase_seconds
 from .training_common import Checkpoints, divergence_tags
 
 
@@ -66,4 +66,4 @@ def pretrain_mule(ctx: StageContext) -> dict[str, Any]:
     log.info("LP done: best epoch %d, val cross-lingual R@1 %.1f (MULE layer)", trainer.best_epoch, trainer.best_score)
     return {"path": str(path), "captions": len(train.caption_image), "best_epoch": trainer.best_epoch,
             "val_cross_lingual_r1": trainer.best_score, "seconds": round(time.perf_counter() - started, 1),
-            "history": history_records(history)}  # fmt: skip
+            "phases": phase_seconds(history), "history": history_records(history)}  # fmt: skip

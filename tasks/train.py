@@ -22,7 +22,7 @@ from mule.mule_core.metrics import mean_mr
 from mule.mule_core.model import build_model, count_parameters
 from mule.mule_core.training import Trainer, evaluate_split, resolve_device
 
-from .common import StageContext, history_records, images_with_files, logger
+from .common import StageContext, history_records, images_with_files, logger, phase_seconds
 from .training_common import Checkpoints, divergence_tags
 
 
@@ -110,7 +110,8 @@ def train_model(ctx: StageContext) -> dict[str, Any]:
             "diverged": [r.epoch for r in history if r.divergence], "stopped": trainer.stopped,
             "sentences_per_image": trainer.sentences_per_image, "extractor": extractor,
             "languages": list(train.languages), "val_images": ids_digest(val.image_ids),
-            "examples": example_sentences(catalog, dataset, val), "history": history_records(history)}  # fmt: skip
+            "examples": example_sentences(catalog, dataset, val), "phases": phase_seconds(history),
+            "history": history_records(history)}  # fmt: skip
 
 
 def example_sentences(catalog, dataset: str, val) -> list[tuple[str, str]]:

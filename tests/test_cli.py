@@ -36,7 +36,8 @@ def test_search_needs_a_sentence_or_an_image_and_a_trained_model(capsys, tmp_pat
     assert main(["search", "--workdir", str(tmp_path)]) == 2
     assert "search needs a sentence or --image PATH" in capsys.readouterr().err
     assert main(["search", "a red circle", "--workdir", str(tmp_path)]) == 2
-    assert "registered model mule-embedded has no champion" in capsys.readouterr().err
+    assert "no trained model in" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # a reading command made nothing there (no MLflow store, no catalog)
 
 
 def test_bad_option_is_a_one_line_error(capsys, tmp_path):
@@ -229,4 +230,4 @@ def test_serve_listens_on_this_machine_only_unless_told(capsys, tmp_path):
     assert main(["serve", "--workdir", str(tmp_path)]) == 2  # nothing trained: one line, no traceback
     err = capsys.readouterr().err
     assert "--port must be between 1 and 65535" in err
-    assert "registered model mule-embedded has no champion" in err
+    assert "no trained model in" in err

@@ -65,7 +65,7 @@ def test_bad_images_become_rejects_and_the_stage_completes(tmp_path, caplog):
     assert reasons[gone_before_ingest] == reasons[gone_after_ingest] == "image file missing"
     assert reasons[truncated].startswith("image does not decode:") and "truncated" in reasons[truncated]
     assert reasons[empty] == "image does not decode: empty file (0 bytes)"
-    assert reasons[not_an_image] == "image does not decode: not an image format Pillow can read"
+    assert reasons[not_an_image] == "image does not decode: not a JPEG, PNG, WebP, GIF, BMP or TIFF image"
     assert reasons[bomb].startswith("image does not decode: refused by Pillow as a decompression bomb")
     extracted = catalog.extracted_image_ids("embedded", catalog.current_extractor("embedded", cfg.features))
     stem = lambda name: name.removesuffix(".jpg")  # noqa: E731 - image ids are the file names' stems

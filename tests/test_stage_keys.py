@@ -92,6 +92,8 @@ def _options(cfg, reads: bool, stage) -> list[tuple[str, object]]:
         section, _, name = key.partition(".")
         if not name:
             continue
+        if key == "train.threads":  # keyed by the count it resolves to: its own test, below
+            continue
         read = key not in excluded and any(key == w or (w.endswith(".") and key.startswith(w)) for w in stage.config)
         new = _mutated(getattr(getattr(cfg, section), name))
         if read != reads or new is None:

@@ -1,0 +1,154 @@
+"""Where `mule demo`'s time goes: seconds per stage and, inside LP and joint training, per
+phase (sampling batches, forward, backward, optimizer, validation), peak memory and the
+test recall, for this checkout and, run right after it on the same machine, for a commit
+you name (this VM's speed drifts from hour to hour: compare within one run of this script).
+
+    python bench/stage_times.py [--baseline COMMIT] [--size demo|29k] [--set KEY=VALUE ...] [--runs 1]
+
+--size 29k: Multi30K's size (29,000 / 1,014 / 1,000 images) instead of the demo's 3,000 /
+500 / 1,000. Each run starts from an empty workdir (under --root, default a temporary
+folder) and runs the command a user runs; the baseline runs from a git worktree of that
+commit with this interpreter (its code, these libraries). A stage's seconds are the time
+from the end of the stage before to its own end (its flow, computing and publishing);
+phases come from the stage's own record (commits from 2026-11-25 on record them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SIZES = {"demo": [], "29k": ["--train-images", "29000", "--val-images", "1014", "--test-images", "1000"]}
+STAGES = ("ingest", "translate", "features", "text", "pretrain", "train", "evaluate", "index")
+# Runs a checkout's `mule` with this interpreter: mule.<folder> maps onto the checkout's folders
+RUNNER = """
+import sys, types
+root = sys.argv[1]
+package = types.ModuleType("mule"); package.__path__ = [root]; sys.modules["mule"] = package
+sys.argv = ["mule", *sys.argv[2:]]
+from mule.flows.cli import entry
+entry()
+"""
+
+
+def tree_rss_mb(pid: int) -> float:
+    import psutil
+
+    try:
+        process = psutil.Process(pid)
+        return sum(p.memory_info().rss for p in [process, *process.children(recursive=True)]) / 2**20
+    except psutil.Error:
+        return 0.0
+
+
+def run_demo(checkout: Path, workdir: Path, size: str, sets: list[str]) -> dict:
+    """`mule demo` from an empty workdir: wall seconds, peak RSS (the process tree's), stage times."""
+    command = [sys.executable, "-c", RUNNER, str(checkout), "demo", "--workdir", str(workdir), *SIZES[size],
+               *[a for s in sets for a in ("--set", s)]]  # fmt: skip
+    started = time.time()
+    process = subprocess.Popen(command, cwd=checkout, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    peak = [0.0]
+
+    def watch() -> None:
+        while process.poll() is None:
+            peak[0] = max(peak[0], tree_rss_mb(process.pid))
+            time.sleep(0.5)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    output = process.communicate()[0]
+    wall = time.time() - started
+    watcher.join(2)
+    if process.returncode != 0:
+        sys.exit(f"`mule demo` in {checkout} failed ({process.returncode}):\n{output[-3000:]}")
+    dataset = "embedded"
+    records = {}
+    for stage in STAGES:
+        path = workdir / "state" / "stages" / dataset / f"{stage}.json"
+        if path.exists():
+            records[stage] = json.loads(path.read_text())
+    times, previous = {}, started
+    for stage in STAGES:  # pipeline order: each stage from the end of the one before
+        if stage in records:
+            times[stage] = records[stage]["finished"] - previous
+            previous = records[stage]["finished"]
+    evaluation = json.loads((workdir / "results" / dataset / "evaluation.json").read_text())
+    phases = {stage: (records.get(stage, {}).get("result") or {}).get("phases") for stage in ("pretrain", "train")}
+    return {"wall": wall, "peak_mb": peak[0], "stages": times, "phases": phases,
+            "compute": {s: r.get("seconds") for s, r in records.items()},
+            "mR": evaluation.get("mean_mR"), "after_last_stage": started + wall - previous}  # fmt: skip
+
+
+def worktree(commit: str, root: Path) -> Path:
+    path = root / f"baseline-{commit[:12]}"
+    if not path.exists():
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(path), commit], check=True,
+                       capture_output=True)  # fmt: skip
+    return path
+
+
+def table(results: dict[str, dict]) -> str:
+    names = list(results)
+    lines = ["| | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+
+    def row(label: str, value) -> None:
+        cells = []
+        for name in names:
+            v = value(results[name])
+            cells.append("–" if v is None else f"{v:.1f}" if isinstance(v, float) else str(v))
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+
+    row("**wall s**", lambda r: r["wall"])
+    for stage in STAGES:
+        row(f"{stage} s", lambda r, s=stage: r["stages"].get(s))
+    row("after the last stage s (reports, Prefect's exit)", lambda r: r["after_last_stage"])
+    for stage in ("pretrain", "train"):
+        for phase in ("batches", "forward", "backward", "optimizer", "validation"):
+            row(f"{stage}: {phase} s", lambda r, s=stage, p=phase: (r["phases"].get(s) or {}).get(p))
+    row("peak RSS MB (the process tree)", lambda r: r["peak_mb"])
+    row("**test mean mR**", lambda r: r["mR"])
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--baseline", help="a commit to run right after this checkout")
+    parser.add_argument("--size", choices=sorted(SIZES), default="demo")
+    parser.add_argument("--set", dest="sets", action="append", default=[])
+    parser.add_argument("--root", type=Path)
+    parser.add_argument("--runs", type=int, default=1, help="runs of each (the table shows the median's run)")
+    args = parser.parse_args()
+    root = args.root or Path(tempfile.mkdtemp(prefix="mule-stage-times-"))
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()  # fmt: skip
+    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain"], capture_output=True, text=True).stdout
+    checkouts = {f"this checkout ({head}{'+dirty' if dirty.strip() else ''})": REPO}
+    if args.baseline:
+        checkouts[f"baseline {args.baseline}"] = worktree(args.baseline, root)
+    import platform
+
+    import psutil
+
+    print(f"machine: {platform.node()}, {psutil.cpu_count()} CPUs, {psutil.virtual_memory().total / 2**30:.0f} GiB; "
+          f"python {platform.python_version()}; size {args.size}; {time.strftime('%Y-%m-%d %H:%M')}", flush=True)  # fmt: skip
+    results = {}
+    for name, checkout in checkouts.items():
+        runs = []
+        for n in range(args.runs):
+            workdir = root / f"{name.split()[0]}-{n}"
+            print(f"{name}: mule demo in {workdir} ...", flush=True)
+            runs.append(run_demo(checkout, workdir, args.size, args.sets))
+            print(f"  {runs[-1]['wall']:.1f} s, test mR {runs[-1]['mR']:.2f}", flush=True)
+        results[name] = sorted(runs, key=lambda r: r["wall"])[len(runs) // 2]
+    print("\n" + table(results))
+
+
+if __name__ == "__main__":
+    main()
