@@ -13,10 +13,8 @@ import logging
 import re
 from pathlib import Path
 
-import duckdb
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute  # noqa: F401 - pa.compute
 import pyarrow.parquet as pq
 
 from mule.mule_core.errors import UserError
@@ -63,6 +61,20 @@ def readable_parquet(path: Path) -> bool:
         return False
 
 
+def _duckdb():
+    """DuckDB, imported when a query runs (a quarter of a second: deciding that nothing has
+    to run needs none)."""
+    import duckdb
+
+    return duckdb
+
+
+def _compute():
+    import pyarrow.compute
+
+    return pyarrow.compute
+
+
 def _lock_conflict(error: Exception) -> bool:
     """DuckDB's answer when another process holds the database file: not damage."""
     text = str(error).lower()
@@ -72,9 +84,9 @@ def _lock_conflict(error: Exception) -> bool:
 def _duckdb_readable(path: Path) -> bool:
     """The file opens as a DuckDB database (read-only: a lock conflict also proves it one)."""
     try:
-        duckdb.connect(str(path), read_only=True).close()
+        _duckdb().connect(str(path), read_only=True).close()
         return True
-    except duckdb.Error as error:
+    except _duckdb().Error as error:
         return _lock_conflict(error)
 
 
@@ -123,15 +135,15 @@ class Catalog:
             return
         path = self.workdir.duckdb_path
         try:
-            con = duckdb.connect(str(path))
-        except duckdb.Error as error:
+            con = _duckdb().connect(str(path))
+        except _duckdb().Error as error:
             if _lock_conflict(error):
                 log.warning("catalog: %s is open in another process (%s); its views are refreshed by the next run",
                             path, str(error).splitlines()[0][:200])  # fmt: skip
                 return
             if path.exists() and not _duckdb_readable(path) and holds_lock(self.workdir):
                 self._rebuild_database()  # proven unreadable, and no other mule process writes here
-                con = duckdb.connect(str(path))
+                con = _duckdb().connect(str(path))
             else:
                 log.warning("catalog: %s cannot be opened (%s); its views are refreshed by the next run", path,
                             str(error).splitlines()[0][:200])  # fmt: skip
@@ -153,7 +165,7 @@ class Catalog:
             con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT {columns} FROM "
                         f"read_parquet('{_quoted(pattern)}', union_by_name = true)")  # fmt: skip
             return True
-        except duckdb.Error:
+        except _duckdb().Error:
             readable = [f for f in files if readable_parquet(Path(f))]
             log.warning("catalog: left out of the %s view, unreadable (damaged?): %s", name,
                         ", ".join(f for f in files if f not in readable))  # fmt: skip
@@ -174,7 +186,7 @@ class Catalog:
         Never catalog.duckdb: a reader cannot collide with a run writing it, and never
         writes the workdir. In a workdir copied or moved since its last run, the images'
         paths inside it are read as they are now (the next run rewrites them for good)."""
-        con = duckdb.connect()
+        con = _duckdb().connect()
         globs = self._globs()
         moved = self.workdir.moved_from()
         for name in VIEWS:
@@ -194,7 +206,7 @@ class Catalog:
                 relation = con.sql(sql, params=params or None)
                 # DuckDB 2 renamed arrow() to to_arrow_table().
                 return relation.to_arrow_table() if hasattr(relation, "to_arrow_table") else relation.arrow()
-            except duckdb.CatalogException as error:
+            except _duckdb().CatalogException as error:
                 missing = _MISSING_TABLE.search(str(error))
                 if missing is None or missing.group(1) not in VIEWS:  # a typo in mule's SQL is a bug
                     raise
@@ -267,8 +279,19 @@ class Catalog:
         return path.with_name(f"{path.stem}-checkpoint.pt")
 
     def languages(self, dataset: str) -> list[str]:
-        """The languages of a dataset's captions (human or machine-translated)."""
-        return sorted(self.query("SELECT DISTINCT lang FROM captions WHERE dataset = ?", [dataset])["lang"].to_pylist())
+        """The languages of a dataset's captions (human or machine-translated), read from the
+        captions tables' lang column alone (a rebuild's keys ask it; DuckDB is not needed)."""
+        found: set[str] = set()
+        for suffix in ("", ".mt"):
+            path = self.workdir.table_path("captions", dataset + suffix)
+            if path.exists():
+                try:
+                    found.update(pq.ParquetFile(path).read(columns=["lang"]).column("lang").unique().to_pylist())
+                except (OSError, pa.ArrowException) as error:
+                    raise damaged_table_error("captions", path, error) from None
+        if not found and not self.workdir.table_path("captions", dataset).exists():
+            raise missing_table_error("captions", self.workdir, dataset)
+        return sorted(found)
 
     def datasets(self) -> list[str]:
         return sorted(p.stem for p in (self.workdir.catalog_dir / "images").glob("*.parquet"))
@@ -391,12 +414,12 @@ class Catalog:
             if part.name in keep:
                 continue
             table = pq.read_table(part)
-            stale = pa.compute.is_in(table.column("image_id"), pa.array(sorted(image_ids), pa.string()))
-            n = pa.compute.sum(stale).as_py() or 0
+            stale = _compute().is_in(table.column("image_id"), pa.array(sorted(image_ids), pa.string()))
+            n = _compute().sum(stale).as_py() or 0
             if n == table.num_rows:
                 part.unlink()
             elif n:
-                write_parquet_atomic(table.filter(pa.compute.invert(stale)), part)
+                write_parquet_atomic(table.filter(_compute().invert(stale)), part)
             dropped += n
         return dropped
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import json
+import os
 import sys
 from importlib.metadata import PackageNotFoundError, distribution, distributions, packages_distributions, version
 from pathlib import Path
@@ -54,10 +56,53 @@ def _stamp(path: Path) -> tuple[str, int, int]:
 
 
 @functools.cache
-def _parsed(stamp: tuple[str, int, int]) -> tuple[ast.AST, str]:
-    """A file's syntax tree and digest, read once per content (stages share most files)."""
-    data = Path(stamp[0]).read_bytes()
-    return ast.parse(data, filename=stamp[0]), hashlib.sha256(data).hexdigest()[:16]
+def _digest(stamp: tuple[str, int, int]) -> str:
+    """A file's digest, read once per content (stages share most files)."""
+    return hashlib.sha256(Path(stamp[0]).read_bytes()).hexdigest()[:16]
+
+
+@functools.cache
+def _parsed(stamp: tuple[str, int, int]) -> ast.AST:
+    return ast.parse(Path(stamp[0]).read_bytes(), filename=stamp[0])
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mule"
+
+
+class _ImportCache:
+    """File digest, module -> the names its imports load, kept in the user's cache: parsing
+    every file a stage reaches costs a second on a busy machine, and the answer depends
+    only on the file's content (and where it sits)."""
+
+    MAX = 5000
+
+    def __init__(self) -> None:
+        self.path = _cache_dir() / "imports.json"
+        try:
+            self.entries: dict[str, list[str]] = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            self.entries = {}
+        self.changed = False
+
+    def save(self) -> None:
+        if not self.changed:
+            return
+        if len(self.entries) > self.MAX:  # old edits' entries: keep the newest
+            self.entries = dict(list(self.entries.items())[-self.MAX // 2 :])
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
+            tmp.write_text(json.dumps(self.entries))
+            os.replace(tmp, self.path)
+            self.changed = False
+        except OSError:  # no writable cache: parsed again next time
+            pass
+
+
+@functools.cache
+def _import_cache() -> _ImportCache:
+    return _ImportCache()
 
 
 def _imported_names(path: Path, module: str, is_package: bool) -> set[str]:
@@ -92,9 +137,19 @@ def _import_nodes_in(node: ast.AST):
 @functools.cache
 def _imports_in(stamp: tuple[str, int, int], module: str, is_package: bool) -> frozenset[str]:
     """Every module name an import statement in the file may load (absolute names)."""
+    cache, key = _import_cache(), f"{_digest(stamp)}:{module}:{int(is_package)}"
+    if key in cache.entries:
+        return frozenset(cache.entries[key])
+    names = _parse_imports(stamp, module, is_package)
+    cache.entries[key] = sorted(names)
+    cache.changed = True
+    return names
+
+
+def _parse_imports(stamp: tuple[str, int, int], module: str, is_package: bool) -> frozenset[str]:
     package = module if is_package else module.rpartition(".")[0]
     names: set[str] = set()
-    for node in _import_nodes(_parsed(stamp)[0]):
+    for node in _import_nodes(_parsed(stamp)):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         else:
@@ -149,7 +204,37 @@ def _top_level_names() -> dict[str, tuple]:
 
 @functools.cache
 def _packages_distributions() -> dict[str, list[str]]:
-    return packages_distributions()
+    """importlib's packages_distributions(), which reads every distribution's RECORD (2 s on
+    an idle machine, 5 beside a busy one), remembered in the user's cache for as long as
+    the same distributions are installed (their dist-info folders, listed in milliseconds)."""
+    signature = _installed_signature()
+    cache = _cache_dir() / f"packages-{signature}.json"
+    try:
+        return json.loads(cache.read_text())
+    except (OSError, ValueError):
+        pass
+    found = packages_distributions()
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_name(f".{cache.name}.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(found))
+        os.replace(tmp, cache)
+    except OSError:  # no writable cache: computed again next time
+        pass
+    return found
+
+
+def _installed_signature() -> str:
+    """Which distributions are installed where (their metadata folders), as a digest."""
+    value = hashlib.sha256(sys.prefix.encode())
+    for entry in sorted({p for p in sys.path if p}):
+        try:
+            names = sorted(e.name for e in os.scandir(entry) if e.name.endswith((".dist-info", ".egg-info")))
+        except OSError:
+            continue
+        if names:  # a folder without distributions (the working directory) changes nothing
+            value.update(f"{entry}\0{chr(0).join(names)}\n".encode())
+    return value.hexdigest()[:16]
 
 
 @functools.cache
@@ -188,8 +273,9 @@ def code_parts(module: str | tuple[str, ...], repo: Path = REPO) -> dict[str, st
     """What a change of code means for what `module` (or several) computes: each reached
     file's digest ("file tasks/train.py"), each library's version ("library torch")."""
     reached, outside = closure(module, repo)
-    parts = {f"file {path.relative_to(repo)}": _parsed(_stamp(path))[1] for path in sorted(reached.values())}
+    parts = {f"file {path.relative_to(repo)}": _digest(_stamp(path)) for path in sorted(reached.values())}
     parts |= {f"library {name}": v for name, v in libraries(outside).items()}
+    _import_cache().save()
     return parts
 
 

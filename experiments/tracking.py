@@ -25,14 +25,14 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
-
-from mlflow.entities import Metric, Param, RunTag
-from mlflow.tracking import MlflowClient
+from typing import TYPE_CHECKING, Any
 
 from mule.data_catalog.workdir import Workdir
 from mule.mule_core.config import MuleConfig, flatten
 from mule.mule_core.errors import UserError, is_user_error
+
+if TYPE_CHECKING:  # MLflow is imported when a run is tracked, not by checking the store (seconds)
+    from mlflow.tracking import MlflowClient
 
 _INVALID_METRIC_CHARS = re.compile(r"[^A-Za-z0-9_\-. :/]")
 # MLflow 3's UI opens an experiment without this tag in its GenAI (traces) view.
@@ -57,6 +57,8 @@ def metric_name(key: str) -> str:
 
 
 def client(workdir: Workdir) -> MlflowClient:
+    from mlflow.tracking import MlflowClient
+
     return MlflowClient(tracking_uri=workdir.mlflow_uri)
 
 
@@ -219,6 +221,8 @@ class Tracker:
     def params(self, values: dict[str, Any]) -> None:
         if not self.client:
             return
+        from mlflow.entities import Param
+
         items = [Param(k, str(v)[:6000]) for k, v in values.items()]
         for start in range(0, len(items), 100):
             self.client.log_batch(self.run_id, params=items[start : start + 100])
@@ -226,6 +230,8 @@ class Tracker:
     def metrics(self, values: dict[str, float], step: int | None = None) -> None:
         if not self.client:
             return
+        from mlflow.entities import Metric
+
         now = int(1000 * time.time())
         items = [
             Metric(metric_name(k), float(v), now, step or 0)
@@ -237,6 +243,8 @@ class Tracker:
 
     def tags(self, values: dict[str, str]) -> None:
         if self.client:
+            from mlflow.entities import RunTag
+
             self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in values.items()])
 
     def artifact(self, path: Path, folder: str | None = None) -> None:

@@ -208,7 +208,10 @@ def _print_results(results: dict, workdir: Workdir, started: float) -> None:
         print("\nAdding a language: test mR per language\n")
         print(results["add-language"]["markdown"])
         print(f"report: {results['add-language']['report']}")
-    print(f"MLflow run {results.get('mlflow_run_id')}: browse with `mule ui --workdir {workdir.root}`")
+    if results.get("mlflow_run_id"):
+        print(f"MLflow run {results['mlflow_run_id']}: browse with `mule ui --workdir {workdir.root}`")
+    else:
+        print(f"MLflow: recorded in a few seconds, by a process of its own; browse with `mule ui --workdir {workdir.root}`")
     print(f"wall time: {time.perf_counter() - started:.0f}s")
 
 
@@ -233,8 +236,8 @@ def cmd_run(args: argparse.Namespace, stages: list[str], overrides: dict) -> int
     with workdir_lock(workdir, "starting", wait=args.wait, waiting=_waiting_for(workdir)):
         results = _without_prefect_if_up_to_date(workdir, cfg, stages, args.force)
         if results is not None:
-            print("every stage is up to date: nothing ran, and Prefect was not started (the MLflow run below "
-                  "records the reuse; --force STAGE runs one anyway)")  # fmt: skip
+            print("every stage is up to date: nothing ran, and Prefect was not started (MLflow records the "
+                  "reuse; --force STAGE runs one anyway)")  # fmt: skip
             _print_results(results, workdir, started)
             return 0
         _prefect_ready(workdir)
@@ -307,16 +310,19 @@ def _stopped_line(workdir: Workdir, cfg, began: float):
 
 
 def _without_prefect_if_up_to_date(workdir: Workdir, cfg, stages: list[str], force: list[str]) -> dict | None:
-    """When no stage has to run, the rebuild's record (MLflow runs saying each stage was
-    reused, and why) is written here, without starting Prefect; None when a stage has
-    to run (then the rebuild flow decides again, stage by stage)."""
+    """When no stage has to run: the results, without starting Prefect, and without
+    importing MLflow or torch: the rebuild's record (MLflow runs saying each stage was
+    reused, and why) is written right after by a process of its own (pipeline.deferred),
+    unless a stage has something to publish. None when a stage has to run (then the
+    rebuild flow decides again, stage by stage)."""
     if force or os.environ.get("MULE_UP_TO_DATE_CHECK") == "0":
         return None
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
     from mule.data_catalog.locks import workdir_lock
-    from mule.experiments import relocation, tracking
-    from mule.pipeline import rebuild, reuse
+    from mule.experiments import relocation
+    from mule.pipeline import deferred, rebuild, reuse
+    from mule.pipeline.declaration import BY_NAME
 
     stages = in_pipeline_order(stages)  # as the rebuild flow runs them
     name = rebuild.run_name(stages)
@@ -326,6 +332,17 @@ def _without_prefect_if_up_to_date(workdir: Workdir, cfg, stages: list[str], for
         decided = rebuild.up_to_date(workdir, cfg, stages, set())
         if decided is None:
             return None
+        later = not any(reuse.publish_pending(d) for d in decided.values()) and all(
+            BY_NAME[s].kind != "sweep" for s in stages)  # fmt: skip
+        if later and os.environ.get("MULE_RECORD_LATER") != "0":
+            results = {stage: reuse.reused_result(d, workdir) for stage, d in decided.items()}
+            decisions = {stage: d.describe() for stage, d in decided.items()}
+            deferred.defer(workdir, cfg, name, decided, results)
+            deferred.start_recorder(workdir)
+            return results | {"mlflow_run_id": None, "stages": decisions}
+        from mule.experiments import tracking
+
+        deferred.record_unrecorded(workdir)
         with tracking.run(workdir, cfg, name) as run_id:
             results, decisions = rebuild.run_stages(workdir, cfg, stages, set(), run_id, None, reuse.reuse_stage,
                                                     decided)  # fmt: skip

@@ -199,22 +199,23 @@ def _rebuild(workdir: str | None, preset: str, overrides: dict[str, Any] | None,
 
     named, forced = check_stages(stages), set(check_stages(force) if force else [])
     name = rebuild.run_name(named)
-    with (
-        _working(workdir, preset, overrides, name, resolved) as (wd, cfg),
-        tracking.run(wd, cfg, name) as run_id,
-    ):
-        root, config = str(wd.root), to_dict(cfg)
+    from mule.pipeline import deferred
 
-        def run_stage(stage: str, decided: dict | None) -> dict:
-            arguments = {"workdir": root, "preset": preset, "overrides": overrides, "parent_run_id": run_id,
-                         "config": config}  # fmt: skip
-            if decided is not None:
-                arguments["decided"] = decided
-            return STAGE_FLOWS[stage](**arguments)
+    with _working(workdir, preset, overrides, name, resolved) as (wd, cfg):
+        deferred.record_unrecorded(wd)  # what a no-change rebuild left to record, first
+        with tracking.run(wd, cfg, name) as run_id:
+            root, config = str(wd.root), to_dict(cfg)
 
-        stages = rebuild.plan(wd, cfg, named)  # a sweep's inputs first (reused when up to date), damage repaired
-        results, decisions = rebuild.run_stages(wd, cfg, stages, forced, run_id, run_stage, reuse_stage)
-        rebuild.report(wd, cfg, results, decisions, run_id)
+            def run_stage(stage: str, decided: dict | None) -> dict:
+                arguments = {"workdir": root, "preset": preset, "overrides": overrides, "parent_run_id": run_id,
+                             "config": config}  # fmt: skip
+                if decided is not None:
+                    arguments["decided"] = decided
+                return STAGE_FLOWS[stage](**arguments)
+
+            stages = rebuild.plan(wd, cfg, named)  # a sweep's inputs first (reused when up to date), damage repaired
+            results, decisions = rebuild.run_stages(wd, cfg, stages, forced, run_id, run_stage, reuse_stage)
+            rebuild.report(wd, cfg, results, decisions, run_id)
     results["mlflow_run_id"] = run_id
     results["stages"] = decisions
     return results

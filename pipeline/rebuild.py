@@ -50,13 +50,13 @@ def up_to_date(wd: Workdir, cfg: MuleConfig, stages: list[str], forced: set[str]
     """Every stage's decision when none of them has to run (a sweep: every step of every
     variant); None as soon as one does (then the rebuild decides again, stage by stage,
     as the stages before it write)."""
-    from . import sweeps
-
     if forced:
         return None
     decided = {}
     for stage in stages:
         if BY_NAME[stage].kind == "sweep":
+            from . import sweeps  # its variants' reports: imported only for a sweep
+
             if not sweeps.up_to_date(wd, cfg, stage):
                 return None
             continue

@@ -60,11 +60,13 @@ def runtime_parts(cfg: MuleConfig, stage: Stage) -> dict[str, str]:
     return {"runtime cpu threads": str(cpu_threads(cfg.train.threads))}
 
 
-def _images_digest(catalog: Catalog, dataset: str) -> str | None:
-    """The images' identity, split and bytes (not their paths: a moved workdir keeps its key)."""
-    if not catalog.has_table("images", dataset):
+def _images_digest(wd: Workdir, catalog: Catalog, dataset: str, hasher: FileHasher) -> str | None:
+    """The images' identity, split and bytes (not their paths: a moved workdir keeps its
+    key), remembered by the images table's file digest (DuckDB is imported once per table)."""
+    file_digest = hasher.digest(wd.table_path("images", dataset))
+    if file_digest is None:
         return None
-    return arrow_digest(catalog.image_identity(dataset))[:16]
+    return hasher.derived("images", file_digest, lambda: arrow_digest(catalog.image_identity(dataset))[:16])
 
 
 def _model_digest(path: Path, hasher: FileHasher) -> str | None:
@@ -85,7 +87,7 @@ def _load_model_digest(path: Path) -> str | None:
 def entry_digest(name: str, wd: Workdir, catalog: Catalog, cfg: MuleConfig, hasher: FileHasher) -> str | None:
     entry = ENTRIES[name]
     if entry.kind == "images":
-        return _images_digest(catalog, cfg.data.dataset)
+        return _images_digest(wd, catalog, cfg.data.dataset, hasher)
     paths = entry.locate(wd, catalog, cfg)
     if not paths:  # nothing there for this config (random weights, no features extracted yet)
         return None

@@ -23,7 +23,6 @@ from mule.mule_core.config import MuleConfig
 
 from . import reuse
 from .declaration import BY_NAME, Stage
-from .publish import publish
 
 # (stage) -> the function that computes it; Prefect's flows wrap it in a task
 Computes = Callable[[Stage], Callable[[Any], dict]]
@@ -88,6 +87,8 @@ class Runner:
             end_commit(self.workdir)  # readers (mule serve, search) may read what it wrote
         for cleanup in ctx.after_record:  # what only a recorded result may let go (a checkpoint)
             cleanup()
+        from .publish import publish  # MLflow, figures: imported when something is published
+
         started = time.perf_counter()
         result = result | publish(stage.name, self.workdir, cfg, result, run_id)
         if run_id or not stage.publish:  # without MLflow (track=False) the rest stays to publish

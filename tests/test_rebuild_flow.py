@@ -158,28 +158,35 @@ def test_a_rebuild_with_nothing_changed_runs_no_stage(rebuilt, tmp_path):
 
 
 def test_the_command_with_nothing_to_run_records_the_reuse_without_starting_prefect(rebuilt, tmp_path):
-    """`mule run all` on an up-to-date workdir: every stage reused, said on the console and
-    in MLflow (a run per stage, pointing at the run that made what is reused), and Prefect
-    never imported, let alone its server started."""
+    """`mule run all` on an up-to-date workdir: every stage reused, said on the console;
+    neither Prefect nor MLflow nor torch imported (deciding needs only the keys); a process
+    of its own records it in MLflow right after (a run per stage, pointing at the run that
+    made what is reused), and the next run would record it if that process did not."""
     import subprocess
     import sys
+
+    from mule.pipeline import deferred
 
     copy = _copy_of(rebuilt, tmp_path)
     settings = [a for k, v in TINY.items() for a in ("--set", f"{k}={v}")]
     script = ("import sys; from mule.flows.cli import main; code = main(sys.argv[1:]); "
-              "print('prefect imported:', 'prefect' in sys.modules); sys.exit(code)")  # fmt: skip
+              "print('imported:', sorted(m for m in ('prefect', 'mlflow', 'torch') if m in sys.modules)); "
+              "sys.exit(code)")  # fmt: skip
     done = subprocess.run([sys.executable, "-c", script, "run", "all", "--workdir", str(copy), *settings],
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "prefect imported: False" in done.stdout
-    assert "every stage is up to date" in done.stdout
+    assert "imported: []" in done.stdout
+    assert "every stage is up to date" in done.stdout and "MLflow: recorded in a few seconds" in done.stdout
     for stage in STAGES:
         assert f"  {stage:<10} reused (key " in done.stdout
+    deferred.record_unrecorded(Workdir.at(copy))  # waits for the recorder it started, or records in its place
+    assert not list(deferred.folder(Workdir.at(copy)).glob("*.json"))
     client = MlflowClient(Workdir.at(copy).mlflow_uri)
     parent = client.search_runs([client.get_experiment_by_name("mule/embedded").experiment_id],
                                 order_by=["attributes.start_time DESC"], max_results=1,
                                 filter_string="tags.mlflow.runName = 'rebuild'")[0]  # fmt: skip
     assert parent.data.tags["mule.stages_ran"] == "none" and "prefect.flow_run_id" not in parent.data.tags
+    assert parent.data.tags["mule.recorded_later"].endswith("which had nothing to run, recorded after it returned")
     assert parent.data.metrics["test_2016.mean_mR"] == pytest.approx(rebuilt[1]["evaluate"]["mean_mR"])
     children = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     assert sorted(r.info.run_name for r in children) == sorted(STAGES)
