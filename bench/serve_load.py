@@ -212,7 +212,7 @@ def main() -> None:
     parser.add_argument("--image-share", type=float, default=0.2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--python", default=sys.executable)
-    parser.add_argument("--module", default="mule.flows.cli")
+    parser.add_argument("--module", default="mule.commands")
     parser.add_argument("--cwd", type=Path, default=REPO)
     parser.add_argument("--serve-arg", action="append", default=[])
     parser.add_argument("--hostile", type=int, default=0, help="slow clients per row of the hostile table (0: none)")

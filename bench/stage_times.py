@@ -33,7 +33,10 @@ import sys, types
 root = sys.argv[1]
 package = types.ModuleType("mule"); package.__path__ = [root]; sys.modules["mule"] = package
 sys.argv = ["mule", *sys.argv[2:]]
-from mule.flows.cli import entry
+try:
+    from mule.commands.main import entry
+except ImportError:  # a checkout from before the commands had a package of their own
+    from mule.flows.cli import entry
 entry()
 """
 

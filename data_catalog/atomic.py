@@ -6,7 +6,7 @@ Every write passes a named point between the temporary file and the rename
 (`write:<folder>/<file>`; the translate stage's journal passes `journal:<dataset>`). In a
 normal run nothing listens there (POINTS is empty). It is the one seam for the tests that
 kill a stage at the worst moment: data_catalog.faults hooks into it, only when a test asks
-for it (MULE_CRASH_AT, MULE_BUG_AT; flows.cli installs it then).
+for it (MULE_CRASH_AT, MULE_BUG_AT; the command installs it then).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ appended to the translate stage's journal (journal:<dataset>).
 path no user gave, the kind of bug that must keep its traceback (exit 1, mule.error_kind=bug)
 and never be reported as bad input.
 
-`install()` (flows.cli calls it when either variable is set) hooks `crash_point` in.
+`install()` (the command, commands/main.py, calls it when either variable is set) hooks `crash_point` in.
 """
 
 from __future__ import annotations

@@ -41,10 +41,13 @@ class Workdir:
     root: Path
 
     @classmethod
-    def at(cls, path: str | os.PathLike | None = None) -> Workdir:
+    def at(cls, path: str | os.PathLike | None = None, create: bool = True) -> Workdir:
+        """The workdir at `path` (else $MULE_HOME, else ./mule-work), made if missing unless
+        `create` is False (a reading command makes nothing)."""
         root = Path(path).expanduser() if path else default_workdir()
         root = root.resolve()
-        root.mkdir(parents=True, exist_ok=True)
+        if create:
+            root.mkdir(parents=True, exist_ok=True)
         return cls(root)
 
     @property

@@ -49,14 +49,18 @@ def _workdir(workdir: str | None) -> Workdir:
 
 @contextmanager
 def _working(workdir: str | None, preset: str, overrides: dict[str, Any] | None, stage: str,
-             config: dict | None = None) -> Iterator[tuple[Workdir, MuleConfig]]:  # fmt: skip
+             config: Any = None) -> Iterator[tuple[Workdir, MuleConfig]]:  # fmt: skip
     """The workdir, under its lock (one mule process at a time), its stored paths pointed
-    at itself if it was copied or moved, and the config: resolved here, or handed down
-    already resolved by the rebuild (which took the lock and checked the workdir)."""
+    at itself if it was copied or moved, and the config: handed down already resolved (a
+    MuleConfig, by the command or the rebuild in this process: used as it is; its dict,
+    across a process: read once), or resolved here from a deployment's preset and overrides."""
     from mule.experiments import relocation
 
     wd = _workdir(workdir)
-    cfg = from_dict(config) if config is not None else resolve(preset, overrides)
+    if isinstance(config, MuleConfig):
+        cfg = config
+    else:
+        cfg = from_dict(config) if config is not None else resolve(preset, overrides)
     nested = holds_lock(wd)
     with workdir_lock(wd, stage):
         if not nested:
@@ -122,7 +126,7 @@ def runner(wd: Workdir) -> Runner:
 
 def run_stage(stage: Stage, workdir: str | None, preset: str, overrides: dict[str, Any] | None,
               parent_run_id: str | None, force: bool = False, decided: dict | None = None,
-              config: dict | None = None) -> dict:  # fmt: skip
+              config: Any = None) -> dict:  # fmt: skip
     """One stage under the workdir's lock, run only when its key changed (pipeline.reuse)
     or when forced. `decided`: the rebuild's decision."""
     with _working(workdir, preset, overrides, stage.name, config) as (wd, cfg):
@@ -138,7 +142,7 @@ def _stage_flow(stage: Stage):
 
     def stage_flow(workdir: str | None = None, preset: str = "demo", overrides: dict[str, Any] | None = None,
                    parent_run_id: str | None = None, force: bool = False, decided: dict | None = None,
-                   config: dict | None = None) -> dict:  # fmt: skip
+                   config: Any = None) -> dict:  # fmt: skip
         return _failing_quietly(lambda: run_stage(stage, workdir, preset, overrides, parent_run_id, force, decided,
                                                   config))  # fmt: skip
 
@@ -157,7 +161,7 @@ def _sweep_flow(stage: Stage):
     it needs first run before it in the rebuild (`mule run ablation` runs them)."""
 
     def sweep_flow(workdir: str | None = None, preset: str = "demo", overrides: dict[str, Any] | None = None,
-                   parent_run_id: str | None = None, config: dict | None = None) -> dict:  # fmt: skip
+                   parent_run_id: str | None = None, config: Any = None) -> dict:  # fmt: skip
         def body() -> dict:
             with _working(workdir, preset, overrides, stage.name, config) as (wd, cfg):
                 return run_sweep(stage.name, runner(wd), cfg, parent_run_id)
@@ -185,7 +189,7 @@ def check_stages(stages: list[str] | None) -> list[str]:
 @flow(name="rebuild")
 def rebuild_flow(workdir: str | None = None, preset: str = "demo", overrides: dict[str, Any] | None = None,
                  stages: list[str] | None = None, force: list[str] | None = None,
-                 config: dict | None = None) -> dict:  # fmt: skip
+                 config: Any = None) -> dict:  # fmt: skip
     """The pipeline: every stage in order (or the ones named), under one parent MLflow run.
     A stage runs only when its key changed (its inputs' content, its config, its code) or
     when named in `force`; the others are reused, and the run says which and why.
@@ -195,27 +199,15 @@ def rebuild_flow(workdir: str | None = None, preset: str = "demo", overrides: di
 
 def _rebuild(workdir: str | None, preset: str, overrides: dict[str, Any] | None, stages: list[str] | None,
              force: list[str] | None, resolved: dict | None = None) -> dict:  # fmt: skip
-    from mule.experiments import tracking
-
+    """pipeline.rebuild.run with each stage that has to run as a flow of its own."""
     named, forced = check_stages(stages), set(check_stages(force) if force else [])
-    name = rebuild.run_name(named)
-    from mule.pipeline import deferred
+    with _working(workdir, preset, overrides, rebuild.run_name(named), resolved) as (wd, cfg):
+        root = str(wd.root)
 
-    with _working(workdir, preset, overrides, name, resolved) as (wd, cfg):
-        deferred.record_unrecorded(wd)  # what a no-change rebuild left to record, first
-        with tracking.run(wd, cfg, name) as run_id:
-            root, config = str(wd.root), to_dict(cfg)
+        def run_stage(stage: str, decided: dict | None, parent_run_id: str | None) -> dict:
+            arguments = {"workdir": root, "parent_run_id": parent_run_id, "config": cfg}  # the object: no round trip
+            if decided is not None:
+                arguments["decided"] = decided
+            return STAGE_FLOWS[stage](**arguments)
 
-            def run_stage(stage: str, decided: dict | None) -> dict:
-                arguments = {"workdir": root, "preset": preset, "overrides": overrides, "parent_run_id": run_id,
-                             "config": config}  # fmt: skip
-                if decided is not None:
-                    arguments["decided"] = decided
-                return STAGE_FLOWS[stage](**arguments)
-
-            stages = rebuild.plan(wd, cfg, named)  # a sweep's inputs first (reused when up to date), damage repaired
-            results, decisions = rebuild.run_stages(wd, cfg, stages, forced, run_id, run_stage, reuse_stage)
-            rebuild.report(wd, cfg, results, decisions, run_id)
-    results["mlflow_run_id"] = run_id
-    results["stages"] = decisions
-    return results
+        return rebuild.run(wd, cfg, named, forced, run_stage, reuse_stage)

@@ -73,6 +73,8 @@ class Stage:
     # trains with torch on train.threads CPU threads: the count used (mule_core.devices.cpu_threads)
     # changes its results, so it is part of the key
     threaded: bool = False
+    # what it keeps of its own work when a run is stopped in it (the command's last line says so)
+    resumes: str = ""
 
     @property
     def module(self) -> str:
@@ -139,7 +141,7 @@ STAGES: tuple[Stage, ...] = (
           reads=("captions", Read("lexicons", _lexicon_backend, "translate.backend=lexicon")),
           writes=("mt captions", "translations"),
           config=("translate.", "data.dataset", "data.languages", "data.format", *_WHERE),
-          operational=frozenset({"translate.concurrency", "translate.timeout_s", "translate.retries"}) | frozenset(_WHERE)),
+          operational=frozenset({"translate.concurrency", "translate.timeout_s", "translate.retries"}) | frozenset(_WHERE), resumes="the sentences translated so far"),
     Stage("features", "Image files -> CNN features, stored under what made them (extractor, weights, code).",
           task="mule.tasks.features:extract_features", publish=_PUBLISH + "features",
           prepare="mule.tasks.prepare:extractor_weights", reads=("images", "extractor weights"), writes=("features", "image rejects"),
@@ -148,7 +150,7 @@ STAGES: tuple[Stage, ...] = (
           # identity (mule_core.features.numerics)
           operational=frozenset({"features.runner", "features.dask_address", "features.dask_workers",
                                  "features.batch_size", "features.loader_workers", "features.shard_images",
-                                 "features.engine", "features.device", "data.source"})),
+                                 "features.engine", "features.device", "data.source"}), resumes="the images extracted so far"),
     Stage("text", "Captions -> vocabulary and word vectors per language (fastText, or multilingual-e5: text.init).",
           task="mule.tasks.text:build_word_vectors", publish=_PUBLISH + "text",
           reads=("captions", _MT, "vector files"), writes=("word vectors",),
@@ -159,13 +161,13 @@ STAGES: tuple[Stage, ...] = (
           task="mule.tasks.pretrain:pretrain_mule", publish=_PUBLISH + "pretrain",
           reads=("captions", _MT, "word vectors"), writes=("LP model",), slot="LP model",
           config=(*_TRAINING, "data.dataset", "data.languages", "data.captions", "text.max_tokens"),
-          operational=_PLACEMENT, ignores=_NOT_LP, threaded=True),
+          operational=_PLACEMENT, ignores=_NOT_LP, threaded=True, resumes="its checkpoint of the last finished epoch"),
     Stage("train", "Joint training (triplet + NC + LC), best epoch on validation mR; registers the champion.",
           task="mule.tasks.train:train_model", publish=_PUBLISH + "train",
           reads=("captions", _MT, "word vectors", "images", "features", _LP), writes=("model",), slot="model",
           config=(*_TRAINING, "data.dataset", "data.languages", "data.captions", "text.max_tokens", "eval.ks",
                   *_FEATURE_IDENTITY),
-          operational=_PLACEMENT, ignores=frozenset({"train.add_language", "train.base_model"}), threaded=True),
+          operational=_PLACEMENT, ignores=frozenset({"train.add_language", "train.base_model"}), threaded=True, resumes="its checkpoint of the last finished epoch"),
     Stage("evaluate", "Recall table per language on the test split, cross-lingual retrieval, figures.",
           task="mule.tasks.evaluate:evaluate_model", publish=_PUBLISH + "evaluate",
           # the LP model is what a dataset without images is evaluated with
@@ -193,10 +195,10 @@ STAGES: tuple[Stage, ...] = (
           operational=frozenset({"train.device"}) | frozenset(_WHERE)),
     Stage("ablation", "Baselines and MULE's parts (the paper's Table 2), one child run per model.",
           task=None, kind="sweep", sweep="mule.pipeline.sweeps:ABLATION",
-          steps=("pretrain", "train", "evaluate", "query-translation")),
+          steps=("pretrain", "train", "evaluate", "query-translation"), resumes="the variants finished"),
     Stage("add-language", "Adds train.add_language to a model trained without it; compares with training from scratch.",
           task=None, kind="sweep", sweep="mule.pipeline.sweeps:ADD_LANGUAGE",
-          steps=("pretrain", "train", "extend", "evaluate")),
+          steps=("pretrain", "train", "extend", "evaluate"), resumes="the steps finished"),
 )  # fmt: skip
 
 BY_NAME: dict[str, Stage] = {s.name: s for s in STAGES}

@@ -152,7 +152,7 @@ def test_ablation_end_to_end(tmp_path, repo_copy):
     import sys
 
     settings = [a for k, v in TINY.items() for a in ("--set", f"{k}={v}")]
-    script = ("import sys; from mule.flows.cli import main; code = main(sys.argv[1:]); "
+    script = ("import sys; from mule.commands.main import main; code = main(sys.argv[1:]); "
               "print('prefect imported:', 'prefect' in sys.modules); sys.exit(code)")  # fmt: skip
     done = subprocess.run([sys.executable, "-c", script, "run", "ablation", "--workdir", str(tmp_path), *settings],
                           capture_output=True, text=True, timeout=300)  # fmt: skip

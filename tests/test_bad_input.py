@@ -269,7 +269,7 @@ def _no_language(root):
     ],
 )
 def test_the_command_line_stops_with_one_line_and_exit_code_2(tiny_multi30k, tmp_path, capsys, mutate, message):
-    from mule.flows.cli import main
+    from mule.commands.main import main
 
     mutate(tiny_multi30k)
     code = main(["run", "ingest", "--workdir", str(tmp_path / "work"), "--dataset", "tiny",

@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from mule.flows.cli import build_parser, main, overrides_from
+from mule.commands.main import build_parser, main, overrides_from
 
 
 def test_config_prints_the_resolved_config(capsys):
@@ -107,7 +107,7 @@ def test_ui_serves_the_workdir_store_and_lands_on_the_runs(tmp_path):
     recorder = tmp_path / "browser.sh"
     recorder.write_text(f'#!/bin/sh\necho "$1" > {opened}\n')
     recorder.chmod(0o755)
-    ui = subprocess.Popen([sys.executable, "-m", "mule.flows.cli", "ui", "--workdir", str(tmp_path), "--port", str(port),
+    ui = subprocess.Popen([sys.executable, "-m", "mule.commands", "ui", "--workdir", str(tmp_path), "--port", str(port),
                            "--open"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           env={**os.environ, "BROWSER": str(recorder)})  # fmt: skip
     try:
@@ -165,7 +165,7 @@ def test_a_user_error_is_one_line_exit_2_and_the_failed_runs_say_the_same(tmp_pa
     write_gz(source / "data/task1/raw/val.fr.gz", ["Un chat dort.", "Une ligne de trop."])
     workdir = tmp_path / "work"
     env = dict(os.environ, PREFECT_API_URL=prefect_api_url, PREFECT_LOGGING_LEVEL="INFO")
-    command = [sys.executable, "-m", "mule.flows.cli", "run", "ingest", "--workdir", str(workdir),
+    command = [sys.executable, "-m", "mule.commands", "run", "ingest", "--workdir", str(workdir),
                "--dataset", "broken", "--source", str(source)]  # fmt: skip
     run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
     expected = (f"data/task1/raw/val.fr.gz has 2 lines but data/task1/image_splits/val.txt lists 1 images: "
@@ -202,7 +202,7 @@ def test_a_bug_keeps_its_traceback_exits_1_and_is_tagged_a_bug(tmp_path, prefect
     workdir = tmp_path / "work"
     env = dict(os.environ, PREFECT_API_URL=prefect_api_url, PREFECT_LOGGING_LEVEL="INFO",
                MULE_BUG_AT="write:captions/*")  # fmt: skip
-    command = [sys.executable, "-m", "mule.flows.cli", "run", "ingest", "--workdir", str(workdir),
+    command = [sys.executable, "-m", "mule.commands", "run", "ingest", "--workdir", str(workdir),
                "--dataset", "buggy", "--source", str(source)]  # fmt: skip
     run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
     output = run.stderr + run.stdout

@@ -33,12 +33,12 @@ TINY = ["data.image_size=48", "features.input_size=32", "features.shard_images=1
 
 
 # A process that has imported mule once and forks one child per `mule demo`: each child
-# runs the command's own entry point (flows.cli.main) and dies by its own SIGKILL at the
-# crash point, as `python -m flows.cli demo` would, without paying the ~6 s of imports
+# runs the command's own entry point (commands/main.py: main) and dies by its own SIGKILL at the
+# crash point, as `python -m mule.commands demo` would, without paying the ~6 s of imports
 # (torch, Prefect, MLflow) eight times over.
 ZYGOTE = r"""
 import json, os, sys
-import mule.flows.cli, mule.flows.stages  # noqa: F401 - the imports every child shares
+import mule.commands.main, mule.flows.stages  # noqa: F401 - the imports every child shares
 for line in sys.stdin:
     request = json.loads(line)
     pid = os.fork()
@@ -51,7 +51,7 @@ for line in sys.stdin:
         os.dup2(fd, 2)
         code = 1
         try:
-            code = mule.flows.cli.main(request["args"])
+            code = mule.commands.main.main(request["args"])
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
@@ -92,7 +92,7 @@ def demo(zygote: subprocess.Popen, workdir: Path, crash_at: str | None = None) -
 
 def reference_run(workdir: Path) -> None:
     """The same demo, never interrupted (in this process: the code is the same, start-up is not paid twice)."""
-    from mule.flows.cli import main
+    from mule.commands.main import main
 
     assert main(["demo", "--workdir", str(workdir), *SIZES, *[a for o in TINY for a in ("--set", o)]]) == 0
 
@@ -249,7 +249,7 @@ def test_a_second_process_on_the_same_workdir_is_refused_naming_the_first(tmp_pa
 def test_a_normal_run_has_no_fault_injection_in_its_write_path():
     """Fault injection is a test seam: a write passes data_catalog.atomic's point, where
     nothing listens unless MULE_CRASH_AT or MULE_BUG_AT asked faults.install() to."""
-    code = ("import mule.flows.cli, sys; from mule.data_catalog import atomic; "
+    code = ("import mule.commands.main, sys; from mule.data_catalog import atomic; "
             "print(len(atomic.POINTS), 'mule.data_catalog.faults' in sys.modules)")  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k not in ("MULE_CRASH_AT", "MULE_BUG_AT")}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)

@@ -19,6 +19,8 @@ FLOORS = {
     "serving": {"experiments", "data_catalog", "mule_core"},
     "pipeline": {"tasks", "serving", "experiments", "clients", "data_catalog", "mule_core"},
     "flows": {"pipeline", "serving", "tasks", "experiments", "clients", "data_catalog", "mule_core"},
+    # the command line: commands that run stages (through flows), and those that read
+    "commands": {"flows", "pipeline", "serving", "experiments", "data_catalog", "mule_core"},
 }
 
 

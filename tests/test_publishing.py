@@ -25,14 +25,14 @@ def train(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGINT)
     return real(*args, **kwargs)
 publish.train = train
-from mule.flows.cli import entry
+from mule.commands.main import entry
 sys.argv = ["mule", *sys.argv[1:]]
 entry()
 """
 
 
 def _mule(args: list[str], env: dict, script: str | None = None) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-c", script, *args] if script else [sys.executable, "-m", "mule.flows.cli", *args]
+    command = [sys.executable, "-c", script, *args] if script else [sys.executable, "-m", "mule.commands", *args]
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 

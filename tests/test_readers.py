@@ -23,7 +23,7 @@ WRITES = ["ingest", "text", "features"]
 
 
 def _mule(*args: str, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mule.flows.cli", *args], cwd=REPO, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "mule.commands", *args], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=600)  # fmt: skip
 
 
@@ -40,7 +40,7 @@ def test_readers_never_break_a_run_that_writes_and_never_write(rebuilt_as_built,
     env = {**os.environ, "PREFECT_API_URL": prefect_api_url, "MULE_PREFECT_HEARTBEATS": "off"}
     catalog_inode = wd.duckdb_path.stat().st_ino
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "mule.flows.cli", "serve", "--workdir", root, "--port", str(port),
+    server = subprocess.Popen([sys.executable, "-m", "mule.commands", "serve", "--workdir", root, "--port", str(port),
                                "--reload", "1"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True)  # fmt: skip
     answers: list[tuple[str, int, str]] = []

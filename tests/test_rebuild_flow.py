@@ -169,7 +169,7 @@ def test_the_command_with_nothing_to_run_records_the_reuse_without_starting_pref
 
     copy = _copy_of(rebuilt, tmp_path)
     settings = [a for k, v in TINY.items() for a in ("--set", f"{k}={v}")]
-    script = ("import sys; from mule.flows.cli import main; code = main(sys.argv[1:]); "
+    script = ("import sys; from mule.commands.main import main; code = main(sys.argv[1:]); "
               "print('imported:', sorted(m for m in ('prefect', 'mlflow', 'torch') if m in sys.modules)); "
               "sys.exit(code)")  # fmt: skip
     done = subprocess.run([sys.executable, "-c", script, "run", "all", "--workdir", str(copy), *settings],
@@ -337,7 +337,7 @@ def test_search_finds_test_captions_images_and_an_image_s_captions(rebuilt, caps
 
     from mule.data_catalog.models import load_model
     from mule.data_catalog.splits import load_split
-    from mule.flows.cli import main
+    from mule.commands.main import main
     from mule.mule_core.training import encode_split
 
     wd, _ = rebuilt

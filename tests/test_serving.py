@@ -235,7 +235,7 @@ def test_mule_serve_never_imports_the_orchestrator(served):
     script = ("import sys, uvicorn\n"
               "def run(app, **kw): print('routes', len(app.routes), 'prefect imported:', 'prefect' in sys.modules)\n"
               "uvicorn.run = run\n"
-              "from mule.flows.cli import main\n"
+              "from mule.commands.main import main\n"
               "sys.exit(main(sys.argv[1:]))\n")  # fmt: skip
     done = subprocess.run([sys.executable, "-c", script, "serve", "--workdir", str(served["wd"].root)],
                           capture_output=True, text=True, timeout=180)  # fmt: skip
@@ -365,7 +365,7 @@ def test_the_index_stage_s_index_serves_what_the_exact_scan_finds(served):
 def test_the_search_breadth_is_given_to_mule_serve_not_read_from_the_model(served):
     """index.breadth is a serving option: `mule serve --set index.breadth=N` sets it on the
     stored index, whatever config the model was trained under; other options are refused."""
-    from mule.flows.cli import serving_options
+    from mule.commands.serve import serving_options
     from mule.mule_core import index as ann
     from mule.mule_core.config import ConfigError
     from mule.serving import gallery as galleries
@@ -510,7 +510,7 @@ def test_the_search_page_in_a_real_browser(served, tmp_path):
     wd, caption = served["wd"], served["caption"]
     ranked = [r["image_id"] for r in served["gallery"].top_images(served["embedder"].text(caption["text"], "en").vector, 10)]
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "mule.flows.cli", "serve", "--workdir", str(wd.root), "--port",
+    server = subprocess.Popen([sys.executable, "-m", "mule.commands", "serve", "--workdir", str(wd.root), "--port",
                                str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     try:
         _wait_for(f"http://127.0.0.1:{port}/api/info", server, 120)
@@ -627,7 +627,7 @@ def test_slow_clients_and_16_bit_uploads_never_lock_others_out(served, tmp_path)
     wd, caption = served["wd"], served["caption"]
     port = free_port()
     log = (tmp_path / "serve.log").open("w")
-    server = subprocess.Popen([sys.executable, "-m", "mule.flows.cli", "serve", "--workdir", str(wd.root), "--port",
+    server = subprocess.Popen([sys.executable, "-m", "mule.commands", "serve", "--workdir", str(wd.root), "--port",
                                str(port), "--max-uploads", "4", "--body-timeout", "4", "--header-timeout", "4",
                                "--reload", "0"], stdout=log, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     base = f"http://127.0.0.1:{port}"

@@ -29,12 +29,12 @@ LIMIT_S = 3.0  # flows.interrupts stops within 2 s; a loaded 2-core CI machine g
 
 
 class Demo:
-    """`python -m flows.cli demo` as a user starts it (its own process group, its own
+    """`python -m mule.commands demo` as a user starts it (its own process group, its own
     temporary Prefect server unless PREFECT_API_URL says otherwise), its output collected."""
 
     def __init__(self, workdir: Path, *extra: str, env: dict | None = None):
         args = ["demo", "--workdir", str(workdir), *SIZES, *[a for o in TINY for a in ("--set", o)], *extra]
-        self.process = subprocess.Popen([sys.executable, "-m", "mule.flows.cli", *args], cwd=REPO, text=True,
+        self.process = subprocess.Popen([sys.executable, "-m", "mule.commands", *args], cwd=REPO, text=True,
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                                         env={**os.environ, **(env or {})})  # fmt: skip
         self.lines: list[str] = []
@@ -145,7 +145,7 @@ def test_a_cleanup_that_hangs_does_not_keep_a_stopped_command_alive():
         "try:\n"
         "    while True:\n"
         "        time.sleep(0.05)\n"
-        "except interrupts.Interrupted as stop:\n"  # as the command does (flows.cli.entry)
+        "except interrupts.Interrupted as stop:\n"  # as the command does (commands/main.py: entry)
         "    raise SystemExit(interrupts.finish(stop.signum))\n"
     )
     from mule.flows.interrupts import CLEANUP_S

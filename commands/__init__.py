@@ -1,0 +1,6 @@
+"""The `mule` command: its parser and dispatch (main.py), and one module per command.
+
+Commands that run stages (demo, run) hand them to the rebuild (pipeline.rebuild, with
+Prefect's flows when a stage has to run); the reading commands (serve, search, catalog, ui)
+read a workdir a run may be writing, and never write it; config prints the resolved config.
+"""

@@ -1,0 +1,37 @@
+"""`mule catalog`: what the workdir's catalog holds."""
+
+from __future__ import annotations
+
+import argparse
+
+from .common import reading_workdir
+
+
+def run(args: argparse.Namespace) -> int:
+    from mule.data_catalog import queries
+    from mule.data_catalog.catalog import Catalog
+    from mule.data_catalog.locks import catalog_reading
+
+    workdir = reading_workdir(args.workdir, "catalog")
+    catalog = Catalog(workdir, read_only=True)
+    if not catalog.datasets():
+        print(f"the catalog in {workdir.root} is empty: run `mule demo` or `mule run ingest ...`")
+        return 0
+    print(f"catalog: {workdir.duckdb_path}")
+    with catalog_reading(workdir):
+        held = queries.summary(catalog)
+        identities = {dataset: catalog.feature_identities(dataset) for dataset in catalog.datasets()}
+    for row in held["images"]:
+        print(
+            f"  images    {row['dataset']:<12} {row['split']:<18} {row['images']:>7}  ({row['with_file']} with a file)"
+        )
+    for row in held["captions"]:
+        print(f"  captions  {row['dataset']:<12} {row['split']:<18} {row['lang']:<4} {row['n']:>7}  {row['origin']}")
+    for row in held["rejects"]:
+        print(f"  rejects   {row['dataset']:<12} {row['kind']:<18} {row['n']:>7}")
+    for dataset, rows in identities.items():
+        for row in rows:
+            use = "current" if row["current"] else "kept (a model may use it; delete the folder to free it)"
+            print(f"  features  {dataset:<12} {row['extractor']:<50} {row['rows']:>7}  "
+                  f"{row['bytes'] / 2**20:.1f} MiB, {use}")  # fmt: skip
+    return 0

@@ -1,0 +1,230 @@
+"""The `mule` command.
+
+    mule demo [--dataset coco] [--train-images N ...]    the whole pipeline on a generated dataset
+    mule run STAGE... [--dataset NAME --source PATH]     some stages (or `all`)
+    mule ui [--workdir DIR] [--open]                     MLflow UI on the workdir's store, at the runs
+    mule serve [--version N] [--port 8000]               a search page and JSON API (the champion)
+    mule config [--preset P] [--set K=V ...]             the resolved config
+    mule catalog [--workdir DIR]                         what the catalog holds
+    mule search "TEXT" [--lang de] [--k 5] [--out PNG]   images for a sentence (the registry's champion)
+    mule search --image PATH                             sentences for an image, per language
+
+The workdir is --workdir, else $MULE_HOME, else ./mule-work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from mule.mule_core.config import PRESETS, ConfigError, parse_assignments, resolve, to_dict
+from mule.mule_core.errors import is_user_error
+from mule.pipeline.declaration import ALL, REBUILD
+
+from . import catalog, run, search, serve, ui
+from .serve import SERVING_OPTIONS
+
+DEMO_DATASETS = {"multi30k": "embedded", "coco": "embedded-coco"}  # mule demo --dataset -> generated dataset
+READING = {"ui": ui.run, "catalog": catalog.run, "search": search.run, "serve": serve.run}  # read, never write
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workdir", help="where everything is written (default: $MULE_HOME or ./mule-work)")
+    parser.add_argument("--preset", default="demo", choices=sorted(PRESETS), help="named config (default: demo)")
+    parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config option, e.g. --set train.epochs=5 (repeatable)")  # fmt: skip
+
+
+def _force(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--force", action="append", default=[], metavar="STAGE",
+                        help="run this stage even if its inputs, config and code are unchanged (repeatable)")  # fmt: skip
+
+
+def _wait(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--wait", action="store_true",
+                        help="if another mule process is using the workdir, wait for it to finish, then run "
+                        "(default: refuse at once)")  # fmt: skip
+
+
+def _data_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dataset", help="dataset name in the catalog (default: embedded)")
+    parser.add_argument("--source", help="folder with the raw dataset files (official Multi30K layout)")
+    parser.add_argument("--images", help="folder with the image files (default: <source>/images)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mule", description="Multilingual image-sentence retrieval (MULE).")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="generate the embedded dataset and run the whole pipeline on it")
+    _common(demo)
+    demo.add_argument("--dataset", choices=sorted(DEMO_DATASETS), default="multi30k",
+                      help="multi30k: the Multi30K-style embedded dataset (en, de, fr, cs); coco: the COCO-style one "
+                      "(en, ja, zh, unbalanced)")  # fmt: skip
+    for name in ("train-images", "val-images", "test-images"):
+        demo.add_argument(
+            f"--{name}", type=int, help="embedded dataset size (default: 3000, 500, 1000; coco: 4500, 200, 300)"
+        )
+    demo.add_argument("--seed", type=int, default=0, help="embedded dataset seed (default: 0)")
+    _force(demo)
+    _wait(demo)
+
+    run = sub.add_parser("run", help="run some stages: " + ", ".join(ALL) + " (or all)")
+    run.add_argument("stages", nargs="+", metavar="STAGE")
+    run.add_argument("--lang", help="add-language: the language to add (train.add_language)")
+    _common(run)
+    _force(run)
+    _wait(run)
+    _data_options(run)
+
+    ui = sub.add_parser("ui", help="start the MLflow UI on the workdir's tracking store")
+    ui.add_argument("--workdir")
+    ui.add_argument("--host", default="127.0.0.1")
+    ui.add_argument("--port", type=int, default=5000)
+    # One person browsing their own runs: one server process answers its first request after
+    # 17 s on 2 cores, MLflow's default four (each importing MLflow) after 36 s
+    ui.add_argument("--workers", type=int, default=1, help="server processes (MLflow's default: 4)")
+    ui.add_argument("--dataset", help="the dataset whose runs to land on (default: the one that ran last)")
+    ui.add_argument("--open", action="store_true", help="open the runs in a web browser once the UI answers")
+
+    serve = sub.add_parser("serve", help="a search page and JSON API on a trained model (the registry's champion)")
+    serve.add_argument("--workdir")
+    serve.add_argument("--dataset", default="embedded", help="the dataset whose model and catalog to serve")
+    serve.add_argument("--version", help="a registered version to serve instead of the champion")
+    serve.add_argument("--run", help="a train run id to serve instead of the registry's champion")
+    serve.add_argument("--split", default="all", help="the gallery: this split (name or role) only (default: all)")
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)"
+    )
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--max-upload-mb", type=float, default=10.0, help="largest image upload (default: 10)")
+    serve.add_argument("--max-megapixels", type=float, default=40.0,
+                       help="largest image upload in pixels, read from its header before decoding (default: 40)")
+    serve.add_argument("--max-in-flight", type=int, default=64,
+                       help="requests admitted at once, uploads apart; the next get 503 with Retry-After (default: 64)")
+    serve.add_argument("--max-uploads", type=int, default=8,
+                       help="image uploads admitted at once, apart from the other requests (default: 8)")
+    serve.add_argument("--header-timeout", type=float, default=10.0,
+                       help="seconds a request's headers may take to arrive; then 408 (default: 10)")
+    serve.add_argument("--body-timeout", type=float, default=10.0,
+                       help="seconds an upload's body may take to arrive; then 408 (default: 10)")
+    serve.add_argument("--reload", type=float, default=30.0,
+                       help="every this many seconds, serve a new champion or new gallery images if a run made "
+                            "them (0: never; default: 30)")
+    serve.add_argument("--threads", type=int, default=0,
+                       help="threads for the encoders and the gallery scan (default: one per core)")
+    serve.add_argument("--allowed-host", action="append", default=[],
+                       help="another name the Host header may carry (a proxy's, a DNS name); repeatable")
+    serve.add_argument("--index", choices=["auto", "on", "off"], default="auto",
+                       help="search images through the index stage's approximate index: auto from "
+                            "index.min_images images (default), on whenever it matches the model, off never")  # fmt: skip
+    serve.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
+                       help="a serving option: " + ", ".join(SERVING_OPTIONS) + " (e.g. --set index.breadth=256)")
+
+    config = sub.add_parser("config", help="print the resolved config")
+    _common(config)
+    _data_options(config)
+
+    search = sub.add_parser("search", help="query a trained model: sentence -> images, or --image PATH -> sentences")
+    search.add_argument("text", nargs="?", help="the sentence to search images for")
+    search.add_argument("--image", help="an image file: search sentences for it, in every language")
+    search.add_argument("--lang", help="the sentence's language (default: detected from the model's vocabularies)")
+    search.add_argument("--k", type=int, default=5, help="results to show (per language for --image; default: 5)")
+    search.add_argument("--dataset", default="embedded", help="the dataset whose model and catalog to use")
+    search.add_argument("--run", help="a train run id to use instead of the registry's champion")
+    search.add_argument("--version", help="a registered version to use instead of the champion")
+    search.add_argument("--split", default="all", help="search this split (name or role) only (default: all)")
+    search.add_argument("--out", help="also write a contact sheet of the results (PNG)")
+    search.add_argument("--workdir")
+
+    catalog = sub.add_parser("catalog", help="list the catalog's datasets and tables")
+    catalog.add_argument("--workdir")
+    return parser
+
+
+def overrides_from(args: argparse.Namespace) -> dict[str, str]:
+    overrides = parse_assignments(args.assignments)
+    for option, key in (("dataset", "data.dataset"), ("source", "data.source"), ("images", "data.images"),
+                        ("lang", "train.add_language")):  # fmt: skip
+        value = getattr(args, option, None)
+        if value:
+            overrides[key] = value
+    return overrides
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
+    if os.environ.get("MULE_CRASH_AT") or os.environ.get("MULE_BUG_AT"):  # tests that kill runs ask for it
+        from mule.data_catalog import faults
+
+        faults.install()
+    try:
+        if args.command == "demo":
+            overrides = parse_assignments(args.assignments)
+            overrides.update({"data.dataset": DEMO_DATASETS[args.dataset], "data.seed": args.seed})
+            for option in ("train_images", "val_images", "test_images"):
+                if getattr(args, option) is not None:
+                    overrides[f"data.{option}"] = getattr(args, option)
+            return run.run(args, list(REBUILD), overrides)
+        if args.command == "run":
+            stages = list(REBUILD) if args.stages == ["all"] else args.stages
+            unknown = [s for s in stages if s not in ALL]
+            if unknown:
+                names = ", ".join(ALL)
+                raise ConfigError(f"unknown stage(s) {', '.join(unknown)}; stages are: {names}, all")
+            return run.run(args, stages, overrides_from(args))
+        if args.command == "config":
+            print(json.dumps(to_dict(resolve(args.preset, overrides_from(args))), indent=2))
+            return 0
+        return READING[args.command](args)
+    except KeyboardInterrupt as stop:
+        from mule.flows.interrupts import Interrupted, finish
+
+        if isinstance(stop, Interrupted):
+            return finish(stop.signum)  # the cleanups, the one line
+        print("mule: interrupted; run the same command to resume", file=sys.stderr)
+        return 130
+    except Exception as error:  # noqa: BLE001 - one clear line for the errors users can fix
+        from mule.flows.interrupts import finish, stopping
+
+        if (signum := stopping()) is not None:  # an error the stop caused while unwinding: the stop is the news
+            return finish(signum)
+        if is_user_error(error):
+            print(f"mule: error: {error}", file=sys.stderr)
+            return 2
+        raise  # a bug: its traceback is what we need
+    return 0
+
+
+def _end_open_mlflow_runs() -> None:
+    """MLflow runs still open when a signal ends the process before they could unwind: KILLED."""
+    tracking = sys.modules.get("mule.experiments.tracking")
+    if tracking is not None:
+        tracking.end_open_runs("KILLED")
+
+
+def entry() -> None:
+    """The console script. After the command, the exit handlers run (Prefect drains its
+    logs and events, the temporary server stops); then the process ends without the
+    interpreter's teardown of torch and the rest, which takes seconds and writes nothing."""
+    from mule.flows import interrupts
+
+    interrupts.install(lambda signum: f"mule: stopped by {interrupts.how(signum)}")
+    interrupts.on_stop(_end_open_mlflow_runs)
+    code = main()
+    import atexit
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    entry()

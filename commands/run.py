@@ -1,0 +1,163 @@
+"""`mule demo` and `mule run`: stages, under the workdir's lock, through the one rebuild body
+(pipeline.rebuild.run): without Prefect when nothing has to run, else in Prefect's flows."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from mule.data_catalog.workdir import Workdir
+from mule.flows import interrupts
+from mule.mule_core.config import ConfigError, resolve
+from mule.pipeline.declaration import BY_NAME, REBUILD, in_pipeline_order
+
+
+def run(args: argparse.Namespace, stages: list[str], overrides: dict) -> int:
+    """The stages named, with the config the preset and these overrides resolve to."""
+    unknown = [s for s in args.force if s not in REBUILD]
+    if unknown:
+        raise ConfigError(f"--force {', '.join(unknown)}: not a stage; stages are: {', '.join(REBUILD)}")
+    workdir = Workdir.at(args.workdir)
+    cfg = resolve(args.preset, overrides)  # config errors before Prefect starts
+    if "ingest" in stages:
+        from mule.data_catalog.sources import locate
+
+        locate(workdir, cfg.data)  # a missing --source fails here, in milliseconds
+    started = time.perf_counter()
+    from mule.data_catalog.locks import workdir_lock
+
+    interrupts.install(_stopped_line(workdir, cfg, time.time()))
+    # The lock before anything touches the workdir, Prefect's database included: a second
+    # run is refused (or waits) before it starts a server of its own.
+    with workdir_lock(workdir, "starting", wait=args.wait, waiting=_waiting_for(workdir)):
+        from mule.experiments import relocation
+
+        relocation.adopt(workdir)  # a copied or moved workdir becomes its own before anything runs
+        results = _without_prefect(workdir, cfg, stages, args.force)
+        if results is not None:
+            print("every stage is up to date: nothing ran, and Prefect was not started (MLflow records the "
+                  "reuse; --force STAGE runs one anyway)")  # fmt: skip
+            print_results(results, workdir, started)
+            return 0
+        _prefect_ready(workdir)
+        from mule.flows.runtime import start_prefect_early
+
+        server = start_prefect_early()  # boots while the stages' modules import
+        from mule.flows.stages import rebuild_flow
+
+        if server:
+            server.wait_ready()
+
+        from mule.flows.runtime import local_flow_settings
+
+        with local_flow_settings():
+            results = rebuild_flow(workdir=str(workdir.root), stages=stages, force=args.force or None, config=cfg)
+        if server:
+            server.stop()  # before the lock goes: the next run starts a server on the same database
+    print_results(results, workdir, started)
+    return 0
+
+
+def _without_prefect(workdir: Workdir, cfg, stages: list[str], force: list[str]) -> dict | None:
+    """The rebuild's body without an orchestrator: the results when nothing has to run
+    (no Prefect, no MLflow, no torch imported), None when a stage has to."""
+    if force or os.environ.get("MULE_UP_TO_DATE_CHECK") == "0":
+        return None
+    from mule.pipeline import rebuild
+
+    return rebuild.run(workdir, cfg, in_pipeline_order(stages))
+
+
+def _prefect_ready(workdir: Workdir) -> None:
+    from mule.flows.runtime import check_prefect_database, prepare_environment
+
+    prepare_environment(workdir.root)
+    check_prefect_database()
+
+
+def _waiting_for(workdir: Workdir):
+    from mule.data_catalog.locks import describe
+
+    def waiting(holder: dict) -> None:
+        print(f"waiting for the workdir {workdir.root}: in use by {describe(holder)} (Ctrl-C stops waiting)",
+              file=sys.stderr, flush=True)  # fmt: skip
+
+    return waiting
+
+
+def _stopped_line(workdir: Workdir, cfg, began: float):
+    """The one line printed when a signal stops the run: where it stopped, what it kept."""
+
+    def line(signum: int) -> str:
+        from mule.data_catalog.locks import last_stage
+
+        how = interrupts.how
+
+        stage = last_stage() or "starting"
+        finished, unpublished = [], []
+        for path in sorted(workdir.root.glob(f"state/stages/{cfg.data.dataset}/*.json")):
+            try:
+                record = json.loads(path.read_text())
+                if record.get("finished", 0) >= began:
+                    finished.append((record["finished"], path.stem))
+                    if record.get("published") is False:
+                        unpublished.append(path.stem)
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        kept = [", ".join(name for _, name in sorted(finished)) + " (finished)"] if finished else []
+        if unpublished:
+            kept.append(f"{', '.join(unpublished)}: computed and recorded, not yet published (the next run publishes it)")
+        resumes = BY_NAME[stage].resumes if stage in BY_NAME else ""
+        if resumes and stage not in unpublished:
+            kept.append(f"{stage}: {resumes}")
+        where = "before any stage started" if stage in ("starting", "rebuild") or stage.startswith("run: ") else (
+            f"in stage {stage}")  # fmt: skip
+        return (f"mule: stopped by {how(signum)} {where}; kept: {'; '.join(kept) or 'what earlier runs made'}; "
+                "run the same command to resume")  # fmt: skip
+
+    return line
+
+
+def print_results(results: dict, workdir: Workdir, started: float) -> None:
+    if results.get("stages"):
+        print("\nStages:")
+        for stage, decision in results["stages"].items():
+            print(f"  {stage:<{max(10, *map(len, results['stages']))}} {decision}")
+    evaluation = results.get("evaluate")
+    if evaluation and not evaluation["table"]:
+        from mule.experiments.report import cross_lingual_markdown
+
+        print(f"\nNo images: cross-lingual sentence retrieval at the MULE layer ({evaluation['split']}):\n")
+        print(cross_lingual_markdown(evaluation["cross_lingual"], pairs=evaluation.get("translation_pairs"),
+                                     ceilings=evaluation.get("translation_ceiling")))  # fmt: skip
+        print(f"figures and tables: {evaluation['results_dir']}")
+    elif evaluation:
+        from mule.experiments.report import recall_markdown
+
+        print(f"\nTest recalls per language ({evaluation['split']}):\n")
+        print(recall_markdown(evaluation["table"]))
+        print(f"\nmean mR over languages: {evaluation['mean_mR']:.1f}   (best epoch {evaluation['best_epoch']})")
+        if evaluation.get("ceiling"):
+            ceiling = evaluation["ceiling"]
+            per_language = ", ".join(f"{lang} {row['mR']:.1f}" for lang, row in ceiling.items())
+            mean = sum(row["mR"] for row in ceiling.values()) / len(ceiling)
+            print(
+                f"the data's ceiling (Bayes-optimal: knows every scene and the generator): mean mR {mean:.1f} ({per_language})"
+            )
+        print(f"figures and tables: {evaluation['results_dir']}")
+    if results.get("ablation"):
+        print("\nAblation: mR per language (test)\n")
+        print(results["ablation"]["markdown"])
+        print(f"table, CSV and chart: {results['ablation']['results_dir']}")
+    if results.get("add-language"):
+        print("\nAdding a language: test mR per language\n")
+        print(results["add-language"]["markdown"])
+        print(f"report: {results['add-language']['report']}")
+    if results.get("mlflow_run_id"):
+        print(f"MLflow run {results['mlflow_run_id']}: browse with `mule ui --workdir {workdir.root}`")
+    else:
+        print(f"MLflow: recorded in a few seconds, by a process of its own; browse with `mule ui --workdir {workdir.root}`")
+    print(f"wall time: {time.perf_counter() - started:.0f}s")

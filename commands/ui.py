@@ -1,0 +1,66 @@
+"""`mule ui`: MLflow's UI on the workdir's store, opened at the runs."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from mule.mule_core.config import ConfigError
+
+from .common import answers, browsable, reading_workdir
+
+
+def run(args: argparse.Namespace) -> int:
+    """MLflow's UI on the workdir's store; prints (and with --open, opens) the address of the
+    dataset's runs: the experiment's runs table in the model-training view, which MLflow 3
+    takes from the address (workflowType), not from the experiment's tag."""
+    if args.workers < 1:
+        raise ConfigError(f"--workers must be at least 1, got {args.workers}")
+    from mule.experiments import tracking
+
+    workdir = reading_workdir(args.workdir, "ui")
+    if not tracking.store_exists(workdir):
+        print(f"no runs yet in {workdir.root}: run `mule demo` first", flush=True)
+        return 1
+    base = f"http://{browsable(args.host)}:{args.port}"
+    runs = tracking.runs_address(workdir, base, args.dataset)
+    command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", workdir.mlflow_uri,
+               "--default-artifact-root", workdir.artifacts_dir.as_uri(), "--host", args.host, "--port", str(args.port),
+               "--workers", str(args.workers)]  # fmt: skip
+    print(f"MLflow UI for {workdir.root} at {base}", flush=True)
+    print(f"runs: {runs}" if runs else "no runs yet: run `mule demo` first", flush=True)
+    import signal
+    import subprocess
+    import webbrowser
+
+    from mule.flows import interrupts
+
+    # Its own session, so that this process alone decides when it stops (MLflow's server
+    # starts workers of its own): Ctrl-C and SIGTERM stop the whole group, and free the port.
+    server = subprocess.Popen(command, start_new_session=True)
+    interrupts.on_stop(lambda: _stop_group(server), abandon=lambda: _kill_group(server, signal.SIGKILL))
+    interrupts.install(lambda signum: f"mule ui: stopped by {interrupts.how(signum)}; port {args.port} is free")
+    if args.open and answers(f"{base}/health", server):
+        webbrowser.open(runs or base)
+    return server.wait()
+
+
+def _kill_group(process, signum) -> None:
+    import contextlib
+
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signum)
+
+
+def _stop_group(process, grace: float = 1.0) -> None:
+    """SIGTERM to a server's process group, SIGKILL if it is still there after `grace` seconds."""
+    import signal
+    import subprocess
+
+    _kill_group(process, signal.SIGTERM)
+    try:
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        _kill_group(process, signal.SIGKILL)
+        process.wait()
