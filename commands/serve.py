@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
 from mule.mule_core.config import ConfigError, parse_assignments, resolve

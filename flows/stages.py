@@ -26,7 +26,7 @@ from prefect.states import Failed
 from mule.data_catalog.locks import holds_lock, workdir_lock
 from mule.data_catalog.workdir import Workdir
 from mule.flows.runtime import dask_task_runner, quiet_user_errors
-from mule.mule_core.config import ConfigError, MuleConfig, from_dict, resolve, to_dict
+from mule.mule_core.config import ConfigError, MuleConfig, from_dict, resolve
 from mule.mule_core.errors import is_user_error
 from mule.pipeline import rebuild, reuse
 from mule.pipeline.declaration import ALL, REBUILD, STAGES, Stage, in_pipeline_order

@@ -335,9 +335,9 @@ def test_new_weights_make_new_vectors_and_the_records_name_them(rebuilt, tmp_pat
 def test_search_finds_test_captions_images_and_an_image_s_captions(rebuilt, capsys, tmp_path):
     import numpy as np
 
+    from mule.commands.main import main
     from mule.data_catalog.models import load_model
     from mule.data_catalog.splits import load_split
-    from mule.commands.main import main
     from mule.mule_core.training import encode_split
 
     wd, _ = rebuilt
