@@ -88,10 +88,10 @@ def _features_on_dask(ctx) -> dict:
     """The features stage with features.runner=dask: its shards mapped over Dask workers."""
     from dataclasses import asdict
 
-    from mule.tasks.features import extract_features, extract_shard, finish_features, plan_features
+    from mule.tasks.features import compute, extract_shard, finish_features, plan_features
 
     if ctx.cfg.features.runner != "dask":
-        return extract_features(ctx)
+        return compute(ctx)
     plan = plan_features(ctx)
     if not plan["shards"]:
         return finish_features(ctx, plan, [])

@@ -70,7 +70,7 @@ class Runner:
 
     def _execute(self, cfg: MuleConfig, decision: reuse.Decision, run_id: str | None) -> dict:
         from mule.experiments.tracking import Tracker
-        from mule.tasks.common import Silent, StageContext
+        from mule.tasks.support.context import Silent, StageContext
 
         stage = BY_NAME[decision.stage]
         report = Tracker(self.workdir, run_id) if run_id else (self.report or Silent())

@@ -32,7 +32,7 @@ from mule.mule_core.training import (
     translation_pairs,
 )
 
-from .common import StageContext, logger
+from .support.context import StageContext, logger
 
 
 def retrieval_examples(model, data: SplitTensors, catalog, dataset: str, device, per_language: int) -> list[dict]:
@@ -90,7 +90,7 @@ def _summary(ctx: StageContext, results: dict[str, dict], common: dict) -> dict[
     return summary
 
 
-def evaluate_model(ctx: StageContext) -> dict[str, Any]:
+def compute(ctx: StageContext) -> dict[str, Any]:
     wd, catalog, cfg = ctx.workdir, ctx.catalog, ctx.cfg
     dataset = cfg.data.dataset
     splits = queries.evaluation_splits(catalog, dataset, cfg.eval.split)

@@ -3,7 +3,7 @@ features table in parts, under the extractor's identity.
 
 The identity (`extractor_identity`) is everything that made the vectors: the setting
 (architecture, weights, input size, crops, pooling), the weights file's SHA-256 and the
-extraction code's key (tasks/extraction.py's import closure, with its libraries'
+extraction code's key (tasks/support/extraction.py's import closure, with its libraries'
 versions). New weights, an edit to the extraction code or a torch upgrade is a new
 identity, extracted anew; the old vectors stay readable (a model trained on them still
 finds them) until removed. Within one identity, a rerun extracts what is missing: new
@@ -42,8 +42,8 @@ from mule.mule_core.extractor_names import identity_name, resize_for, setting
 from mule.mule_core.features import ExtractorError, backbone, numerics
 from mule.mule_core.progress import Progress
 
-from . import extraction
-from .common import NoImagesError, StageContext, images_with_files, logger
+from .support import extraction
+from .support.context import NoImagesError, StageContext, images_with_files, logger
 
 if TYPE_CHECKING:
     from mule.mule_core.config import FeaturesConfig
@@ -267,7 +267,7 @@ def finish_features(ctx: StageContext, plan: dict, shards: list[dict]) -> dict[s
             "device": str(resolve_device(cfg.features.device))}  # fmt: skip
 
 
-def extract_features(ctx: StageContext) -> dict[str, Any]:
+def compute(ctx: StageContext) -> dict[str, Any]:
     """The whole stage in this process, shard after shard (what the features flow does
     with the default runner)."""
     plan = plan_features(ctx)

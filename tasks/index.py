@@ -16,10 +16,10 @@ from mule.data_catalog.models import load_model
 from mule.mule_core import index as ann
 from mule.mule_core.embedder import Embedder
 
-from .common import StageContext, logger
+from .support.context import StageContext, logger
 
 
-def build_gallery_index(ctx: StageContext) -> dict[str, Any]:
+def compute(ctx: StageContext) -> dict[str, Any]:
     wd, catalog, cfg = ctx.workdir, ctx.catalog, ctx.cfg
     dataset, name = cfg.data.dataset, cfg.train.model_name
     path = wd.model_path(dataset, name)

@@ -16,10 +16,10 @@ from mule.data_catalog.sources import locate
 from mule.mule_core.progress import Progress
 from mule.mule_core.text import tokenize, tokenizer_version
 
-from .common import StageContext, logger
+from .support.context import StageContext, logger
 
 
-def ingest_captions(ctx: StageContext) -> dict[str, Any]:
+def compute(ctx: StageContext) -> dict[str, Any]:
     """Reads the raw files (images, captions; bad lines to rejects), tokenises the captions
     and writes the images, captions and rejects tables."""
     wd, catalog, cfg = ctx.workdir, ctx.catalog, ctx.cfg

@@ -15,11 +15,11 @@ from mule.mule_core.metrics import mean_r1
 from mule.mule_core.model import build_model
 from mule.mule_core.training import Trainer, cross_lingual, resolve_device
 
-from .common import StageContext, history_records, logger, phase_seconds
-from .training_common import Checkpoints, divergence_tags
+from .support.context import StageContext, logger
+from .support.training import Checkpoints, divergence_tags, history_records, phase_seconds
 
 
-def pretrain_mule(ctx: StageContext) -> dict[str, Any]:
+def compute(ctx: StageContext) -> dict[str, Any]:
     catalog, cfg = ctx.catalog, ctx.cfg
     log, dataset = logger(), cfg.data.dataset
     if not cfg.pretrain.enabled:

@@ -17,10 +17,10 @@ from mule.data_catalog.splits import load_split
 from mule.mule_core.text import translate_tokens, word_translator
 from mule.mule_core.training import evaluate_split, resolve_device
 
-from .common import StageContext, logger
+from .support.context import StageContext, logger
 
 
-def evaluate_translated_queries(ctx: StageContext) -> dict[str, Any]:
+def compute(ctx: StageContext) -> dict[str, Any]:
     """mR per query language (English itself, and each language with an en-<lang> lexicon)
     of the English model cfg.train.model_name on the evaluation split."""
     wd, catalog, cfg = ctx.workdir, ctx.catalog, ctx.cfg

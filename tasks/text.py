@@ -23,7 +23,7 @@ from mule.mule_core.progress import format_seconds
 from mule.mule_core.subwords import ngram_table
 from mule.mule_core.text import PAD, UNK
 
-from .common import StageContext, logger
+from .support.context import StageContext, logger
 
 
 @contextlib.contextmanager
@@ -130,7 +130,7 @@ def multilingual_e5_lookups(vocabs: dict[str, list[str]], dim: int) -> dict[str,
     return {lang: table.get for lang, table in tables.items()}
 
 
-def build_word_vectors(ctx: StageContext) -> dict[str, Any]:
+def compute(ctx: StageContext) -> dict[str, Any]:
     catalog, cfg = ctx.catalog, ctx.cfg
     log, t, dataset = logger(), cfg.text, cfg.data.dataset
     languages = dataset_languages(catalog, dataset, cfg.data.languages)

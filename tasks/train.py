@@ -22,8 +22,8 @@ from mule.mule_core.metrics import mean_mr
 from mule.mule_core.model import build_model, count_parameters
 from mule.mule_core.training import Trainer, evaluate_split, resolve_device
 
-from .common import StageContext, history_records, images_with_files, logger, phase_seconds
-from .training_common import Checkpoints, divergence_tags
+from .support.context import StageContext, images_with_files, logger
+from .support.training import Checkpoints, divergence_tags, history_records, phase_seconds
 
 
 class MissingPretrainError(UserError, RuntimeError):
@@ -44,7 +44,7 @@ def load_pretrained_mule(model, path, vocabulary) -> None:
         model.classifier.load_state_dict(lp_model.classifier.state_dict())
 
 
-def train_model(ctx: StageContext) -> dict[str, Any]:
+def compute(ctx: StageContext) -> dict[str, Any]:
     wd, catalog, cfg = ctx.workdir, ctx.catalog, ctx.cfg
     log, dataset = logger(), cfg.data.dataset
     images_with_files(catalog, dataset)  # a dataset without images stops here, saying so

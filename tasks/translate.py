@@ -36,7 +36,7 @@ from mule.mule_core.progress import Progress
 from mule.mule_core.text import tokenize
 from mule.mule_core.translation import WordTable, best_translations, ibm_model1
 
-from .common import StageContext, logger
+from .support.context import StageContext, logger
 
 if TYPE_CHECKING:
     from mule.mule_core.config import MuleConfig
@@ -226,7 +226,7 @@ class TranslationCache:
 # -- the stage -------------------------------------------------------------------------------
 
 
-def translate_captions(ctx: StageContext) -> dict[str, Any]:
+def compute(ctx: StageContext) -> dict[str, Any]:
     wd, catalog, cfg = ctx.workdir, ctx.catalog, ctx.cfg
     log, dataset = logger(), cfg.data.dataset
     started = time.perf_counter()

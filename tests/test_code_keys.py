@@ -21,7 +21,7 @@ def test_train_reaches_what_it_imports_indirectly_and_not_the_rest():
     assert not files & {"tasks/translate.py", "clients/googletrans.py", "serving/search.py", "flows/stages.py"}
     # nor what turns images into vectors (the features stage's business), nor the model as a
     # function (serving's)
-    assert not files & {"tasks/extraction.py", "mule_core/features.py", "mule_core/embedder.py"}
+    assert not files & {"tasks/support/extraction.py", "mule_core/features.py", "mule_core/embedder.py"}
 
 
 def test_no_stage_s_code_reaches_publishing_tracking_or_orchestration():

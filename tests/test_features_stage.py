@@ -14,7 +14,7 @@ from mule.data_catalog.workdir import Workdir
 from mule.experiments.relocation import adopt
 from mule.mule_core.config import resolve
 from mule.pipeline.runner import run_alone
-from mule.tasks.prepare import write_generated
+from mule.tasks.support.prepare import write_generated
 from tests.test_image_kinds import png_claiming_size
 
 TINY = {"data.train_images": 24, "data.val_images": 8, "data.test_images": 8, "data.image_size": 48,
@@ -135,8 +135,8 @@ def test_a_worker_whose_run_stopped_writes_nothing(tmp_path):
 
     from mule.data_catalog.locks import run_token, workdir_lock
     from mule.pipeline.runner import prepare
-    from mule.tasks.common import StageContext
     from mule.tasks.features import extract_shard, plan_features
+    from mule.tasks.support.context import StageContext
 
     wd, cfg = ingested(tmp_path / "work", {**TINY, "data.train_images": 8, "data.val_images": 4, "data.test_images": 4})
     prepare(wd, cfg, "features")

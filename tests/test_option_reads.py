@@ -56,7 +56,7 @@ def undeclared(stage_name: str, options: set[str]) -> list[str]:
 def run_recorded(wd, stage_name: str, overrides: dict | None = None) -> set[str]:
     """The options the stage's computation read, run on `wd` under the tiny config."""
     from mule.pipeline.runner import prepare
-    from mule.tasks.common import StageContext
+    from mule.tasks.support.context import StageContext
 
     reads = Reads()
     cfg = recording(resolve("demo", {**REBUILT_TINY, **(overrides or {})}), reads)

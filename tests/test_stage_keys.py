@@ -173,7 +173,7 @@ def test_the_features_identity_is_the_extraction_code_not_the_stage_s(workdir, r
     """An edit to how the features stage plans and records its work reruns the stage; only
     an edit to the code that turns an image into a vector (or new weights, or a library)
     makes other vectors, under another identity."""
-    from mule.tasks import extraction
+    from mule.tasks.support import extraction
 
     identity = code_digests.code_digest(extraction.__name__, repo_copy)
     with edited(repo_copy, "tasks/features.py"):

@@ -6,7 +6,7 @@ import pytest
 from mule.data_catalog.workdir import Workdir
 from mule.mule_core.config import resolve
 from mule.pipeline.runner import run_alone
-from mule.tasks.common import NoImagesError
+from mule.tasks.support.context import NoImagesError
 
 
 def test_text_only_dataset(tiny_multi30k, tmp_path):

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 
-from .common import StageContext, logger
+from .context import StageContext, logger
 
 
 def divergence_tags(trainer, result, stage: str) -> dict[str, str]:
@@ -61,3 +62,18 @@ def read_checkpoint(path: Path) -> dict | None:
         return None
     logger().warning("the checkpoint %s is not one: training starts from epoch 1", path)
     return None
+
+
+def history_records(history) -> list[dict]:
+    """A trainer's epochs as plain records: part of a stage's summary, drawn by its publisher."""
+    return [asdict(epoch) for epoch in history]
+
+
+def phase_seconds(history) -> dict[str, float]:
+    """Where a training's time went, summed over its epochs (batches, forward, backward,
+    optimizer, validation): part of a stage's summary, so bench/stage_times.py can print it."""
+    totals: dict[str, float] = {}
+    for epoch in history:
+        for phase, seconds in (epoch.phases or {}).items():
+            totals[phase] = round(totals.get(phase, 0.0) + seconds, 2)
+    return totals

@@ -26,7 +26,8 @@ from mule.mule_core.metrics import mean_r1
 from mule.mule_core.model import count_parameters, with_added_language
 from mule.mule_core.training import Trainer, cross_lingual, encode_split, evaluate_split, resolve_device
 
-from .common import StageContext, history_records, logger
+from .support.context import StageContext, logger
+from .support.training import history_records
 
 
 class AddLanguageError(UserError, ValueError):
@@ -41,7 +42,7 @@ def added_model_name(lang: str, configured_base: str = "") -> str:
     return f"{base_model_name(lang, configured_base)}+{lang}"
 
 
-def add_language(ctx: StageContext) -> dict[str, Any]:
+def compute(ctx: StageContext) -> dict[str, Any]:
     wd, catalog, cfg = ctx.workdir, ctx.catalog, ctx.cfg
     log, dataset = logger(), cfg.data.dataset
     lang = cfg.train.add_language

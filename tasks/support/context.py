@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from mule.data_catalog import queries
@@ -86,18 +86,3 @@ def logger() -> logging.Logger:
     """The stages' logger. In a Prefect run its records reach the run's log too (flows.runtime
     names "mule" among Prefect's extra loggers)."""
     return logging.getLogger("mule.tasks")
-
-
-def history_records(history) -> list[dict]:
-    """A trainer's epochs as plain records: part of a stage's summary, drawn by its publisher."""
-    return [asdict(epoch) for epoch in history]
-
-
-def phase_seconds(history) -> dict[str, float]:
-    """Where a training's time went, summed over its epochs (batches, forward, backward,
-    optimizer, validation): part of a stage's summary, so bench/stage_times.py can print it."""
-    totals: dict[str, float] = {}
-    for epoch in history:
-        for phase, seconds in (epoch.phases or {}).items():
-            totals[phase] = round(totals.get(phase, 0.0) + seconds, 2)
-    return totals

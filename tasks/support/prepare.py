@@ -13,7 +13,7 @@ from mule.data_catalog.datasets import generated_and_current, prepare
 from mule.data_catalog.sources import GENERATED, locate
 from mule.mule_core.progress import Progress
 
-from .common import logger
+from .context import logger
 
 if TYPE_CHECKING:
     from mule.data_catalog.workdir import Workdir
