@@ -25,12 +25,12 @@ from checkout import use_checkout  # noqa: E402
 
 use_checkout()  # run from anywhere, installed or not
 
-from mule.mule_core.config import resolve  # noqa: E402
 from mule.mule_core.devices import resolve_device  # noqa: E402
 from mule.mule_core.features import extractor_network  # noqa: E402
 from mule.mule_core.metrics import mean_mr  # noqa: E402
 from mule.mule_core.model import MuleModel  # noqa: E402
 from mule.mule_core.training import SplitTensors, Trainer, evaluate_split  # noqa: E402
+from mule.pipeline.config import resolve  # noqa: E402
 
 LANGS = ["en", "fr"]
 
@@ -90,7 +90,9 @@ def extraction(device: torch.device, images: int) -> None:
         f = replace(resolve(preset, extra).features, device=str(device))
         net = extractor_network(f, device, None)
         crops = ImageCrops(paths, f)
-        batches = [collate([crops[i] for i in range(b, min(b + batch, len(paths)))]) for b in range(0, len(paths), batch)]
+        batches = [
+            collate([crops[i] for i in range(b, min(b + batch, len(paths)))]) for b in range(0, len(paths), batch)
+        ]
         vectors(net, batches[0][1], device)  # warm-up
         torch.cuda.synchronize() if device.type == "cuda" else None
         started = time.perf_counter()

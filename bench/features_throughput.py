@@ -29,9 +29,9 @@ from mule.data_catalog.catalog import Catalog
 from mule.data_catalog.schemas import IMAGES
 from mule.data_catalog.weights import load_extractor
 from mule.data_catalog.workdir import Workdir
-from mule.mule_core.config import resolve
 from mule.mule_core.devices import resolve_device
 from mule.mule_core.features import crop_transform, extract
+from mule.pipeline.config import resolve
 from mule.tasks.features import batch_size_for, extract_shard, loader_workers_for
 
 SETTINGS = {"demo": {}, "paper": {"features.weights": "random"}}

@@ -34,9 +34,9 @@ use_checkout()  # run from anywhere, installed or not
 import train_on_workdir  # noqa: E402
 
 from mule.experiments.seeds import mean_spread  # noqa: E402
-from mule.mule_core.config import parse_assignments, resolve  # noqa: E402
 from mule.mule_core.devices import resolve_device  # noqa: E402
 from mule.mule_core.training import encode_split  # noqa: E402
+from mule.pipeline.config import parse_assignments, resolve  # noqa: E402
 
 SOURCE = "en"
 

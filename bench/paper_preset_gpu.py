@@ -34,8 +34,8 @@ from checkout import use_checkout
 
 use_checkout()  # run from anywhere, installed or not
 
-from mule.mule_core.config import resolve  # noqa: E402
 from mule.mule_core.devices import resolve_device  # noqa: E402
+from mule.pipeline.config import resolve  # noqa: E402
 
 DATA_KEYS = ("train_images", "val_images", "test_images", "seed", "image_size")
 
@@ -83,7 +83,9 @@ def _render(job: tuple[dict, str, list[tuple[str, str, int]]]) -> int:
     settings, folder, items = job
     spec = EmbeddedSpec(**{k: settings[k] for k in DATA_KEYS})
     for image_id, split, index in items:
-        render_scene(generate_image(spec, split, index)[3], spec.image_size).save(f"{folder}/{image_id}.jpg", quality=90)
+        render_scene(generate_image(spec, split, index)[3], spec.image_size).save(
+            f"{folder}/{image_id}.jpg", quality=90
+        )
     return len(items)
 
 
@@ -201,7 +203,7 @@ def main() -> None:
     if args.command == "prepare":
         prepare(args.workdir, args.out)
     else:
-        from mule.mule_core.config import parse_assignments
+        from mule.pipeline.config import parse_assignments
 
         run(args.inputs, args.weights, args.fp32_images, [v == "true" for v in args.amp.split(",")], args.out,
             args.subset, parse_assignments(args.assignments))  # fmt: skip

@@ -45,8 +45,8 @@ use_checkout()  # run from anywhere, installed or not
 import train_on_workdir  # noqa: E402
 
 from mule.experiments.seeds import mean_spread, paired_difference  # noqa: E402
-from mule.mule_core.config import parse_assignments, resolve  # noqa: E402
 from mule.mule_core.devices import resolve_device  # noqa: E402
+from mule.pipeline.config import parse_assignments, resolve  # noqa: E402
 
 
 def metrics_of(result: dict, lp_only: bool) -> dict[str, float]:
@@ -88,11 +88,19 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--preset", default="demo")
     parser.add_argument("--lp-only", action="store_true")
-    parser.add_argument("--last-weights", action="store_true",
-                        help="LP rows with pretrain.ema on: also the raw weights' row, from the same runs")
+    parser.add_argument(
+        "--last-weights",
+        action="store_true",
+        help="LP rows with pretrain.ema on: also the raw weights' row, from the same runs",
+    )
     parser.add_argument("--only", action="append", help="run only these rows (repeatable)")
-    parser.add_argument("--set", dest="assignments", action="append", default=[],
-                        help="an override for every row (a row's own settings win)")
+    parser.add_argument(
+        "--set",
+        dest="assignments",
+        action="append",
+        default=[],
+        help="an override for every row (a row's own settings win)",
+    )
     parser.add_argument("--out")
     parser.add_argument("--combine", nargs="+", help="print the table of these --out files instead of training")
     args = parser.parse_args()

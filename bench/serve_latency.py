@@ -61,15 +61,17 @@ def paper_shaped(embedder):
     """The same vocabularies and image features in an untrained model of the paper's sizes."""
     import dataclasses
 
-    from mule.mule_core.config import resolve
     from mule.mule_core.embedder import Embedder
     from mule.mule_core.model import MuleModel
+    from mule.pipeline.config import resolve
 
     meta = dict(embedder.meta)
     paper = resolve("paper", {})
     meta["cfg"] = dataclasses.replace(meta["cfg"], model=paper.model)
     sizes = {lang: len(v) for lang, v in meta["vocabulary"].vocabs.items()}
-    model = MuleModel(meta["languages"], sizes, meta["word_dim"], meta["image_dim"], paper.model, meta["vocabulary"].words)
+    model = MuleModel(
+        meta["languages"], sizes, meta["word_dim"], meta["image_dim"], paper.model, meta["vocabulary"].words
+    )
     return Embedder(model.eval(), meta, "untrained, paper-sized", embedder.device, embedder.load_network,
                     embedder.open_image)  # fmt: skip
 

@@ -35,7 +35,6 @@ from checkout import use_checkout  # noqa: E402
 
 use_checkout()  # run from anywhere, installed or not
 
-from mule.mule_core.config import parse_assignments, resolve  # noqa: E402
 from mule.mule_core.metrics import (  # noqa: E402
     cross_lingual_recalls,
     mean_mr,
@@ -44,6 +43,7 @@ from mule.mule_core.metrics import (  # noqa: E402
 )
 from mule.mule_core.model import MuleModel  # noqa: E402
 from mule.mule_core.training import SplitTensors, Trainer, encode_split, evaluate_split, resolve_device  # noqa: E402
+from mule.pipeline.config import parse_assignments, resolve  # noqa: E402
 
 
 # -- export: the catalog's inputs to one file -------------------------------------------

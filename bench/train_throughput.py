@@ -18,10 +18,10 @@ import time
 import numpy as np
 import torch
 
-from mule.mule_core.config import resolve
 from mule.mule_core.metrics import per_language_recalls
 from mule.mule_core.model import MuleModel, count_parameters
 from mule.mule_core.training import SplitTensors, Trainer, encode_split
+from mule.pipeline.config import resolve
 
 LANGS = ["en", "de", "fr", "cs"]
 PER_IMAGE = {"en": 5, "de": 5, "fr": 1, "cs": 1}

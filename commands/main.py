@@ -19,8 +19,9 @@ import json
 import os
 import sys
 
-from mule.mule_core.config import PRESETS, ConfigError, parse_assignments, resolve, to_dict
+from mule.mule_core.config import ConfigError
 from mule.mule_core.errors import is_user_error
+from mule.pipeline.config import PRESETS, parse_assignments, resolve, to_dict
 from mule.pipeline.declaration import ALL, REBUILD
 
 from . import catalog, run, search, serve, ui
@@ -100,28 +101,63 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--max-upload-mb", type=float, default=10.0, help="largest image upload (default: 10)")
-    serve.add_argument("--max-megapixels", type=float, default=40.0,
-                       help="largest image upload in pixels, read from its header before decoding (default: 40)")
-    serve.add_argument("--max-in-flight", type=int, default=64,
-                       help="requests admitted at once, uploads apart; the next get 503 with Retry-After (default: 64)")
-    serve.add_argument("--max-uploads", type=int, default=8,
-                       help="image uploads admitted at once, apart from the other requests (default: 8)")
-    serve.add_argument("--header-timeout", type=float, default=10.0,
-                       help="seconds a request's headers may take to arrive; then 408 (default: 10)")
-    serve.add_argument("--body-timeout", type=float, default=10.0,
-                       help="seconds an upload's body may take to arrive; then 408 (default: 10)")
-    serve.add_argument("--reload", type=float, default=30.0,
-                       help="every this many seconds, serve a new champion or new gallery images if a run made "
-                            "them (0: never; default: 30)")
-    serve.add_argument("--threads", type=int, default=0,
-                       help="threads for the encoders and the gallery scan (default: one per core)")
-    serve.add_argument("--allowed-host", action="append", default=[],
-                       help="another name the Host header may carry (a proxy's, a DNS name); repeatable")
+    serve.add_argument(
+        "--max-megapixels",
+        type=float,
+        default=40.0,
+        help="largest image upload in pixels, read from its header before decoding (default: 40)",
+    )
+    serve.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=64,
+        help="requests admitted at once, uploads apart; the next get 503 with Retry-After (default: 64)",
+    )
+    serve.add_argument(
+        "--max-uploads",
+        type=int,
+        default=8,
+        help="image uploads admitted at once, apart from the other requests (default: 8)",
+    )
+    serve.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        help="seconds a request's headers may take to arrive; then 408 (default: 10)",
+    )
+    serve.add_argument(
+        "--body-timeout",
+        type=float,
+        default=10.0,
+        help="seconds an upload's body may take to arrive; then 408 (default: 10)",
+    )
+    serve.add_argument(
+        "--reload",
+        type=float,
+        default=30.0,
+        help="every this many seconds, serve a new champion or new gallery images if a run made "
+        "them (0: never; default: 30)",
+    )
+    serve.add_argument(
+        "--threads", type=int, default=0, help="threads for the encoders and the gallery scan (default: one per core)"
+    )
+    serve.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        help="another name the Host header may carry (a proxy's, a DNS name); repeatable",
+    )
     serve.add_argument("--index", choices=["auto", "on", "off"], default="auto",
                        help="search images through the index stage's approximate index: auto from "
                             "index.min_images images (default), on whenever it matches the model, off never")  # fmt: skip
-    serve.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
-                       help="a serving option: " + ", ".join(SERVING_OPTIONS) + " (e.g. --set index.breadth=256)")
+    serve.add_argument(
+        "--set",
+        dest="assignments",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a serving option: " + ", ".join(SERVING_OPTIONS) + " (e.g. --set index.breadth=256)",
+    )
 
     config = sub.add_parser("config", help="print the resolved config")
     _common(config)

@@ -11,7 +11,8 @@ import time
 
 from mule.data_catalog.workdir import Workdir
 from mule.flows import interrupts
-from mule.mule_core.config import ConfigError, resolve
+from mule.mule_core.config import ConfigError
+from mule.pipeline.config import resolve
 from mule.pipeline.declaration import BY_NAME, REBUILD, in_pipeline_order
 
 
@@ -109,7 +110,9 @@ def _stopped_line(workdir: Workdir, cfg, began: float):
                 continue
         kept = [", ".join(name for _, name in sorted(finished)) + " (finished)"] if finished else []
         if unpublished:
-            kept.append(f"{', '.join(unpublished)}: computed and recorded, not yet published (the next run publishes it)")
+            kept.append(
+                f"{', '.join(unpublished)}: computed and recorded, not yet published (the next run publishes it)"
+            )
         resumes = BY_NAME[stage].resumes if stage in BY_NAME else ""
         if resumes and stage not in unpublished:
             kept.append(f"{stage}: {resumes}")
@@ -159,5 +162,7 @@ def print_results(results: dict, workdir: Workdir, started: float) -> None:
     if results.get("mlflow_run_id"):
         print(f"MLflow run {results['mlflow_run_id']}: browse with `mule ui --workdir {workdir.root}`")
     else:
-        print(f"MLflow: recorded in a few seconds, by a process of its own; browse with `mule ui --workdir {workdir.root}`")
+        print(
+            f"MLflow: recorded in a few seconds, by a process of its own; browse with `mule ui --workdir {workdir.root}`"
+        )
     print(f"wall time: {time.perf_counter() - started:.0f}s")

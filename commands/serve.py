@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from mule.mule_core.config import ConfigError, parse_assignments, resolve
+from mule.mule_core.config import ConfigError
+from mule.pipeline.config import parse_assignments, resolve
 
 from .common import browsable, reading_workdir
 

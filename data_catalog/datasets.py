@@ -7,8 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import asdict
-
-from mule.mule_core.config import DataConfig
+from typing import TYPE_CHECKING
 
 from .code_digests import code_digest
 from .embedded import coco_layout, multi30k_layout
@@ -16,6 +15,9 @@ from .embedded.coco_layout import CocoSpec, EmbeddedSizeError, generate_coco
 from .embedded.multi30k_layout import EmbeddedSpec, generate_multi30k
 from .sources import EMBEDDED, EMBEDDED_COCO, DatasetError, DatasetSource, locate
 from .workdir import Workdir
+
+if TYPE_CHECKING:  # the pipeline's config: read here, never made
+    from mule.pipeline.config import DataConfig
 
 
 def embedded_spec(data: DataConfig) -> EmbeddedSpec:

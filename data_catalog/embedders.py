@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from mule.mule_core.config import MuleConfig
+from mule.mule_core.config import ModelSettings
 from mule.mule_core.embedder import Embedder, EmbedError
 
 from .images import BadImage, TooManyPixels, load_rgb
@@ -30,12 +30,14 @@ def open_embedder(path: Path, label: str | None = None, weights_file: str | None
     model, meta = load_model(Path(path))
     if weights_file:
         cfg = meta["cfg"]
-        meta["cfg"] = dataclasses.replace(cfg, features=dataclasses.replace(cfg.features, weights_file=str(weights_file)))
+        meta["cfg"] = dataclasses.replace(
+            cfg, features=dataclasses.replace(cfg.features, weights_file=str(weights_file))
+        )
     return Embedder(model, meta, label or str(path), device or torch.device("cpu"), _network_loader(meta["cfg"]),
                     open_query_image)  # fmt: skip
 
 
-def _network_loader(cfg: MuleConfig):
+def _network_loader(cfg: ModelSettings):
     def load(device: torch.device):
         from .weights import load_extractor
 

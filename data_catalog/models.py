@@ -4,11 +4,16 @@ own: the config, the languages, each language's vocabulary, the image extractor'
     save_model(path, model, cfg, vocabulary, kind="joint", ...)
     model, meta = load_model(path)          # meta["cfg"], meta["vocabulary"], meta["extractor"], ...
 
+A file keeps the whole config the model was trained under ("config": the pipeline's, as a
+dict); `meta["cfg"]` is what using the model needs of it (mule_core.config.ModelSettings:
+the model, the text's length, the image extractor's setting).
+
 Files are written atomically and read without pickle (torch's weights_only loader).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from pathlib import Path
@@ -16,7 +21,7 @@ from typing import Any
 
 import torch
 
-from mule.mule_core.config import MuleConfig, from_dict, to_dict
+from mule.mule_core.config import settings_from_dict
 from mule.mule_core.errors import InputError, MissingInputError
 from mule.mule_core.model import MuleModel
 from mule.mule_core.text import Vocab, Vocabulary
@@ -30,12 +35,13 @@ def save_atomic(obj: Any, path: Path) -> None:
     write_atomic(path, lambda tmp: torch.save(obj, tmp))
 
 
-def save_model(path: Path, model: MuleModel, cfg: MuleConfig, vocabulary: Vocabulary, **meta: Any) -> None:
+def save_model(path: Path, model: MuleModel, cfg: Any, vocabulary: Vocabulary, **meta: Any) -> None:
+    """`cfg`: the config it was trained under (the pipeline's MuleConfig), kept whole."""
     save_atomic(
         {
             "format": MODEL_FORMAT,
             "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-            "config": to_dict(cfg),
+            "config": dataclasses.asdict(cfg),
             "languages": vocabulary.languages,
             "vocab": vocabulary.words,
             "word_dim": vocabulary.dim,
@@ -54,7 +60,7 @@ def load_model(path: Path) -> tuple[MuleModel, dict]:
     data = torch.load(path, map_location="cpu", weights_only=True)
     if data.get("format") != MODEL_FORMAT:
         raise InputError(f"{path} is not a mule model file (format {data.get('format')!r})")
-    cfg = from_dict(data["config"])
+    cfg = settings_from_dict(data["config"])
     lengths = tuple(cfg.model.ngram_lengths) if cfg.model.subwords else ()
     vocabulary = Vocabulary(list(data["languages"]), {lang: Vocab(tokens) for lang, tokens in data["vocab"].items()},
                             ngram_lengths=lengths)  # fmt: skip

@@ -14,7 +14,7 @@ from mule.mule_core.errors import UserError
 from .workdir import Workdir
 
 if TYPE_CHECKING:
-    from mule.mule_core.config import DataConfig
+    from mule.pipeline.config import DataConfig
 
 EMBEDDED = "embedded"  # Multi30K-style: en, de, fr, cs
 EMBEDDED_COCO = "embedded-coco"  # COCO-style: en on every image, ja and zh on few

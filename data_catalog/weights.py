@@ -23,7 +23,7 @@ from urllib.parse import urlparse
 from mule.mule_core.errors import UserError
 
 if TYPE_CHECKING:
-    from mule.mule_core.config import FeaturesConfig
+    from mule.mule_core.config import ExtractorConfig as FeaturesConfig
 
 
 class PretrainedUnavailable(UserError, RuntimeError):

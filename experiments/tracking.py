@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mule.data_catalog.workdir import Workdir
-from mule.mule_core.config import MuleConfig, flatten
+from mule.mule_core.config import flatten
 from mule.mule_core.errors import UserError, is_user_error
 
 if TYPE_CHECKING:  # MLflow is imported when a run is tracked, not by checking the store (seconds)
@@ -294,7 +294,7 @@ def prefect_context() -> dict[str, str]:
     return tags
 
 
-def _run_tags(cfg: MuleConfig, stage: str, parent_run_id: str | None) -> dict[str, str]:
+def _run_tags(cfg, stage: str, parent_run_id: str | None) -> dict[str, str]:
     tags = {"mule.stage": stage, "mule.dataset": cfg.data.dataset, "mule.preset": cfg.preset}
     if parent_run_id:
         tags["mlflow.parentRunId"] = parent_run_id
@@ -315,7 +315,7 @@ def _run_tags(cfg: MuleConfig, stage: str, parent_run_id: str | None) -> dict[st
 
 
 @contextlib.contextmanager
-def run(workdir: Workdir, cfg: MuleConfig, stage: str, parent_run_id: str | None = None) -> Iterator[str]:
+def run(workdir: Workdir, cfg, stage: str, parent_run_id: str | None = None) -> Iterator[str]:
     """An MLflow run for one stage (child of parent_run_id) or one rebuild (parent).
 
     Logs the resolved config as params and the Prefect flow-run id as a tag; ends

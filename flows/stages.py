@@ -26,9 +26,10 @@ from prefect.states import Failed
 from mule.data_catalog.locks import holds_lock, workdir_lock
 from mule.data_catalog.workdir import Workdir
 from mule.flows.runtime import dask_task_runner, quiet_user_errors
-from mule.mule_core.config import ConfigError, MuleConfig, from_dict, resolve
+from mule.mule_core.config import ConfigError
 from mule.mule_core.errors import is_user_error
 from mule.pipeline import rebuild, reuse
+from mule.pipeline.config import MuleConfig, from_dict, resolve
 from mule.pipeline.declaration import ALL, REBUILD, STAGES, Stage, in_pipeline_order
 from mule.pipeline.runner import Runner
 from mule.pipeline.sweeps import run_sweep
@@ -77,7 +78,9 @@ def _failing_quietly(body):
     except Exception as error:
         from .interrupts import Interrupted, stopping
 
-        if (signum := stopping()) is not None:  # e.g. Prefect failing to mark a task run crashed that it had not yet made
+        if (
+            signum := stopping()
+        ) is not None:  # e.g. Prefect failing to mark a task run crashed that it had not yet made
             raise Interrupted(signum) from error
         if is_user_error(error):
             return Failed(message=str(error), data=error)

@@ -218,16 +218,18 @@ class ExtractorError(UserError, ValueError):
 
 
 def engine_for(f, device: torch.device) -> str:
-    """The engine that runs the extractor of FeaturesConfig `f` on `device`."""
+    """The engine that runs the extractor of setting `f` on `device`: the features stage's
+    features.engine; a trained model's own setting (serving) names none: "auto"."""
     from . import onnx_engine
 
-    if f.engine == "onnxruntime" and device.type != "cpu":
+    engine = getattr(f, "engine", "auto")
+    if engine == "onnxruntime" and device.type != "cpu":
         raise ExtractorError("features.engine=onnxruntime runs on the CPU; use features.engine=torch on CUDA")
-    if f.engine == "onnxruntime" and not onnx_engine.available():
+    if engine == "onnxruntime" and not onnx_engine.available():
         raise ExtractorError("features.engine=onnxruntime needs the onnxruntime package: pip install onnxruntime")
-    if f.engine == "auto":
+    if engine == "auto":
         return "onnxruntime" if device.type == "cpu" and onnx_engine.available() else "torch"
-    return f.engine
+    return engine
 
 
 def numerics(device: torch.device) -> str:
@@ -247,5 +249,3 @@ def extractor_network(f, device: torch.device, state_dict: dict | None):
     if engine_for(f, device) == "onnxruntime":
         return onnx_engine.OnnxExtractor(network, f.input_size, torch.get_num_threads())
     return prepare_for_inference(network, device)
-
-

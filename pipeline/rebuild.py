@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mule.data_catalog.workdir import Workdir
-from mule.mule_core.config import MuleConfig
+from mule.pipeline.config import MuleConfig
 
 from . import reuse
 from .declaration import BY_NAME, REBUILD
@@ -143,7 +143,9 @@ def _sweep_decisions(result: dict) -> str:
     """A sweep's line: how many of its steps ran and how many were reused."""
     steps = result.get("steps", {}) if isinstance(result, dict) else {}
     ran = sum(1 for d in steps.values() if d.startswith("ran"))
-    return f"ran ({ran} of {len(steps)} steps ran, {len(steps) - ran} reused)" if ran else f"reused ({len(steps)} steps)"
+    return (
+        f"ran ({ran} of {len(steps)} steps ran, {len(steps) - ran} reused)" if ran else f"reused ({len(steps)} steps)"
+    )
 
 
 def _must(run_stage: RunStage | None) -> RunStage:

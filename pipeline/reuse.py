@@ -32,8 +32,8 @@ from mule.data_catalog.content import FileHasher, arrow_digest, combine
 from mule.data_catalog.entries import ENTRIES, TABLE_ENTRIES, output_files
 from mule.data_catalog.workdir import Workdir
 from mule.experiments import tracking
-from mule.mule_core.config import MuleConfig, flatten
 from mule.mule_core.errors import is_user_error
+from mule.pipeline.config import MuleConfig, flatten
 
 from .declaration import BY_NAME, Stage, writer_of
 
@@ -112,7 +112,7 @@ def input_parts(wd: Workdir, catalog: Catalog, cfg: MuleConfig, stage: Stage, ha
 
 
 def code_parts(stage: Stage, repo: Path | None = None) -> dict[str, str]:
-    """"code tasks/train.py", "code library torch": so a rerun's reason names the file.
+    """ "code tasks/train.py", "code library torch": so a rerun's reason names the file.
     The computing module's closure only: its publisher (pipeline.publish) is not in it."""
     return {f"code {k.removeprefix('file ')}": v
             for k, v in code_digests.code_parts(stage.module, repo or code_digests.REPO).items()}  # fmt: skip
@@ -130,7 +130,9 @@ def slot_for(wd: Workdir, catalog: Catalog, cfg: MuleConfig, stage: Stage) -> st
 
 
 def output_paths(wd: Workdir, catalog: Catalog, cfg: MuleConfig, stage: Stage) -> list[Path]:
-    return [path for name in stage.writes for path in output_files(ENTRIES[name], ENTRIES[name].locate(wd, catalog, cfg))]
+    return [
+        path for name in stage.writes for path in output_files(ENTRIES[name], ENTRIES[name].locate(wd, catalog, cfg))
+    ]
 
 
 @dataclass

@@ -19,7 +19,7 @@ from typing import Any
 
 from mule.data_catalog.locks import end_commit
 from mule.data_catalog.workdir import Workdir
-from mule.mule_core.config import MuleConfig
+from mule.pipeline.config import MuleConfig
 
 from . import reuse
 from .declaration import BY_NAME, Stage

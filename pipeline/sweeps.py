@@ -23,7 +23,8 @@ from mule.data_catalog.catalog import Catalog
 from mule.data_catalog.workdir import Workdir
 from mule.experiments import tracking
 from mule.experiments.seeds import Difference, paired_difference
-from mule.mule_core.config import ConfigError, MuleConfig, apply_overrides
+from mule.mule_core.config import ConfigError
+from mule.pipeline.config import MuleConfig, apply_overrides
 
 from . import publish, reuse
 from .runner import Runner
@@ -291,5 +292,7 @@ def run_sweep(name: str, runner: Runner, cfg: MuleConfig, parent_run_id: str | N
         for v in variants:
             with tracking.run(wd, v.cfg, f"{name}: {v.label}", run_id) as child:
                 results[v.label] = {step: runner.run(v.cfg, step, child) for step in v.steps}
-            steps |= {f"{v.label}: {step}": "reused" if r.get("reused") else "ran" for step, r in results[v.label].items()}
+            steps |= {
+                f"{v.label}: {step}": "reused" if r.get("reused") else "ran" for step, r in results[v.label].items()
+            }
         return sweep.report(wd, cfg, variants, results, run_id) | {"steps": steps}

@@ -105,7 +105,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     if unchanged != 0.0:  # frozen weights cannot move anything: if they did, that is a bug
         raise RuntimeError(f"adding {lang} changed the base languages' embeddings (max |diff| {unchanged})")
     path = wd.model_path(dataset, cfg.train.model_name)
-    save_model(path, model, replace(cfg, model=base_cfg.model, text=base_cfg.text), vocabulary, kind="joint",
+    save_model(path, model, replace(cfg, model=base_cfg.model, text=replace(cfg.text, word_dim=base_cfg.text.word_dim, max_tokens=max_tokens)), vocabulary, kind="joint",
                dataset=dataset, extractor=extractor, best_epoch=trainer.best_epoch, val_score=trainer.best_score,
                parameters=counts, base_model=str(base_path), added_language=lang, unchanged=unchanged)  # fmt: skip
     return {"path": str(path), "language": lang, "best_epoch": trainer.best_epoch, "val_mR": trainer.best_score,

@@ -46,7 +46,7 @@ from .support import extraction
 from .support.context import NoImagesError, StageContext, images_with_files, logger
 
 if TYPE_CHECKING:
-    from mule.mule_core.config import FeaturesConfig
+    from mule.pipeline.config import FeaturesConfig
 
 FORCED = "forced.json"  # in an identity's folder while a forced extraction is unfinished
 
@@ -173,10 +173,10 @@ def _read_since(forced) -> str:
 
 def extract_shard(workdir: str, features: dict, dataset: str, identity: str, shard: dict, total: int) -> dict:
     """The CNN over one shard's images; writes its part; returns its rejects and timing.
-    Plain arguments: it may run on a Dask worker."""
-    from mule.mule_core.config import FeaturesConfig
+    Plain arguments: it may run on a Dask worker (`features`: the features section's options)."""
+    from types import SimpleNamespace
 
-    f = FeaturesConfig(**features)
+    f = SimpleNamespace(**features)
     catalog = Catalog(Workdir.at(workdir))
     device = device_for_worker(resolve_device(f.device))
     made_by = catalog.extractor_info(dataset, identity) or {}

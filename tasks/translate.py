@@ -39,7 +39,7 @@ from mule.mule_core.translation import WordTable, best_translations, ibm_model1
 from .support.context import StageContext, logger
 
 if TYPE_CHECKING:
-    from mule.mule_core.config import MuleConfig
+    from mule.pipeline.config import MuleConfig
 
 ENGLISH = "en"
 

@@ -9,7 +9,7 @@ from mlflow.tracking import MlflowClient
 
 from mule.data_catalog.workdir import Workdir
 from mule.experiments.report import ablation_markdown
-from mule.mule_core.config import apply_overrides, resolve
+from mule.pipeline.config import apply_overrides, resolve
 from mule.pipeline.sweeps import RowResult, compare, english_models, grid, row_result
 
 TINY = {
@@ -82,7 +82,9 @@ def test_each_row_is_compared_with_the_row_it_adds_to_seed_by_seed():
     assert base.by_seed == {0: 10, 1: 12, 2: 14} and base.mean == 12 and base.mean_std == 2
     baselines = {row.name: row.baseline for row in grid(["en", "fr"])}
     assert baselines["MULE + NC"] == "MULE EmbN" and baselines["MULE + NC + LC"] == "MULE + NC"
-    assert baselines["MULE + NC + LC + LP (full)"] == "MULE + NC + LC" and baselines["EmbN (one model per language)"] == ""
+    assert (
+        baselines["MULE + NC + LC + LP (full)"] == "MULE + NC + LC" and baselines["EmbN (one model per language)"] == ""
+    )
     compare([base, nc, lc], baselines)
     assert base.difference is None
     assert (nc.baseline, nc.difference.mean, nc.difference.spread, nc.difference.verdict) == ("MULE EmbN", 3, 1, "gain")
@@ -108,8 +110,10 @@ def test_several_seeds_average_each_language_and_count_parameters_once():
     embn = grid(["en", "fr"], seeds=[0, 1])[0]
     assert [m.slug for m in embn.models] == ["embn-en", "embn-en-s1", "embn-fr", "embn-fr-s1"]
     # translate-the-query reads every seed's English model, and only those
-    assert [m.overrides["train.model_name"] for m in english_models(embn.models)] == ["ablation/embn-en",
-                                                                                       "ablation/embn-en-s1"]
+    assert [m.overrides["train.model_name"] for m in english_models(embn.models)] == [
+        "ablation/embn-en",
+        "ablation/embn-en-s1",
+    ]
     assert english_models(row.models) == []
 
 
@@ -134,7 +138,10 @@ def test_ablation_end_to_end(tmp_path, repo_copy):
     client = MlflowClient(wd.mlflow_uri)
     experiment = client.get_experiment_by_name("mule/embedded")
     runs = client.search_runs([experiment.experiment_id])
-    children = lambda run: sorted(r.info.run_name for r in runs if r.data.tags.get("mlflow.parentRunId") == run.info.run_id)  # noqa: E731
+    def children(run):
+        return sorted(
+            r.info.run_name for r in runs if r.data.tags.get("mlflow.parentRunId") == run.info.run_id
+        )  # noqa: E731
     (rebuild,) = [r for r in runs if r.info.run_name == "run: ablation"]
     assert children(rebuild) == sorted(["ingest", "features", "text", "ablation"])
     (parent,) = [r for r in runs if r.info.run_name == "ablation"]

@@ -2,7 +2,8 @@
 
 import pytest
 
-from mule.mule_core.config import ConfigError, flatten, from_dict, option_names, parse_assignments, resolve, to_dict
+from mule.mule_core.config import ConfigError
+from mule.pipeline.config import flatten, from_dict, option_names, parse_assignments, resolve, to_dict
 
 
 def test_presets_differ_where_the_paper_does():

@@ -24,9 +24,9 @@ import pytest
 
 from mule.data_catalog.catalog import Catalog
 from mule.data_catalog.workdir import Workdir
-from mule.mule_core.config import resolve
 from mule.mule_core.errors import is_user_error
 from mule.pipeline import rebuild, reuse
+from mule.pipeline.config import resolve
 from mule.pipeline.declaration import REBUILD
 from mule.pipeline.runner import Runner
 

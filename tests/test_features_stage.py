@@ -12,7 +12,7 @@ from PIL import Image
 from mule.data_catalog.catalog import Catalog
 from mule.data_catalog.workdir import Workdir
 from mule.experiments.relocation import adopt
-from mule.mule_core.config import resolve
+from mule.pipeline.config import resolve
 from mule.pipeline.runner import run_alone
 from mule.tasks.support.prepare import write_generated
 from tests.test_image_kinds import png_claiming_size

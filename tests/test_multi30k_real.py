@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from mule.data_catalog.workdir import Workdir
-from mule.mule_core.config import resolve
+from mule.pipeline.config import resolve
 from mule.pipeline.runner import run_alone
 
 SPLITS = {"train": ("train", "train"), "val": ("val", "val"), "test_2016": ("test_2016_flickr", "test_2016")}

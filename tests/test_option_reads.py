@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from mule.mule_core.config import SECTIONS, MuleConfig, resolve
+from mule.pipeline.config import SECTIONS, MuleConfig, resolve
 from mule.pipeline.declaration import BY_NAME, REBUILD
 from tests.conftest import REBUILT_TINY
 

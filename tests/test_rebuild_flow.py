@@ -13,7 +13,7 @@ from mlflow.tracking import MlflowClient
 
 from mule.data_catalog.catalog import Catalog
 from mule.data_catalog.workdir import Workdir
-from mule.mule_core.config import resolve
+from mule.pipeline.config import resolve
 from mule.pipeline.declaration import REBUILD
 from tests.conftest import REBUILT_TINY as TINY
 
@@ -313,7 +313,10 @@ def test_new_weights_make_new_vectors_and_the_records_name_them(rebuilt, tmp_pat
     now = results["features"]
     assert results["stages"]["features"].startswith("ran (features.weights_file ")
     assert now["extractor"] != before and now["extracted_now"] == 88
-    assert catalog.current_extractor("embedded", resolve("demo", {**TINY, "features.weights_file": str(mine)}).features) == now["extractor"]
+    assert (
+        catalog.current_extractor("embedded", resolve("demo", {**TINY, "features.weights_file": str(mine)}).features)
+        == now["extractor"]
+    )
     assert len(catalog.extracted_image_ids("embedded", before)) == 88  # the old vectors stay readable
     sha = hashlib.sha256(mine.read_bytes()).hexdigest()
     info = catalog.extractor_info("embedded", now["extractor"])
@@ -322,7 +325,9 @@ def test_new_weights_make_new_vectors_and_the_records_name_them(rebuilt, tmp_pat
     run = MlflowClient(Workdir.at(copy).mlflow_uri).search_runs(
         [MlflowClient(Workdir.at(copy).mlflow_uri).get_experiment_by_name("mule/embedded").experiment_id],
         "tags.mlflow.runName = 'features'", order_by=["attributes.start_time DESC"])[0]  # fmt: skip
-    assert run.data.params["features.weights_sha256"] == sha and run.data.params["features.extractor"] == now["extractor"]
+    assert (
+        run.data.params["features.weights_sha256"] == sha and run.data.params["features.extractor"] == now["extractor"]
+    )
     from mule.pipeline import reuse
 
     train = reuse.decide(Workdir.at(copy), resolve("demo", {**TINY, "features.weights_file": str(mine)}), "train")
@@ -418,7 +423,9 @@ def test_every_test_split_in_one_evaluation_each_under_its_own_names(rebuilt):
     assert run.data.metrics["val.mean_mR"] == pytest.approx(both["splits"]["val"]["mean_mR"])
     assert run.data.metrics["test_2016.mean_mR"] == pytest.approx(results["evaluate"]["mean_mR"])
     assert not any(name.startswith("test.") for name in run.data.metrics)
-    assert {"recalls.md", "recalls_val.md", "cross_lingual_val.md"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"recalls.md", "recalls_val.md", "cross_lingual_val.md"} <= {
+        a.path for a in client.list_artifacts(run.info.run_id)
+    }
 
 
 @pytest.mark.slow

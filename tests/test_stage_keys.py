@@ -22,8 +22,9 @@ import pytest
 
 from mule.data_catalog import code_digests
 from mule.data_catalog.code_digests import closure
-from mule.mule_core.config import ConfigError, apply_overrides, flatten, resolve
+from mule.mule_core.config import ConfigError
 from mule.pipeline import reuse
+from mule.pipeline.config import apply_overrides, flatten, resolve
 from mule.pipeline.declaration import BY_NAME, REBUILD
 from tests.conftest import REBUILT_TINY
 

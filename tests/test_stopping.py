@@ -98,7 +98,9 @@ def test_ctrl_c_and_sigterm_stop_every_kind_of_stage_and_the_rerun_equals_a_run_
         killed = [r for r in runs(stopped) if r.info.status == "KILLED"]
         assert {r.info.run_name for r in killed} >= {stage, "rebuild"}, stage
         with get_client(sync_client=True) as client:  # the stage's flow run, as Prefect's UI shows it
-            flow_run = client.read_flow_run(next(r for r in killed if r.info.run_name == stage).data.tags["prefect.flow_run_id"])
+            flow_run = client.read_flow_run(
+                next(r for r in killed if r.info.run_name == stage).data.tags["prefect.flow_run_id"]
+            )
             assert flow_run.state.type.value in ("CRASHED", "CANCELLED"), (stage, flow_run.state)
 
     output = Demo(stopped, env=env).finish()
@@ -196,9 +198,9 @@ def test_a_signal_while_prefect_is_still_making_a_task_run_stops_as_any_other(tm
         "    os.kill(os.getpid(), signal.SIGTERM)\n"
         "    return collect(value, *args, **kwargs)\n"
         "engine.collect_task_run_inputs_sync = collect_then_stop\n"
-        "from mule.flows import cli\n"
+        "from mule.commands import main\n"
         f"sys.argv = ['mule', 'demo', '--workdir', {str(tmp_path / 'work')!r}, *{SIZES!r}]\n"
-        "cli.entry()\n"
+        "main.entry()\n"
     )
     env = {**os.environ, "PREFECT_API_URL": prefect_api_url, "MULE_PREFECT_HEARTBEATS": "off"}
     process = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, env=env,

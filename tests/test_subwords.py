@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from mule.data_catalog.models import load_model, save_model
-from mule.mule_core.config import LossConfig, ModelConfig, PretrainConfig, TrainConfig, from_dict, resolve, to_dict
+from mule.mule_core.config import LossConfig, ModelConfig, PretrainConfig, TrainConfig
 from mule.mule_core.model import MuleModel, TextBatch, count_parameters
 from mule.mule_core.subwords import char_ngrams, ngram_index
 from mule.mule_core.text import Vocab, Vocabulary, pad_batch
 from mule.mule_core.training import SplitTensors, Trainer
+from mule.pipeline.config import from_dict, resolve, to_dict
 
 WORDS = ["<pad>", "<unk>", "dog", "dogs", "cat"]
 CFG = ModelConfig(mule_dim=6, lstm_dim=5, joint_dim=4, image_hidden=7, ngram_lengths=(3,))

@@ -4,7 +4,7 @@ cross-lingual evaluation work; the image stages say there are no images."""
 import pytest
 
 from mule.data_catalog.workdir import Workdir
-from mule.mule_core.config import resolve
+from mule.pipeline.config import resolve
 from mule.pipeline.runner import run_alone
 from mule.tasks.support.context import NoImagesError
 

@@ -11,7 +11,7 @@ from mule.clients.googletrans import GoogleOptions, GoogleTranslateBackend, Tran
 from mule.data_catalog.catalog import Catalog
 from mule.data_catalog.splits import load_split
 from mule.data_catalog.workdir import Workdir
-from mule.mule_core.config import resolve
+from mule.pipeline.config import resolve
 from mule.pipeline.runner import run_alone
 from mule.tasks import translate as stage
 from tests.test_googletrans_backend import FakeService

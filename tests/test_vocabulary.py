@@ -7,7 +7,7 @@ import shutil
 
 from mule.data_catalog.catalog import Catalog
 from mule.data_catalog.workdir import Workdir
-from mule.mule_core.config import resolve
+from mule.pipeline.config import resolve
 from mule.pipeline.runner import run_alone
 from tests.conftest import STEMS, write_gz
 

@@ -23,7 +23,7 @@ from mule.mule_core.errors import UserError
 
 if TYPE_CHECKING:
     from mule.data_catalog.workdir import Workdir
-    from mule.mule_core.config import MuleConfig
+    from mule.pipeline.config import MuleConfig
 
 
 class Reporter(Protocol):

@@ -22,7 +22,7 @@ from mule.data_catalog.images import BadImage, load_rgb
 from mule.mule_core.features import crop_transform, extract, numerics
 
 if TYPE_CHECKING:
-    from mule.mule_core.config import FeaturesConfig
+    from mule.pipeline.config import FeaturesConfig
 
 
 class ImageCrops:

@@ -17,7 +17,7 @@ from .context import logger
 
 if TYPE_CHECKING:
     from mule.data_catalog.workdir import Workdir
-    from mule.mule_core.config import MuleConfig
+    from mule.pipeline.config import MuleConfig
 
 
 def generated_dataset(wd: Workdir, cfg: MuleConfig, generate: bool = True) -> bool:
