@@ -25,13 +25,12 @@ from .workdir import Workdir
 
 log = logging.getLogger("mule.catalog")
 VIEWS = ("images", "captions", "rejects", "word_vectors", "subword_vectors", "translations", "features")
-# Which stage writes each table, so a missing table's error says what to run: filled from
-# the stage declarations (pipeline.reuse registers them; the catalog cannot import upwards).
-PRODUCED_BY: dict[str, str] = {}
-
-
-def register_producers(producers: dict[str, str]) -> None:
-    PRODUCED_BY.update(producers)
+# Which stage writes each table, so a missing table's error says what to run, whatever
+# was imported first (the catalog cannot import the declaration above it; a test keeps
+# this equal to what pipeline/declaration.py declares).
+PRODUCED_BY: dict[str, str] = {"images": "ingest", "captions": "ingest", "rejects": "ingest",
+                               "translations": "translate", "features": "features",
+                               "word_vectors": "text", "subword_vectors": "text"}  # fmt: skip
 _MISSING_TABLE = re.compile(r"Table with name (\w+) does not exist", re.IGNORECASE)
 
 

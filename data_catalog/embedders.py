@@ -28,6 +28,7 @@ def open_embedder(path: Path, label: str | None = None, weights_file: str | None
     weights read when the first image comes (data_catalog.weights). `weights_file`: where
     the extractor's weights are now (a registered model carries its own copy)."""
     model, meta = load_model(Path(path))
+    meta["file"] = Path(path)  # what it was read from (a gallery index names its model by the file's sha256)
     if weights_file:
         cfg = meta["cfg"]
         meta["cfg"] = dataclasses.replace(

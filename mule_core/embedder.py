@@ -168,6 +168,50 @@ class Embedder:
         _, info = self.load_network(self.device)
         return str(info.get("weights", ""))
 
+    # The front door's three calls (mule.api.load returns an Embedder): arrays in, arrays out.
+
+    def encode_text(self, sentences: str | list[str], lang: str | list[str | None] | None = None) -> np.ndarray:
+        """(n, 512) float32 unit rows, one per sentence, as the evaluate stage and `mule
+        serve` embed them. `lang`: one language for all, one per sentence, or None to
+        detect each from the model's vocabularies."""
+        sentences = [sentences] if isinstance(sentences, str) else list(sentences)
+        langs = lang if isinstance(lang, list | tuple) else [lang] * len(sentences)
+        if len(langs) != len(sentences):
+            raise EmbedError(f"{len(sentences)} sentences but {len(langs)} languages")
+        if not sentences:
+            return np.zeros((0, self.meta["cfg"].model.joint_dim), np.float32)
+        return np.stack([v.vector for v in self.texts(sentences, langs)])
+
+    def preprocess(self, image: Any) -> torch.Tensor:
+        """A PIL image as the extractor sees it (open_clip's `preprocess`): (crops, 3, size,
+        size) uint8, the crops and size the model was trained with (the network normalises)."""
+        from .features import crop_transform
+
+        f = self.meta["cfg"].features
+        return crop_transform(f.input_size, f.resize, f.crops)(image.convert("RGB"))
+
+    def encode_image(self, images: Path | str | bytes | torch.Tensor | list) -> np.ndarray:
+        """(n, 512) float32 unit rows: image files, their bytes (opened within the query
+        pixel budget), or a batch of `preprocess`'s tensors stacked (n, crops, 3, size, size)."""
+        if isinstance(images, torch.Tensor):
+            return self.images_from_features(self._features_of(images))
+        images = [images] if isinstance(images, str | bytes | Path) else list(images)
+        if not images:
+            return self.images_from_features(np.zeros((0, 0), np.float32))
+        features = [self.image_features(Path(i) if isinstance(i, str) else i) for i in images]
+        return self.images_from_features(torch.cat(features))
+
+    def _features_of(self, crops: torch.Tensor) -> torch.Tensor:
+        from .features import extract
+
+        if not self.has_images or self.load_network is None:
+            raise EmbedError(f"{self.label} was trained without images (a text-only dataset)", "no images")
+        if crops.dim() != 5:
+            raise EmbedError(f"expected preprocessed images stacked as (n, crops, 3, size, size), got {tuple(crops.shape)}")
+        network, _ = self.load_network(self.device)
+        with torch.no_grad():
+            return extract(network, crops.to(self.device)).float().cpu()
+
     def image(self, source: Path | bytes, max_pixels: int = MAX_QUERY_PIXELS) -> np.ndarray:
         return self.images_from_features(self.image_features(source, max_pixels))[0]
 

@@ -76,7 +76,7 @@ class TextConfig(model_settings.TextConfig):
     # captions, one language at a time) or "multilingual-e5" (each vocabulary word through
     # the bundled multilingual-e5-small, every language projected by one shared PCA to
     # word_dim: aligned across languages from the start; needs the e5 extra,
-    # mule_core/multilingual_encoder.py)
+    # tasks/support/multilingual_encoder.py)
     init: str = "fasttext"
     fasttext_model: str = "skipgram"
     fasttext_epochs: int = 20

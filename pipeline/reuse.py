@@ -27,17 +27,15 @@ from pathlib import Path
 from typing import Any
 
 from mule.data_catalog import code_digests
-from mule.data_catalog.catalog import Catalog, register_producers, write_json_atomic
+from mule.data_catalog.catalog import Catalog, write_json_atomic
 from mule.data_catalog.content import FileHasher, arrow_digest, combine
-from mule.data_catalog.entries import ENTRIES, TABLE_ENTRIES, output_files
+from mule.data_catalog.entries import ENTRIES, output_files
 from mule.data_catalog.workdir import Workdir
 from mule.experiments import tracking
 from mule.mule_core.errors import is_user_error
 from mule.pipeline.config import MuleConfig, flatten
 
-from .declaration import BY_NAME, Stage, writer_of
-
-register_producers({table: writer_of(entry) for table, entry in TABLE_ENTRIES.items() if writer_of(entry)})
+from .declaration import BY_NAME, Stage
 
 
 def logger() -> logging.Logger:

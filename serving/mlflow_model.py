@@ -68,12 +68,12 @@ class MuleEmbeddings(PythonModel):
     image_root: Path | None = None
 
     def load_context(self, context) -> None:
-        from mule.data_catalog.embedders import open_embedder
+        from mule import api
 
         config = context.model_config or {}
         # the extractor's weights: the carried copy, not the path they had where it was trained
-        self.embedder = open_embedder(Path(context.artifacts["model"]), config.get("label"),
-                                      context.artifacts.get("extractor_weights"))  # fmt: skip
+        self.embedder = api.load(context.artifacts["model"], label=config.get("label"),
+                                 extractor_weights=context.artifacts.get("extractor_weights"))  # fmt: skip
         root = config.get("image_root")
         self.image_root = Path(root).expanduser().resolve() if root else None
 

@@ -13,18 +13,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mule import api
 from mule.data_catalog import queries
 from mule.data_catalog.catalog import Catalog
 from mule.data_catalog.content import sha256_file
-from mule.data_catalog.embedders import open_embedder
 from mule.data_catalog.images import MAX_PIXELS
 from mule.data_catalog.splits import load_split
 from mule.data_catalog.workdir import Workdir
-from mule.experiments.registry import resolve_model_file
 from mule.mule_core.embedder import Embedder, EmbedError
 from mule.mule_core.errors import InputError, UserError
 from mule.mule_core.model import MuleModel
-from mule.mule_core.training import SplitTensors, encode_split, resolve_device
+from mule.mule_core.training import SplitTensors, encode_split
 
 
 class SearchError(UserError, ValueError):
@@ -67,11 +66,10 @@ class Searcher:
 
 
 def open_searcher(workdir: Workdir, dataset: str, run_id: str | None = None, version: str | None = None) -> Searcher:
-    path, label = resolve_model_file(workdir, dataset, run_id, version)
-    embedder = open_embedder(path, label, device=resolve_device("cpu"))
+    embedder = api.load(workdir.root, dataset=dataset, run=run_id, version=version)
     if embedder.model.image_branch is None:
-        raise SearchError(f"{label} was trained without images (a text-only dataset): it cannot search images")
-    return Searcher(embedder, dataset, Catalog(workdir, read_only=True), Path(path))
+        raise SearchError(f"{embedder.label} was trained without images (a text-only dataset): it cannot search images")
+    return Searcher(embedder, dataset, Catalog(workdir, read_only=True), embedder.meta["file"])
 
 
 def embedder(searcher: Searcher) -> Embedder:

@@ -120,7 +120,7 @@ def fasttext_ngram_vector(model):
 def multilingual_e5_lookups(vocabs: dict[str, list[str]], dim: int) -> dict[str, Any]:
     """word -> vector per language, from multilingual-e5 projected to `dim` (one shared
     projection: the languages stay aligned)."""
-    from mule.mule_core import multilingual_encoder as e5
+    from mule.tasks.support import multilingual_encoder as e5
 
     words = {lang: [w for w in vocab if w not in (PAD, UNK)] for lang, vocab in vocabs.items()}
     logger().info("%s: %d words in %s, projected to %d dimensions", e5.NAME, sum(map(len, words.values())),
@@ -146,7 +146,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     from_e5 = [lang for lang in languages if lang not in t.vectors] if t.init == "multilingual-e5" else []
     e5_lookups = multilingual_e5_lookups({lang: words[lang]["vocab"] for lang in from_e5}, t.word_dim) if from_e5 else {}
     if from_e5:
-        from mule.mule_core.multilingual_encoder import encoder_version
+        from mule.tasks.support.multilingual_encoder import encoder_version
 
         e5_origin = f"multilingual-e5:{encoder_version()}:pca{t.word_dim}"
     for lang in languages:

@@ -188,7 +188,7 @@ def pytest_collection_modifyitems(items):
 
 # A copy of the repository's packages, for the tests of code keys (an edit there must
 # rerun exactly the stages whose imports reach it).
-PACKAGES = ("commands", "flows", "pipeline", "tasks", "experiments", "serving", "clients", "data_catalog", "mule_core")
+PACKAGES = ("commands", "flows", "pipeline", "tasks", "experiments", "api", "serving", "clients", "data_catalog", "mule_core")
 
 
 def copy_of_the_repository(copy: Path) -> Path:

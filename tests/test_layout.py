@@ -16,11 +16,13 @@ FLOORS = {
     "tasks": {"clients", "data_catalog", "mule_core"},
     "experiments": {"data_catalog", "mule_core"},
     # the model in use: never the stages, so never Prefect
-    "serving": {"experiments", "data_catalog", "mule_core"},
-    "pipeline": {"tasks", "serving", "experiments", "clients", "data_catalog", "mule_core"},
-    "flows": {"pipeline", "serving", "tasks", "experiments", "clients", "data_catalog", "mule_core"},
+    # the front door: a trained model, from a workdir, a file or an MLflow URI
+    "api": {"experiments", "data_catalog", "mule_core"},
+    "serving": {"api", "experiments", "data_catalog", "mule_core"},
+    "pipeline": {"tasks", "serving", "api", "experiments", "clients", "data_catalog", "mule_core"},
+    "flows": {"pipeline", "serving", "api", "tasks", "experiments", "clients", "data_catalog", "mule_core"},
     # the command line: commands that run stages (through flows), and those that read
-    "commands": {"flows", "pipeline", "serving", "experiments", "data_catalog", "mule_core"},
+    "commands": {"flows", "pipeline", "serving", "api", "experiments", "data_catalog", "mule_core"},
 }
 
 
@@ -89,3 +91,35 @@ def test_installed_mule_is_one_namespace():
             if imported.split(".")[0] in FLOORS:
                 bare.append(f"{path.relative_to(REPO)} imports {imported}")
     assert not bare, bare
+
+
+def test_one_rebuild_body():
+    """The command (without Prefect when nothing has to run) and the rebuild flow both call
+    pipeline.rebuild.run; no other module walks the stages and decides what to reuse."""
+    callers = {str(p.relative_to(REPO)) for package in FLOORS for p, _ in _modules(package)
+               if re.search(r"\brebuild\.run\(", p.read_text())}  # fmt: skip
+    assert callers == {"commands/run.py", "flows/stages.py"}, callers
+    deciders = {str(p.relative_to(REPO)) for package in FLOORS for p, _ in _modules(package)
+                if re.search(r"\breuse\.decide\(", p.read_text())}  # fmt: skip
+    # the rebuild's body, a single stage's runner, and the sweeps' per-model steps
+    assert deciders == {"pipeline/rebuild.py", "pipeline/runner.py", "pipeline/sweeps.py"}, deciders
+
+
+def test_a_trained_model_is_used_through_the_front_door():
+    """Outside the stages (which hold the model they train), a trained model is opened by
+    mule.api.load: mule search, mule serve and the pyfunc model never open model files
+    themselves."""
+    opening = {str(p.relative_to(REPO)) for package in ("serving", "commands", "flows", "pipeline")
+               for p, _ in _modules(package) if re.search(r"\bopen_embedder\b|data_catalog\.models import[^\n]*\bload_model\b", p.read_text())}  # fmt: skip
+    assert not opening, opening
+    loading = {str(p.relative_to(REPO)) for p, _ in _modules("serving") if "api.load(" in p.read_text()}
+    assert loading == {"serving/search.py", "serving/mlflow_model.py"}, loading
+
+
+def test_a_missing_table_names_the_stage_the_declaration_says_writes_it():
+    """The catalog's own map (it cannot import the declaration above it) is the declaration's."""
+    from mule.data_catalog.catalog import PRODUCED_BY
+    from mule.data_catalog.entries import TABLE_ENTRIES
+    from mule.pipeline.declaration import writer_of
+
+    assert PRODUCED_BY == {table: writer_of(entry) for table, entry in TABLE_ENTRIES.items() if writer_of(entry)}

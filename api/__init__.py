@@ -1,0 +1,88 @@
+"""mule as a library: a trained model, sentences and images in, vectors in one space out.
+
+    from mule import api
+
+    model = api.load("mule-work")                   # a workdir: its champion (mule demo made one)
+    texts = model.encode_text(["a dog runs on the beach", "ein Hund rennt am Strand"])
+    images = model.encode_image(["beach.jpg", "street.jpg"])
+    scores = texts @ images.T                       # cosine similarities: rows are unit vectors
+
+`load` takes a workdir (its champion, or `version=`/`run=`), a model file (`model.pt`, what
+the train stage writes), or an MLflow model URI (`models:/mule-embedded@champion`, with the
+tracking URI of the store that has it). What it returns is the one object that `mule search`,
+`mule serve` and the registered pyfunc model embed with (mule_core.embedder.Embedder): a
+sentence's words become ids as in the evaluate stage (unseen words composed from their
+character n-grams), so a caption gets the vector its evaluation measured.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["load", "Embedder", "EmbedError"]
+
+
+def load(source: str | os.PathLike, *, dataset: str | None = None, version: str | None = None,
+         run: str | None = None, tracking_uri: str | None = None, device: str = "cpu",
+         label: str | None = None, extractor_weights: str | os.PathLike | None = None):  # fmt: skip
+    """The trained model at `source`, ready to encode (an Embedder). For a workdir: the
+    champion of `dataset` (default: the one dataset it has a champion for), or a registered
+    `version`, or a train `run`'s model. `label`: how messages name it; `extractor_weights`:
+    where the image extractor's weights are now, for a model file moved without them."""
+    from mule.data_catalog.embedders import open_embedder
+    from mule.mule_core.devices import resolve_device
+
+    text = os.fspath(source)
+    if "://" in text or text.startswith(("models:/", "runs:/")):
+        return _from_mlflow(text, tracking_uri)
+    path = Path(text).expanduser()
+    if path.is_file():
+        return open_embedder(path, label, extractor_weights, resolve_device(device))
+    if path.is_dir():
+        from mule.data_catalog.workdir import Workdir
+        from mule.experiments.registry import resolve_model_file
+
+        workdir = Workdir.at(path, create=False)
+        file, found = resolve_model_file(workdir, dataset or _only_dataset(workdir), run, version)
+        return open_embedder(file, label or found, extractor_weights, resolve_device(device))
+    raise FileNotFoundError(f"{source}: no such workdir or model file (nor an MLflow URI: models:/NAME@ALIAS)")
+
+
+def _only_dataset(workdir) -> str:
+    from mule.experiments import tracking
+    from mule.experiments.registry import CHAMPION, RegistryError
+
+    if not tracking.store_exists(workdir):
+        raise RegistryError(f"no trained model in {workdir.root} (no MLflow store yet): run mule demo or mule run train")
+    client = tracking.client(workdir)
+    datasets = []
+    for registered in client.search_registered_models("name LIKE 'mule-%'"):
+        if CHAMPION in (registered.aliases or {}):
+            datasets.append(registered.name.removeprefix("mule-"))
+    if len(datasets) != 1:
+        has = f"champions for {', '.join(sorted(datasets))}" if datasets else "no champion"
+        raise RegistryError(f"{workdir.root} has {has}: say which dataset's (dataset=...)")
+    return datasets[0]
+
+
+def _from_mlflow(uri: str, tracking_uri: str | None):
+    """A registered mule model (serving/mlflow_model.py) in any MLflow store: its own
+    Embedder, as its pyfunc wrapper opened it."""
+    import mlflow
+
+    if tracking_uri:
+        mlflow.set_tracking_uri(tracking_uri)
+    wrapped = mlflow.pyfunc.load_model(uri).unwrap_python_model()
+    embedder = getattr(wrapped, "embedder", None)
+    if embedder is None:
+        raise ValueError(f"{uri} is not a mule model (its python model is {type(wrapped).__name__})")
+    return embedder
+
+
+def __getattr__(name: str):
+    if name in ("Embedder", "EmbedError"):
+        from mule.mule_core import embedder
+
+        return getattr(embedder, name)
+    raise AttributeError(name)
