@@ -38,8 +38,8 @@ from mule.data_catalog import queries  # noqa: E402
 from mule.data_catalog.catalog import Catalog  # noqa: E402
 from mule.data_catalog.splits import translation_groups  # noqa: E402
 from mule.data_catalog.workdir import Workdir  # noqa: E402
-from mule.tasks.support import multilingual_encoder as e5  # noqa: E402
 from mule.mule_core.metrics import cross_lingual_recalls, translation_pair_recalls  # noqa: E402
+from mule.tasks.support import multilingual_encoder as e5  # noqa: E402
 
 
 def peer_tables(catalog: Catalog, dataset: str, split: str, languages: list[str], cache: Path) -> dict:

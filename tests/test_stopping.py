@@ -143,8 +143,8 @@ def test_a_cleanup_that_hangs_does_not_keep_a_stopped_command_alive():
         "from mule.flows import interrupts\n"
         "interrupts.install(lambda signum: 'mule: stopped by ' + interrupts.how(signum))\n"
         "interrupts.on_stop(lambda: time.sleep(600))\n"
-        "print('working', flush=True)\n"
-        "try:\n"
+        "try:\n"  # before 'working': the signal may land the moment the line is out
+        "    print('working', flush=True)\n"
         "    while True:\n"
         "        time.sleep(0.05)\n"
         "except interrupts.Interrupted as stop:\n"  # as the command does (commands/main.py: entry)
