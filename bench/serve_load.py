@@ -310,6 +310,11 @@ def hostile(args, port: int, pid: int, sentences: list[str], images: list[bytes]
                      f"{', '.join(f'{n} x {c}' for c, n in sorted(answers.items()))} "
                      f"({statistics.median(seconds) if seconds else float('nan'):.2f}) | {peak.peak:.0f} |")  # fmt: skip
         print(lines[-1], flush=True)
+        kinds: dict[str, int] = {}
+        for error in errors:  # "search 503 ..." / "image 503 ...": which requests were turned away
+            kind = " ".join(str(error).split()[:2])
+            kinds[kind] = kinds.get(kind, 0) + 1
+        print(f"    errors by request and answer: {kinds or 'none'}")
         for error in errors[:3]:
             print(f"    e.g. {error}")
     print("\n".join(lines))

@@ -1,4 +1,9 @@
-"""Prefect flows (one per stage, and `rebuild`) and the `mule` command line.
+"""Prefect flows (one per stage, per sweep, and `rebuild`): wiring only; the `mule`
+command line is commands/.
 
 Import flows.runtime first: Prefect reads its settings when it is imported.
 """
+
+from mule.mule_core.devices import idle_threads_sleep
+
+idle_threads_sleep()  # a Prefect worker imports the flows before torch: idle threads sleep, not spin

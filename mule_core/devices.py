@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -44,3 +45,13 @@ def use_cpu_threads(requested: int) -> int:
     if torch.get_num_threads() != count:
         torch.set_num_threads(count)
     return count
+
+
+def idle_threads_sleep() -> None:
+    """OpenMP's idle threads sleep at a barrier instead of spinning (libgomp reads
+    OMP_WAIT_POLICY when torch loads, so this must run first). Spinning threads wait for
+    one the OS has descheduled: beside one busy process on 2 cores, demo training ran 3x
+    and evaluation 13x slower (bench/contention.py). The results are the same either way.
+    Only where the user has not chosen, and only before torch is imported."""
+    if "torch" not in sys.modules:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
