@@ -80,7 +80,7 @@ def record_unrecorded(workdir: Workdir) -> int:
 def _record(workdir: Workdir, deferred: dict) -> None:
     from mule.experiments import tracking
 
-    from . import rebuild
+    from .publish import publish_rebuild
 
     cfg = from_dict(deferred["config"])
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(deferred["when"]))
@@ -95,7 +95,7 @@ def _record(workdir: Workdir, deferred: dict) -> None:
             with tracking.run(workdir, cfg, decision.stage, run_id) as child:
                 tracking.Tracker(workdir, child).tags(reuse.tags(decision))
             describes[decision.stage] = decision.describe()
-        rebuild.report(workdir, cfg, deferred["results"], describes, run_id)
+        publish_rebuild(workdir, cfg, deferred["results"], describes, run_id)
 
 
 if __name__ == "__main__":

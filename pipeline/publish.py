@@ -300,3 +300,21 @@ def publish(stage: str, wd: Workdir, cfg: MuleConfig, result: Any, run_id: str |
 
     publisher = BY_NAME[stage].load_publish()
     return (publisher(wd, cfg, result, run_id) or {}) if publisher and isinstance(result, dict) else {}
+
+
+def publish_rebuild(wd: Workdir, cfg: MuleConfig, results: dict, decisions: dict[str, str], run_id: str | None) -> None:
+    """The rebuild's own MLflow run: each stage's decision, the test recalls, the tables."""
+    from mule.pipeline import reuse
+
+    reuse.report_decisions(wd, cfg, decisions, run_id)
+    tracker = Tracker(wd, run_id)
+    if "ablation" in results:
+        tracker.artifact(Path(results["ablation"]["results_dir"]) / "ablation.md")
+    if "evaluate" in results and results["evaluate"]["table"]:
+        table, split = results["evaluate"]["table"], results["evaluate"]["split"]
+        per_language = {f"{split}.{lang}.mR": row["mR"] for lang, row in table.items()}
+        tracker.metrics({f"{split}.mean_mR": results["evaluate"]["mean_mR"], **per_language})
+        for name in ("recalls.md", "recalls.csv", "recalls.png"):
+            path = wd.results_dir(cfg.data.dataset) / name
+            if path.exists():
+                tracker.artifact(path)

@@ -11,7 +11,6 @@ again with each stage that must run as a flow of its own.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from mule.data_catalog.workdir import Workdir
@@ -61,7 +60,9 @@ def run(wd: Workdir, cfg: MuleConfig, named: list[str], forced: set[str] | None 
     deferred.record_unrecorded(wd)  # what a no-change rebuild left to record, first
     with tracking.run(wd, cfg, name) as run_id:
         results, decisions = run_stages(wd, cfg, stages, forced, run_id, run_stage, reuse_stage, decided)
-        report(wd, cfg, results, decisions, run_id)
+        from .publish import publish_rebuild
+
+        publish_rebuild(wd, cfg, results, decisions, run_id)
     return results | {"mlflow_run_id": run_id, "stages": decisions}
 
 
@@ -152,21 +153,3 @@ def _must(run_stage: RunStage | None) -> RunStage:
     if run_stage is None:
         raise RuntimeError("a stage has to run, and no runner was given")  # up_to_date said none would
     return run_stage
-
-
-def report(wd: Workdir, cfg: MuleConfig, results: dict, decisions: dict[str, str], run_id: str | None) -> None:
-    """The decisions, and the test recalls, on the rebuild's MLflow run."""
-    from mule.experiments import tracking
-
-    reuse.report_decisions(wd, cfg, decisions, run_id)
-    tracker = tracking.Tracker(wd, run_id)
-    if "ablation" in results:
-        tracker.artifact(Path(results["ablation"]["results_dir"]) / "ablation.md")
-    if "evaluate" in results and results["evaluate"]["table"]:
-        table, split = results["evaluate"]["table"], results["evaluate"]["split"]
-        per_language = {f"{split}.{lang}.mR": row["mR"] for lang, row in table.items()}
-        tracker.metrics({f"{split}.mean_mR": results["evaluate"]["mean_mR"], **per_language})
-        for name in ("recalls.md", "recalls.csv", "recalls.png"):
-            path = wd.results_dir(cfg.data.dataset) / name
-            if path.exists():
-                tracker.artifact(path)
