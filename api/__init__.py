@@ -30,7 +30,7 @@ def load(source: str | os.PathLike, *, dataset: str | None = None, version: str 
     champion of `dataset` (default: the one dataset it has a champion for), or a registered
     `version`, or a train `run`'s model. `label`: how messages name it; `extractor_weights`:
     where the image extractor's weights are now, for a model file moved without them."""
-    from mule.data_catalog.embedders import open_embedder
+    from mule.api.embedders import open_embedder
     from mule.mule_core.devices import resolve_device
 
     text = os.fspath(source)

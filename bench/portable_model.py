@@ -78,7 +78,7 @@ def expected(model: Path, request: dict) -> list[list[float]]:
     """The vectors of mule's own code (this checkout, in this venv)."""
     import yaml
 
-    from mule.data_catalog.embedders import open_embedder
+    from mule.api.embedders import open_embedder
 
     artifacts = yaml.safe_load((model / "MLmodel").read_text())["flavors"]["python_function"]["artifacts"]
     embedder = open_embedder(model / artifacts["model"]["path"],

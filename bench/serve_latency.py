@@ -108,7 +108,7 @@ def main() -> None:
 
     import torch
 
-    from mule.data_catalog.embedders import open_embedder
+    from mule.api.embedders import open_embedder
     from mule.serving.app import create_app
     from mule.serving.gallery import synthetic_gallery
 

@@ -8,7 +8,7 @@ never guessed); an image is a file or its bytes, run through the model's extract
 architecture, weights and crops named in its config).
 
 Pure model code: whoever makes an Embedder hands it how to open an image and how to load
-the extractor's network (data_catalog.models.open_embedder does both, from files).
+the extractor's network (mule.api.load does both, from files: api/embedders.py).
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ SIGNATURE = ModelSignature(inputs=INPUTS, outputs=OUTPUTS)
 
 
 # What the model runs: the file MLflow loads it from and the code that opens a model file.
-ENTRY_MODULES = ("mule.serving.mlflow_model_entry", "mule.data_catalog.embedders")
+ENTRY_MODULES = ("mule.serving.mlflow_model_entry", "mule.api", "mule.api.embedders")
 NO_PATHS = ("image_path is read only by a model loaded in-process with an allowed folder "
             "(mlflow.pyfunc.load_model(uri, model_config={'image_root': DIR})); send the image's bytes in `image` "
             "(base64 in JSON)")  # fmt: skip

@@ -207,7 +207,7 @@ def test_a_query_s_budget_counts_the_bytes_an_image_decodes_to(tmp_path):
     """Within the pixel budget, an RGBA or float image decodes to more bytes than an RGB
     photo of as many pixels: a query's byte budget (3 bytes a pixel) refuses it from its
     header, before anything is decoded; an RGB image of as many pixels passes."""
-    from mule.data_catalog.embedders import open_query_image
+    from mule.api.embedders import open_query_image
     from mule.mule_core.embedder import EmbedError
 
     rgba = _save(Image.new("RGBA", (100, 100)), "PNG")

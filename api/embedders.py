@@ -1,7 +1,7 @@
 """A model file opened as a function (mule_core.embedder.Embedder), with the file I/O it
 needs wired in: images opened safely (data_catalog.images) and the image extractor's
-weights read when the first image comes (data_catalog.weights). What `mule search`,
-`mule serve` and the registered MLflow model use; no stage does.
+weights read when the first image comes (data_catalog.weights). mule.api.load's file
+step, so what `mule search`, `mule serve` and the registered MLflow model use; no stage does.
 
     embedder = open_embedder(path)
     embedder.text("ein roter Kreis").vector, embedder.image(Path("photo.jpg"))
@@ -14,11 +14,10 @@ from pathlib import Path
 
 import torch
 
+from mule.data_catalog.images import BadImage, TooManyPixels, load_rgb
+from mule.data_catalog.models import load_model
 from mule.mule_core.config import ModelSettings
 from mule.mule_core.embedder import Embedder, EmbedError
-
-from .images import BadImage, TooManyPixels, load_rgb
-from .models import load_model
 
 
 def open_embedder(path: Path, label: str | None = None, weights_file: str | None = None,
@@ -40,7 +39,7 @@ def open_embedder(path: Path, label: str | None = None, weights_file: str | None
 
 def _network_loader(cfg: ModelSettings):
     def load(device: torch.device):
-        from .weights import load_extractor
+        from mule.data_catalog.weights import load_extractor
 
         return load_extractor(cfg.features, device)
 
