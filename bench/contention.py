@@ -1,6 +1,7 @@
-"""Training and evaluation beside another busy process: OpenMP's idle threads spinning
-(libgomp's default, OMP_WAIT_POLICY=ACTIVE) against sleeping (PASSIVE, what `mule` sets
-unless you set it), alone and beside a process that keeps one core busy.
+"""Training and evaluation beside another busy process: OpenMP's idle threads as libgomp
+leaves them (spinning a while before they sleep), spinning a short while
+(GOMP_SPINCOUNT=10000), or sleeping at once (OMP_WAIT_POLICY=PASSIVE), alone and beside a
+process that keeps one core busy.
 
     python bench/contention.py [--steps 40]
 
@@ -25,9 +26,13 @@ BUSY = ("import torch\ntorch.set_num_threads(1)\na = torch.randn(768, 768)\n"
         "while True:\n    a = torch.tanh(a @ a)\n")  # fmt: skip
 
 
-def measure(policy: str, steps: int) -> tuple[float, float]:
-    env = {**os.environ, "OMP_WAIT_POLICY": policy}
-    env.pop("OMP_NUM_THREADS", None)
+POLICIES = {"libgomp's default": {}, "GOMP_SPINCOUNT=10000": {"GOMP_SPINCOUNT": "10000"},
+            "OMP_WAIT_POLICY=PASSIVE": {"OMP_WAIT_POLICY": "PASSIVE"}}  # fmt: skip
+
+
+def measure(policy: dict[str, str], steps: int) -> tuple[float, float]:
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env.update(policy)
     done = subprocess.run([sys.executable, str(HERE / "train_throughput.py"), "--presets", "demo", "--steps",
                            str(steps)], capture_output=True, text=True, env=env, check=True)  # fmt: skip
     train = float(re.search(r"([\d.]+) sentences/s", done.stdout).group(1))
@@ -40,13 +45,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     args = parser.parse_args()
     print(f"machine: {platform.node()}, {os.cpu_count()} CPUs ({platform.processor() or platform.machine()})")
-    print("| neighbour | OMP_WAIT_POLICY | train sentences/s | evaluation s (1000 x 5000) |")
+    print("| neighbour | idle threads | train sentences/s | evaluation s (1000 x 5000) |")
     print("|---|---|---|---|")
     for beside in (False, True):
         busy = subprocess.Popen([sys.executable, "-c", BUSY]) if beside else None
         try:
-            for policy in ("ACTIVE", "PASSIVE"):
-                train, evaluation = measure(policy, args.steps)
+            for policy, variables in POLICIES.items():
+                train, evaluation = measure(variables, args.steps)
                 print(f"| {'one busy process' if beside else 'none'} | {policy} | {train:.0f} | {evaluation:.2f} |",
                       flush=True)  # fmt: skip
         finally:
