@@ -7,4 +7,4 @@ read a workdir a run may be writing, and never write it; config prints the resol
 
 from mule.mule_core.devices import idle_threads_sleep
 
-idle_threads_sleep()  # before anything imports torch: threads that sleep when idle, not spin
+idle_threads_sleep()  # before anything imports torch: on a busy machine, idle threads sleep, not spin

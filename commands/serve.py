@@ -6,6 +6,7 @@ import argparse
 import time
 
 from mule.mule_core.config import ConfigError
+from mule.mule_core.devices import idle_threads_sleep
 from mule.pipeline.config import parse_assignments, resolve
 
 from .common import browsable, reading_workdir
@@ -26,6 +27,7 @@ def serving_options(assignments: list[str]):
 
 
 def run(args: argparse.Namespace) -> int:
+    idle_threads_sleep(always=True)  # a server shares the machine with rebuilds: its threads never spin
     if not 1 <= args.port <= 65535:
         raise ConfigError(f"--port must be between 1 and 65535, got {args.port}")
     if args.max_upload_mb <= 0:

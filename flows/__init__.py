@@ -6,4 +6,4 @@ Import flows.runtime first: Prefect reads its settings when it is imported.
 
 from mule.mule_core.devices import idle_threads_sleep
 
-idle_threads_sleep()  # a Prefect worker imports the flows before torch: idle threads sleep, not spin
+idle_threads_sleep()  # a Prefect worker imports the flows before torch: on a busy machine, idle threads sleep

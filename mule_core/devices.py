@@ -47,11 +47,20 @@ def use_cpu_threads(requested: int) -> int:
     return count
 
 
-def idle_threads_sleep() -> None:
-    """OpenMP's idle threads sleep at a barrier instead of spinning (libgomp reads
-    OMP_WAIT_POLICY when torch loads, so this must run first). Spinning threads wait for
-    one the OS has descheduled: beside one busy process on 2 cores, demo training ran 3x
-    and evaluation 13x slower (bench/contention.py). The results are the same either way.
-    Only where the user has not chosen, and only before torch is imported."""
-    if "torch" not in sys.modules:
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+def idle_threads_sleep(always: bool = False) -> None:
+    """OpenMP's idle threads sleep at a barrier at once instead of spinning a while
+    (OMP_WAIT_POLICY=PASSIVE; libgomp reads it when torch loads, so this must run first).
+    Spinning threads wait for one the OS has descheduled: beside one busy process on 2
+    cores, demo training kept 38% of its speed alone with libgomp's spin and 63% with
+    PASSIVE; alone, PASSIVE costs 14% (bench/contention.py). So: always for a server
+    (`mule serve` shares the machine with rebuilds), else when the machine is already busy
+    (load average of the last minute at least 0.5). The results are the same either way.
+    Never where the user has chosen, and never after torch is imported."""
+    if "torch" in sys.modules or "OMP_WAIT_POLICY" in os.environ:
+        return
+    try:
+        busy = os.getloadavg()[0] >= 0.5
+    except OSError:  # no load average here
+        busy = False
+    if always or busy:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
