@@ -171,7 +171,7 @@ class Embedder:
     # The front door's three calls (mule.api.load returns an Embedder): arrays in, arrays out.
 
     def encode_text(self, sentences: str | list[str], lang: str | list[str | None] | None = None) -> np.ndarray:
-        """(n, 512) float32 unit rows, one per sentence, as the evaluate stage and `mule
+        """(n, model.joint_dim) float32 unit rows, one per sentence, as the evaluate stage and `mule
         serve` embed them. `lang`: one language for all, one per sentence, or None to
         detect each from the model's vocabularies."""
         sentences = [sentences] if isinstance(sentences, str) else list(sentences)
@@ -191,7 +191,7 @@ class Embedder:
         return crop_transform(f.input_size, f.resize, f.crops)(image.convert("RGB"))
 
     def encode_image(self, images: Path | str | bytes | torch.Tensor | list) -> np.ndarray:
-        """(n, 512) float32 unit rows: image files, their bytes (opened within the query
+        """(n, model.joint_dim) float32 unit rows: image files, their bytes (opened within the query
         pixel budget), or a batch of `preprocess`'s tensors stacked (n, crops, 3, size, size)."""
         if isinstance(images, torch.Tensor):
             return self.images_from_features(self._features_of(images))
@@ -216,7 +216,7 @@ class Embedder:
         return self.images_from_features(self.image_features(source, max_pixels))[0]
 
     def images_from_features(self, features: torch.Tensor | np.ndarray, batch: int = 4096) -> np.ndarray:
-        """Image vectors from CNN features (n, dim) of this model's extractor: (n, 512) float32."""
+        """Image vectors from CNN features (n, dim) of this model's extractor: (n, model.joint_dim) float32."""
         if not self.has_images:
             raise EmbedError(f"{self.label} was trained without images (a text-only dataset)", "no images")
         features = torch.as_tensor(np.ascontiguousarray(features, dtype=np.float32))
