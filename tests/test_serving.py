@@ -755,7 +755,7 @@ def test_the_readme_s_front_door_runs_as_written(served, tmp_path, monkeypatch):
     names: dict = {}
     exec(compile(block.group(1), "README.md", "exec"), names)
     model, texts, images = names["model"], names["texts"], names["images"]
-    dim = served["embedder"].meta["cfg"].model.joint_dim  # 128 by default (512 in the paper preset); the tiny workdir's is smaller
+    dim = served["embedder"].meta["cfg"].model.joint_dim  # 128 by default, 512 in the paper preset
     assert texts.shape == (2, dim) and images.shape == (2, dim) and names["best"].shape == (2,)
     embedder = served["embedder"]
     assert np.allclose(texts[1], embedder.text("ein blaues Quadrat").vector, atol=1e-6)
