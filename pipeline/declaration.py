@@ -7,7 +7,7 @@ the Prefect flows (flows/stages.py) and prefect.yaml's test, the reuse keys
 (pipeline.reuse: the code from the computing module's imports, the config from
 `config`, the inputs from `reads`, the outputs from `writes`), what a sweep needs to
 have run before it, the stage a missing table's error names, and the README's stage
-table (`python -m pipeline.declaration`).
+table (`python -m mule.pipeline.declaration`).
 
 Three kinds: the rebuild's stages, in order; sweeps (ablation, add-language), run when
 named, which run stages again under other configs (variants), each keyed like any stage;
