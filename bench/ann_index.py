@@ -1,4 +1,4 @@
-"""The gallery index (mule_core.index: FAISS HNSW-SQ8 and IVF-SQ8) against the exact
+"""The gallery index (data_catalog.ann: FAISS HNSW-SQ8 and IVF-SQ8) against the exact
 scan, on simulated galleries: build time, index size, resident memory of the index read
 back as mule serve reads it (memory-mapped), one-query latency, recall@10.
 
@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from mule.mule_core import index as ann
+from mule.data_catalog import ann
 
 
 def parse_size(text: str) -> tuple[int, int]:

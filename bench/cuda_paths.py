@@ -25,11 +25,12 @@ from checkout import use_checkout  # noqa: E402
 
 use_checkout()  # run from anywhere, installed or not
 
+from mule.mule_core.dataset import SplitTensors  # noqa: E402
 from mule.mule_core.devices import resolve_device  # noqa: E402
 from mule.mule_core.features import extractor_network  # noqa: E402
 from mule.mule_core.metrics import mean_mr  # noqa: E402
 from mule.mule_core.model import MuleModel  # noqa: E402
-from mule.mule_core.training import SplitTensors, Trainer, evaluate_split  # noqa: E402
+from mule.mule_core.training import Trainer, evaluate_split  # noqa: E402
 from mule.pipeline.config import resolve  # noqa: E402
 
 LANGS = ["en", "fr"]

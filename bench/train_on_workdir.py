@@ -35,6 +35,7 @@ from checkout import use_checkout  # noqa: E402
 
 use_checkout()  # run from anywhere, installed or not
 
+from mule.mule_core.dataset import SplitTensors  # noqa: E402
 from mule.mule_core.metrics import (  # noqa: E402
     cross_lingual_recalls,
     mean_mr,
@@ -42,7 +43,7 @@ from mule.mule_core.metrics import (  # noqa: E402
     translation_pair_recalls,
 )
 from mule.mule_core.model import MuleModel  # noqa: E402
-from mule.mule_core.training import SplitTensors, Trainer, encode_split, evaluate_split, resolve_device  # noqa: E402
+from mule.mule_core.training import Trainer, encode_split, evaluate_split, resolve_device  # noqa: E402
 from mule.pipeline.config import parse_assignments, resolve  # noqa: E402
 
 

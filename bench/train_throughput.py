@@ -18,9 +18,10 @@ import time
 import numpy as np
 import torch
 
+from mule.mule_core.dataset import SplitTensors
 from mule.mule_core.metrics import per_language_recalls
 from mule.mule_core.model import MuleModel, count_parameters
-from mule.mule_core.training import SplitTensors, Trainer, encode_split
+from mule.mule_core.training import Trainer, encode_split
 from mule.pipeline.config import resolve
 
 LANGS = ["en", "de", "fr", "cs"]

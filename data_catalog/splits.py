@@ -11,9 +11,9 @@ import numpy as np
 import torch
 
 from mule.mule_core.config import ModelConfig
+from mule.mule_core.dataset import SplitTensors
 from mule.mule_core.errors import InputError
 from mule.mule_core.text import Vocab, Vocabulary, pad_batch
-from mule.mule_core.training import SplitTensors
 
 from . import queries
 from .catalog import Catalog

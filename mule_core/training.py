@@ -29,10 +29,11 @@ import torch
 import torch.nn.functional as F
 
 from .batching import Batch, ImageBatchSampler, default_sentences_per_image, duplicate_ids
+from .dataset import SplitTensors
 from .devices import resolve_device  # noqa: F401 - where the training stages find it
 from .losses import image_sentence_loss, language_classifier_loss, neighborhood_loss
 from .metrics import cross_lingual_recalls, per_language_recalls, perfect_translation_ceiling, translation_pair_recalls
-from .model import MuleModel, TextBatch
+from .model import MuleModel
 from .progress import Progress, format_seconds
 
 if TYPE_CHECKING:
@@ -41,51 +42,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("mule.training")
 
 
-@dataclass
-class SplitTensors:
-    """One split, ready for the model. Captions are rows; images are rows of `features`."""
-
-    languages: list[str]
-    tokens: torch.Tensor  # N x T, padded
-    lengths: torch.Tensor  # N
-    caption_lang: np.ndarray  # N, index into languages
-    caption_image: np.ndarray  # N, row of the caption's image
-    image_ids: list[str]
-    features: torch.Tensor | None = None  # n_images x F; None for a text-only dataset
-    caption_ids: list[str] | None = None  # N, for showing the sentences behind results
-    # N: captions that are translations of one another (Multi30K task1's parallel lines)
-    # share a number; -1 for a caption with no translation in the split
-    caption_group: np.ndarray | None = None
-    # lang -> n-gram ids of the words outside its vocabulary (token ids from the
-    # vocabulary's size on; mule_core.text.Vocabulary.encode); None: there are none
-    unseen: dict[str, torch.Tensor] | None = None
-
-    @property
-    def n_images(self) -> int:
-        return len(self.image_ids)
-
-    def text_batch(self, rows: torch.Tensor, groups: list[tuple[str, int, int]]) -> TextBatch:
-        lengths = self.lengths[rows]
-        tokens = self.tokens[rows, : int(lengths.max())]
-        return TextBatch(tokens, lengths, groups, self.unseen)
-
-    def images_with(self, lang: str) -> SplitTensors:
-        """The images that have a caption in `lang`, with all their captions."""
-        keep_image = np.zeros(self.n_images, dtype=bool)
-        keep_image[self.caption_image[self.caption_lang == self.languages.index(lang)]] = True
-        new_row = np.cumsum(keep_image) - 1
-        rows = np.nonzero(keep_image[self.caption_image])[0]
-        index = torch.from_numpy(rows)
-        return SplitTensors(
-            self.languages, self.tokens[index], self.lengths[index], self.caption_lang[rows],
-            new_row[self.caption_image[rows]], [i for i, k in zip(self.image_ids, keep_image) if k],
-            self.features[torch.from_numpy(np.nonzero(keep_image)[0])] if self.features is not None else None,
-            [self.caption_ids[r] for r in rows] if self.caption_ids is not None else None,
-            self.caption_group[rows] if self.caption_group is not None else None, self.unseen,
-        )  # fmt: skip
-
-
-def sentences_per_image(train: TrainConfig, data: SplitTensors, pretrain: PretrainConfig | None = None) -> dict[str, int]:
+def sentences_per_image(
+    train: TrainConfig, data: SplitTensors, pretrain: PretrainConfig | None = None
+) -> dict[str, int]:
     """Sentences per image in a batch, per language: for languages with several captions,
     train.sentences_per_image_many (or, for LP, pretrain.sentences_per_image_many), else 1;
     train.sentences_per_image overrides."""
@@ -288,9 +247,7 @@ class Trainer:
         steps = 0
         sentences = 0
         started = time.perf_counter()
-        progress = Progress(
-            f"{self.mode} epoch {epoch}/{self.epochs}", len(self.sampler), unit="batches", logger=log
-        )
+        progress = Progress(f"{self.mode} epoch {epoch}/{self.epochs}", len(self.sampler), unit="batches", logger=log)
         phases = dict.fromkeys(("batches", "forward", "backward", "optimizer", "validation"), 0.0)
         clock = time.perf_counter()
 
@@ -494,6 +451,7 @@ def _cpu_copy(state):
 
 
 # -- encoding and evaluation ----------------------------------------------------------
+
 
 def ema_weight(decay: float, step: int) -> float:
     """The weight of step `step`'s parameters (1-based) in the moving average: Adam's bias

@@ -100,7 +100,7 @@ class EvalConfig:
 class IndexConfig:
     """The gallery's approximate index (the index stage; mule serve searches it past min_images)."""
 
-    kind: str = "hnsw-sq8"  # hnsw-sq8 | ivf-sq8 (FAISS, one byte a dimension; mule_core/index.py) | flat (exact)
+    kind: str = "hnsw-sq8"  # hnsw-sq8 | ivf-sq8 (FAISS, one byte a dimension; data_catalog/ann.py) | flat (exact)
     cells: int = 0  # ivf-sq8's k-means cells; 0: about 4 sqrt(images)
     # Serving options, given to `mule serve --set ...` (never read from a trained model's config):
     breadth: int = 0  # search breadth (HNSW efSearch, IVF nprobe); 0: the kind's default (128, cells / 32)

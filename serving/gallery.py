@@ -17,7 +17,7 @@ import numpy as np
 
 from mule.data_catalog import indexes, queries
 from mule.data_catalog.content import sha256_file
-from mule.mule_core import index as ann
+from mule.data_catalog import ann
 from mule.mule_core.embedder import Embedder
 from mule.mule_core.training import encode_split
 
@@ -39,7 +39,7 @@ class Gallery:
     vectors: np.ndarray  # (n, dim) float32, unit length
     files: dict[str, Path]  # image id -> its file (images whose file exists)
     captions: dict[str, Captions] = field(default_factory=dict)  # per language
-    index: object | None = None  # a mule_core.index index over the images (rows = image_ids), else the exact scan
+    index: object | None = None  # a data_catalog.ann index over the images (rows = image_ids), else the exact scan
 
     @property
     def nbytes(self) -> int:

@@ -20,10 +20,11 @@ from mule.data_catalog.content import sha256_file
 from mule.data_catalog.images import MAX_PIXELS
 from mule.data_catalog.splits import load_split
 from mule.data_catalog.workdir import Workdir
+from mule.mule_core.dataset import SplitTensors
 from mule.mule_core.embedder import Embedder, EmbedError
 from mule.mule_core.errors import InputError, UserError
 from mule.mule_core.model import MuleModel
-from mule.mule_core.training import SplitTensors, encode_split
+from mule.mule_core.training import encode_split
 
 
 class SearchError(UserError, ValueError):

@@ -20,10 +20,10 @@ from mule.data_catalog.catalog import write_json_atomic
 from mule.data_catalog.datasets import embedded_ceiling
 from mule.data_catalog.models import load_model
 from mule.data_catalog.splits import load_split
+from mule.mule_core.dataset import SplitTensors
 from mule.mule_core.errors import MissingInputError
 from mule.mule_core.metrics import mean_mr
 from mule.mule_core.training import (
-    SplitTensors,
     cross_lingual,
     encode_split,
     evaluate_split,

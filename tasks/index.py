@@ -1,5 +1,5 @@
 """The gallery index: every image with features from the model's extractor, pushed through
-the trained model's image branch, in an approximate index (mule_core.index) kept in the
+the trained model's image branch, in an approximate index (data_catalog.ann) kept in the
 catalog (data_catalog.indexes). `mule serve` searches it once the gallery has
 index.min_images images or more; below that it scans the vectors exactly."""
 
@@ -13,7 +13,7 @@ import numpy as np
 from mule.data_catalog import indexes
 from mule.data_catalog.content import sha256_file
 from mule.data_catalog.models import load_model
-from mule.mule_core import index as ann
+from mule.data_catalog import ann
 from mule.mule_core.embedder import Embedder
 
 from .support.context import StageContext, logger

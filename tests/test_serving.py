@@ -367,7 +367,7 @@ def test_the_search_breadth_is_given_to_mule_serve_not_read_from_the_model(serve
     """index.breadth is a serving option: `mule serve --set index.breadth=N` sets it on the
     stored index, whatever config the model was trained under; other options are refused."""
     from mule.commands.serve import serving_options
-    from mule.mule_core import index as ann
+    from mule.data_catalog import ann
     from mule.mule_core.config import ConfigError
     from mule.serving import gallery as galleries
 

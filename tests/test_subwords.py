@@ -10,10 +10,11 @@ import torch
 
 from mule.data_catalog.models import load_model, save_model
 from mule.mule_core.config import LossConfig, ModelConfig, PretrainConfig, TrainConfig
+from mule.mule_core.dataset import SplitTensors
 from mule.mule_core.model import MuleModel, TextBatch, count_parameters
 from mule.mule_core.subwords import char_ngrams, ngram_index
 from mule.mule_core.text import Vocab, Vocabulary, pad_batch
-from mule.mule_core.training import SplitTensors, Trainer
+from mule.mule_core.training import Trainer
 from mule.pipeline.config import from_dict, resolve, to_dict
 
 WORDS = ["<pad>", "<unk>", "dog", "dogs", "cat"]

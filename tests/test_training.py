@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from mule.mule_core.config import LossConfig, ModelConfig, PretrainConfig, TrainConfig
+from mule.mule_core.dataset import SplitTensors
 from mule.mule_core.losses import image_sentence_loss, neighborhood_loss
 from mule.mule_core.model import MuleModel
-from mule.mule_core.training import SplitTensors, Trainer, evaluate_split
+from mule.mule_core.training import Trainer, evaluate_split
 
 LANGS = ["en", "fr"]
 

@@ -1,6 +1,7 @@
 """Approximate nearest neighbours over a gallery's unit vectors (cosine = inner product),
-with FAISS. Two kinds, both storing a vector as one byte per dimension (8-bit scalar
-quantisation: a quarter of float32):
+with FAISS: what the index stage builds and `mule serve` searches (data_catalog.indexes
+keeps its files). Two kinds, both storing a vector as one byte per dimension (8-bit
+scalar quantisation: a quarter of float32):
 
 - hnsw-sq8 (the default): a navigable small-world graph (32 links a vector). The best
   recall for the time here (recall@10 0.98 in 0.25 ms at 1M x 128, 0.96 in 0.8 ms at
