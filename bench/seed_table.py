@@ -131,6 +131,8 @@ def main() -> None:
                          **row.get("set", {}), "train.seed": seed}  # fmt: skip
             cfg = resolve(args.preset, overrides)
             started = time.perf_counter()
+            if not cfg.model.subwords:  # inputs exported with n-grams, read as a model without them would
+                splits = train_on_workdir.words_outside_as_unknown(loaded[row["inputs"]][1], data)
             tag = f"{name} seed {seed}"
             if args.lp_only:
                 found = train_on_workdir.lp_variant(tag, cfg, data, splits, device, args.last_weights)

@@ -128,6 +128,23 @@ def load_inputs(path: str):
     return data, splits
 
 
+def words_outside_as_unknown(splits: dict, data: dict) -> dict:
+    """The splits as a model without n-grams (model.subwords=false) reads them: a word
+    outside the vocabulary (an n-gram-composed id, from the vocabulary's size on) is <unk>."""
+    import dataclasses
+
+    out = {}
+    for name, split in splits.items():
+        tokens = split.tokens.clone()
+        for index, lang in enumerate(split.languages):
+            rows = torch.from_numpy(np.asarray(split.caption_lang) == index)
+            part = tokens[rows]
+            part[part >= data["vocab_sizes"][lang]] = 1
+            tokens[rows] = part
+        out[name] = dataclasses.replace(split, tokens=tokens, unseen=None)
+    return out
+
+
 # -- training ---------------------------------------------------------------------------
 def build(cfg, data, image_dim: int | None) -> MuleModel:
     vectors = {k: v.float() for k, v in data["vectors"].items()}

@@ -27,7 +27,7 @@ from mule.pipeline.declaration import ALL, REBUILD
 from . import catalog, run, search, serve, ui
 from .serve import SERVING_OPTIONS
 
-DEMO_DATASETS = {"multi30k": "embedded", "coco": "embedded-coco"}  # mule demo --dataset -> generated dataset
+DEMO_DATASETS = {"multi30k": "embedded", "coco": "embedded-coco", "table": "embedded-table"}  # mule demo --dataset -> generated dataset
 READING = {"ui": ui.run, "catalog": catalog.run, "search": search.run, "serve": serve.run}  # read, never write
 
 
@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(demo)
     demo.add_argument("--dataset", choices=sorted(DEMO_DATASETS), default="multi30k",
                       help="multi30k: the Multi30K-style embedded dataset (en, de, fr, cs); coco: the COCO-style one "
-                      "(en, ja, zh, unbalanced)")  # fmt: skip
+                      "(en, ja, zh, unbalanced); table: the table layout (a photo folder and captions.csv, en and es)")  # fmt: skip
     for name in ("train-images", "val-images", "test-images"):
         demo.add_argument(
             f"--{name}", type=int, help="embedded dataset size (default: 3000, 500, 1000; coco: 4500, 200, 300)"

@@ -10,10 +10,11 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from .code_digests import code_digest
-from .embedded import coco_layout, multi30k_layout
+from .embedded import coco_layout, multi30k_layout, table_layout
 from .embedded.coco_layout import CocoSpec, EmbeddedSizeError, generate_coco
 from .embedded.multi30k_layout import EmbeddedSpec, generate_multi30k
-from .sources import EMBEDDED, EMBEDDED_COCO, DatasetError, DatasetSource, locate
+from .embedded.table_layout import TableSpec, generate_table
+from .sources import EMBEDDED, EMBEDDED_COCO, EMBEDDED_TABLE, DatasetError, DatasetSource, locate
 from .workdir import Workdir
 
 if TYPE_CHECKING:  # the pipeline's config: read here, never made
@@ -22,6 +23,10 @@ if TYPE_CHECKING:  # the pipeline's config: read here, never made
 
 def embedded_spec(data: DataConfig) -> EmbeddedSpec:
     return EmbeddedSpec(data.train_images, data.val_images, data.test_images, data.seed, data.image_size)
+
+
+def table_spec(data: DataConfig) -> TableSpec:
+    return TableSpec(data.train_images, data.val_images, data.test_images, data.seed, data.image_size)
 
 
 def coco_spec(data: DataConfig) -> CocoSpec:
@@ -56,7 +61,7 @@ def generator_code(data: DataConfig) -> str:
     """The digest of the code that writes a generated dataset: its writer's import closure
     and the libraries it uses (Pillow encodes the images). A dataset written by other code
     is written again, as its ceiling is computed again."""
-    layout = coco_layout if data.dataset == EMBEDDED_COCO else multi30k_layout
+    layout = {EMBEDDED_COCO: coco_layout, EMBEDDED_TABLE: table_layout}.get(data.dataset, multi30k_layout)
     return code_digest(layout.__name__)
 
 
@@ -68,6 +73,8 @@ def generated_and_current(workdir: Workdir, data: DataConfig) -> bool:
         return True
     if data.dataset == EMBEDDED_COCO:
         return coco_layout.manifest_matches(source.root, coco_spec(data), generator_code(data))
+    if data.dataset == EMBEDDED_TABLE:
+        return table_layout.manifest_matches(source.root, table_spec(data), generator_code(data))
     return multi30k_layout.manifest_matches(source.root, embedded_spec(data), generator_code(data))
 
 
@@ -79,6 +86,8 @@ def prepare(workdir: Workdir, data: DataConfig, progress: Callable[[int, int], N
             generate_coco(source.root, coco_spec(data), progress, generator_code(data))
         except EmbeddedSizeError as error:
             raise DatasetError(f"embedded-coco: {error}") from None
+    elif source.generated and data.dataset == EMBEDDED_TABLE:
+        generate_table(source.root, table_spec(data), progress, generator_code(data))
     elif source.generated:
         generate_multi30k(source.root, embedded_spec(data), progress, generator_code(data))
     return source

@@ -18,7 +18,12 @@ if TYPE_CHECKING:
 
 EMBEDDED = "embedded"  # Multi30K-style: en, de, fr, cs
 EMBEDDED_COCO = "embedded-coco"  # COCO-style: en on every image, ja and zh on few
-GENERATED = (EMBEDDED, EMBEDDED_COCO)
+EMBEDDED_TABLE = "embedded-table"  # the table layout: en and es captions in one CSV
+GENERATED = (EMBEDDED, EMBEDDED_COCO, EMBEDDED_TABLE)
+# The table layout's file when data.table names none, looked for in this order: Hugging
+# Face's imagefolder metadata first, then a captions table (data_catalog/readers/table.py)
+TABLE_NAMES = ("metadata.jsonl", "metadata.csv", "metadata.parquet",
+               "captions.csv", "captions.tsv", "captions.jsonl", "captions.parquet")  # fmt: skip
 
 
 class DatasetError(UserError, ValueError):
@@ -31,6 +36,15 @@ class DatasetSource:
     root: Path
     images: Path
     generated: bool
+
+
+def table_in(root: Path, name: str = "") -> Path | None:
+    """The captions table of a table-layout folder (`name`, else the first of TABLE_NAMES
+    there), or None."""
+    if name:
+        path = root / name
+        return path if path.is_file() else None
+    return next((root / n for n in TABLE_NAMES if (root / n).is_file()), None)
 
 
 def locate(workdir: Workdir, data: DataConfig) -> DatasetSource:

@@ -43,6 +43,9 @@ class TextConfig:
     # validation: docs/training-at-scale.md ("Defaults, chosen on validation")
     word_dim: int = 300
     max_tokens: int = 32  # words of a sentence read (the rest is cut)
+    # lang -> tokeniser (moses, janome, jieba, unicode), overriding the rule of
+    # mule_core/languages.py; kept with the model, so serving splits words as training did
+    tokenizers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -83,7 +83,7 @@ class Embedder:
                 raise EmbedError(f"{self.label} does not know {lang!r}; its languages are "
                                  f"{', '.join(vocabs)}", "unknown language")  # fmt: skip
             return lang, "given"
-        guess = detect_language(text, vocabs)
+        guess = detect_language(text, vocabs, self.meta["cfg"].text.tokenizers)
         if guess.lang is None:
             raise EmbedError(f"none of the words of {text!r} is in the vocabulary of any language of {self.label} "
                              f"({', '.join(vocabs)}); give its language if you know it (--lang, or lang=)", "unknown words")  # fmt: skip
@@ -130,7 +130,7 @@ class Embedder:
         if len(text) > MAX_QUERY_CHARS:
             raise EmbedError(f"the sentence has {len(text):,} characters; at most {MAX_QUERY_CHARS:,}", "too large")
         lang, how = self.choose_language(text, lang)
-        tokens = tokenize(text, lang)
+        tokens = tokenize(text, lang, self.meta["cfg"].text.tokenizers)
         if not tokens:
             raise EmbedError("the sentence has no words", "empty")
         if len(self.meta["vocabulary"].encode(lang, [tokens]).unknown[0]) == len(tokens):

@@ -3,22 +3,22 @@
 Every caption is lower-cased and NFKC-normalised (which also folds full-width Latin
 letters and digits in Japanese and Chinese text), then split into words by its
 language's tokeniser (mule_core/languages.py): Moses (sacremoses, the tokenizer behind
-Multi30K's official tokenised files) for space-delimited languages, janome for
-Japanese, jieba for Chinese.
+Multi30K's official tokenised files) for the languages it knows, janome for Japanese,
+jieba for Chinese, Unicode's word boundaries (UAX #29) for every other language.
 """
 
 from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 
 import numpy as np
 import torch
 
-from .languages import tokenizer_name
+from .languages import base, tokenizer_name
 from .subwords import ngram_table
 
 PAD, UNK = "<pad>", "<unk>"
@@ -56,22 +56,35 @@ def _jieba():
     return jieba
 
 
-def tokenizer_version(lang: str) -> str:
+@cache
+def _word_boundaries():
+    import regex
+
+    return regex.compile(r"(?V1w)\b")
+
+
+def tokenizer_version(lang: str, overrides: Mapping[str, str] | None = None) -> str:
     """What tokenised a language's captions: stored with the ingest, part of the stage keys."""
-    name = tokenizer_name(lang)
+    name = tokenizer_name(lang, overrides)
     if name == "moses":
         return TOKENIZER_VERSION
     from importlib.metadata import version
 
-    return f"{name}-{version(name)}-lower-nfkc-1"
+    package = "regex" if name == "unicode" else name
+    return f"{name}-{version(package)}-lower-nfkc-1"
 
 
-def tokenize(text: str, lang: str) -> list[str]:
-    name = tokenizer_name(lang)
-    if name == "moses":
-        return _moses(lang).tokenize(normalise(text), escape=False)
+def tokenize(text: str, lang: str, overrides: Mapping[str, str] | None = None) -> list[str]:
+    """The words of `text` in `lang`, by its tokeniser (mule_core.languages: the rule, or
+    `overrides`, the model's text.tokenizers)."""
+    name = tokenizer_name(lang, overrides)
     text = normalise(text)
-    words = _janome().tokenize(text) if name == "janome" else _jieba().cut(text)
+    if name == "moses":
+        return _moses(base(lang)).tokenize(text, escape=False)
+    if name == "unicode":
+        words = _word_boundaries().split(text)
+    else:
+        words = _janome().tokenize(text) if name == "janome" else _jieba().cut(text)
     return [w for w in (w.strip() for w in words) if w]
 
 
@@ -212,7 +225,7 @@ class LanguageGuess:
             self.known, key=lambda x: (-self.known[x] / max(self.words[x], 1), x)))  # fmt: skip
 
 
-def detect_language(text: str, vocabs: dict[str, Vocab]) -> LanguageGuess:
+def detect_language(text: str, vocabs: dict[str, Vocab], tokenizers: Mapping[str, str] | None = None) -> LanguageGuess:
     """The language whose vocabulary knows the largest share of the text's words (each
     language tokenising the text its own way); on a tie, the one whose known words are
     more frequent in its training captions (vocabularies are ordered by frequency).
@@ -221,7 +234,7 @@ def detect_language(text: str, vocabs: dict[str, Vocab]) -> LanguageGuess:
     not know is never guessed; that is also why no separate identification model is used."""
     known, words, rank = {}, {}, {}
     for lang, vocab in vocabs.items():
-        tokens = tokenize(text, lang)
+        tokens = tokenize(text, lang, tokenizers)
         indices = [vocab.index.get(t) for t in tokens]
         hits = [i for i in indices if i is not None and i > 1]
         known[lang], words[lang] = len(hits), len(tokens)

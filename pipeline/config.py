@@ -17,20 +17,22 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any
 
 from mule.mule_core import config as model_settings
 from mule.mule_core.config import ConfigError, LossConfig, ModelConfig, PretrainConfig, TrainConfig, flatten  # noqa: F401 - the pipeline's names
-from mule.mule_core.languages import tokenizer_name
+from mule.mule_core.languages import language_code, tokenizer_name
 
 
 @dataclass
 class DataConfig:
     dataset: str = "embedded"  # catalog name; "embedded" is generated when no source is given
-    format: str = (
-        "multi30k"  # layout of the raw files: multi30k (the official repository) or coco (COCO + YJ/STAIR + COCO-CN)
-    )
+    # layout of the raw files: multi30k (the official repository), coco (COCO + YJ/STAIR +
+    # COCO-CN), or table (an image folder and one captions table; inferred when --source holds
+    # metadata.jsonl/.csv/.parquet or captions.csv/.tsv/.jsonl/.parquet: data_catalog/readers/table.py)
+    format: str = "multi30k"
     source: str = ""  # raw dataset folder; empty: <workdir>/raw/embedded for the embedded dataset
     images: str = ""  # image folder; empty: <source>/images
     dictionaries: str = ""  # MUSE bilingual lexicons (en-<lang>.txt); empty: <source>/dictionaries
@@ -44,6 +46,16 @@ class DataConfig:
     # language ("trilingual", the paper), or COCO-CN's official split, or Karpathy's
     coco_split: str = "trilingual"
     split_seed: int = 0
+    # The table layout: its file (relative to the source; empty: found there), the columns
+    # by role when their names are not the usual ones (image=photo,caption=text,lang=language,
+    # split=fold, or caption_es=beschreibung for a wide table), the file's text encoding, and
+    # the shares of images drawn (by split_seed, per image: stable when rows are added) for
+    # val and test when the table has no split column
+    table: str = ""
+    columns: dict[str, str] = field(default_factory=dict)
+    encoding: str = "utf-8"
+    val_share: float = 0.1
+    test_share: float = 0.1
     japanese: str = "all"  # COCO: which Japanese files to read when both are there: all, yj or stair
     # Embedded datasets' sizes (for COCO, val_images and test_images are the split's sizes)
     train_images: int = 3000
@@ -191,6 +203,8 @@ DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
     "coco": {**_COCO, "data.val_images": 1000, "data.test_images": 1000},
     # the generated COCO-style dataset: 5000 images, val and test drawn from its trilingual ones
     "embedded-coco": {**_COCO, "data.train_images": 4500, "data.val_images": 200, "data.test_images": 300},
+    # the generated table layout: English and Spanish, a language outside the published datasets'
+    "embedded-table": {"data.format": "table", "data.languages": ("en", "es")},
 }
 
 
@@ -266,6 +280,12 @@ def resolve(preset: str = "demo", overrides: dict[str, Any] | None = None) -> Mu
     cfg = apply_overrides(MuleConfig(preset=preset), PRESETS[preset])
     dataset = str((overrides or {}).get("data.dataset", cfg.data.dataset))
     implied = {k: v for k, v in DATASET_DEFAULTS.get(dataset, {}).items() if k not in (overrides or {})}
+    source = (overrides or {}).get("data.source")
+    if source and "data.format" not in (overrides or {}) and "data.format" not in implied:
+        from mule.data_catalog.sources import table_in
+
+        if table_in(Path(str(source)).expanduser(), str((overrides or {}).get("data.table", ""))):
+            implied["data.format"] = "table"  # a folder with a captions table is the table layout
     return apply_overrides(apply_overrides(cfg, implied), overrides)
 
 
@@ -308,15 +328,31 @@ def validate(cfg: MuleConfig) -> None:
     if cfg.model.sharing not in ("mule", "parallel"):
         raise ConfigError(f"model.sharing must be 'mule' or 'parallel', got {cfg.model.sharing!r}")
     d = cfg.data
-    if d.format not in ("multi30k", "coco"):
-        raise ConfigError(f"data.format must be 'multi30k' or 'coco', got {d.format!r}")
+    if d.format not in ("multi30k", "coco", "table"):
+        raise ConfigError(f"data.format must be 'multi30k', 'coco' or 'table', got {d.format!r}")
+    if d.val_share < 0 or d.test_share < 0 or d.val_share + d.test_share >= 1:
+        raise ConfigError(f"data.val_share and data.test_share must be shares that leave images to train, "
+                          f"got {d.val_share} and {d.test_share}")  # fmt: skip
+    import codecs
+
+    try:
+        codecs.lookup(d.encoding)
+    except LookupError:
+        raise ConfigError(f"data.encoding: {d.encoding!r} is not a text encoding Python knows (e.g. utf-8, cp1252, latin-1)") from None
     if not d.languages:
         raise ConfigError("data.languages must name at least one language")
     for lang in d.languages:
         try:
-            tokenizer_name(lang)
+            code = language_code(lang)
         except ValueError as error:
             raise ConfigError(f"data.languages: {error}") from None
+        if code != lang:
+            raise ConfigError(f"data.languages: write {lang!r} as {code!r}")
+    for lang, name in cfg.text.tokenizers.items():
+        try:
+            tokenizer_name(lang, cfg.text.tokenizers)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
     if d.coco_split not in ("trilingual", "coco-cn", "karpathy"):
         raise ConfigError(f"data.coco_split must be 'trilingual', 'coco-cn' or 'karpathy', got {d.coco_split!r}")
     if d.japanese not in ("all", "yj", "stair"):

@@ -12,8 +12,10 @@ from mule.data_catalog.content import FileHasher
 from mule.data_catalog.readers.coco import CocoOptions, read_coco
 from mule.data_catalog.readers.common import ReadOptions
 from mule.data_catalog.readers.multi30k import read_multi30k
+from mule.data_catalog.readers.table import TableOptions, read_table
 from mule.data_catalog.sources import locate
 from mule.mule_core.progress import Progress
+from mule.mule_core.languages import tokenizer_name
 from mule.mule_core.text import tokenize, tokenizer_version
 
 from .support.context import StageContext, logger
@@ -32,6 +34,11 @@ def compute(ctx: StageContext) -> dict[str, Any]:
         d = cfg.data
         coco = CocoOptions(d.coco_split, d.val_images, d.test_images, d.split_seed, d.japanese)
         result = read_coco(source.root, d.dataset, source.images, hasher.digest, log.info, options, coco)
+    elif cfg.data.format == "table":
+        d = cfg.data
+        table = TableOptions(d.table, dict(d.columns), d.encoding, d.val_share, d.test_share, d.split_seed)
+        # image paths: relative to the table's folder, else to the images folder
+        result = read_table(source.root, d.dataset, source.images, hasher.digest, log.info, options, table)
     else:
         result = read_multi30k(source.root, cfg.data.dataset, source.images, hasher.digest, log.info, options)
     hasher.save()
@@ -42,14 +49,18 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     )
     log.info("read %d images, %d captions, %d rejected lines%s",
              result.images.num_rows, result.captions.num_rows, result.rejects.num_rows, merged)  # fmt: skip
-    versions = {lang: tokenizer_version(lang) for lang in cfg.data.languages}
+    overrides = cfg.text.tokenizers
+    versions = {lang: tokenizer_version(lang, overrides) for lang in cfg.data.languages}
+    for lang in cfg.data.languages:
+        log.info("%s captions: tokeniser %s (%s)", lang, tokenizer_name(lang, overrides),
+                 "text.tokenizers" if lang in overrides else "mule_core/languages.py's rule")  # fmt: skip
 
     texts = result.captions.column("text").to_pylist()
     langs = result.captions.column("lang").to_pylist()
     progress = Progress("tokenising", len(texts), unit="captions", logger=log)
     tokens = []
     for text, lang in zip(texts, langs):
-        tokens.append(tokenize(text, lang))
+        tokens.append(tokenize(text, lang, overrides))
         progress.update(1)
     progress.finish()
     captions = result.captions.append_column("tokens", pa.array(tokens, pa.list_(pa.string())))
@@ -78,6 +89,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
         "merged_task1_lines": result.merged_task1_lines,
         "per_split": result.stats,
         "tokenizers": versions,
+        **result.notes,
         "seconds": round(time.perf_counter() - started, 1),
     }
     if present < result.images.num_rows:

@@ -59,7 +59,9 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     model.set_image_normalization(train.features)
 
     lp_file = catalog.lp_model_path(cfg)
-    if cfg.pretrain.enabled:
+    if cfg.pretrain.enabled and len(vocabulary.languages) < 2:
+        log.info("LP needs two languages or more (the pretrain stage skipped it): the MULE layers start from the word vectors")
+    elif cfg.pretrain.enabled:
         if not lp_file.exists():
             raise MissingPretrainError(
                 f"LP is on (pretrain.enabled=true) but {lp_file} does not exist: run the pretrain stage first, "

@@ -72,13 +72,14 @@ class WordByWord:
         self.name, self.version, self.tables = name, version, tables
         self.unknown_words = 0
         self.tokens_of: dict[str, list[str]] = {}  # the catalog's tokens of the texts, to skip tokenising again
+        self.tokenizers: dict[str, str] = {}  # text.tokenizers
 
     def translate(self, texts, src, dest, on_result):
         table = self.tables.get((src, dest))
         if table is None:
             raise TranslateError(f"the {self.name} backend has no {src}->{dest} word table")
         for index, text in enumerate(texts):
-            tokens = self.tokens_of.get(text) or tokenize(text, src)
+            tokens = self.tokens_of.get(text) or tokenize(text, src, self.tokenizers)
             words, missing = table.translate(tokens)
             self.unknown_words += missing
             on_result(index, " ".join(words), "")
@@ -235,6 +236,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     backend = make_backend(cfg, wd, catalog, pairs)
     if hasattr(backend, "tokens_of"):
         backend.tokens_of = {c["text"]: c["tokens"] for c in captions}
+        backend.tokenizers = cfg.text.tokenizers
     # Word tables translate thousands of sentences a second: redoing them costs less than an fsync each.
     cache = TranslationCache(catalog, dataset, durable=not getattr(backend, "output_is_tokenised", False))
     counts: Counter = Counter()
@@ -268,7 +270,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     finally:
         cache.commit()  # whatever arrived is kept, even when the service gave up
 
-    table = mt_captions_table(dataset, out, backend)
+    table = mt_captions_table(dataset, out, backend, cfg.text.tokenizers)
     catalog.write_table("captions", f"{dataset}.mt", table)
     stats = getattr(backend, "stats", None)
     summary = {
@@ -284,13 +286,13 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     return summary | {"failed": failures[:1000]}
 
 
-def mt_captions_table(dataset: str, rows: list[dict], backend) -> pa.Table:
+def mt_captions_table(dataset: str, rows: list[dict], backend, tokenizers: dict[str, str] | None = None) -> pa.Table:
     columns: dict[str, list] = {name: [] for name in CAPTIONS.names}
     for row in rows:
         values = {"dataset": dataset, "caption_id": row["caption_id"], "image_id": row["image_id"],
                   "split": row["split"], "role": row["role"], "lang": row["lang"], "text": row["text"],
                   "tokens": row["text"].split() if getattr(backend, "output_is_tokenised", False)
-                  else tokenize(row["text"], row["lang"]), "source": queries.mt_source(backend.name), "source_file": None,
+                  else tokenize(row["text"], row["lang"], tokenizers), "source": queries.mt_source(backend.name), "source_file": None,
                   "line": None, "origin_caption_id": row["origin_caption_id"], "also_in": None,
                   "source_version": backend.version}  # fmt: skip
         for name in CAPTIONS.names:

@@ -78,8 +78,26 @@ def test_assignments_need_an_equals_sign():
 
 
 def test_an_unknown_language_code_is_an_error_at_config_time():
-    with pytest.raises(ConfigError, match="data.languages: no tokeniser for language code 'jp'"):
+    with pytest.raises(ConfigError, match="data.languages: 'jp' is not a language code"):
         resolve("demo", {"data.languages": "en,jp"})
+    with pytest.raises(ConfigError, match="data.languages: write 'EN' as 'en'"):
+        resolve("demo", {"data.languages": "EN,de"})
+    with pytest.raises(ConfigError, match="text.tokenizers: th='icu' is not a tokeniser; choose one of moses"):
+        resolve("demo", {"text.tokenizers": "th=icu"})
+    assert resolve("demo", {"data.languages": "es,pl,th"}).data.languages == ("es", "pl", "th")
+
+
+def test_a_source_folder_with_a_captions_table_is_the_table_layout(tmp_path):
+    (tmp_path / "metadata.jsonl").write_text("{}\n")
+    assert resolve("demo", {"data.dataset": "mine", "data.source": str(tmp_path)}).data.format == "table"
+    assert resolve("demo", {"data.dataset": "mine", "data.source": str(tmp_path),
+                            "data.format": "multi30k"}).data.format == "multi30k"  # fmt: skip
+    (tmp_path / "metadata.jsonl").unlink()
+    assert resolve("demo", {"data.dataset": "mine", "data.source": str(tmp_path)}).data.format == "multi30k"
+    with pytest.raises(ConfigError, match="data.val_share and data.test_share must be shares"):
+        resolve("demo", {"data.val_share": 0.5, "data.test_share": 0.5})
+    with pytest.raises(ConfigError, match="data.encoding: 'utf-9' is not a text encoding"):
+        resolve("demo", {"data.encoding": "utf-9"})
 
 
 def test_a_coco_dataset_implies_its_reader_languages_and_sampling_unless_set():

@@ -41,9 +41,21 @@ def test_chinese_is_segmented_by_jieba_on_real_sentences():
 def test_the_tokeniser_is_chosen_by_language_code():
     from mule.mule_core.languages import tokenizer_name
 
-    assert [tokenizer_name(code) for code in ("en", "de", "ja", "zh")] == ["moses", "moses", "janome", "jieba"]
-    with pytest.raises(ValueError, match="no tokeniser for language code 'xx'; supported codes: as, bn"):
-        tokenizer_name("xx")
+    assert [tokenizer_name(code) for code in ("en", "de", "es", "pt-BR", "ja", "zh", "zh-Hant", "th", "sw", "am")] == [
+        "moses", "moses", "moses", "moses", "janome", "jieba", "jieba", "unicode", "unicode", "unicode"]  # fmt: skip
+    assert tokenizer_name("th", {"th": "moses"}) == "moses"  # text.tokenizers overrides the rule
+    with pytest.raises(ValueError, match="th='icu' is not a tokeniser"):
+        tokenizer_name("th", {"th": "icu"})
+
+
+def test_languages_without_a_rule_of_their_own_are_split_at_unicode_word_boundaries():
+    # Swahili and Amharic: words and punctuation (UAX #29); an apostrophe inside a word stays
+    assert tokenize("Mtoto anacheza mpira, uwanjani.", "sw") == ["mtoto", "anacheza", "mpira", ",", "uwanjani", "."]
+    assert tokenize("ሰላም ልጆች።", "am") == ["ሰላም", "ልጆች", "።"]
+    # Thai has no spaces between words and UAX #29 no dictionary: one grapheme cluster a token
+    # (what the word vectors' character n-grams then learn from)
+    assert tokenize("วงกลมสีแดง", "th") == ["ว", "ง", "ก", "ล", "ม", "สี", "แ", "ด", "ง"]
+    assert tokenize("Mtoto anacheza.", "sw", {"sw": "moses"}) == ["mtoto", "anacheza", "."]
 
 
 def test_the_language_is_the_one_whose_vocabulary_knows_most_of_the_words():

@@ -33,7 +33,8 @@ class ReadResult:
     captions: pa.Table
     rejects: pa.Table
     merged_task1_lines: int = 0
-    stats: dict = field(default_factory=dict)
+    stats: dict = field(default_factory=dict)  # split -> images and captions per language
+    notes: dict = field(default_factory=dict)  # what a reader adds to the ingest's summary
 
 
 @dataclass

@@ -1,0 +1,415 @@
+"""Reader for the table layout: a folder of images and one captions table.
+
+    <source>/metadata.jsonl | metadata.csv | metadata.parquet     Hugging Face's imagefolder
+    <source>/captions.csv | .tsv | .jsonl | .parquet               or any file named by data.table
+    <source>/<image paths the table names>                         or under data.images
+
+Long form, one row per caption:       file_name,caption,lang[,split]
+Wide form, one caption column a language:  file_name,caption_es,caption_pl[,split]
+
+Columns are found by their usual names (ROLES; `caption_<lang>`, `text_<lang>` or
+`sentence_<lang>` for the wide form); data.columns names others (`image=photo`,
+`caption_es=beschreibung`). A long table without a language column is in the one language
+of data.languages. Image paths are relative to the table's folder or to the images folder
+(data.images), or absolute; linked folders are followed. An image is identified by its
+path relative to where it was found.
+
+Splits: a split column (train, val/valid/validation/dev, test or test_<name>) is used as
+given; without one, each image is drawn into val or test by a hash of (data.split_seed,
+its id) with data.val_share and data.test_share: an image keeps its split when rows are
+added, and its captions never span splits.
+
+Bad input: a row with a missing or unreadable image, an empty caption, a language code
+that is not one, a split that is none, a duplicate of an earlier row, or (CSV) a wrong
+number of fields goes to the rejects table with the file, its line and the reason. A
+table that cannot be read at all (not in data.encoding, malformed CSV quoting, not a
+Parquet file, no image or caption column, a column data.columns names that is not
+there) is one error naming the file and the line.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import os
+import re
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mule.mule_core.languages import LanguageCodeError, language_code
+
+from ..images import BadImage, probe
+from ..schemas import CAPTIONS, IMAGES, REJECTS
+from ..sources import TABLE_NAMES, table_in
+from .common import DatasetReadError, ReadOptions, ReadResult, Rejects, Rows, clean_caption, image_record
+
+ROLES = {
+    "image": ("file_name", "image", "image_path", "image_file", "filename", "file", "path", "img"),
+    "caption": ("caption", "text", "sentence", "description"),
+    "lang": ("lang", "language", "locale", "lang_code"),
+    "split": ("split", "set", "subset", "fold", "partition"),
+}
+WIDE = re.compile(r"^(?:caption|text|sentence)[_-](?P<lang>[A-Za-z]{2,3}(?:[_-][A-Za-z0-9]+)*)$")
+SPLITS = {"train": "train", "training": "train", "val": "val", "valid": "val", "validation": "val", "dev": "val",
+          "test": "test", "testing": "test"}  # fmt: skip
+
+
+class TableError(DatasetReadError):
+    pass
+
+
+@dataclass(frozen=True)
+class TableOptions:
+    table: str = ""  # the file, relative to the source folder; "": found (sources.TABLE_NAMES)
+    columns: dict[str, str] = field(default_factory=dict)  # role -> column, beside the usual names
+    encoding: str = "utf-8"
+    val_share: float = 0.1
+    test_share: float = 0.1
+    split_seed: int = 0
+
+
+@dataclass
+class Layout:
+    """Which column plays which role."""
+
+    image: str
+    split: str | None
+    caption: str | None = None  # long form
+    lang: str | None = None  # long form; None: every caption is in `single`
+    single: str | None = None
+    wide: dict[str, str] = field(default_factory=dict)  # lang -> column (wide form)
+    ignored: list[str] = field(default_factory=list)
+
+    def describe(self) -> dict:
+        """What the ingest's summary (and MLflow) records of the table's columns."""
+        form = {"form": "wide", "captions": self.wide} if self.wide else {"form": "long", "caption": self.caption,
+                                                                          "lang": self.lang or f"(all {self.single})"}  # fmt: skip
+        return {**form, "image": self.image, "split": self.split or "(drawn by data.split_seed)", "ignored": self.ignored}
+
+
+def find_table(root: Path, name: str) -> Path:
+    path = table_in(root, name)
+    if path is None:
+        if name:
+            raise TableError(f"{root / name}: no such file (data.table)")
+        raise TableError(f"{root}: no captions table: expected one of {', '.join(TABLE_NAMES)}, or name it with data.table")
+    return path
+
+
+def _records(path: Path, where: str, encoding: str) -> tuple[list[str], Iterator[tuple[int, dict[str, Any], bytes]]]:
+    """The table's columns and its records as (line, {column: value}, raw bytes of the line)."""
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        return _parquet(path, where)
+    data = path.read_bytes()
+    codec = "utf-8-sig" if encoding.replace("_", "-").lower() in ("utf-8", "utf8") else encoding
+    try:
+        text = data.decode(codec)
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        column = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1
+        raise TableError(f"{where}:{line}: not {encoding} text (byte 0x{data[error.start]:02x} at column {column}); "
+                         f"save the table as UTF-8, or name its encoding with data.encoding (e.g. cp1252)") from None  # fmt: skip
+    if suffix == ".jsonl":
+        return _jsonl(text, where)
+    return _csv(text, where, "\t" if suffix == ".tsv" else ",")
+
+
+def _csv(text: str, where: str, delimiter: str):
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
+    try:
+        header = next(reader, None)
+    except csv.Error as error:
+        raise TableError(f"{where}:1: not a readable header ({error})") from None
+    if not header or not any(h.strip() for h in header):
+        raise TableError(f"{where}:1: no header row (the first line names the columns)")
+    header = [h.strip() for h in header]
+    repeated = [h for h, n in Counter(header).items() if n > 1]
+    if repeated:
+        raise TableError(f"{where}:1: column {repeated[0]!r} appears {header.count(repeated[0])} times in the header")
+    lines = text.splitlines(keepends=True)
+
+    def records():
+        line = reader.line_num + 1
+        while True:
+            try:
+                row = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as error:
+                raise TableError(f"{where}:{line}: malformed CSV ({error}); a quoted cell must end with a quote") from None
+            raw = "".join(lines[line - 1 : reader.line_num]).rstrip("\r\n").encode()
+            if not row or not any(cell.strip() for cell in row):
+                line = reader.line_num + 1
+                continue  # a blank line
+            if len(row) != len(header):
+                yield line, {"__fields__": len(row), "__header__": len(header)}, raw
+            else:
+                yield line, dict(zip(header, row)), raw
+            line = reader.line_num + 1
+
+    return header, records()
+
+
+def _jsonl(text: str, where: str):
+    parsed, columns = [], {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        raw = line.encode()
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            parsed.append((number, {"__json__": f"not valid JSON at column {error.colno} ({error.msg})"}, raw))
+            continue
+        if not isinstance(record, dict):
+            parsed.append((number, {"__json__": f"a JSON {type(record).__name__}, not an object"}, raw))
+            continue
+        columns.update(dict.fromkeys(record))
+        parsed.append((number, {k: v for k, v in record.items()}, raw))
+    if not parsed:
+        raise TableError(f"{where}: no records (one JSON object a line)")
+    return list(columns), iter(parsed)
+
+
+def _parquet(path: Path, where: str):
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except Exception as error:  # noqa: BLE001 - pyarrow raises several kinds for a damaged file
+        raise TableError(f"{where}: not a readable Parquet file ({error})") from None
+    names = table.column_names
+    rows = table.to_pylist()
+    return names, ((n, row, json.dumps(row, ensure_ascii=False, default=str).encode()) for n, row in enumerate(rows, 1))
+
+
+def layout(columns: list[str], where: str, options: TableOptions, languages: tuple[str, ...] | None) -> Layout:
+    """Which column is which, from data.columns and the usual names; an error naming the
+    columns there are when a role cannot be filled."""
+    chosen: dict[str, str] = {}
+    for role, column in options.columns.items():
+        if column not in columns:
+            raise TableError(f"{where}: data.columns names {role}={column}, but the table's columns are {', '.join(columns)}")
+        if role not in ROLES and not WIDE.match(role):
+            raise TableError(f"data.columns: {role!r} is no role; roles are {', '.join(ROLES)} and caption_<lang>")
+        chosen[role] = column
+    lowered = {c.lower(): c for c in columns}
+    for role, names in ROLES.items():
+        if role not in chosen:
+            found = next((lowered[n] for n in names if n in lowered and lowered[n] not in chosen.values()), None)
+            if found:
+                chosen[role] = found
+    wide: dict[str, str] = {}
+    for role, column in chosen.items():
+        if match := WIDE.match(role):
+            wide[_code(match["lang"], where)] = column
+    for column in columns:
+        if column not in chosen.values() and (match := WIDE.match(column)):
+            wide.setdefault(_code(match["lang"], where), column)
+    if "image" not in chosen:
+        raise TableError(f"{where}: no image column: expected one of {', '.join(ROLES['image'])} "
+                         f"(or data.columns=image=NAME); the columns are {', '.join(columns)}")  # fmt: skip
+    if "caption" in chosen and wide:
+        raise TableError(f"{where}: both a caption column ({chosen['caption']}) and caption_<lang> columns "
+                         f"({', '.join(wide.values())}); keep one form, or name the columns with data.columns")  # fmt: skip
+    if "caption" not in chosen and not wide:
+        raise TableError(f"{where}: no caption column: expected caption (long form, with a lang column) or "
+                         f"caption_<lang> columns (wide form); the columns are {', '.join(columns)}")  # fmt: skip
+    used = {chosen.get("image"), chosen.get("split"), *wide.values()}
+    if wide:
+        return Layout(chosen["image"], chosen.get("split"), wide=wide,
+                      ignored=[c for c in columns if c not in used and c != chosen.get("lang")])  # fmt: skip
+    single = None
+    if "lang" not in chosen:
+        if not languages or len(languages) != 1:
+            raise TableError(f"{where}: no language column ({', '.join(ROLES['lang'])}): name it with data.columns=lang=NAME, "
+                             f"or set data.languages to the one language of every caption")  # fmt: skip
+        single = languages[0]
+    used |= {chosen["caption"], chosen.get("lang")}
+    return Layout(chosen["image"], chosen.get("split"), chosen["caption"], chosen.get("lang"), single,
+                  ignored=[c for c in columns if c not in used])  # fmt: skip
+
+
+def _code(value: str, where: str) -> str:
+    try:
+        return language_code(value)
+    except LanguageCodeError as error:
+        raise TableError(f"{where}: a caption column's language: {error}") from None
+
+
+def seeded_role(image_id: str, options: TableOptions) -> str:
+    """val, test or train for an image without a given split: by a hash of the seed and its
+    id alone, so an image keeps its split whatever rows are added."""
+    digest = hashlib.sha256(f"{options.split_seed}:{image_id}".encode()).digest()
+    share = int.from_bytes(digest[:8], "big") / 2**64
+    if share < options.val_share:
+        return "val"
+    return "test" if share < options.val_share + options.test_share else "train"
+
+
+def split_role(value: str) -> tuple[str, str] | None:
+    """A split cell -> (split name, role), or None when it names no split."""
+    name = str(value).strip().lower()
+    if name in SPLITS:
+        return SPLITS[name], SPLITS[name]
+    if re.fullmatch(r"test[_-][a-z0-9_-]+", name):
+        return name.replace("-", "_"), "test"
+    return None
+
+
+@dataclass
+class _Image:
+    image_id: str
+    path: Path
+    split: str
+    role: str
+    line: int
+
+
+def read_table(root: Path, dataset: str, images_dir: Path | None, hash_images,
+               progress: Callable[[str], None] | None, options: ReadOptions, table: TableOptions) -> ReadResult:  # fmt: skip
+    root = Path(root)
+    if not root.is_dir():
+        raise TableError(f"dataset folder {root} does not exist")
+    say = progress or (lambda _message: None)
+    path = find_table(root, table.table)
+    where = os.path.relpath(path, root) if path.is_relative_to(root) else str(path)
+    columns, records = _records(path, where, table.encoding)
+    roles = layout(columns, where, table, options.languages)
+    say(f"{where}: {'wide' if roles.wide else 'long'} form; image column {roles.image!r}"
+        + (f", split column {roles.split!r}" if roles.split else ", splits drawn by data.split_seed")
+        + (f"; ignored columns: {', '.join(roles.ignored)}" if roles.ignored else ""))  # fmt: skip
+    rejects = Rejects(dataset, options.strict, error=TableError)
+    bases = [path.parent] + ([Path(images_dir)] if images_dir and Path(images_dir) != path.parent else [])
+    images: dict[str, _Image] = {}
+    bad_images: dict[str, tuple[str, str]] = {}  # image value -> (kind, reason), decided once
+    seen: dict[tuple[str, str, str], int] = {}
+    captions = Rows()
+    other_languages: Counter = Counter()
+    wanted = set(options.languages) if options.languages else None
+    for line, record, raw in records:
+        if "__json__" in record:
+            rejects.add(where, line, "bad_record", record["__json__"], raw)
+            continue
+        if "__fields__" in record:
+            reason = f"{record['__fields__']} fields, the header has {record['__header__']} (a comma in an unquoted cell?)"
+            rejects.add(where, line, "bad_record", reason, raw)
+            continue
+        value = record.get(roles.image)
+        if value is None or not str(value).strip():
+            rejects.add(where, line, "no_image", f"no image named in column {roles.image!r}", raw)
+            continue
+        value = str(value).strip()
+        if value in bad_images:
+            rejects.add(where, line, *bad_images[value], raw)
+            continue
+        image = _locate(value, bases)
+        if image is None:
+            bad_images[value] = ("no_image", f"image file {value!r} not found (looked in {', '.join(map(str, bases))})")
+            rejects.add(where, line, *bad_images[value], raw)
+            continue
+        image_id, file = image
+        if image_id not in images:
+            try:
+                probe(file)
+            except BadImage as error:
+                bad_images[value] = ("bad_image", f"image {value!r} cannot be read: {error}")
+                rejects.add(where, line, *bad_images[value], raw)
+                continue
+        if roles.split and str(record.get(roles.split) or "").strip():
+            named = split_role(record[roles.split])
+            if named is None:
+                rejects.add(where, line, "bad_split", f"split {record[roles.split]!r} is none of train, val, test, test_<name>", raw)
+                continue
+        else:
+            role = seeded_role(image_id, table)
+            named = (role, role)
+        known = images.get(image_id)
+        if known and (known.split, known.role) != named:
+            rejects.add(where, line, "split_conflict",
+                        f"image {image_id!r} is in split {known.split} on line {known.line}, here {named[0]}", raw)  # fmt: skip
+            continue
+        if not known:
+            images[image_id] = _Image(image_id, file, named[0], named[1], line)
+        cells = roles.wide.items() if roles.wide else [(None, roles.caption)]
+        for wide_lang, column in cells:
+            cell = record.get(column)
+            if wide_lang is not None and (cell is None or not str(cell).strip()):
+                continue  # a wide table's empty cell: no caption in that language
+            if wide_lang is None:
+                lang_value = roles.single if roles.lang is None else record.get(roles.lang)
+                try:
+                    lang = language_code(str(lang_value if lang_value is not None else ""))
+                except LanguageCodeError as error:
+                    rejects.add(where, line, "bad_language", f"column {roles.lang!r}: {error}", raw)
+                    continue
+            else:
+                lang = wide_lang
+            if wanted is not None and lang not in wanted:
+                other_languages[lang] += 1
+                continue
+            # a newline inside a quoted cell is layout, not part of the sentence
+            text = " ".join(str(cell).split()) if cell is not None else ""
+            text, kind, reason = clean_caption(text.encode(), options.max_caption_bytes)
+            if text is None:
+                rejects.add(where, line, kind, f"column {column!r}: {reason}", raw)
+                continue
+            key = (image_id, lang, text)
+            if key in seen:
+                rejects.add(where, line, "duplicate", f"the same {lang} caption of {image_id!r} as line {seen[key]}", raw)
+                continue
+            seen[key] = line
+            suffix = f":{lang}" if roles.wide else ""
+            captions.add(caption_id=f"{where}:{line}{suffix}", dataset=dataset, image_id=image_id,
+                         split=images[image_id].split, role=images[image_id].role, lang=lang, text=text,
+                         source="table", source_file=where, line=line, origin_caption_id=None, also_in=None,
+                         source_version=None)  # fmt: skip
+    return _result(dataset, images, captions, rejects, hash_images, say, options, other_languages, roles)
+
+
+def _locate(value: str, bases: list[Path]) -> tuple[str, Path] | None:
+    """(image id, file) of an image path as the table names it: absolute, or relative to the
+    table's folder or the images folder (the first where it is a file)."""
+    named = Path(value.replace("\\", "/"))
+    if named.is_absolute():
+        return (named.as_posix(), named) if named.is_file() else None
+    relative = Path(os.path.normpath(named))
+    for base in bases:
+        if (base / relative).is_file():  # follows links, to files and through linked folders
+            return relative.as_posix(), base / relative
+    return None
+
+
+def _result(dataset: str, images: dict[str, _Image], captions: Rows, rejects: Rejects, hash_images, say,
+            options: ReadOptions, other_languages: Counter, roles: Layout) -> ReadResult:  # fmt: skip
+    counts = Counter(captions.columns.get("lang", []))
+    for lang in options.languages or ():
+        if not counts.get(lang):
+            found = sorted(set(counts) | set(other_languages))
+            raise TableError(f"no usable {lang} captions in the table (its languages: {', '.join(found) or 'none'}); "
+                             f"set data.languages to the languages to train on")  # fmt: skip
+    if other_languages:
+        say("captions in languages outside data.languages, left out: "
+            + ", ".join(f"{n} {lang}" for lang, n in other_languages.most_common()))  # fmt: skip
+    with_captions = set(captions.columns.get("image_id", []))
+    rows, stats = Rows(), {}
+    for image in sorted(images.values(), key=lambda i: i.image_id):
+        if image.image_id not in with_captions:
+            continue  # every caption of it was rejected or in another language
+        exists, sha, width, height = image_record(image.path, hash_images)
+        rows.add(dataset=dataset, image_id=image.image_id, file_name=image.path.name, path=str(image.path),
+                 split=image.split, role=image.role, exists=exists, sha256=sha, width=width, height=height)  # fmt: skip
+        stats.setdefault(image.split, {"images": 0})["images"] += 1
+    for split, lang in zip(captions.columns.get("split", []), captions.columns.get("lang", [])):
+        stats[split][lang] = stats[split].get(lang, 0) + 1
+    for name, figures in sorted(stats.items()):
+        say(f"{name}: {figures}")
+    notes = {"table": roles.describe(), "left_out_languages": dict(other_languages)}
+    return ReadResult(images=rows.table(IMAGES), captions=captions.table(CAPTIONS.remove(CAPTIONS.get_field_index("tokens"))),
+                      rejects=rejects.rows.table(REJECTS), stats=stats, notes=notes)  # fmt: skip

@@ -1,0 +1,87 @@
+"""A language outside the six, end to end on the generated table layout (a photo folder
+and captions.csv in English and Spanish): ingest, word vectors, LP, joint training,
+evaluation, Spanish added to a model trained without it, a Spanish search through `mule
+serve`, and the registered pyfunc model giving the same vector."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.parse
+import urllib.request
+
+import numpy as np
+import pytest
+
+from tests.test_serving import _wait_for, free_port
+
+TINY = {
+    "data.dataset": "embedded-table",
+    "data.train_images": 64,
+    "data.val_images": 16,
+    "data.test_images": 16,
+    "data.image_size": 48,
+    "features.input_size": 32,
+    "text.fasttext_epochs": 3,
+    "text.word_dim": 64,
+    "pretrain.epochs": 2,
+    "pretrain.batch_images": 16,
+    "train.epochs": 6,
+    "train.batch_images": 16,
+    "loss.mining_warmup_steps": 4,  # one epoch of 64 images
+    "pretrain.mining_warmup_steps": 4,
+    "eval.examples": 0,
+}
+
+
+@pytest.mark.slow
+def test_spanish_through_every_stage_add_language_and_mule_serve(tmp_path):
+    import mlflow
+    import pandas as pd
+
+    from mule.flows.stages import add_language_flow, rebuild_flow
+
+    results = rebuild_flow(workdir=str(tmp_path), overrides=TINY,
+                           stages=["ingest", "features", "text", "pretrain", "train", "evaluate"])  # fmt: skip
+    ingest = results["ingest"]
+    assert ingest["per_split"]["test"] == {"images": 16, "en": 32, "es": 32}
+    assert ingest["table"]["form"] == "long" and ingest["tokenizers"]["es"].startswith("moses")
+    table = results["evaluate"]["table"]
+    assert set(table) == {"en", "es"}
+
+    added = add_language_flow(workdir=str(tmp_path), overrides={**TINY, "train.add_language": "es"})
+    rows = added["rows"]
+    assert set(rows["without es"]) == {"en"} and set(rows["without es, then es added"]) == {"en", "es"}
+    assert rows["without es, then es added"]["en"] == rows["without es"]["en"]  # English untouched, to the digit
+    assert added["existing_languages_max_change"] == 0.0
+
+    # mule serve: a Spanish test caption finds images, its language detected from the vocabularies
+    from mule.data_catalog.catalog import Catalog
+    from mule.data_catalog.workdir import Workdir
+
+    wd = Workdir.at(tmp_path)
+    captions = Catalog(wd, read_only=True).read_table("captions", "embedded-table").to_pylist()
+    spanish = next(c for c in captions if c["lang"] == "es" and c["role"] == "test")
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "mule.commands", "serve", "--workdir", str(tmp_path),
+                               "--dataset", "embedded-table", "--port", str(port)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        _wait_for(f"http://127.0.0.1:{port}/api/info", server, 120)
+        query = urllib.parse.quote(spanish["text"])
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/search?q={query}&k=5", timeout=30) as answer:
+            found = json.load(answer)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/embed?q={query}", timeout=30) as answer:
+            served_vector = np.array(json.load(answer)["vector"], dtype=np.float32)
+    finally:
+        server.terminate()
+        server.wait(timeout=20)
+    assert found["lang"] == "es" and found["language"].startswith("detected: es")
+    assert len(found["results"]) == 5 and found["gallery"] == 96  # every split's images
+
+    # the registered model: the same Spanish vector
+    mlflow.set_tracking_uri(wd.mlflow_uri)
+    model = mlflow.pyfunc.load_model("models:/mule-embedded-table@champion")
+    out = model.predict(pd.DataFrame({"text": [spanish["text"]], "lang": ["es"]}))
+    assert np.allclose(np.array(out["embedding"][0], dtype=np.float32), served_vector, atol=1e-5)

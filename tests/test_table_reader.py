@@ -1,0 +1,230 @@
+"""The table layout (data_catalog/readers/table.py): a folder of images and one captions
+table, as a user brings it. Every file kind in both forms reads to the same captions; a
+seeded split keeps every image where it was when rows are added; bad input is rejected
+with file, line and reason, or is one clear error when the table cannot be read."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+
+from mule.data_catalog.readers.common import ReadOptions
+from mule.data_catalog.readers.table import TableError, TableOptions, read_table, seeded_role
+
+ROWS = [  # (image, caption, lang, split): long form
+    ("photos/a.jpg", "Un círculo rojo, a la izquierda.", "es", "train"),
+    ("photos/a.jpg", "Czerwone koło po lewej.", "pl", "train"),
+    ("photos/b.jpg", 'Una estrella "azul" y un cuadrado', "es", "train"),
+    ("photos/b.jpg", "Niebieska gwiazda i kwadrat.", "pl", "train"),
+    ("photos/c.jpg", "Un corazón verde.", "es", "val"),
+    ("photos/c.jpg", "Zielone serce.", "pl", "val"),
+    ("photos/d.jpg", "Dos cruces negras.", "es", "test"),
+    ("photos/d.jpg", "Dwa czarne krzyże.", "pl", "test"),
+]
+
+
+def images(folder, names=("a", "b", "c", "d")):
+    (folder / "photos").mkdir(parents=True, exist_ok=True)
+    for n, name in enumerate(names):
+        Image.new("RGB", (8, 6), (40 * n % 256, 80, 120)).save(folder / "photos" / f"{name}.jpg")
+
+
+def read(folder, languages=("es", "pl"), strict=False, **table):
+    return read_table(folder, "mine", folder / "images", False, None, ReadOptions(languages, strict), TableOptions(**table))
+
+
+def captions(result):
+    t = result.captions.to_pydict()
+    return sorted(zip(t["image_id"], t["lang"], t["text"], t["split"]))
+
+
+def rejects(result):
+    t = result.rejects.to_pydict()
+    return [(line, kind, reason) for line, kind, reason in zip(t["line"], t["kind"], t["reason"])]
+
+
+def write_long(path, rows, header=("file_name", "caption", "lang", "split")):
+    suffix = path.suffix
+    records = [dict(zip(header, r)) for r in rows]
+    if suffix in (".csv", ".tsv"):
+        with open(path, "w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f, delimiter="\t" if suffix == ".tsv" else ",")
+            w.writerow(header)
+            w.writerows(rows)
+    elif suffix == ".jsonl":
+        path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    else:
+        pq.write_table(pa.Table.from_pylist(records), path)
+
+
+def wide_rows():
+    by_image: dict[str, dict] = {}
+    for image, text, lang, split in ROWS:
+        by_image.setdefault(image, {"file_name": image, "split": split})[f"caption_{lang}"] = text
+    return list(by_image.values())
+
+
+EXPECTED = sorted((image, lang, text, split) for image, text, lang, split in ROWS)
+
+
+@pytest.mark.parametrize("name", ["captions.csv", "captions.tsv", "captions.jsonl", "captions.parquet"])
+def test_every_file_kind_in_long_form_reads_the_same_captions(tmp_path, name):
+    images(tmp_path)
+    write_long(tmp_path / name, ROWS)
+    result = read(tmp_path)
+    assert captions(result) == EXPECTED
+    assert result.rejects.num_rows == 0
+    assert sorted(result.images.column("image_id").to_pylist()) == [f"photos/{n}.jpg" for n in "abcd"]
+    assert result.stats["train"] == {"images": 2, "es": 2, "pl": 2}
+
+
+@pytest.mark.parametrize("name", ["metadata.csv", "metadata.jsonl", "metadata.parquet", "captions.tsv"])
+def test_the_wide_form_and_hugging_face_imagefolder_metadata(tmp_path, name):
+    images(tmp_path)
+    records = [{**r, "photographer": "me"} for r in wide_rows()]  # an extra column, as imagefolder allows
+    header = ("file_name", "split", "caption_es", "caption_pl", "photographer")
+    write_long(tmp_path / name, [tuple(r[h] for h in header) for r in records], header)
+    result = read(tmp_path)
+    assert captions(result) == EXPECTED
+    assert result.notes["table"]["form"] == "wide" and result.notes["table"]["ignored"] == ["photographer"]
+
+
+def test_columns_named_otherwise_are_given_by_data_columns(tmp_path):
+    images(tmp_path)
+    write_long(tmp_path / "captions.csv", ROWS, ("foto", "beschreibung", "sprache", "teil"))
+    with pytest.raises(TableError, match=r"captions.csv: no image column: .* the columns are foto, beschreibung"):
+        read(tmp_path)
+    result = read(tmp_path, columns={"image": "foto", "caption": "beschreibung", "lang": "sprache", "split": "teil"})
+    assert captions(result) == EXPECTED
+    with pytest.raises(TableError, match="data.columns names image=bild, but the table's columns are foto"):
+        read(tmp_path, columns={"image": "bild"})
+
+
+def test_a_table_in_one_language_needs_no_language_column(tmp_path):
+    images(tmp_path)
+    rows = [(i, t, s) for i, t, lang, s in ROWS if lang == "es"]
+    write_long(tmp_path / "captions.csv", rows, ("image", "text", "split"))
+    assert [c[1] for c in captions(read(tmp_path, languages=("es",)))] == ["es"] * 4
+    with pytest.raises(TableError, match="no language column"):
+        read(tmp_path, languages=("es", "pl"))
+
+
+def test_paths_relative_to_the_images_folder_and_through_a_linked_folder(tmp_path):
+    store = tmp_path / "elsewhere"
+    images(store)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "images").symlink_to(store, target_is_directory=True)
+    write_long(tmp_path / "data" / "captions.csv", ROWS)
+    result = read(tmp_path / "data")  # photos/a.jpg is under data/images/ (a link), not beside the table
+    assert captions(result) == EXPECTED
+    assert all(p.startswith(str(tmp_path / "data" / "images")) for p in result.images.column("path").to_pylist())
+
+
+def test_a_seeded_split_is_by_image_and_stable_when_rows_are_added(tmp_path):
+    names = [f"p{i:03d}" for i in range(200)]
+    images(tmp_path, names)
+    rows = [(f"photos/{n}.jpg", f"caption {lang} {n} {k}", lang, "") for n in names[:120] for lang in ("es", "pl") for k in (1, 2)]
+    write_long(tmp_path / "captions.csv", rows)
+    first = read(tmp_path, val_share=0.1, test_share=0.2, split_seed=7)
+    split_of = dict(zip(first.images.column("image_id").to_pylist(), first.images.column("split").to_pylist()))
+    counts = {s: list(split_of.values()).count(s) for s in ("train", "val", "test")}
+    assert counts["val"] in range(4, 25) and counts["test"] in range(12, 38) and sum(counts.values()) == 120
+    # an image's captions never span splits
+    t = first.captions.to_pydict()
+    assert all(split_of[i] == s for i, s in zip(t["image_id"], t["split"]))
+    # rows appended (new images, and more captions of old ones): every image keeps its split
+    more = [(f"photos/{n}.jpg", f"another {n}", "es", "") for n in names[100:200]]
+    write_long(tmp_path / "captions.csv", rows + more)
+    second = read(tmp_path, val_share=0.1, test_share=0.2, split_seed=7)
+    after = dict(zip(second.images.column("image_id").to_pylist(), second.images.column("split").to_pylist()))
+    assert {i: after[i] for i in split_of} == split_of and len(after) == 200
+    assert all(after[i] == seeded_role(i, TableOptions(val_share=0.1, test_share=0.2, split_seed=7)) for i in after)
+    # another seed draws other images
+    assert dict(zip(*[read(tmp_path, split_seed=8).images.column(c).to_pylist() for c in ("image_id", "split")])) != after
+
+
+def test_bad_rows_are_rejected_with_file_line_and_reason(tmp_path):
+    images(tmp_path)
+    (tmp_path / "photos" / "broken.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
+    lines = [
+        "file_name,caption,lang,split",
+        "photos/a.jpg,Un círculo rojo.,es,train",  # 2: fine
+        "photos/missing.jpg,Una cruz.,es,train",  # 3: no such image
+        "photos/broken.jpg,Una cruz.,es,train",  # 4: not an image
+        "photos/b.jpg,   ,es,train",  # 5: empty caption
+        "photos/b.jpg,Una estrella.,spanish,train",  # 6: no language code
+        "photos/a.jpg,Un círculo rojo.,es,train",  # 7: the same row as line 2
+        "photos/b.jpg,Una estrella.,es,holdout",  # 8: no split
+        "photos/b.jpg,Una,estrella,es,train",  # 9: an unquoted comma
+        "photos/a.jpg,Czerwone koło.,pl,test",  # 10: a.jpg is in train (line 2)
+        "photos/c.jpg,Zielone serce.,pl,val",  # 11: fine
+        "photos/d.jpg,Un corazón.,es,test",  # 12: fine
+        "photos/d.jpg,Serce.,pl,test",  # 13: fine
+        "photos/a.jpg,Koło.,pl,train",  # 14: fine
+        "photos/c.jpg,Un corazón verde.,es,val",  # 15: fine
+    ]
+    (tmp_path / "captions.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    result = read(tmp_path)
+    got = rejects(result)
+    assert [(line, kind) for line, kind, _ in got] == [
+        (3, "no_image"), (4, "bad_image"), (5, "empty"), (6, "bad_language"), (7, "duplicate"), (8, "bad_split"),
+        (9, "bad_record"), (10, "split_conflict")]  # fmt: skip
+    reasons = dict((line, reason) for line, _, reason in got)
+    assert "'photos/missing.jpg' not found" in reasons[3]
+    assert "'spanish' is not a language code" in reasons[6]
+    assert "as line 2" in reasons[7]
+    assert "5 fields, the header has 4" in reasons[9]
+    assert "in split train on line 2, here test" in reasons[10]
+    assert set(result.rejects.column("source_file").to_pylist()) == {"captions.csv"}
+    assert len(captions(result)) == 6
+    with pytest.raises(TableError, match=r"captions.csv:3: image file 'photos/missing.jpg' not found .*data.strict=true"):
+        read(tmp_path, strict=True)
+
+
+def test_bom_crlf_quotes_and_newlines_inside_cells_are_read_as_written(tmp_path):
+    images(tmp_path)
+    text = ('file_name,caption,lang,split\r\n"photos/a.jpg","Un ""círculo"" rojo,\r\n a la izquierda",es,train\r\n'
+            'photos/a.jpg,Czerwone koło.,pl,train\r\nphotos/b.jpg,Una estrella.,es,train\r\nphotos/b.jpg,Gwiazda.,pl,train\r\n')
+    (tmp_path / "captions.csv").write_bytes(b"\xef\xbb\xbf" + text.encode())
+    result = read(tmp_path)
+    assert result.rejects.num_rows == 0
+    t = result.captions.to_pydict()
+    assert t["text"][t["line"].index(2)] == 'Un "círculo" rojo, a la izquierda'
+    assert t["line"] == [2, 4, 5, 6]  # the quoted cell spans lines 2-3: the next row is line 4
+
+
+def test_a_table_that_cannot_be_read_is_one_clear_error(tmp_path):
+    images(tmp_path)
+    latin = "file_name,caption,lang,split\nphotos/a.jpg,Un coraz\u00f3n.,es,train\nphotos/a.jpg,Serce.,pl,train\n"
+    (tmp_path / "captions.csv").write_bytes(latin.encode("cp1252"))
+    with pytest.raises(TableError, match=r"captions.csv:2: not utf-8 text \(byte 0xf3 at column 22\).*data.encoding"):
+        read(tmp_path)
+    assert "Un corazón." in [c[2] for c in captions(read(tmp_path, languages=("es",), encoding="cp1252"))]
+    (tmp_path / "captions.csv").write_text('file_name,caption,lang\nphotos/a.jpg,"never closed,es\n', encoding="utf-8")
+    with pytest.raises(TableError, match=r"captions.csv:2: malformed CSV"):
+        read(tmp_path)
+    (tmp_path / "captions.csv").unlink()
+    (tmp_path / "captions.parquet").write_bytes(b"PAR1 not parquet")
+    with pytest.raises(TableError, match=r"captions.parquet: not a readable Parquet file"):
+        read(tmp_path)
+    (tmp_path / "captions.parquet").unlink()
+    with pytest.raises(TableError, match=r"no captions table: expected one of metadata.jsonl"):
+        read(tmp_path)
+    (tmp_path / "captions.jsonl").write_text('{"file_name": "photos/a.jpg", "caption": "Hola", "lang": "es"}\n[1]\n{oops\n')
+    got = rejects(read(tmp_path, languages=("es",)))
+    assert [(line, kind) for line, kind, _ in got] == [(2, "bad_record"), (3, "bad_record")]
+    assert "a JSON list, not an object" in got[0][2] and "not valid JSON at column 2" in got[1][2]
+
+
+def test_languages_outside_data_languages_are_left_out_and_said(tmp_path):
+    images(tmp_path)
+    write_long(tmp_path / "captions.csv", [*ROWS, ("photos/a.jpg", "วงกลมสีแดง", "th", "train")])
+    result = read(tmp_path)
+    assert result.notes["left_out_languages"] == {"th": 1}
+    with pytest.raises(TableError, match=r"no usable de captions in the table \(its languages: es, pl, th\)"):
+        read(tmp_path, languages=("es", "de"))
