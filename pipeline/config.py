@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from mule.mule_core import config as model_settings
@@ -348,7 +348,7 @@ def validate(cfg: MuleConfig) -> None:
             raise ConfigError(f"data.languages: {error}") from None
         if code != lang:
             raise ConfigError(f"data.languages: write {lang!r} as {code!r}")
-    for lang, name in cfg.text.tokenizers.items():
+    for lang in cfg.text.tokenizers:
         try:
             tokenizer_name(lang, cfg.text.tokenizers)
         except ValueError as error:

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mule.data_catalog import indexes, queries
+from mule.data_catalog import ann, indexes, queries
 from mule.data_catalog.content import sha256_file
-from mule.data_catalog import ann
 from mule.mule_core.embedder import Embedder
 from mule.mule_core.training import encode_split
 

@@ -10,10 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from mule.data_catalog import indexes
+from mule.data_catalog import ann, indexes
 from mule.data_catalog.content import sha256_file
 from mule.data_catalog.models import load_model
-from mule.data_catalog import ann
 from mule.mule_core.embedder import Embedder
 
 from .support.context import StageContext, logger

@@ -14,8 +14,8 @@ from mule.data_catalog.readers.common import ReadOptions
 from mule.data_catalog.readers.multi30k import read_multi30k
 from mule.data_catalog.readers.table import TableOptions, read_table
 from mule.data_catalog.sources import locate
-from mule.mule_core.progress import Progress
 from mule.mule_core.languages import tokenizer_name
+from mule.mule_core.progress import Progress
 from mule.mule_core.text import tokenize, tokenizer_version
 
 from .support.context import StageContext, logger
