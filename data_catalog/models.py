@@ -36,12 +36,15 @@ def save_atomic(obj: Any, path: Path) -> None:
 
 
 def save_model(path: Path, model: MuleModel, cfg: Any, vocabulary: Vocabulary, **meta: Any) -> None:
-    """`cfg`: the config it was trained under (the pipeline's MuleConfig), kept whole."""
+    """`cfg`: the config it was trained under (the pipeline's MuleConfig): every section the
+    training stage was given (its declared ones)."""
     save_atomic(
         {
             "format": MODEL_FORMAT,
             "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-            "config": dataclasses.asdict(cfg),
+            "config": {f.name: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v
+                       for f in dataclasses.fields(cfg) if dataclasses.is_dataclass(v := getattr(cfg, f.name))
+                       or isinstance(v, (str, int, float))},  # fmt: skip
             "languages": vocabulary.languages,
             "vocab": vocabulary.words,
             "word_dim": vocabulary.dim,

@@ -82,6 +82,11 @@ class Stage:
         return (self.task or "").partition(":")[0]
 
     @property
+    def sections(self) -> frozenset[str]:
+        """The config sections its computation is handed (pipeline.config.declared_sections)."""
+        return frozenset(option.split(".", 1)[0] for option in self.config)
+
+    @property
     def keyed(self) -> bool:
         """Content-addressed: reused when its key is unchanged. Sweeps are not: each of their
         steps is, variant by variant."""

@@ -19,7 +19,7 @@ from typing import Any
 
 from mule.data_catalog.locks import end_commit
 from mule.data_catalog.workdir import Workdir
-from mule.pipeline.config import MuleConfig
+from mule.pipeline.config import MuleConfig, declared_sections
 
 from . import reuse
 from .declaration import BY_NAME, Stage
@@ -76,7 +76,9 @@ class Runner:
         report = Tracker(self.workdir, run_id) if run_id else (self.report or Silent())
         report.tags(reuse.tags(decision))
         reuse.logger().info("%s: %s", stage.name, decision.describe())
-        ctx = StageContext(self.workdir, cfg, key=decision.key, force=decision.forced, report=report)
+        # the computation is handed only the sections its declaration names (the rest fail loudly)
+        ctx = StageContext(self.workdir, declared_sections(cfg, stage.name, stage.sections), key=decision.key,
+                           force=decision.forced, report=report)  # fmt: skip
         started = time.perf_counter()
         try:
             result = self.computes(stage)(ctx)

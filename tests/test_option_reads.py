@@ -117,3 +117,17 @@ def test_the_sweeps_steps_read_only_options_they_declare(workdir):
     options = run_recorded(workdir, "query-translation", english)
     missing = undeclared("query-translation", options)
     assert not missing, f"query-translation reads {missing} without declaring them"
+
+
+def test_a_stage_is_handed_only_the_sections_it_declares():
+    import copy
+
+    from mule.pipeline.config import UndeclaredSectionError, declared_sections
+
+    index = BY_NAME["index"]
+    assert index.sections == {"index", "data", "train"}
+    cfg = declared_sections(resolve("demo"), index.name, index.sections)
+    assert cfg.index.kind == "hnsw-sq8" and cfg.train.model_name == "model"
+    with pytest.raises(UndeclaredSectionError, match=r"stage index read translate.backend, and its declaration"):
+        cfg.translate.backend  # noqa: B018
+    assert copy.deepcopy(cfg).features is cfg.features  # a copy of the config (a sweep's variant) keeps it so

@@ -85,3 +85,29 @@ def test_spanish_through_every_stage_add_language_and_mule_serve(tmp_path):
     model = mlflow.pyfunc.load_model("models:/mule-embedded-table@champion")
     out = model.predict(pd.DataFrame({"text": [spanish["text"]], "lang": ["es"]}))
     assert np.allclose(np.array(out["embedding"][0], dtype=np.float32), served_vector, atol=1e-5)
+
+
+def test_rows_appended_to_a_users_table_extract_only_the_new_images(tmp_path):
+    from PIL import Image
+
+    from mule.data_catalog.workdir import Workdir
+    from mule.pipeline.config import resolve
+    from mule.pipeline.runner import run_alone
+
+    photos = tmp_path / "my-photos"
+    (photos / "shoes").mkdir(parents=True)
+    for n in range(8):
+        Image.new("RGB", (40, 30), (30 * n, 90, 200 - 20 * n)).save(photos / "shoes" / f"{n}.jpg")
+    rows = [f"shoes/{n}.jpg,Un zapato número {n}.,es" for n in range(5)]
+    (photos / "metadata.csv").write_text("file_name,caption,lang\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    overrides = {"data.dataset": "shop", "data.source": str(photos), "data.languages": "es", "features.input_size": 32}
+    cfg = resolve("demo", overrides)
+    assert cfg.data.format == "table"  # found by the metadata.csv in --source
+    wd = Workdir.at(tmp_path / "work")
+    assert run_alone(wd, cfg, "ingest", force=False)["images"] == 5
+    assert run_alone(wd, cfg, "features", force=False)["extracted_now"] == 5
+    more = [f"shoes/{n}.jpg,\"Otro zapato, el {n}.\",es" for n in (1, 5, 6, 7)]  # one old image, three new
+    (photos / "metadata.csv").write_text("file_name,caption,lang\n" + "\n".join(rows + more) + "\n", encoding="utf-8")
+    assert run_alone(wd, cfg, "ingest", force=False)["images"] == 8
+    features = run_alone(wd, cfg, "features", force=False)
+    assert features["extracted_now"] == 3 and features["images"] == 8

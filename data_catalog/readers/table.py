@@ -55,6 +55,7 @@ ROLES = {
     "split": ("split", "set", "subset", "fold", "partition"),
 }
 WIDE = re.compile(r"^(?:caption|text|sentence)[_-](?P<lang>[A-Za-z]{2,3}(?:[_-][A-Za-z0-9]+)*)$")
+_LINE_BREAK = re.compile(r"[ \t]*(?:\r\n|\r|\n)[ \t]*")
 SPLITS = {"train": "train", "training": "train", "val": "val", "valid": "val", "validation": "val", "dev": "val",
           "test": "test", "testing": "test"}  # fmt: skip
 
@@ -354,8 +355,8 @@ def read_table(root: Path, dataset: str, images_dir: Path | None, hash_images,
             if wanted is not None and lang not in wanted:
                 other_languages[lang] += 1
                 continue
-            # a newline inside a quoted cell is layout, not part of the sentence
-            text = " ".join(str(cell).split()) if cell is not None else ""
+            # a line break inside a quoted cell is layout, not part of the sentence
+            text = _LINE_BREAK.sub(" ", str(cell)) if cell is not None else ""
             text, kind, reason = clean_caption(text.encode(), options.max_caption_bytes)
             if text is None:
                 rejects.add(where, line, kind, f"column {column!r}: {reason}", raw)
