@@ -209,3 +209,25 @@ def edit(path: Path) -> None:
     """An edit that changes the file's digest; the code keys forget what they had read."""
     path.write_text(path.read_text() + "\n# an edit\n")
     code_parts.cache_clear()
+
+
+@pytest.fixture(scope="session")
+def never_interrupted(tmp_path_factory, worker_id) -> Path:
+    """The workdir of test_crashes.reference_run (the tiny demo never interrupted), made once
+    a session by whichever pytest worker asks first: test_crashes.py and test_stopping.py
+    both compare with it, and only read it."""
+    import fcntl
+
+    root = tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
+    done = root / "never-interrupted.done"
+    with open(root / "never-interrupted.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the other worker waits rather than making its own
+        if not done.exists():
+            import shutil
+
+            shutil.rmtree(root / "never-interrupted", ignore_errors=True)
+            from tests.test_crashes import reference_run
+
+            reference_run(root / "never-interrupted")
+            done.touch()
+    return root / "never-interrupted"

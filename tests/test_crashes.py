@@ -123,9 +123,8 @@ def leftovers(workdir: Path) -> list[Path]:
 
 
 @pytest.mark.slow
-def test_killed_stages_resume_and_end_as_if_never_interrupted(tmp_path, zygote, prefect_api_url):
-    reference = tmp_path / "reference"
-    reference_run(reference)
+def test_killed_stages_resume_and_end_as_if_never_interrupted(tmp_path, zygote, prefect_api_url, never_interrupted):
+    reference = never_interrupted
     crashed = tmp_path / "crashed"
 
     # 1. Ingest killed between writing the captions table and renaming it into place.

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_crashes import SIZES, TINY, reference_run
+from tests.test_crashes import SIZES, TINY
 
 REPO = Path(__file__).resolve().parents[1]
 LIMIT_S = 3.0  # flows.interrupts stops within 2 s; a loaded 2-core CI machine gets a second more
@@ -74,11 +74,10 @@ def runs(workdir: Path) -> list:
 
 @pytest.mark.slow
 def test_ctrl_c_and_sigterm_stop_every_kind_of_stage_and_the_rerun_equals_a_run_never_stopped(tmp_path,
-                                                                                              prefect_api_url):  # fmt: skip
+        prefect_api_url, never_interrupted):  # fmt: skip
     from prefect.client.orchestration import get_client
 
-    reference = tmp_path / "reference"
-    reference_run(reference)
+    reference = never_interrupted
     stopped = tmp_path / "stopped"
     env = {"PREFECT_API_URL": prefect_api_url, "MULE_PREFECT_HEARTBEATS": "off"}  # the session's server: its states
     for stage, signum, group in (("features", signal.SIGINT, True), ("text", signal.SIGTERM, False),
