@@ -286,92 +286,119 @@ def read_table(root: Path, dataset: str, images_dir: Path | None, hash_images,
     say(f"{where}: {'wide' if roles.wide else 'long'} form; image column {roles.image!r}"
         + (f", split column {roles.split!r}" if roles.split else ", splits drawn by data.split_seed")
         + (f"; ignored columns: {', '.join(roles.ignored)}" if roles.ignored else ""))  # fmt: skip
-    rejects = Rejects(dataset, options.strict, error=TableError)
     bases = [path.parent] + ([Path(images_dir)] if images_dir and Path(images_dir) != path.parent else [])
-    images: dict[str, _Image] = {}
-    bad_images: dict[str, tuple[str, str]] = {}  # image value -> (kind, reason), decided once
-    seen: dict[tuple[str, str, str], int] = {}
-    captions = Rows()
-    other_languages: Counter = Counter()
-    wanted = set(options.languages) if options.languages else None
+    rows = _Rows(dataset, where, roles, table, options, bases, Rejects(dataset, options.strict, error=TableError))
     for line, record, raw in records:
+        rows.read(line, record, raw)
+    return _result(dataset, rows.images, rows.captions, rows.rejects, hash_images, say, options, rows.other_languages,
+                   roles)  # fmt: skip
+
+
+class _Rows:
+    """The table's records read one by one into images and captions; what is wrong with a
+    record goes to the rejects with its line."""
+
+    def __init__(self, dataset: str, where: str, roles: Layout, table: TableOptions, options: ReadOptions,
+                 bases: list[Path], rejects: Rejects):  # fmt: skip
+        self.dataset, self.where, self.roles, self.table, self.options = dataset, where, roles, table, options
+        self.bases, self.rejects = bases, rejects
+        self.images: dict[str, _Image] = {}
+        self.bad_images: dict[str, tuple[str, str]] = {}  # the image as named -> (kind, reason), decided once
+        self.seen: dict[tuple[str, str, str], int] = {}  # (image, lang, caption) -> its line
+        self.captions = Rows()
+        self.other_languages: Counter = Counter()
+        self.wanted = set(options.languages) if options.languages else None
+
+    def reject(self, line: int, kind: str, reason: str, raw: bytes) -> None:
+        self.rejects.add(self.where, line, kind, reason, raw)
+
+    def read(self, line: int, record: dict, raw: bytes) -> None:
         if "__json__" in record:
-            rejects.add(where, line, "bad_record", record["__json__"], raw)
-            continue
+            return self.reject(line, "bad_record", record["__json__"], raw)
         if "__fields__" in record:
             reason = f"{record['__fields__']} fields, the header has {record['__header__']} (a comma in an unquoted cell?)"
-            rejects.add(where, line, "bad_record", reason, raw)
-            continue
-        value = record.get(roles.image)
-        if value is None or not str(value).strip():
-            rejects.add(where, line, "no_image", f"no image named in column {roles.image!r}", raw)
-            continue
-        value = str(value).strip()
-        if value in bad_images:
-            rejects.add(where, line, *bad_images[value], raw)
-            continue
-        image = _locate(value, bases)
-        if image is None:
-            bad_images[value] = ("no_image", f"image file {value!r} not found (looked in {', '.join(map(str, bases))})")
-            rejects.add(where, line, *bad_images[value], raw)
-            continue
-        image_id, file = image
-        if image_id not in images:
-            try:
-                probe(file)
-            except BadImage as error:
-                bad_images[value] = ("bad_image", f"image {value!r} cannot be read: {error}")
-                rejects.add(where, line, *bad_images[value], raw)
-                continue
-        if roles.split and str(record.get(roles.split) or "").strip():
-            named = split_role(record[roles.split])
-            if named is None:
-                rejects.add(where, line, "bad_split", f"split {record[roles.split]!r} is none of train, val, test, test_<name>", raw)
-                continue
-        else:
-            role = seeded_role(image_id, table)
-            named = (role, role)
-        known = images.get(image_id)
-        if known and (known.split, known.role) != named:
-            rejects.add(where, line, "split_conflict",
-                        f"image {image_id!r} is in split {known.split} on line {known.line}, here {named[0]}", raw)  # fmt: skip
-            continue
-        if not known:
-            images[image_id] = _Image(image_id, file, named[0], named[1], line)
-        cells = roles.wide.items() if roles.wide else [(None, roles.caption)]
+            return self.reject(line, "bad_record", reason, raw)
+        found = self.image(line, record.get(self.roles.image), raw)
+        if found is None:
+            return None
+        image_id, file = found
+        named = self.split(line, record, image_id, raw)
+        if named is None:
+            return None
+        if image_id not in self.images:
+            self.images[image_id] = _Image(image_id, file, named[0], named[1], line)
+        cells = self.roles.wide.items() if self.roles.wide else [(None, self.roles.caption)]
         for wide_lang, column in cells:
-            cell = record.get(column)
-            if wide_lang is not None and (cell is None or not str(cell).strip()):
-                continue  # a wide table's empty cell: no caption in that language
-            if wide_lang is None:
-                lang_value = roles.single if roles.lang is None else record.get(roles.lang)
+            self.caption(line, record, image_id, wide_lang, column, raw)
+        return None
+
+    def image(self, line: int, value, raw: bytes) -> tuple[str, Path] | None:
+        """(image id, file) of the row's image, or None with the row rejected."""
+        if value is None or not str(value).strip():
+            self.reject(line, "no_image", f"no image named in column {self.roles.image!r}", raw)
+            return None
+        value = str(value).strip()
+        if value not in self.bad_images:
+            found = _locate(value, self.bases)
+            if found is None:
+                looked = ", ".join(map(str, self.bases))
+                self.bad_images[value] = ("no_image", f"image file {value!r} not found (looked in {looked})")
+            elif found[0] not in self.images:
                 try:
-                    lang = language_code(str(lang_value if lang_value is not None else ""))
-                except LanguageCodeError as error:
-                    rejects.add(where, line, "bad_language", f"column {roles.lang!r}: {error}", raw)
-                    continue
-            else:
-                lang = wide_lang
-            if wanted is not None and lang not in wanted:
-                other_languages[lang] += 1
-                continue
-            # a line break inside a quoted cell is layout, not part of the sentence
-            text = _LINE_BREAK.sub(" ", str(cell)) if cell is not None else ""
-            text, kind, reason = clean_caption(text.encode(), options.max_caption_bytes)
-            if text is None:
-                rejects.add(where, line, kind, f"column {column!r}: {reason}", raw)
-                continue
-            key = (image_id, lang, text)
-            if key in seen:
-                rejects.add(where, line, "duplicate", f"the same {lang} caption of {image_id!r} as line {seen[key]}", raw)
-                continue
-            seen[key] = line
-            suffix = f":{lang}" if roles.wide else ""
-            captions.add(caption_id=f"{where}:{line}{suffix}", dataset=dataset, image_id=image_id,
-                         split=images[image_id].split, role=images[image_id].role, lang=lang, text=text,
-                         source="table", source_file=where, line=line, origin_caption_id=None, also_in=None,
-                         source_version=None)  # fmt: skip
-    return _result(dataset, images, captions, rejects, hash_images, say, options, other_languages, roles)
+                    probe(found[1])
+                except BadImage as error:
+                    self.bad_images[value] = ("bad_image", f"image {value!r} cannot be read: {error}")
+            if value not in self.bad_images:
+                return found
+        self.reject(line, *self.bad_images[value], raw)
+        return None
+
+    def split(self, line: int, record: dict, image_id: str, raw: bytes) -> tuple[str, str] | None:
+        """(split, role) of the row's image: given, else drawn; None with the row rejected."""
+        given = record.get(self.roles.split) if self.roles.split else None
+        if given is not None and str(given).strip():
+            named = split_role(given)
+            if named is None:
+                self.reject(line, "bad_split", f"split {given!r} is none of train, val, test, test_<name>", raw)
+                return None
+        else:
+            role = seeded_role(image_id, self.table)
+            named = (role, role)
+        known = self.images.get(image_id)
+        if known and (known.split, known.role) != named:
+            self.reject(line, "split_conflict",
+                        f"image {image_id!r} is in split {known.split} on line {known.line}, here {named[0]}", raw)  # fmt: skip
+            return None
+        return named
+
+    def caption(self, line: int, record: dict, image_id: str, wide_lang: str | None, column: str, raw: bytes) -> None:
+        cell = record.get(column)
+        if wide_lang is not None and (cell is None or not str(cell).strip()):
+            return  # a wide table's empty cell: no caption in that language
+        lang = wide_lang
+        if lang is None:
+            value = self.roles.single if self.roles.lang is None else record.get(self.roles.lang)
+            try:
+                lang = language_code(str(value if value is not None else ""))
+            except LanguageCodeError as error:
+                return self.reject(line, "bad_language", f"column {self.roles.lang!r}: {error}", raw)
+        if self.wanted is not None and lang not in self.wanted:
+            self.other_languages[lang] += 1
+            return
+        # a line break inside a quoted cell is layout, not part of the sentence
+        text = _LINE_BREAK.sub(" ", str(cell)) if cell is not None else ""
+        text, kind, reason = clean_caption(text.encode(), self.options.max_caption_bytes)
+        if text is None:
+            return self.reject(line, kind, f"column {column!r}: {reason}", raw)
+        key = (image_id, lang, text)
+        if key in self.seen:
+            return self.reject(line, "duplicate", f"the same {lang} caption of {image_id!r} as line {self.seen[key]}", raw)
+        self.seen[key] = line
+        image = self.images[image_id]
+        self.captions.add(caption_id=f"{self.where}:{line}" + (f":{lang}" if self.roles.wide else ""),
+                          dataset=self.dataset, image_id=image_id, split=image.split, role=image.role, lang=lang,
+                          text=text, source="table", source_file=self.where, line=line, origin_caption_id=None,
+                          also_in=None, source_version=None)  # fmt: skip
 
 
 def _locate(value: str, bases: list[Path]) -> tuple[str, Path] | None:
