@@ -17,6 +17,8 @@ def run(args: argparse.Namespace) -> int:
     if not catalog.datasets():
         print(f"the catalog in {workdir.root} is empty: run `mule demo` or `mule run ingest ...`")
         return 0
+    if getattr(args, "rejects", None) is not None:
+        return _rejects(catalog, workdir, args.rejects, args.limit)
     print(f"catalog: {workdir.duckdb_path}")
     with catalog_reading(workdir):
         held = queries.summary(catalog)
@@ -34,4 +36,24 @@ def run(args: argparse.Namespace) -> int:
             use = "current" if row["current"] else "kept (a model may use it; delete the folder to free it)"
             print(f"  features  {dataset:<12} {row['extractor']:<50} {row['rows']:>7}  "
                   f"{row['bytes'] / 2**20:.1f} MiB, {use}")  # fmt: skip
+    return 0
+
+
+def _rejects(catalog, workdir, dataset: str, limit: int) -> int:
+    """The rejected rows themselves: where (file:line), what kind, why, and the line as read."""
+    from mule.data_catalog import queries
+    from mule.data_catalog.locks import catalog_reading
+
+    with catalog_reading(workdir):
+        rows, total = queries.rejected_rows(catalog, dataset or None, limit)
+    if not total:
+        print(f"no rejected rows{f' in {dataset}' if dataset else ''}")
+        return 0
+    for row in rows:
+        where = f"{row['source_file']}:{row['line']}" if row["line"] is not None else row["source_file"]
+        print(f"{row['dataset']}  {where}  {row['kind']}: {row['reason']}")
+        if row["raw"]:
+            print(f"    {row['raw'][:160]}")
+    if total > len(rows):
+        print(f"... {total - len(rows)} more (--limit)")
     return 0

@@ -177,6 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     catalog = sub.add_parser("catalog", help="list the catalog's datasets and tables")
     catalog.add_argument("--workdir")
+    catalog.add_argument("--rejects", metavar="DATASET", nargs="?", const="",
+                         help="list the rejected rows (of DATASET, or of every dataset): file, line, kind and reason")
+    catalog.add_argument("--limit", type=int, default=50, help="rejected rows to list (default: 50)")
     return parser
 
 

@@ -182,3 +182,15 @@ def summary(catalog: Catalog) -> dict[str, list[dict]]:
         "SELECT dataset, coalesce(kind, '?') AS kind, count(*) AS n FROM rejects GROUP BY ALL ORDER BY dataset, n DESC"
     ).to_pylist() if (catalog.workdir.catalog_dir / "rejects").exists() else []  # fmt: skip
     return out
+
+
+def rejected_rows(catalog: Catalog, dataset: str | None, limit: int) -> tuple[list[dict], int]:
+    """(the first `limit` rejected rows, by file and line; how many there are), of one
+    dataset or of all."""
+    if not (catalog.workdir.catalog_dir / "rejects").exists():
+        return [], 0
+    where, params = ("WHERE dataset = ?", [dataset]) if dataset else ("", [])
+    total = catalog.query(f"SELECT count(*) AS n FROM rejects {where}", params).to_pylist()[0]["n"]
+    rows = catalog.query(f"SELECT dataset, source_file, line, kind, reason, raw FROM rejects {where} "
+                         f"ORDER BY dataset, source_file, line LIMIT {int(limit)}", params).to_pylist()  # fmt: skip
+    return rows, total

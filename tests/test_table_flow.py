@@ -111,3 +111,25 @@ def test_rows_appended_to_a_users_table_extract_only_the_new_images(tmp_path):
     assert run_alone(wd, cfg, "ingest", force=False)["images"] == 8
     features = run_alone(wd, cfg, "features", force=False)
     assert features["extracted_now"] == 3 and features["images"] == 8
+
+
+def test_mule_catalog_lists_the_rejected_rows_with_file_line_and_reason(tmp_path, capsys):
+    from PIL import Image
+
+    from mule.commands.main import main
+    from mule.data_catalog.workdir import Workdir
+    from mule.pipeline.config import resolve
+    from mule.pipeline.runner import run_alone
+
+    photos = tmp_path / "my-photos"
+    photos.mkdir()
+    Image.new("RGB", (20, 20), (200, 10, 10)).save(photos / "a.jpg")
+    (photos / "captions.csv").write_text("image,text,language\na.jpg,Un zapato rojo.,es\nb.jpg,Un zapato.,es\n"
+                                         "a.jpg,Czerwony but.,polish\n", encoding="utf-8")  # fmt: skip
+    cfg = resolve("demo", {"data.dataset": "shop", "data.source": str(photos), "data.languages": "es"})
+    run_alone(Workdir.at(tmp_path / "work"), cfg, "ingest")
+    assert main(["catalog", "--workdir", str(tmp_path / "work"), "--rejects"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "shop  captions.csv:3  no_image: image file 'b.jpg' not found (looked in " + str(photos) + ")"
+    assert out[1] == "    b.jpg,Un zapato.,es"
+    assert out[2].startswith("shop  captions.csv:4  bad_language: column 'language': 'polish' is not a language code")

@@ -286,7 +286,8 @@ def read_table(root: Path, dataset: str, images_dir: Path | None, hash_images,
     say(f"{where}: {'wide' if roles.wide else 'long'} form; image column {roles.image!r}"
         + (f", split column {roles.split!r}" if roles.split else ", splits drawn by data.split_seed")
         + (f"; ignored columns: {', '.join(roles.ignored)}" if roles.ignored else ""))  # fmt: skip
-    bases = [path.parent] + ([Path(images_dir)] if images_dir and Path(images_dir) != path.parent else [])
+    extra = Path(images_dir) if images_dir else None
+    bases = [path.parent] + ([extra] if extra and extra != path.parent and extra.is_dir() else [])
     rows = _Rows(dataset, where, roles, table, options, bases, Rejects(dataset, options.strict, error=TableError))
     for line, record, raw in records:
         rows.read(line, record, raw)
