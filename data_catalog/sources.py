@@ -7,14 +7,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from mule.mule_core.errors import UserError
 
 from .workdir import Workdir
 
-if TYPE_CHECKING:
-    from mule.pipeline.config import DataConfig
+
+class DataConfig(Protocol):
+    """What locating a dataset reads of the pipeline's data section (pipeline.config.DataConfig)."""
+
+    dataset: str
+    source: str
+    images: str
 
 EMBEDDED = "embedded"  # Multi30K-style: en, de, fr, cs
 EMBEDDED_COCO = "embedded-coco"  # COCO-style: en on every image, ja and zh on few

@@ -28,7 +28,7 @@ from mule.data_catalog.workdir import Workdir
 from mule.flows.runtime import dask_task_runner, quiet_user_errors
 from mule.mule_core.config import ConfigError
 from mule.mule_core.errors import is_user_error
-from mule.pipeline import rebuild, reuse
+from mule.pipeline import rebuild, reuse, reused
 from mule.pipeline.config import MuleConfig, from_dict, resolve
 from mule.pipeline.declaration import ALL, REBUILD, STAGES, Stage, in_pipeline_order
 from mule.pipeline.runner import Runner
@@ -119,7 +119,7 @@ def _computes(stage: Stage):
 
 # A reused stage: no flow run of its own, a task run in the rebuild's (or the sweep's).
 reuse_stage = task(name="reuse-stage", task_run_name="{decision.stage}: reused", cache_policy=NO_CACHE)(
-    reuse.reuse_stage
+    reused.reuse_stage
 )
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from mule.data_catalog.workdir import Workdir
 from mule.pipeline.config import MuleConfig
 
-from . import reuse
+from . import reuse, reused
 from .declaration import BY_NAME, REBUILD
 from .runner import prepare
 
@@ -40,7 +40,7 @@ def run(wd: Workdir, cfg: MuleConfig, named: list[str], forced: set[str] | None 
     from . import deferred
 
     forced = set(forced or ())
-    reuse_stage = reuse_stage or reuse.reuse_stage
+    reuse_stage = reuse_stage or reused.reuse_stage
     name = run_name(named)
     stages = plan(wd, cfg, named)
     decided = None

@@ -319,28 +319,6 @@ def tags(decision: Decision) -> dict[str, str]:
     return values
 
 
-def reuse_stage(wd: Workdir, cfg: MuleConfig, decision: Decision, parent_run_id: str | None) -> dict:
-    """A stage whose key is unchanged: no work, an MLflow run that says so (and points at the
-    run that produced what is reused), and the result that run recorded. If that run
-    stopped before publishing it, this run publishes it (the figures, the logged and
-    registered model: once, see experiments.registry) and says so."""
-    result = reused_result(decision, wd)
-    with tracking.run(wd, cfg, decision.stage, parent_run_id) as run_id:
-        tracking.Tracker(wd, run_id).tags(tags(decision))
-        if publish_pending(decision):
-            from .publish import publish
-
-            logger().warning("%s: reused (key %s); the run that computed it (MLflow %s) stopped before publishing "
-                             "it: publishing it now", decision.stage, decision.key[:12], decision.record.get("run_id"))  # fmt: skip
-            result = result | publish(decision.stage, wd, cfg, result, run_id)
-            tracking.Tracker(wd, run_id).tags({"mule.published_here": f"for run {decision.record.get('run_id')}, "
-                                                                      "which stopped before publishing"})  # fmt: skip
-            mark_published(wd, cfg, decision, {k: v for k, v in result.items()
-                                               if k not in ("reused", "stage_key", "reused_from_run")}, run_id)  # fmt: skip
-    logger().info("%s: %s, from MLflow run %s", decision.stage, decision.describe(), decision.record.get("run_id"))
-    return result
-
-
 def decisions_markdown(decisions: dict[str, str]) -> str:
     return "| stage | decision |\n|---|---|\n" + "\n".join(f"| {s} | {d} |" for s, d in decisions.items()) + "\n"
 

@@ -21,7 +21,7 @@ from mule.data_catalog.locks import end_commit
 from mule.data_catalog.workdir import Workdir
 from mule.pipeline.config import MuleConfig, declared_sections
 
-from . import reuse
+from . import reuse, reused
 from .declaration import BY_NAME, Stage
 
 # (stage) -> the function that computes it; Prefect's flows wrap it in a task
@@ -45,7 +45,7 @@ def prepare(wd: Workdir, cfg: MuleConfig, name: str, act: bool = True) -> bool:
 class Runner:
     workdir: Workdir
     computes: Computes = _load
-    reuses: Reuses = reuse.reuse_stage
+    reuses: Reuses = reused.reuse_stage
     report: Any = field(default=None)  # a reporter for stages run without MLflow (tests); None: MLflow's
 
     def decide(self, cfg: MuleConfig, name: str, force: bool = False) -> reuse.Decision:
@@ -83,7 +83,7 @@ class Runner:
         try:
             result = self.computes(stage)(ctx)
             # Recorded before publishing: a stop or an MLflow error while publishing (seconds,
-            # for a registered model) keeps the work; the next run publishes it (reuse.reuse_stage).
+            # for a registered model) keeps the work; the next run publishes it (reused.reuse_stage).
             reuse.record(self.workdir, cfg, decision, result, run_id, time.perf_counter() - started)
         finally:
             end_commit(self.workdir)  # readers (mule serve, search) may read what it wrote
