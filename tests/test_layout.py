@@ -123,3 +123,41 @@ def test_a_missing_table_names_the_stage_the_declaration_says_writes_it():
     from mule.pipeline.declaration import writer_of
 
     assert PRODUCED_BY == {table: writer_of(entry) for table, entry in TABLE_ENTRIES.items() if writer_of(entry)}
+
+
+def test_no_two_modules_import_each_other():
+    """No circle of imports between mule's modules, deferred (in-function) and type-only
+    imports included: each module can be read, and moved, after the ones it uses."""
+    graph: dict[str, set[str]] = {}
+    for package in FLOORS:
+        for path, name in _modules(package):
+            graph[name] = set(_imports_in(_stamp(path), name, path.name == "__init__.py"))
+    for name, imported in graph.items():
+        graph[name] = {i for i in imported if i in graph and i != name and not name.startswith(i + ".")}
+    circles, index, low, stack, on_stack = [], {}, {}, [], set()
+
+    def visit(node: str) -> None:  # Tarjan's strongly connected components
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in graph[node]:
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    assert not circles, circles
