@@ -228,3 +228,19 @@ def test_languages_outside_data_languages_are_left_out_and_said(tmp_path):
     assert result.notes["left_out_languages"] == {"th": 1}
     with pytest.raises(TableError, match=r"no usable de captions in the table \(its languages: es, pl, th\)"):
         read(tmp_path, languages=("es", "de"))
+
+
+def test_unicode_line_separators_inside_captions_keep_the_line_numbers(tmp_path):
+    # U+2028 and NEL are no line ends for CSV or JSON Lines; they would shift str.splitlines' count
+    images(tmp_path)
+    (tmp_path / "captions.csv").write_text("file_name,caption,lang\nphotos/a.jpg,Un\u2028círculo\x85rojo.,es\n"
+                                           "photos/b.jpg,,es\n", encoding="utf-8")  # fmt: skip
+    result = read(tmp_path, languages=("es",))
+    assert [(line, kind) for line, kind, _ in rejects(result)] == [(3, "empty")]
+    assert result.rejects.column("raw").to_pylist() == ["photos/b.jpg,,es"]
+    assert result.captions.column("text").to_pylist() == ["Un círculo rojo."]  # a line break in a cell is a space
+    (tmp_path / "captions.csv").unlink()
+    (tmp_path / "captions.jsonl").write_text('{"file_name": "photos/a.jpg", "caption": "Un\u2028círculo.", "lang": "es"}\n'
+                                             '{"file_name": "photos/b.jpg", "caption": "", "lang": "es"}\n', encoding="utf-8")  # fmt: skip
+    result = read(tmp_path, languages=("es",))
+    assert [(line, kind) for line, kind, _ in rejects(result)] == [(2, "empty")]

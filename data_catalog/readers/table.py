@@ -55,7 +55,7 @@ ROLES = {
     "split": ("split", "set", "subset", "fold", "partition"),
 }
 WIDE = re.compile(r"^(?:caption|text|sentence)[_-](?P<lang>[A-Za-z]{2,3}(?:[_-][A-Za-z0-9]+)*)$")
-_LINE_BREAK = re.compile(r"[ \t]*(?:\r\n|\r|\n)[ \t]*")
+_LINE_BREAK = re.compile(r"[ \t]*(?:\r\n|[\r\n\x85\u2028\u2029])[ \t]*")  # inside a quoted cell
 SPLITS = {"train": "train", "training": "train", "val": "val", "valid": "val", "validation": "val", "dev": "val",
           "test": "test", "testing": "test"}  # fmt: skip
 
@@ -133,7 +133,7 @@ def _csv(text: str, where: str, delimiter: str):
     repeated = [h for h, n in Counter(header).items() if n > 1]
     if repeated:
         raise TableError(f"{where}:1: column {repeated[0]!r} appears {header.count(repeated[0])} times in the header")
-    lines = text.splitlines(keepends=True)
+    lines = io.StringIO(text, newline="").readlines()  # the lines as csv counts them (not str.splitlines')
 
     def records():
         line = reader.line_num + 1
@@ -159,7 +159,9 @@ def _csv(text: str, where: str, delimiter: str):
 
 def _jsonl(text: str, where: str):
     parsed, columns = [], {}
-    for number, line in enumerate(text.splitlines(), start=1):
+    # one record a "\n"-ended line (str.splitlines would also split at U+2028, which JSON allows inside a string)
+    for number, line in enumerate(text.split("\n"), start=1):
+        line = line.removesuffix("\r")
         if not line.strip():
             continue
         raw = line.encode()
