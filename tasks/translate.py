@@ -85,14 +85,20 @@ class WordByWord:
             on_result(index, " ".join(words), "")
 
 
-def lexicon_backend(cfg: MuleConfig, wd, pairs) -> WordByWord:
+def lexicon_backend(cfg: MuleConfig, wd, pairs, required: bool = True) -> WordByWord:
+    """Word tables from MUSE lexicons. A pair without its lexicon is an error when the
+    translations are `required` (training reads them: data.captions uses MT); otherwise it
+    is left untranslated, and the backend's `missing` says which and where it looked."""
     source = locate(wd, cfg.data)
     folder = cfg.data.dictionaries or str(source.root / "dictionaries")
-    tables = {}
+    tables, missing = {}, {}
     for src, dest in pairs:
         other = dest if src == ENGLISH else src
         path = os.path.join(folder, f"{ENGLISH}-{other}.txt")
         if not os.path.exists(path):
+            if not required:
+                missing[f"{src}-{dest}"] = path
+                continue
             raise LexiconError(f"no {ENGLISH}-{other} lexicon at {path} (MUSE format): set data.dictionaries, "
                                "or use translate.backend=induced")  # fmt: skip
         entries = read_muse(path)  # (English word, other word)
@@ -103,7 +109,9 @@ def lexicon_backend(cfg: MuleConfig, wd, pairs) -> WordByWord:
             table.setdefault(word, translation)  # MUSE lists the most frequent translation first
         tables[(src, dest)] = WordTable(table)
     digest = hashlib.sha256(repr(sorted((k, sorted(v.entries.items())) for k, v in tables.items())).encode())
-    return WordByWord("lexicon", f"lexicon-{digest.hexdigest()[:12]}", tables)
+    backend = WordByWord("lexicon", f"lexicon-{digest.hexdigest()[:12]}", tables)
+    backend.missing = missing
+    return backend
 
 
 def induced_backend(cfg: MuleConfig, catalog: Catalog, pairs) -> WordByWord:
@@ -149,8 +157,8 @@ class ArgosBackend:
 
 def make_backend(cfg: MuleConfig, wd, catalog: Catalog, pairs):
     backend = cfg.translate.backend
-    if backend == "lexicon":
-        return lexicon_backend(cfg, wd, pairs)
+    if backend == "lexicon":  # without MT in training (data.captions=human), a missing lexicon skips its pair
+        return lexicon_backend(cfg, wd, pairs, required=cfg.data.captions != "human")
     if backend == "induced":
         return induced_backend(cfg, catalog, pairs)
     if backend == "googletrans":
@@ -234,6 +242,12 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     pairs = [(s, d) for s, d in language_pairs(cfg) if s in cfg.data.languages and d in cfg.data.languages]
     captions = queries.human_captions_to_translate(catalog, dataset, cfg.translate.splits)
     backend = make_backend(cfg, wd, catalog, pairs)
+    missing = getattr(backend, "missing", {})
+    if missing:
+        log.warning("translate: no lexicon for %s (looked for %s): left untranslated; training reads human captions "
+                    "only (data.captions=human). Set data.dictionaries, or translate.backend=induced, to translate them",
+                    ", ".join(missing), ", ".join(sorted(set(missing.values()))))  # fmt: skip
+        pairs = [(s, d) for s, d in pairs if f"{s}-{d}" not in missing]
     if hasattr(backend, "tokens_of"):
         backend.tokens_of = {c["text"]: c["tokens"] for c in captions}
         backend.tokenizers = cfg.text.tokenizers
@@ -275,6 +289,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     stats = getattr(backend, "stats", None)
     summary = {
         "backend": backend.name, "backend_version": backend.version, "pairs": [f"{s}-{d}" for s, d in pairs],
+        "untranslated_pairs": sorted(missing),
         "splits": list(cfg.translate.splits), "mt_captions": table.num_rows, "translated_now": counts["translated"],
         "cache_hits": counts["cache_hits"], "failures": len(failures),
         "requests": stats.requests if stats else 0, "retries": stats.retries if stats else 0,

@@ -188,3 +188,16 @@ def test_a_journal_cut_mid_line_by_a_crash_loses_only_that_line(tmp_path):
     assert third.get("lexicon", "1", "en", "de", "a cat") == "eine katze"
     assert third.get("lexicon", "1", "en", "de", "a dog") == "ein hund"
     third._journal.close()
+
+
+def test_a_missing_lexicon_is_an_error_only_when_training_reads_the_translations(ingested, tmp_path):
+    workdir, source = ingested
+    empty = tmp_path / "no-lexicons"
+    empty.mkdir()
+    # human captions only (the default): the pairs without a lexicon are left untranslated, and said
+    summary = run(workdir, config(source, **{"data.dictionaries": str(empty)}), "translate")
+    assert summary["untranslated_pairs"] == ["cs-en", "de-en", "en-cs", "en-de", "en-fr", "fr-en"]
+    assert summary["mt_captions"] == 0 and summary["pairs"] == []
+    # training on MT captions needs them: one clear error naming the file it looked for
+    with pytest.raises(stage.LexiconError, match=rf"no en-de lexicon at {empty}/en-de.txt \(MUSE format\)"):
+        run(workdir, config(source, **{"data.dictionaries": str(empty), "data.captions": "human+mt"}), "translate")
