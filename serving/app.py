@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from functools import partial
 from importlib import resources
 from pathlib import Path
+from urllib.parse import quote
 
 import anyio
 import h11
@@ -154,7 +155,8 @@ def create_app(embedder: Embedder, gallery: Gallery, max_upload_bytes: int = 10 
         _check_k(k)
         found, results = await on_cpu(text_search, served, q, lang, k)
         for r in results:
-            r["url"] = f"/images/{r['image_id']}" if r["image_id"] in served.gallery.files else None
+            # an id is a path in the table layout (shoes/0001.jpg): quoted, its slashes kept
+            r["url"] = f"/images/{quote(r['image_id'])}" if r["image_id"] in served.gallery.files else None
         return {"query": q, "lang": found.lang, "language": found.language, "unknown_words": found.unknown_words,
                 "composed_words": found.composed_words,
                 "gallery": len(served.gallery.image_ids), "results": results,
@@ -174,7 +176,7 @@ def create_app(embedder: Embedder, gallery: Gallery, max_upload_bytes: int = 10 
         results = await on_cpu(lambda: served.gallery.top_captions(served.embedder.image(body, max_pixels), k))
         return {"bytes": len(body), "results": results, "ms": round(1000 * (time.perf_counter() - started), 2)}
 
-    @app.get("/images/{image_id}")
+    @app.get("/images/{image_id:path}")
     async def image_file(image_id: str) -> FileResponse:
         path = live.current.gallery.files.get(image_id)  # the catalog's table, never the request's string as a path
         kind = await anyio.to_thread.run_sync(image_type, path) if path is not None else None

@@ -74,11 +74,15 @@ def test_spanish_through_every_stage_add_language_and_mule_serve(tmp_path):
             found = json.load(answer)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/embed?q={query}", timeout=30) as answer:
             served_vector = np.array(json.load(answer)["vector"], dtype=np.float32)
+        # an image id is its path in the table (photos/test/test-000001.jpg): its picture is served
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{found['results'][0]['url']}", timeout=30) as answer:
+            picture = (answer.headers["content-type"], answer.read()[:3])
     finally:
         server.terminate()
         server.wait(timeout=20)
     assert found["lang"] == "es" and found["language"].startswith("detected: es")
     assert len(found["results"]) == 5 and found["gallery"] == 96  # every split's images
+    assert found["results"][0]["image_id"].startswith("photos/") and picture == ("image/jpeg", b"\xff\xd8\xff")
 
     # the registered model: the same Spanish vector
     mlflow.set_tracking_uri(wd.mlflow_uri)
