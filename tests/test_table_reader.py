@@ -244,3 +244,12 @@ def test_unicode_line_separators_inside_captions_keep_the_line_numbers(tmp_path)
                                              '{"file_name": "photos/b.jpg", "caption": "", "lang": "es"}\n', encoding="utf-8")  # fmt: skip
     result = read(tmp_path, languages=("es",))
     assert [(line, kind) for line, kind, _ in rejects(result)] == [(2, "empty")]
+
+
+def test_a_long_table_s_caption_id_column_is_no_indonesian_caption(tmp_path):
+    images(tmp_path)
+    rows = [(i, t, lang, s, f"c{n}", "x") for n, (i, t, lang, s) in enumerate(ROWS)]
+    write_long(tmp_path / "captions.csv", rows, ("file_name", "caption", "lang", "split", "caption_id", "text_xyz"))
+    result = read(tmp_path)
+    assert captions(result) == EXPECTED
+    assert result.notes["table"]["form"] == "long" and result.notes["table"]["ignored"] == ["caption_id", "text_xyz"]

@@ -209,12 +209,16 @@ def layout(columns: list[str], where: str, options: TableOptions, languages: tup
             if found:
                 chosen[role] = found
     wide: dict[str, str] = {}
-    for role, column in chosen.items():
+    for role, column in chosen.items():  # caption_<lang> named by data.columns
         if match := WIDE.match(role):
             wide[_code(match["lang"], where)] = column
-    for column in columns:
-        if column not in chosen.values() and (match := WIDE.match(column)):
-            wide.setdefault(_code(match["lang"], where), column)
+    if "caption" not in chosen:  # the wide form, found by its columns' names; in a long table
+        for column in columns:  # caption_id or text_len are other columns, not Indonesian captions
+            if column not in chosen.values() and (match := WIDE.match(column)):
+                try:
+                    wide.setdefault(language_code(match["lang"]), column)
+                except LanguageCodeError:
+                    pass  # caption_xyz: no language; listed with the ignored columns
     if "image" not in chosen:
         raise TableError(f"{where}: no image column: expected one of {', '.join(ROLES['image'])} "
                          f"(or data.columns=image=NAME); the columns are {', '.join(columns)}")  # fmt: skip
