@@ -253,3 +253,16 @@ def test_a_long_table_s_caption_id_column_is_no_indonesian_caption(tmp_path):
     result = read(tmp_path)
     assert captions(result) == EXPECTED
     assert result.notes["table"]["form"] == "long" and result.notes["table"]["ignored"] == ["caption_id", "text_xyz"]
+
+
+def test_a_list_of_captions_in_one_jsonl_cell_is_one_caption_each(tmp_path):
+    # {"file_name": ..., "captions": [...]}: the way many image-text sets are published
+    images(tmp_path)
+    records = [{"file_name": "photos/a.jpg", "captions": ["Un círculo.", "Un disco rojo.", ""], "lang": "es"},
+               {"file_name": "photos/b.jpg", "captions": ["Una estrella."], "lang": "es"}]  # fmt: skip
+    (tmp_path / "metadata.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    result = read(tmp_path, languages=("es",))
+    t = result.captions.to_pydict()
+    assert t["text"] == ["Un círculo.", "Un disco rojo.", "Una estrella."]
+    assert t["caption_id"] == ["metadata.jsonl:1:0", "metadata.jsonl:1:1", "metadata.jsonl:2:0"]
+    assert rejects(result) == [(1, "empty", "column 'captions' item 2: empty caption")]

@@ -50,7 +50,7 @@ from .common import DatasetReadError, ReadOptions, ReadResult, Rejects, Rows, cl
 
 ROLES = {
     "image": ("file_name", "image", "image_path", "image_file", "filename", "file", "path", "img"),
-    "caption": ("caption", "text", "sentence", "description"),
+    "caption": ("caption", "text", "sentence", "description", "captions", "sentences"),
     "lang": ("lang", "language", "locale", "lang_code"),
     "split": ("split", "set", "subset", "fold", "partition"),
 }
@@ -389,20 +389,25 @@ class _Rows:
                 lang = language_code(str(value if value is not None else ""))
             except LanguageCodeError as error:
                 return self.reject(line, "bad_language", f"column {self.roles.lang!r}: {error}", raw)
+        many = isinstance(cell, (list, tuple))  # JSONL or Parquet: a list of captions in one cell
         if self.wanted is not None and lang not in self.wanted:
-            self.other_languages[lang] += 1
+            self.other_languages[lang] += len(cell) if many else 1
             return
+        for k, one in enumerate(cell if many else [cell]):
+            self.one_caption(line, image_id, lang, column, one, f":{k}" if many else "", raw)
+
+    def one_caption(self, line: int, image_id: str, lang: str, column: str, cell, part: str, raw: bytes) -> None:
         # a line break inside a quoted cell is layout, not part of the sentence
         text = _LINE_BREAK.sub(" ", str(cell)) if cell is not None else ""
         text, kind, reason = clean_caption(text.encode(), self.options.max_caption_bytes)
         if text is None:
-            return self.reject(line, kind, f"column {column!r}: {reason}", raw)
+            return self.reject(line, kind, f"column {column!r}{part and f' item {part[1:]}'}: {reason}", raw)
         key = (image_id, lang, text)
         if key in self.seen:
             return self.reject(line, "duplicate", f"the same {lang} caption of {image_id!r} as line {self.seen[key]}", raw)
         self.seen[key] = line
         image = self.images[image_id]
-        self.captions.add(caption_id=f"{self.where}:{line}" + (f":{lang}" if self.roles.wide else ""),
+        self.captions.add(caption_id=f"{self.where}:{line}" + (f":{lang}" if self.roles.wide else "") + part,
                           dataset=self.dataset, image_id=image_id, split=image.split, role=image.role, lang=lang,
                           text=text, source="table", source_file=self.where, line=line, origin_caption_id=None,
                           also_in=None, source_version=None)  # fmt: skip
