@@ -17,10 +17,11 @@ import csv
 import json
 import random
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from . import lang_cs, lang_de, lang_en, lang_es, lang_fr, staging
+from .multi30k_layout import EmbeddedSpec
 from .plans import sample_plan
 from .scenes import render_scene, sample_scene
 
@@ -30,16 +31,8 @@ CAPTIONS_PER_IMAGE = 2
 TABLE = "captions.csv"
 
 
-@dataclass(frozen=True)
-class TableSpec:
-    train_images: int = 3000
-    val_images: int = 500
-    test_images: int = 1000
-    seed: int = 0
-    image_size: int = 128
-
-    def sizes(self) -> dict[str, int]:
-        return {"train": self.train_images, "val": self.val_images, "test": self.test_images}
+# The same sizes, seed and image size as the Multi30K-style generator's
+TableSpec = EmbeddedSpec
 
 
 def image_captions(spec: TableSpec, split: str, index: int):

@@ -214,11 +214,10 @@ def layout(columns: list[str], where: str, options: TableOptions, languages: tup
             wide[_code(match["lang"], where)] = column
     if "caption" not in chosen:  # the wide form, found by its columns' names; in a long table
         for column in columns:  # caption_id or text_len are other columns, not Indonesian captions
-            if column not in chosen.values() and (match := WIDE.match(column)):
-                try:
-                    wide.setdefault(language_code(match["lang"]), column)
-                except LanguageCodeError:
-                    pass  # caption_xyz: no language; listed with the ignored columns
+            match = WIDE.match(column) if column not in chosen.values() else None
+            code = _language_or_none(match["lang"]) if match else None
+            if code:  # caption_xyz, xyz no language: listed with the ignored columns
+                wide.setdefault(code, column)
     if "image" not in chosen:
         raise TableError(f"{where}: no image column: expected one of {', '.join(ROLES['image'])} "
                          f"(or data.columns=image=NAME); the columns are {', '.join(columns)}")  # fmt: skip
@@ -241,6 +240,13 @@ def layout(columns: list[str], where: str, options: TableOptions, languages: tup
     used |= {chosen["caption"], chosen.get("lang")}
     return Layout(chosen["image"], chosen.get("split"), chosen["caption"], chosen.get("lang"), single,
                   ignored=[c for c in columns if c not in used])  # fmt: skip
+
+
+def _language_or_none(value: str) -> str | None:
+    try:
+        return language_code(value)
+    except LanguageCodeError:
+        return None
 
 
 def _code(value: str, where: str) -> str:
@@ -311,6 +317,7 @@ class _Rows:
         self.bases, self.rejects = bases, rejects
         self.images: dict[str, _Image] = {}
         self.bad_images: dict[str, tuple[str, str]] = {}  # the image as named -> (kind, reason), decided once
+        self.located: dict[str, tuple[str, Path] | None] = {}  # the image as named -> (id, file): one lookup each
         self.seen: dict[tuple[str, str, str], int] = {}  # (image, lang, caption) -> its line
         self.captions = Rows()
         self.other_languages: Counter = Counter()
@@ -346,7 +353,9 @@ class _Rows:
             return None
         value = str(value).strip()
         if value not in self.bad_images:
-            found = _locate(value, self.bases)
+            if value not in self.located:
+                self.located[value] = _locate(value, self.bases)
+            found = self.located[value]
             if found is None:
                 looked = ", ".join(map(str, self.bases))
                 self.bad_images[value] = ("no_image", f"image file {value!r} not found (looked in {looked})")
