@@ -88,10 +88,11 @@ def image_sentence_loss(
     sim = images @ sentences.T  # I x S
     rows = torch.arange(images.shape[0], device=images.device)
     cols = torch.arange(sentences.shape[0], device=images.device)
-    positive = rows[:, None] == sentence_image[None, :]
-    if sentence_text is not None:  # image i "owns" every copy of its own sentences
-        same_text = sentence_text[:, None] == sentence_text[None, :]
-        positive = (positive.to(sim.dtype) @ same_text.to(sim.dtype)) > 0
+    if sentence_text is None:
+        positive = rows[:, None] == sentence_image[None, :]
+    else:  # image i "owns" every copy of its own sentences
+        owners = sentence_owners(sentence_image, sentence_text)
+        positive = (rows[:, None, None] == owners[None]).any(-1)
     image_anchored = triplet_topk(sim, positive, (sentence_image, cols), margin, k)
     sentence_anchored = triplet_topk(sim.T, positive.T, (cols, sentence_image), margin, k)
     return image_anchored + sentence_anchored
@@ -114,11 +115,27 @@ def neighborhood_loss(
     else:
         # A sentence's words belong to every image with a copy of them (as image_sentence_loss
         # has it): two sentences are no negatives of each other when some image owns both.
-        same_text = (sentence_text[:, None] == sentence_text[None, :]).to(sim.dtype)
-        image = F.one_hot(sentence_image, int(sentence_image.max()) + 1).to(sim.dtype)
-        owners = (same_text @ image) > 0  # S x I
-        positive = (owners.to(sim.dtype) @ owners.to(sim.dtype).T) > 0
+        # Sentences with the same owners have the same row: overlaps of the distinct owner
+        # sets (a few hundred), then one gather per axis.
+        owner_sets, set_of = torch.unique(sentence_owners(sentence_image, sentence_text), dim=0, return_inverse=True)
+        shared = (owner_sets[:, None, :, None] == owner_sets[None, :, None, :]) & (owner_sets >= 0)[:, None, :, None]
+        positive = shared.flatten(2).any(2).index_select(0, set_of).index_select(1, set_of)
     return triplet_topk(sim, positive, pairs, margin, k)
+
+
+def sentence_owners(sentence_image: torch.Tensor, sentence_text: torch.Tensor) -> torch.Tensor:
+    """S x m: the images of the batch that have a copy of each sentence's words (its own
+    among them), -1 where a sentence has fewer than m. Most sentences have one owner, so the
+    masks built from this table are a few S x S comparisons, where S x S x I products were
+    a fifth of an LP step."""
+    n_images = int(sentence_image.max()) + 1
+    pairs = torch.unique(sentence_text.long() * n_images + sentence_image)  # (text, image), sorted
+    text, image = pairs.div(n_images, rounding_mode="floor"), pairs.remainder(n_images)
+    rank = torch.arange(len(pairs), device=pairs.device) - torch.searchsorted(text, text)
+    texts, row = torch.unique_consecutive(text, return_inverse=True)
+    table = torch.full((len(texts), int(rank.max()) + 1), -1, dtype=image.dtype, device=image.device)
+    table[row, rank] = image
+    return table.index_select(0, torch.searchsorted(texts, sentence_text.long()))
 
 
 def language_classifier_loss(logits: torch.Tensor, language: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 
-from .subwords import SubwordVectors
+from .subwords import SubwordVectors, gather_rows
 
 if TYPE_CHECKING:  # annotations only: a model is code of its own, not of the config's module
     from .config import ModelConfig
@@ -149,9 +149,20 @@ class LanguageBranch(nn.Module):
 
     def forward(self, tokens: torch.Tensor, unseen: torch.Tensor | None = None) -> torch.Tensor:
         """Word features: MULE word features, or plain word vectors without a MULE layer."""
-        words = self.word_vectors(tokens, unseen)
-        return self.fc(words) if self.fc is not None else words
+        if self.fc is None:
+            return self.word_vectors(tokens, unseen)
+        rows, inverse = self.distinct_features(tokens, unseen)
+        return gather_rows(rows, inverse, tokens.shape)
 
+    def distinct_features(self, tokens: torch.Tensor, unseen: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(MULE word features of the batch's distinct words, each token's row among them).
+
+        The FC into MULE runs once per distinct word, not per token: an LP batch holds ~40k
+        tokens of a few thousand distinct words (the FC on every token was a sixth of an LP
+        step on the demo). Token id 0 (padding), when present, is row 0."""
+        unique, inverse = tokens.unique(return_inverse=True)
+        words = self.embed(unique) if self.subwords is None else self.subwords.compose_distinct(self.embed, unique, unseen)
+        return self.fc(words), inverse
 
 @dataclass
 class TextBatch:
@@ -174,6 +185,14 @@ class TextBatch:
 
     def unseen_of(self, lang: str) -> torch.Tensor | None:
         return self.unseen.get(lang) if self.unseen else None
+
+
+def _mean_of_words(rows: torch.Tensor, inverse: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """The mean of each sentence's word features over its `lengths` first tokens (the rest
+    pad): a weighted sum of the distinct words' rows, never the tokens x features tensor."""
+    valid = torch.arange(tokens.shape[1])[None, :] < lengths[:, None]
+    weights = (valid / lengths[:, None].clamp(min=1)).to(device=rows.device, dtype=rows.dtype)
+    return F.embedding_bag(inverse.reshape(tokens.shape), rows, mode="sum", per_sample_weights=weights)
 
 
 @dataclass
@@ -266,13 +285,15 @@ class MuleModel(nn.Module):
                 words = branch(batch.tokens[start:end], batch.unseen_of(lang))
                 parts.append(branch.encoder(words, batch.lengths[start:end]))
             return TextEncoding(None, torch.cat(parts) if joint else None)
-        words = self.mule_words(batch)
-        lengths = batch.lengths.to(words.device, non_blocking=True)
-        mask = torch.arange(words.shape[1], device=words.device)[None, :] < lengths[:, None]
-        mule = (words * mask.unsqueeze(-1)).sum(1) / lengths.unsqueeze(1).to(words.dtype)
-        if not joint:
-            return TextEncoding(mule, None)
-        return TextEncoding(mule, self.encoder(words, batch.lengths))
+        means, words = [], []
+        for lang, start, end in batch.groups:
+            tokens = batch.tokens[start:end]
+            rows, inverse = self.branches[lang].distinct_features(tokens, batch.unseen_of(lang))
+            means.append(_mean_of_words(rows, inverse, tokens, batch.lengths[start:end]))
+            if joint:
+                words.append(gather_rows(rows, inverse, tokens.shape))
+        mule = torch.cat(means)
+        return TextEncoding(mule, self.encoder(torch.cat(words), batch.lengths) if joint else None)
 
     def encode_image(self, features: torch.Tensor) -> torch.Tensor:
         if self.image_branch is None:

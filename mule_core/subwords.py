@@ -99,6 +99,13 @@ def ngram_index(words: Sequence[str], lengths: Sequence[int]) -> tuple[torch.Ten
     return table.index, len(table)
 
 
+def gather_rows(rows: torch.Tensor, inverse: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """rows[inverse], shaped `shape` + the rows' width. index_select, not rows[inverse]:
+    advanced indexing's gradient (an accumulating index_put) sums in a different order from
+    run to run on several CPU threads, and a resumed run must be the run never stopped, to the bit."""
+    return rows.index_select(0, inverse.reshape(-1)).reshape(*shape, -1)
+
+
 class SubwordVectors(nn.Module):
     """The n-gram half of a language's word vectors; `compose` adds it to the words' own."""
 
@@ -120,21 +127,19 @@ class SubwordVectors(nn.Module):
     def compose(self, embed: nn.Embedding, tokens: torch.Tensor, unseen: torch.Tensor | None = None) -> torch.Tensor:
         """Word vectors of `tokens` (any shape): own vector + mean of the n-grams' vectors.
         Ids from the vocabulary's size on are words outside it: row (id - size) of
-        `unseen` holds their n-gram ids, and they are the mean of those alone.
-        Each distinct word is composed once per call (a batch repeats its words many times)."""
+        `unseen` holds their n-gram ids, and they are the mean of those alone."""
         unique, inverse = tokens.unique(return_inverse=True)
+        return gather_rows(self.compose_distinct(embed, unique, unseen), inverse, tokens.shape)
+
+    def compose_distinct(self, embed: nn.Embedding, unique: torch.Tensor, unseen: torch.Tensor | None = None) -> torch.Tensor:
+        """`compose` of sorted distinct ids (a batch repeats its words many times: each is composed once)."""
         size = embed.num_embeddings
         if unseen is None or int(unique[-1]) < size:
             ngrams = self.vectors(self.index[unique].long()) / self.count[unique, None].to(embed.weight.dtype)
-            composed = embed(unique) + ngrams
-        else:
-            known = unique < size
-            composed = torch.cat([embed(unique[known]) + self.mean(self.index[unique[known]]),
-                                  self.mean(unseen.to(unique.device)[unique[~known] - size])])  # fmt: skip
-        # index_select, not composed[inverse]: advanced indexing's gradient (an accumulating
-        # index_put) sums in a different order from run to run on several CPU threads, and a
-        # resumed run must be the run never stopped, to the bit.
-        return composed.index_select(0, inverse.reshape(-1)).reshape(*tokens.shape, -1)
+            return embed(unique) + ngrams
+        known = unique < size
+        return torch.cat([embed(unique[known]) + self.mean(self.index[unique[known]]),
+                          self.mean(unseen.to(unique.device)[unique[~known] - size])])  # fmt: skip
 
     def set_initial(self, ngrams: Sequence[str], vectors: torch.Tensor) -> None:
         """N-gram vectors from the word-vector model (row i of `vectors` is ngrams[i]'s); the

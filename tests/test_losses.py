@@ -155,3 +155,45 @@ def test_the_warm_up_over_every_negative_is_the_hinge_mean_over_pairs_and_candid
     (definition_grad,) = torch.autograd.grad(by_definition, x)
     torch.testing.assert_close(fast, by_definition)
     torch.testing.assert_close(fast_grad, definition_grad)
+
+
+def test_sentence_owners_lists_every_image_with_a_copy_of_the_words():
+    """Sentences 0 and 3 are one text, of images 0 and 2; sentence 4 copies them on image 1;
+    sentence 1 and 2 are texts of their own. Owners are padded with -1."""
+    from mule.mule_core.losses import sentence_owners
+
+    image = torch.tensor([0, 0, 1, 2, 1])
+    text = torch.tensor([9, 4, 6, 9, 9])
+    assert sentence_owners(image, text).tolist() == [[0, 1, 2], [0, -1, -1], [1, -1, -1], [0, 1, 2], [0, 1, 2]]
+
+
+def test_the_negatives_masks_are_what_the_owner_sets_say():
+    """Two sentences are no negatives of each other when some image owns both (NC), and an
+    image owns each copy of its sentences (image-sentence loss): checked pair by pair against
+    the definition, on batches with texts copied on up to four images."""
+    import mule.mule_core.losses as losses
+
+    seen = []
+
+    def spy(sim, positive, pairs, margin, k):
+        seen.append(positive.clone())
+        return sim.sum()
+
+    generator = torch.Generator().manual_seed(3)
+    for _ in range(20):
+        n_images, n_sentences = 6, 30
+        image = torch.randint(0, n_images, (n_sentences,), generator=generator)
+        text = torch.randint(0, 12, (n_sentences,), generator=generator) * 1_000_003
+        owners = [{int(image[j]) for j in range(n_sentences) if text[j] == text[i]} for i in range(n_sentences)]
+        seen.clear()
+        original, losses.triplet_topk = losses.triplet_topk, spy
+        try:
+            e = torch.randn(n_sentences, 4)
+            none = torch.zeros(0, dtype=torch.long)
+            losses.neighborhood_loss(e, image, (none, none), 0.2, 1, text)
+            losses.image_sentence_loss(torch.randn(n_images, 4), e, image, 0.2, 1, text)
+        finally:
+            losses.triplet_topk = original
+        nc, image_anchored = seen[0], seen[1]
+        assert nc.tolist() == [[bool(owners[a] & owners[b]) for b in range(n_sentences)] for a in range(n_sentences)]
+        assert image_anchored.tolist() == [[i in owners[s] for s in range(n_sentences)] for i in range(n_images)]

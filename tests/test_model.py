@@ -51,6 +51,8 @@ def test_sentences_are_routed_to_their_language_branch():
     assert torch.allclose(words[0], model.branches["en"](tokens[0]))
     assert torch.allclose(words[2], model.branches["fr"](tokens[2]))
     assert not torch.allclose(words[0], words[2])  # same ids, other language, other vectors
+    en = model.branches["en"]  # the FC runs once per distinct word: the same as on every token
+    torch.testing.assert_close(en(tokens), en.fc(en.word_vectors(tokens)))
 
 
 def test_encodings_are_normalised_and_the_mule_vector_is_the_mean_of_words():
