@@ -138,12 +138,14 @@ def test_duplicate_ids_are_per_language_and_exact_words():
 
 
 @pytest.mark.parametrize("margin", [0.1, 0.4, 3.0])
-def test_the_warm_up_over_every_negative_is_the_hinge_mean_over_pairs_and_candidates(margin):
-    """k covering every candidate takes the sorted, prefix-sum path: it must give what the
-    definition says, [margin - s(a, p) + s(a, n)]_+ averaged over pairs x candidates
-    (positives count as zeros), value and gradient."""
+@pytest.mark.parametrize("sizes", [[4] * 7, [3, 2, 5, 1, 2, 6]], ids=["even", "uneven"])
+def test_the_warm_up_over_every_negative_is_the_hinge_mean_over_pairs_and_candidates(margin, sizes):
+    """k covering every candidate takes the path that counts thresholds below each negative:
+    it must give what the definition says, [margin - s(a, p) + s(a, n)]_+ averaged over
+    pairs x candidates (positives count as zeros), value and gradient, whatever the number of
+    sentences per image (one alone has no pair)."""
     torch.manual_seed(0)
-    group = torch.arange(7).repeat_interleave(4)
+    group = torch.arange(len(sizes)).repeat_interleave(torch.tensor(sizes))
     x = torch.nn.functional.normalize(torch.randn(len(group), 5), dim=1).requires_grad_()
     positive = group[:, None] == group[None, :]
     a, p = torch.nonzero(positive & ~torch.eye(len(group), dtype=torch.bool), as_tuple=True)
