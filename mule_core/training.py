@@ -494,9 +494,11 @@ def encode_split(
     return out
 
 
-def evaluate_split(model: MuleModel, data: SplitTensors, device: torch.device, ks=(1, 5, 10)) -> dict:
-    """Per-language recall table (see metrics.per_language_recalls)."""
-    encoded = encode_split(model, data, device)
+def evaluate_split(model: MuleModel, data: SplitTensors, device: torch.device, ks=(1, 5, 10),
+                   encoded: dict[str, torch.Tensor] | None = None) -> dict:  # fmt: skip
+    """Per-language recall table (see metrics.per_language_recalls). `encoded`: the split's
+    encode_split, when the caller has it (the evaluate stage encodes a split once)."""
+    encoded = encoded if encoded is not None else encode_split(model, data, device)
     return per_language_recalls(
         encoded["image"],
         encoded["caption_joint"],
@@ -507,38 +509,43 @@ def evaluate_split(model: MuleModel, data: SplitTensors, device: torch.device, k
     )
 
 
-def sentence_vectors(model: MuleModel, data: SplitTensors, device: torch.device, layer: str) -> torch.Tensor:
+def sentence_vectors(model: MuleModel, data: SplitTensors, device: torch.device, layer: str,
+                     encoded: dict[str, torch.Tensor] | None = None) -> torch.Tensor:  # fmt: skip
     """Every caption's L2-normalised vector at the MULE ("mule") or multimodal ("joint") layer."""
-    encoded = encode_split(model, data, device, joint=layer == "joint")
+    if encoded is None:
+        encoded = encode_split(model, data, device, joint=layer == "joint")
     return encoded["caption_joint"] if layer == "joint" else F.normalize(encoded["caption_mule"], dim=-1)
 
 
-def cross_lingual(model: MuleModel, data: SplitTensors, device: torch.device, layer: str) -> dict:
+def cross_lingual(model: MuleModel, data: SplitTensors, device: torch.device, layer: str,
+                  encoded: dict[str, torch.Tensor] | None = None) -> dict:  # fmt: skip
     """Cross-lingual sentence retrieval at the MULE ("mule") or multimodal ("joint") layer,
     image level (metrics.cross_lingual_recalls)."""
-    emb = sentence_vectors(model, data, device, layer)
+    emb = sentence_vectors(model, data, device, layer, encoded)
     return cross_lingual_recalls(emb, torch.from_numpy(data.caption_image).to(device),
                                  torch.from_numpy(data.caption_lang).to(device), data.languages)  # fmt: skip
 
 
-def translation_pairs(model: MuleModel, data: SplitTensors, device: torch.device, layer: str) -> dict:
+def translation_pairs(model: MuleModel, data: SplitTensors, device: torch.device, layer: str,
+                      encoded: dict[str, torch.Tensor] | None = None) -> dict:  # fmt: skip
     """Cross-lingual retrieval of each caption's own translation among the target language's
     translated lines (metrics.translation_pair_recalls); {} when the split has none."""
     if data.caption_group is None or not (data.caption_group >= 0).any():
         return {}
-    emb = sentence_vectors(model, data, device, layer)
+    emb = sentence_vectors(model, data, device, layer, encoded)
     return translation_pair_recalls(emb, torch.from_numpy(data.caption_group).to(device),
                                     torch.from_numpy(data.caption_lang).to(device), data.languages)  # fmt: skip
 
 
-def translation_ceilings(model: MuleModel, data: SplitTensors, device: torch.device, layer: str) -> dict:
+def translation_ceilings(model: MuleModel, data: SplitTensors, device: torch.device, layer: str,
+                         encoded: dict[str, torch.Tensor] | None = None) -> dict:  # fmt: skip
     """Per language with translated lines and other captions too (Multi30K's en and de):
     its captions against its own translated lines, "en->en" (metrics.perfect_translation_ceiling).
     What image-level en->x can reach for a language x that has only the translated lines
     (fr, cs); {} when the split has no translated lines."""
     if data.caption_group is None or not (data.caption_group >= 0).any():
         return {}
-    emb = sentence_vectors(model, data, device, layer)
+    emb = sentence_vectors(model, data, device, layer, encoded)
     image, lang = torch.from_numpy(data.caption_image).to(device), torch.from_numpy(data.caption_lang).to(device)
     group = torch.from_numpy(data.caption_group).to(device)
     out = {}

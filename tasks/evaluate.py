@@ -35,9 +35,10 @@ from mule.mule_core.training import (
 from .support.context import StageContext, logger
 
 
-def retrieval_examples(model, data: SplitTensors, catalog, dataset: str, device, per_language: int) -> list[dict]:
+def retrieval_examples(model, data: SplitTensors, catalog, dataset: str, device, per_language: int,
+                       encoded: dict[str, torch.Tensor] | None = None) -> list[dict]:  # fmt: skip
     """A few sentence -> image queries per language, with their top 5 images."""
-    encoded = encode_split(model, data, device)
+    encoded = encoded if encoded is not None else encode_split(model, data, device)
     paths = queries.image_paths(catalog, dataset)
     rng = np.random.default_rng(0)
     chosen = []
@@ -107,17 +108,19 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     for number, (selector, name) in enumerate(splits):
         data = load_split(catalog, dataset, selector, meta["vocabulary"], meta["cfg"].text.max_tokens,
                           meta["extractor"])  # fmt: skip
-        table = evaluate_split(model, data, device, cfg.eval.ks)
+        encoded = encode_split(model, data, device)  # once: every measure below reads these vectors
+        table = evaluate_split(model, data, device, cfg.eval.ks, encoded)
         result = {"split": name, "mean_mR": mean_mr(table), "table": table, "images": data.n_images,
-                  "cross_lingual": {layer: cross_lingual(model, data, device, layer) for layer in layers},
-                  "translation_pairs": {layer: translation_pairs(model, data, device, layer) for layer in layers},
-                  "translation_ceiling": {layer: translation_ceilings(model, data, device, layer) for layer in layers},
+                  "cross_lingual": {layer: cross_lingual(model, data, device, layer, encoded) for layer in layers},
+                  "translation_pairs": {layer: translation_pairs(model, data, device, layer, encoded) for layer in layers},
+                  "translation_ceiling": {layer: translation_ceilings(model, data, device, layer, encoded)
+                                          for layer in layers},
                   "languages": list(data.languages)}  # fmt: skip
         ceiling = embedded_ceiling(wd, cfg.data, selector)
         if ceiling:  # what a model that knew every scene would score: how far there is to go
             result["ceiling"] = {lang: ceiling[lang] for lang in table if lang in ceiling}
         if number == 0:  # the headline split's retrieved images
-            result["examples"] = (retrieval_examples(model, data, catalog, dataset, device, cfg.eval.examples)
+            result["examples"] = (retrieval_examples(model, data, catalog, dataset, device, cfg.eval.examples, encoded)
                                   if cfg.eval.examples > 0 else [])  # fmt: skip
         results[name] = result
         logger().info("%s mean mR %.2f (%d images)", name, result["mean_mR"], data.n_images)
