@@ -11,6 +11,7 @@ import math
 import random
 from dataclasses import dataclass
 
+import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
 SHAPES = ("circle", "square", "triangle", "star", "diamond", "hexagon", "heart", "cross")
@@ -138,12 +139,10 @@ def render_scene(scene: Scene, size: int = 128) -> Image.Image:
     noise_rng = random.Random(scene.noise_seed)
     # A soft vertical gradient and a little grain keep backgrounds from being flat colour.
     shade = noise_rng.uniform(-18, 18)
-    image = Image.new("RGB", (size, size), bg_rgb)
+    t = np.arange(size) / max(size - 1, 1) - 0.5  # one colour a row, as int(c + shade * t) clipped
+    rows = np.clip(np.trunc(np.asarray(bg_rgb, dtype=np.float64)[None, :] + shade * t[:, None]), 0, 255).astype(np.uint8)
+    image = Image.fromarray(np.ascontiguousarray(np.broadcast_to(rows[:, None, :], (size, size, 3))), "RGB")
     draw = ImageDraw.Draw(image)
-    for y in range(size):
-        t = y / max(size - 1, 1) - 0.5
-        row = tuple(max(0, min(255, int(c + shade * t))) for c in bg_rgb)
-        draw.line([(0, y), (size, y)], fill=row)
     for obj, (dx, dy, scale, tilt) in zip(scene.objects, scene.jitter):
         px, py = _PLACE_CENTER[obj.place]
         _draw_object(draw, obj, (px + dx) * size, (py + dy) * size, _SIZE_RADIUS[obj.size] * scale * size, tilt)
