@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from mule.data_catalog.vectors import VectorFile, VectorFileError
+from mule.tasks import text
 from mule.tasks.text import train_fasttext
 
 
@@ -12,6 +13,31 @@ def test_fasttext_learns_vectors_for_corpus_words_and_unseen_words():
     model = train_fasttext(corpus, dim=8, model="skipgram", epochs=5, min_count=1, threads=1)
     assert model.get_word_vector("red").shape == (8,)
     assert np.abs(model.get_word_vector("circles")).sum() > 0  # built from subwords
+
+
+def test_languages_trained_side_by_side_get_the_vectors_of_a_run_alone(monkeypatch):
+    """The text stage trains several languages' fastText at once when it has the cores; each
+    keeps its own thread count, so its vectors and n-gram rows are bit for bit those of one
+    language at a time."""
+    from types import SimpleNamespace
+
+    settings = SimpleNamespace(word_dim=8, fasttext_model="skipgram", fasttext_epochs=3, fasttext_min_count=1,
+                               fasttext_threads=1)  # fmt: skip
+    jobs = {}
+    for lang, words in (("en", ["a", "red", "reds", "circles", "circle"]), ("de", ["ein", "roter", "rotes", "kreis", "kreise"])):
+        train = [[words[0], words[i % 4 + 1], words[(i * 7) % 4 + 1]] for i in range(300)]
+        jobs[lang] = {"train": train, "vocab": ["<pad>", "<unk>", *words]}
+    results = []
+    for cores in (1, 4):
+        monkeypatch.setattr(text, "usable_cores", lambda cores=cores: cores)
+        results.append(text.fasttext_lookups(jobs, settings, (3, 4)))
+    alone, together = results
+    for lang in jobs:
+        assert alone[lang]["vectors"].keys() == together[lang]["vectors"].keys() == set(jobs[lang]["vocab"][2:])
+        for word, vector in alone[lang]["vectors"].items():
+            assert np.array_equal(vector, together[lang]["vectors"][word])
+        assert alone[lang]["ngrams"][0] == together[lang]["ngrams"][0] != []
+        assert all(np.array_equal(a, b) for a, b in zip(alone[lang]["ngrams"][1], together[lang]["ngrams"][1]))
 
 
 def test_vec_file(tmp_path):
