@@ -133,13 +133,13 @@ def sentence_owners(sentence_image: torch.Tensor, sentence_text: torch.Tensor) -
     masks built from this table are a few S x S comparisons, where S x S x I products were
     a fifth of an LP step."""
     n_images = int(sentence_image.max()) + 1
-    pairs = torch.unique(sentence_text.long() * n_images + sentence_image)  # (text, image), sorted
+    _, text_of = torch.unique(sentence_text, return_inverse=True)  # ids 0..T-1, whatever the given ids
+    pairs = torch.unique(text_of * n_images + sentence_image)  # distinct (text, image), sorted by text
     text, image = pairs.div(n_images, rounding_mode="floor"), pairs.remainder(n_images)
-    rank = torch.arange(len(pairs), device=pairs.device) - torch.searchsorted(text, text)
-    texts, row = torch.unique_consecutive(text, return_inverse=True)
-    table = torch.full((len(texts), int(rank.max()) + 1), -1, dtype=image.dtype, device=image.device)
-    table[row, rank] = image
-    return table.index_select(0, torch.searchsorted(texts, sentence_text.long()))
+    rank = torch.arange(len(pairs), device=pairs.device) - torch.searchsorted(text, text)  # place among its text's
+    table = torch.full((int(text_of.max()) + 1, int(rank.max()) + 1), -1, dtype=image.dtype, device=image.device)
+    table[text, rank] = image
+    return table.index_select(0, text_of)
 
 
 def language_classifier_loss(logits: torch.Tensor, language: torch.Tensor) -> torch.Tensor:
