@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from stage_times import worktree  # a commit's checkout beside this one (bench/ is on the path)
+
 REPO = Path(__file__).resolve().parents[1]
 # Runs this script with a checkout's mule: mule.<folder> maps onto the checkout's folders
 RUNNER = """
@@ -89,10 +91,7 @@ def main() -> None:
     checkouts = {"this checkout": REPO}
     with tempfile.TemporaryDirectory() as root:
         if args.baseline:
-            path = Path(root) / "baseline"
-            subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(path), args.baseline],
-                           check=True, capture_output=True)  # fmt: skip
-            checkouts[f"baseline {args.baseline}"] = path
+            checkouts[f"baseline {args.baseline}"] = worktree(args.baseline, Path(root))
         results = {}
         try:
             for name, checkout in checkouts.items():
@@ -104,8 +103,8 @@ def main() -> None:
                 results[name] = json.loads(done.stdout.strip().splitlines()[-1])
         finally:
             if args.baseline:
-                subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(Path(root) / "baseline")],
-                               capture_output=True)  # fmt: skip
+                subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force",
+                                str(checkouts[f"baseline {args.baseline}"])], capture_output=True)  # fmt: skip
     names = list(results)
     print(f"inputs {args.inputs}; {args.threads} thread(s); mean of {args.steps} steps after one untimed\n")
     print("| | " + " | ".join(names) + " |")

@@ -30,7 +30,11 @@ def cpu_threads(requested: int) -> int:
     try:
         return max(1, int(os.environ.get("OMP_NUM_THREADS", "")))
     except ValueError:
-        pass
+        return usable_cores()
+
+
+def usable_cores() -> int:
+    """The cores this process may run on."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux

@@ -19,6 +19,7 @@ import pyarrow as pa
 from mule.data_catalog import queries
 from mule.data_catalog.catalog import Catalog
 from mule.data_catalog.vectors import VectorFile
+from mule.mule_core import devices
 from mule.mule_core.errors import InputError
 from mule.mule_core.progress import format_seconds
 from mule.mule_core.subwords import ngram_table
@@ -64,13 +65,6 @@ def train_fasttext(sentences: list[list[str]], dim: int, model: str, epochs: int
         os.unlink(path)
 
 
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
 def fasttext_lookups(jobs: dict[str, dict[str, Any]], t, lengths: tuple[int, ...]) -> dict[str, dict[str, Any]]:
     """fastText for each language of `jobs` (lang -> its language_vocabulary), several
     languages at once when cores allow (fastText releases the GIL while it trains; each
@@ -86,7 +80,7 @@ def fasttext_lookups(jobs: dict[str, dict[str, Any]], t, lengths: tuple[int, ...
         grams = subword_rows(words["vocab"], lengths, fasttext_ngram_vector(model)) if lengths else ([], [])
         return {"vectors": vectors, "ngrams": grams, "seconds": time.perf_counter() - started}
 
-    workers = max(1, min(len(jobs), usable_cores() // max(1, t.fasttext_threads)))
+    workers = max(1, min(len(jobs), devices.usable_cores() // max(1, t.fasttext_threads)))
     if workers == 1:
         return {lang: one(words) for lang, words in jobs.items()}
     logger().info("fastText: %d languages, %d at a time", len(jobs), workers)

@@ -29,7 +29,7 @@ def test_languages_trained_side_by_side_get_the_vectors_of_a_run_alone(monkeypat
         jobs[lang] = {"train": train, "vocab": ["<pad>", "<unk>", *words]}
     results = []
     for cores in (1, 4):
-        monkeypatch.setattr(text, "usable_cores", lambda cores=cores: cores)
+        monkeypatch.setattr(text.devices, "usable_cores", lambda cores=cores: cores)
         results.append(text.fasttext_lookups(jobs, settings, (3, 4)))
     alone, together = results
     for lang in jobs:
