@@ -51,20 +51,53 @@ def use_cpu_threads(requested: int) -> int:
     return count
 
 
+def cores_busy(window_s: float = 0.1, stat: str = "/proc/stat") -> float | None:
+    """How many cores the machine's processes keep busy now: the non-idle share of every
+    CPU's time over `window_s` (this process sleeps meanwhile, so it is the others'), times
+    the CPUs. None where /proc/stat cannot be read (not Linux)."""
+    import time
+
+    def sample() -> tuple[int, int, int]:
+        with open(stat, encoding="ascii") as f:
+            lines = f.read().splitlines()
+        fields = [int(v) for v in lines[0].split()[1:9]]  # user nice system idle iowait irq softirq steal
+        cpus = sum(1 for line in lines[1:] if line.startswith("cpu"))
+        idle = fields[3] + fields[4]
+        return sum(fields) - idle, sum(fields), max(1, cpus)
+
+    try:
+        busy0, total0, _ = sample()
+        time.sleep(window_s)
+        busy1, total1, cpus = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    if total1 <= total0:
+        return None
+    return (busy1 - busy0) / (total1 - total0) * cpus
+
+
 def idle_threads_sleep(always: bool = False) -> None:
     """OpenMP's idle threads sleep at a barrier at once instead of spinning a while
     (OMP_WAIT_POLICY=PASSIVE; libgomp reads it when torch loads, so this must run first).
     Spinning threads wait for one the OS has descheduled: beside one busy process on 2
     cores, demo training kept 38% of its speed alone with libgomp's spin and 63% with
-    PASSIVE; alone, PASSIVE costs 14% (bench/contention.py). So: always for a server
-    (`mule serve` shares the machine with rebuilds), else when the machine is already busy
-    (load average of the last minute at least 0.5). The results are the same either way.
-    Never where the user has chosen, and never after torch is imported."""
+    PASSIVE; alone, PASSIVE costs 14% on that bench and 45% on the demo's own training
+    (its LSTM's many small steps), so it is only for a machine busy now. So: always for a
+    server (`mule serve` shares the machine with rebuilds), else when other processes keep
+    half a core or more busy over the 0.1 s before torch loads (cores_busy; where that
+    cannot be read, the load average of the last minute, which also counts a run that has
+    just ended). The results are the same either way. Never where the user has chosen, and
+    never after torch is imported."""
     if "torch" in sys.modules or "OMP_WAIT_POLICY" in os.environ:
         return
-    try:
-        busy = os.getloadavg()[0] >= 0.5
-    except OSError:  # no load average here
-        busy = False
-    if always or busy:
+    busy = always
+    if not busy:
+        elsewhere = cores_busy()
+        if elsewhere is None:
+            try:
+                elsewhere = os.getloadavg()[0]
+            except OSError:  # no load average here
+                elsewhere = 0.0
+        busy = elsewhere >= 0.5
+    if busy:
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
