@@ -73,10 +73,13 @@ def _without_prefect(workdir: Workdir, cfg, stages: list[str], force: list[str])
 
 
 def _prefect_ready(workdir: Workdir) -> None:
-    from mule.flows.runtime import check_prefect_database, prepare_environment
+    from mule.experiments.tracking import seed_store
+    from mule.flows.runtime import check_prefect_database, prepare_environment, seed_prefect_home
 
     prepare_environment(workdir.root)
     check_prefect_database()
+    seed_prefect_home()  # a new workdir's databases from templates, not migrated from nothing
+    seed_store(workdir)
 
 
 def _waiting_for(workdir: Workdir):

@@ -66,7 +66,8 @@ def _parsed(stamp: tuple[str, int, int]) -> ast.AST:
     return ast.parse(Path(stamp[0]).read_bytes(), filename=stamp[0])
 
 
-def _cache_dir() -> Path:
+def cache_dir() -> Path:
+    """mule's folder in the user's cache (XDG_CACHE_HOME, else ~/.cache)."""
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mule"
 
 
@@ -78,7 +79,7 @@ class _ImportCache:
     MAX = 5000
 
     def __init__(self) -> None:
-        self.path = _cache_dir() / "imports.json"
+        self.path = cache_dir() / "imports.json"
         try:
             self.entries: dict[str, list[str]] = json.loads(self.path.read_text())
         except (OSError, ValueError):
@@ -208,7 +209,7 @@ def _packages_distributions() -> dict[str, list[str]]:
     an idle machine, 5 beside a busy one), remembered in the user's cache for as long as
     the same distributions are installed (their dist-info folders, listed in milliseconds)."""
     signature = _installed_signature()
-    cache = _cache_dir() / f"packages-{signature}.json"
+    cache = cache_dir() / f"packages-{signature}.json"
     try:
         return json.loads(cache.read_text())
     except (OSError, ValueError):

@@ -99,6 +99,32 @@ def _store(workdir: Workdir) -> Path:
     return workdir.root / "mlflow.db"
 
 
+def seed_store(workdir: Workdir) -> bool:
+    """A new workdir's MLflow store copied from the template for this MLflow version
+    (data_catalog/store_templates.py), instead of migrated from nothing; its Default
+    experiment's artifact location is made this workdir's. False when the store existed."""
+    from importlib.metadata import version
+
+    from mule.data_catalog.store_templates import from_template
+
+    def make(path: Path) -> None:
+        import shutil
+
+        from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+        artifacts = path.with_name(path.name + ".artifacts")
+        store = SqlAlchemyStore(f"sqlite:///{path}", str(artifacts))
+        store.engine.dispose()
+        shutil.rmtree(artifacts, ignore_errors=True)
+
+    if not from_template(_store(workdir), f"mlflow-{version('mlflow')}", make):
+        return False
+    with contextlib.closing(sqlite3.connect(_store(workdir))) as con, con:
+        con.execute("UPDATE experiments SET artifact_location = ? WHERE name = 'Default'",
+                    (str(workdir.artifacts_dir / "0"),))  # fmt: skip
+    return True
+
+
 def store_exists(workdir: Workdir) -> bool:
     """The workdir has an MLflow store (a reader must not make one by asking)."""
     return _store(workdir).exists()

@@ -25,9 +25,10 @@ os.environ.setdefault("MULE_HOME", str(Path(tempfile.mkdtemp(prefix="mule-tests-
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
 from mule.data_catalog.code_digests import REPO, code_parts  # noqa: E402
-from mule.flows.runtime import prepare_environment  # noqa: E402
+from mule.flows.runtime import prepare_environment, seed_prefect_home  # noqa: E402
 
 prepare_environment(_PREFECT_HOME)
+seed_prefect_home()  # the worker's Prefect database from the template, as `mule` makes a workdir's
 
 SHARED_MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "multi30k"
 

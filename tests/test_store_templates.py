@@ -1,0 +1,85 @@
+"""A new workdir's MLflow and Prefect databases are copies of templates made once
+(data_catalog/store_templates.py): each copy is its own, a damaged template is made
+again, and without a writable cache the library makes its database as before."""
+
+import sqlite3
+
+from mule.data_catalog.store_templates import from_template
+from mule.data_catalog.workdir import Workdir
+
+
+def make_table(calls: list):
+    def make(path):
+        calls.append(path)
+        with sqlite3.connect(path) as con:
+            con.execute("CREATE TABLE t (x INTEGER)")
+
+    return make
+
+
+def tables(path) -> list[str]:
+    with sqlite3.connect(path) as con:
+        return [row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+
+
+def test_made_once_then_copied(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    calls = []
+    assert from_template(tmp_path / "a" / "x.db", "thing-1.0", make_table(calls))
+    assert from_template(tmp_path / "b" / "x.db", "thing-1.0", make_table(calls))
+    assert len(calls) == 1 and tables(tmp_path / "b" / "x.db") == ["t"]
+    assert sorted(p.name for p in (tmp_path / "cache" / "mule" / "templates").iterdir()) == ["thing-1.0.db"]
+    # an existing database is never replaced
+    with sqlite3.connect(tmp_path / "a" / "x.db") as con:
+        con.execute("INSERT INTO t VALUES (7)")
+    assert not from_template(tmp_path / "a" / "x.db", "thing-1.0", make_table(calls))
+    with sqlite3.connect(tmp_path / "a" / "x.db") as con:
+        assert con.execute("SELECT x FROM t").fetchall() == [(7,)]
+    with sqlite3.connect(tmp_path / "b" / "x.db") as con:  # copies are their own
+        assert con.execute("SELECT x FROM t").fetchall() == []
+
+
+def test_a_damaged_template_is_made_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    template = tmp_path / "cache" / "mule" / "templates" / "thing-1.0.db"
+    template.parent.mkdir(parents=True)
+    template.write_bytes(b"SQLite format 3\x00" + b"\x07" * 2000)
+    calls = []
+    assert from_template(tmp_path / "a.db", "thing-1.0", make_table(calls))
+    assert len(calls) == 1 and tables(tmp_path / "a.db") == ["t"]
+
+
+def test_no_template_leaves_the_database_to_its_library(tmp_path, monkeypatch):
+    (tmp_path / "cache").write_text("a file where the cache folder should be")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert not from_template(tmp_path / "a.db", "thing-1.0", make_table([]))
+    assert not (tmp_path / "a.db").exists()
+
+    def failing(path):
+        raise RuntimeError("the library changed")
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache2"))
+    assert not from_template(tmp_path / "a.db", "thing-1.0", failing)
+    assert not (tmp_path / "a.db").exists() and not list((tmp_path / "cache2" / "mule" / "templates").iterdir())
+
+
+def test_mlflow_store_from_the_template_is_a_working_store_of_this_workdir(tmp_path, monkeypatch):
+    from mule.experiments import tracking
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    first, second = Workdir.at(tmp_path / "w1"), Workdir.at(tmp_path / "w2")
+    assert tracking.seed_store(first) and tracking.seed_store(second)
+    assert not tracking.seed_store(first)
+    experiment = tracking.experiment_id(first, "embedded")
+    client = tracking.client(first)
+    run = client.create_run(experiment)
+    client.log_metric(run.info.run_id, "val.mean_mR", 60.5)
+    assert client.get_run(run.info.run_id).data.metrics == {"val.mean_mR": 60.5}
+    assert tracking.client(second).get_experiment_by_name("mule/embedded") is None
+    default = tracking.client(second).get_experiment("0")
+    assert default.name == "Default" and default.artifact_location == str(second.artifacts_dir / "0")
+    assert tracking.recorded_artifact_root(second) is None  # a new workdir, not a moved one
+    tracking.check_self_contained(first)
+    from importlib.metadata import version  # one template per MLflow version
+
+    assert (tmp_path / "cache" / "mule" / "templates" / f"mlflow-{version('mlflow')}.db").exists()
