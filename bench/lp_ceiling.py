@@ -150,7 +150,7 @@ def main() -> None:
     parser.add_argument("--dataset", default="multi30k")
     parser.add_argument("--split", default="test_2016")
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--preset", default="demo")
+    parser.add_argument("--preset", help="default: the dataset's (pipeline.config.default_preset)")
     parser.add_argument("--set", dest="assignments", action="append", default=[])
     args = parser.parse_args()
     if bool(args.inputs) == bool(args.peer_workdir):

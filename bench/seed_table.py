@@ -86,7 +86,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", required=True)
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--preset", default="demo")
+    parser.add_argument("--preset", help="default: the dataset's (pipeline.config.default_preset)")
     parser.add_argument("--lp-only", action="store_true")
     parser.add_argument(
         "--last-weights",

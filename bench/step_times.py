@@ -37,14 +37,15 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 def measure(inputs: str, threads: int, steps: int, sets: list[str]) -> dict[str, float]:
     import torch
-
     import train_on_workdir as tw
+
     from mule.mule_core.training import Trainer
-    from mule.pipeline.config import resolve
+    from mule.pipeline.config import PRESETS, resolve
 
     torch.set_num_threads(threads)
     data, splits = tw.load_inputs(inputs)
-    cfg = resolve("demo", {"data.dataset": data.get("dataset", "embedded"), **dict(s.split("=", 1) for s in sets)})
+    defaults = "default" if "default" in PRESETS else "demo"  # the defaults' steps (before 2026-11-26: "demo")
+    cfg = resolve(defaults, {"data.dataset": data.get("dataset", "embedded"), **dict(s.split("=", 1) for s in sets)})
     features = splits["train"].features
     out = {}
     for label, mode, mined in (("LP warm-up", "lp", False), ("LP mined", "lp", True), ("joint mined", "joint", True)):

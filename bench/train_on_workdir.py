@@ -316,7 +316,7 @@ def main() -> None:
     parser.add_argument("--workdir")
     parser.add_argument("--inputs", help="a file written by --export, instead of --workdir")
     parser.add_argument("--dataset", default="embedded")
-    parser.add_argument("--preset", default="demo")
+    parser.add_argument("--preset", help="default: the dataset's (pipeline.config.default_preset)")
     parser.add_argument("--set", dest="assignments", action="append", default=[])
     parser.add_argument("--variants", help="JSON file: {name: {option: value}}, each trained in turn")
     parser.add_argument("--only", action="append", help="train only this variant of --variants (repeatable)")

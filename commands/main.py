@@ -33,7 +33,8 @@ READING = {"ui": ui.run, "catalog": catalog.run, "search": search.run, "serve": 
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workdir", help="where everything is written (default: $MULE_HOME or ./mule-work)")
-    parser.add_argument("--preset", default="demo", choices=sorted(PRESETS), help="named config (default: demo)")
+    parser.add_argument("--preset", choices=sorted(PRESETS),
+                        help="named config (default: demo on the generated Multi30K-style dataset, else default)")  # fmt: skip
     parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config option, e.g. --set train.epochs=5 (repeatable)")  # fmt: skip
 

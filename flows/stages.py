@@ -49,7 +49,7 @@ def _workdir(workdir: str | None) -> Workdir:
 
 
 @contextmanager
-def _working(workdir: str | None, preset: str, overrides: dict[str, Any] | None, stage: str,
+def _working(workdir: str | None, preset: str | None, overrides: dict[str, Any] | None, stage: str,
              config: Any = None) -> Iterator[tuple[Workdir, MuleConfig]]:  # fmt: skip
     """The workdir, under its lock (one mule process at a time), its stored paths pointed
     at itself if it was copied or moved, and the config: handed down already resolved (a
@@ -127,7 +127,7 @@ def runner(wd: Workdir) -> Runner:
     return Runner(wd, computes=_computes, reuses=reuse_stage)
 
 
-def run_stage(stage: Stage, workdir: str | None, preset: str, overrides: dict[str, Any] | None,
+def run_stage(stage: Stage, workdir: str | None, preset: str | None, overrides: dict[str, Any] | None,
               parent_run_id: str | None, force: bool = False, decided: dict | None = None,
               config: Any = None) -> dict:  # fmt: skip
     """One stage under the workdir's lock, run only when its key changed (pipeline.reuse)
@@ -143,7 +143,7 @@ def run_stage(stage: Stage, workdir: str | None, preset: str, overrides: dict[st
 def _stage_flow(stage: Stage):
     """The Prefect flow of a content-addressed stage (they differ only in their declaration)."""
 
-    def stage_flow(workdir: str | None = None, preset: str = "demo", overrides: dict[str, Any] | None = None,
+    def stage_flow(workdir: str | None = None, preset: str | None = None, overrides: dict[str, Any] | None = None,
                    parent_run_id: str | None = None, force: bool = False, decided: dict | None = None,
                    config: Any = None) -> dict:  # fmt: skip
         return _failing_quietly(lambda: run_stage(stage, workdir, preset, overrides, parent_run_id, force, decided,
@@ -163,7 +163,7 @@ def _sweep_flow(stage: Stage):
     """The Prefect flow of a sweep: its variants' steps as tasks of one flow run. The stages
     it needs first run before it in the rebuild (`mule run ablation` runs them)."""
 
-    def sweep_flow(workdir: str | None = None, preset: str = "demo", overrides: dict[str, Any] | None = None,
+    def sweep_flow(workdir: str | None = None, preset: str | None = None, overrides: dict[str, Any] | None = None,
                    parent_run_id: str | None = None, config: Any = None) -> dict:  # fmt: skip
         def body() -> dict:
             with _working(workdir, preset, overrides, stage.name, config) as (wd, cfg):
@@ -190,7 +190,7 @@ def check_stages(stages: list[str] | None) -> list[str]:
 
 
 @flow(name="rebuild")
-def rebuild_flow(workdir: str | None = None, preset: str = "demo", overrides: dict[str, Any] | None = None,
+def rebuild_flow(workdir: str | None = None, preset: str | None = None, overrides: dict[str, Any] | None = None,
                  stages: list[str] | None = None, force: list[str] | None = None,
                  config: Any = None) -> dict:  # fmt: skip
     """The pipeline: every stage in order (or the ones named), under one parent MLflow run.

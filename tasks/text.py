@@ -182,7 +182,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     fasttext = fasttext_lookups({lang: words[lang] for lang in trained}, t, lengths)
     started = time.perf_counter()
     for lang in languages:
-        vocab, train, train_counts = words[lang]["vocab"], words[lang]["train"], words[lang]["train_counts"]
+        vocab, train_counts = words[lang]["vocab"], words[lang]["train_counts"]
         ngram_vector = None  # where the word vectors came with n-gram vectors (fastText), what they are
         if lang in t.vectors:
             source = VectorFile(t.vectors[lang], words=set(vocab))  # a .vec's other words are not kept

@@ -24,6 +24,19 @@ def test_presets_differ_where_the_paper_does():
     assert demo.features.arch == "efficientnet_lite0"  # ImageNet weights that install offline
 
 
+def test_a_run_without_a_preset_gets_its_datasets():
+    # the generated Multi30K-style dataset (mule demo, at any size) gets the demo preset;
+    # the real datasets, the other generated layouts and the paper keep the defaults
+    assert resolve().preset == "demo" and resolve(None, {"data.dataset": "embedded"}).preset == "demo"
+    for dataset in ("multi30k", "coco", "embedded-coco", "embedded-table", "my-photos"):
+        assert resolve(None, {"data.dataset": dataset}).preset == "default"
+    demo, default = flatten(resolve("demo")), flatten(resolve("default"))
+    # the demo preset is the defaults with LP's batch and length sized for the generated data
+    assert {k for k in demo if demo[k] != default[k]} == {"preset", "pretrain.batch_images", "pretrain.epochs"}
+    assert (demo["pretrain.batch_images"], demo["pretrain.epochs"]) == ("64", "4")
+    assert (default["pretrain.batch_images"], default["pretrain.epochs"]) == ("256", "10")
+
+
 def test_cli_strings_are_converted_to_the_field_types():
     cfg = resolve("demo", parse_assignments(["train.epochs=3", "loss.lc=false", "loss.margin=0.3",
                                              "data.languages=en,fr", "train.sentences_per_image=en=2,fr=1"]))  # fmt: skip
@@ -60,7 +73,7 @@ def test_bad_options_name_the_option(overrides, message):
 
 
 def test_unknown_preset():
-    with pytest.raises(ConfigError, match="presets are: demo, paper"):
+    with pytest.raises(ConfigError, match="presets are: default, demo, paper"):
         resolve("huge")
 
 
