@@ -34,11 +34,17 @@ TINY = ["data.image_size=48", "features.input_size=32", "features.shard_images=1
 
 # A process that has imported mule once and forks one child per `mule demo`: each child
 # runs the command's own entry point (commands/main.py: main) and dies by its own SIGKILL at the
-# crash point, as `python -m mule.commands demo` would, without paying the ~6 s of imports
-# (torch, Prefect, MLflow) eight times over.
+# crash point, as `python -m mule.commands demo` would, without paying the ~8 s of imports
+# (torch, Prefect, MLflow, the stages' libraries) eight times over.
 ZYGOTE = r"""
-import json, os, sys
+import importlib, json, os, sys
 import mule.commands.main, mule.flows.stages  # noqa: F401 - the imports every child shares
+# and the libraries the stages import when they run (none starts a thread on import)
+for name in ("torch", "torchvision", "timm", "onnxruntime", "fasttext", "duckdb", "faiss", "sacremoses"):
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        pass
 for line in sys.stdin:
     request = json.loads(line)
     pid = os.fork()

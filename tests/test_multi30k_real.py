@@ -39,7 +39,7 @@ def expected_counts(root: Path) -> dict[tuple[str, str], int]:
 
 @pytest.mark.slow
 def test_ingest_of_the_real_multi30k_text(shared_multi30k, tmp_path):
-    cfg = resolve("demo", {"data.dataset": "multi30k", "data.source": str(shared_multi30k)})
+    cfg = resolve(None, {"data.dataset": "multi30k", "data.source": str(shared_multi30k)})
     summary = run_alone(Workdir.at(tmp_path), cfg, "ingest")
     from mule.data_catalog.catalog import Catalog
 
