@@ -31,9 +31,10 @@ def test_a_run_without_a_preset_gets_its_datasets():
     for dataset in ("multi30k", "coco", "embedded-coco", "embedded-table", "my-photos"):
         assert resolve(None, {"data.dataset": dataset}).preset == "default"
     demo, default = flatten(resolve("demo")), flatten(resolve("default"))
-    # the demo preset is the defaults with LP's batch and length sized for the generated data
-    assert {k for k in demo if demo[k] != default[k]} == {"preset", "pretrain.batch_images", "pretrain.epochs"}
-    assert (demo["pretrain.batch_images"], demo["pretrain.epochs"]) == ("64", "4")
+    # the demo preset is the defaults with LP's batch and length and the LSTM sized for the generated data
+    assert {k for k in demo if demo[k] != default[k]} == {"preset", "pretrain.batch_images", "pretrain.epochs",
+                                                          "model.lstm_dim"}  # fmt: skip
+    assert (demo["pretrain.batch_images"], demo["pretrain.epochs"], demo["model.lstm_dim"]) == ("64", "4", "64")
     assert (default["pretrain.batch_images"], default["pretrain.epochs"]) == ("256", "10")
 
 
