@@ -52,8 +52,10 @@ def seed_prefect_home() -> bool:
     """The workdir's Prefect database, when it has none yet, copied from the template for
     this Prefect version (data_catalog/store_templates.py): the temporary server then
     starts without migrating a database from nothing (about 4 s on 2 cores)."""
-    if os.environ.get("PREFECT_API_URL") or not os.environ.get("PREFECT_HOME"):
-        return False  # the user's server, or Prefect's own home: not ours to make
+    database_settings = ("PREFECT_API_DATABASE_", "PREFECT_SERVER_DATABASE_")
+    if os.environ.get("PREFECT_API_URL") or not os.environ.get("PREFECT_HOME") or \
+            any(k.startswith(database_settings) for k in os.environ):  # fmt: skip
+        return False  # the user's server or database, or Prefect's own home: not ours to make
     from importlib.metadata import version
 
     from mule.data_catalog.store_templates import copy_database, from_template
@@ -66,7 +68,7 @@ def seed_prefect_home() -> bool:
 
         home = Path(tempfile.mkdtemp(prefix="mule-prefect-template-"))
         try:
-            env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API_DATABASE")}
+            env = dict(os.environ)
             code = ("import asyncio\nfrom prefect.server.database import provide_database_interface\n"
                     "asyncio.run(provide_database_interface().create_db())")  # fmt: skip
             subprocess.run([sys.executable, "-c", code], env=env | {"PREFECT_HOME": str(home)}, check=True,

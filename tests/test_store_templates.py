@@ -83,3 +83,20 @@ def test_mlflow_store_from_the_template_is_a_working_store_of_this_workdir(tmp_p
     from importlib.metadata import version  # one template per MLflow version
 
     assert (tmp_path / "cache" / "mule" / "templates" / f"mlflow-{version('mlflow')}.db").exists()
+
+
+def test_prefect_database_from_the_template_is_migrated_to_the_installed_version(tmp_path, monkeypatch):
+    from mule.flows.runtime import seed_prefect_home
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "home1"))
+    assert seed_prefect_home()  # makes the template (Prefect's own migrations, in a process of their own)
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "home2"))
+    assert seed_prefect_home() and not seed_prefect_home()  # copied; then there, left alone
+    with sqlite3.connect(tmp_path / "home2" / "prefect.db") as con:
+        assert con.execute("SELECT version_num FROM alembic_version").fetchall()
+        assert con.execute("SELECT count(*) FROM flow_run").fetchone() == (0,)  # empty: no history carried
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "home3"))
+    monkeypatch.setenv("PREFECT_API_DATABASE_CONNECTION_URL", "postgresql+asyncpg://db/prefect")
+    assert not seed_prefect_home() and not (tmp_path / "home3").exists()  # the user's own database
