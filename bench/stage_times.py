@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -58,8 +59,6 @@ def tree_rss_mb(pid: int) -> float:
 
 def wait_quiet(limit_s: float) -> None:
     """Until the last minute's load average is below 0.5 (or limit_s has passed)."""
-    import os
-
     started = time.time()
     while os.getloadavg()[0] >= 0.5 and time.time() - started < limit_s:
         time.sleep(5)

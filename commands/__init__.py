@@ -3,8 +3,8 @@
 Commands that run stages (demo, run) hand them to the rebuild (pipeline.rebuild, with
 Prefect's flows when a stage has to run); the reading commands (serve, search, catalog, ui)
 read a workdir a run may be writing, and never write it; config prints the resolved config.
+
+Whether torch's idle threads sleep is decided where a command is about to compute with
+torch (run's stages, search's query; serve always), not when the package is imported:
+the decision samples the CPUs for 0.1 s, which a rebuild with nothing to run never needs.
 """
-
-from mule.mule_core.devices import idle_threads_sleep
-
-idle_threads_sleep()  # before anything imports torch: on a busy machine, idle threads sleep, not spin

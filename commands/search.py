@@ -17,6 +17,9 @@ def run(args: argparse.Namespace) -> int:
     if args.k < 1:
         raise ConfigError(f"--k must be at least 1, got {args.k}")
     from mule.data_catalog.locks import catalog_reading
+    from mule.mule_core.devices import idle_threads_sleep
+
+    idle_threads_sleep()  # before the query's encoder imports torch
     from mule.serving import search
 
     workdir = reading_workdir(args.workdir, "search")

@@ -76,6 +76,9 @@ def cores_busy(window_s: float = 0.1, stat: str = "/proc/stat") -> float | None:
     return (busy1 - busy0) / (total1 - total0) * cpus
 
 
+_SAMPLED = False
+
+
 def idle_threads_sleep(always: bool = False) -> None:
     """OpenMP's idle threads sleep at a barrier at once instead of spinning a while
     (OMP_WAIT_POLICY=PASSIVE; libgomp reads it when torch loads, so this must run first).
@@ -88,16 +91,19 @@ def idle_threads_sleep(always: bool = False) -> None:
     cannot be read, the load average of the last minute, which also counts a run that has
     just ended). The results are the same either way. Never where the user has chosen, and
     never after torch is imported."""
+    global _SAMPLED
     if "torch" in sys.modules or "OMP_WAIT_POLICY" in os.environ:
         return
-    busy = always
-    if not busy:
+    if not always:
+        if _SAMPLED:  # decided once a process (the command's and the flows' calls): sampled once
+            return
+        _SAMPLED = True
         elsewhere = cores_busy()
         if elsewhere is None:
             try:
                 elsewhere = os.getloadavg()[0]
             except OSError:  # no load average here
                 elsewhere = 0.0
-        busy = elsewhere >= 0.5
-    if busy:
-        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        if elsewhere < 0.5:
+            return
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"

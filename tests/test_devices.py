@@ -74,3 +74,18 @@ def _policy_chosen(env_extra: dict, spin: bool) -> str:
 def test_threads_sleep_beside_a_busy_process_and_the_users_choice_wins():
     assert _policy_chosen({}, spin=True) == "PASSIVE"
     assert _policy_chosen({"OMP_WAIT_POLICY": "ACTIVE"}, spin=True) == "ACTIVE"
+
+
+def test_the_machine_is_sampled_once_a_process(monkeypatch):
+    from mule.mule_core import devices
+
+    calls = []
+    monkeypatch.setattr(devices, "cores_busy", lambda *a, **k: calls.append(1) or 0.0)
+    monkeypatch.setattr(devices, "_SAMPLED", False)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    devices.idle_threads_sleep()
+    devices.idle_threads_sleep()  # the flows' call after the command's: decided already
+    assert calls == [1] and "OMP_WAIT_POLICY" not in os.environ
+    devices.idle_threads_sleep(always=True)  # a server sleeps its threads whatever was sampled
+    assert os.environ.pop("OMP_WAIT_POLICY") == "PASSIVE"
