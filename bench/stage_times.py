@@ -66,17 +66,19 @@ def wait_quiet(limit_s: float) -> None:
           flush=True)  # fmt: skip
 
 
-def preset_args(checkout: Path, size: str) -> list[str]:
+def preset_args(checkout: Path, size: str, preset: str | None = None) -> list[str]:
     """The 29k figures are the defaults' (`--preset default`); a checkout from before the
     demo preset differed from the defaults (2026-11-26) has the defaults as its demo."""
+    if preset:
+        return ["--preset", preset]
     config = (checkout / "pipeline" / "config.py").read_text()
     return ["--preset", "default"] if size == "29k" and '"default": {}' in config else []
 
 
-def run_demo(checkout: Path, workdir: Path, size: str, sets: list[str]) -> dict:
+def run_demo(checkout: Path, workdir: Path, size: str, sets: list[str], preset: str | None = None) -> dict:
     """`mule demo` from an empty workdir: wall seconds, peak RSS (the process tree's), stage times."""
     command = [sys.executable, "-c", RUNNER, str(checkout), "demo", "--workdir", str(workdir), *SIZES[size],
-               *preset_args(checkout, size), *[a for s in sets for a in ("--set", s)]]  # fmt: skip
+               *preset_args(checkout, size, preset), *[a for s in sets for a in ("--set", s)]]  # fmt: skip
     started = time.time()
     process = subprocess.Popen(command, cwd=checkout, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     peak = [0.0]
@@ -147,14 +149,18 @@ def main() -> None:
     parser.add_argument("--baseline", help="a commit to run right after this checkout")
     parser.add_argument("--size", choices=sorted(SIZES), default="demo")
     parser.add_argument("--set", dest="sets", action="append", default=[])
+    parser.add_argument("--preset", help="the preset to run (default: the dataset's, `default` for --size 29k)")
     parser.add_argument("--root", type=Path)
     parser.add_argument("--runs", type=int, default=1, help="runs of each (the table shows the median's run)")
     parser.add_argument("--quiet-wait", type=float, default=300, help="seconds to wait for a quiet machine before a run")
     args = parser.parse_args()
     root = args.root or Path(tempfile.mkdtemp(prefix="mule-stage-times-"))
-    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True).stdout.strip()  # fmt: skip
-    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain"], capture_output=True, text=True).stdout
+    try:
+        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain"], capture_output=True, text=True).stdout
+    except FileNotFoundError:  # a copy of the tree without git (a GPU machine)
+        head, dirty = "no git", ""
     checkouts = {f"this checkout ({head}{'+dirty' if dirty.strip() else ''})": REPO}
     if args.baseline:
         checkouts[f"baseline {args.baseline}"] = worktree(args.baseline, root)
@@ -164,6 +170,10 @@ def main() -> None:
 
     print(f"machine: {platform.node()}, {psutil.cpu_count()} CPUs, {psutil.virtual_memory().total / 2**30:.0f} GiB; "
           f"python {platform.python_version()}; size {args.size}; {time.strftime('%Y-%m-%d %H:%M')}", flush=True)  # fmt: skip
+    import torch
+
+    if torch.cuda.is_available():  # the stages' device "auto" then picks it
+        print(f"GPU: {torch.cuda.get_device_name(0)}; torch {torch.__version__}", flush=True)
     results = {}
     for name, checkout in checkouts.items():
         runs = []
@@ -171,7 +181,7 @@ def main() -> None:
             workdir = root / f"{name.split()[0]}-{n}"
             print(f"{name}: mule demo in {workdir} ...", flush=True)
             wait_quiet(args.quiet_wait)
-            runs.append(run_demo(checkout, workdir, args.size, args.sets))
+            runs.append(run_demo(checkout, workdir, args.size, args.sets, args.preset))
             print(f"  {runs[-1]['wall']:.1f} s, test mR {runs[-1]['mR']:.2f}", flush=True)
         results[name] = sorted(runs, key=lambda r: r["wall"])[len(runs) // 2]
     print("\n" + table(results))

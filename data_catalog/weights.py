@@ -21,8 +21,8 @@ import hashlib
 import os
 import socket
 import threading
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 

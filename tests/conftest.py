@@ -53,6 +53,19 @@ def prefect_api_url() -> str:
     return server.api_url
 
 
+@pytest.fixture(scope="session")
+def forker(prefect_api_url):
+    """`mule` commands forked from a process that has imported mule (tests/forked.py), on
+    the session's Prefect server."""
+    from tests.forked import Forker
+
+    env = {k: v for k, v in os.environ.items() if k != "MULE_CRASH_AT"}
+    env |= {"PREFECT_API_URL": prefect_api_url, "MULE_PREFECT_HEARTBEATS": "off"}  # read when Prefect is imported
+    forking = Forker(env)
+    yield forking
+    forking.close()
+
+
 @pytest.fixture
 def shared_multi30k() -> Path:
     if not (SHARED_MULTI30K / "data").is_dir():

@@ -30,16 +30,42 @@ LIMIT_S = 3.0  # flows.interrupts stops within 2 s; a loaded 2-core CI machine g
 
 class Demo:
     """`python -m mule.commands demo` as a user starts it (its own process group, its own
-    temporary Prefect server unless PREFECT_API_URL says otherwise), its output collected."""
+    temporary Prefect server unless PREFECT_API_URL says otherwise), its output collected;
+    or, with `forker`, the same command forked from a process that has imported mule
+    (tests/forked.py: the session's Prefect server, no imports to pay)."""
 
-    def __init__(self, workdir: Path, *extra: str, env: dict | None = None):
+    def __init__(self, workdir: Path, *extra: str, env: dict | None = None, forker=None):
         args = ["demo", "--workdir", str(workdir), *SIZES, *[a for o in TINY for a in ("--set", o)], *extra]
-        self.process = subprocess.Popen([sys.executable, "-m", "mule.commands", *args], cwd=REPO, text=True,
-                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                                        env={**os.environ, **(env or {})})  # fmt: skip
         self.lines: list[str] = []
-        self.reader = threading.Thread(target=lambda: self.lines.extend(self.process.stdout), daemon=True)
+        if forker is not None:
+            workdir.parent.mkdir(parents=True, exist_ok=True)
+            log = workdir.parent / f"{workdir.name}-{time.monotonic_ns()}.log"
+            self.process = forker.start(args, log, env=env)
+            self.reader = threading.Thread(target=self._tail, args=(log,), daemon=True)
+        else:
+            self.process = subprocess.Popen([sys.executable, "-m", "mule.commands", *args], cwd=REPO, text=True,
+                                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                                            env={**os.environ, **(env or {})})  # fmt: skip
+            self.reader = threading.Thread(target=lambda: self.lines.extend(self.process.stdout), daemon=True)
         self.reader.start()
+
+    def _tail(self, log: Path) -> None:
+        """The forked child's output file, line by line, until the child has ended."""
+        while not log.exists() and self.process.poll() is None:
+            time.sleep(0.02)
+        with open(log, errors="replace") as handle:
+            partial = ""
+            while True:
+                ended = self.process.poll() is not None
+                chunk = handle.read()
+                partial += chunk
+                *complete, partial = partial.split("\n")
+                self.lines.extend(line + "\n" for line in complete)
+                if ended and not chunk:
+                    if partial:
+                        self.lines.append(partial)
+                    return
+                time.sleep(0.02)
 
     def wait_for(self, pattern: str, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
@@ -74,7 +100,12 @@ def runs(workdir: Path) -> list:
 
 @pytest.mark.slow
 def test_ctrl_c_and_sigterm_stop_every_kind_of_stage_and_the_rerun_equals_a_run_never_stopped(tmp_path,
-        prefect_api_url, never_interrupted):  # fmt: skip
+        prefect_api_url, never_interrupted, forker):  # fmt: skip
+    """The stops in features and evaluate hit commands started as a user starts them; those
+    in text and train, and the run that resumes, are forked from a process that has imported
+    mule (the same entry point, without the imports to pay). Evaluate at this size is over
+    within a few hundredths of a second once its libraries are imported: a forked one can
+    end before the signal lands."""
     from prefect.client.orchestration import get_client
 
     reference = never_interrupted
@@ -82,7 +113,7 @@ def test_ctrl_c_and_sigterm_stop_every_kind_of_stage_and_the_rerun_equals_a_run_
     env = {"PREFECT_API_URL": prefect_api_url, "MULE_PREFECT_HEARTBEATS": "off"}  # the session's server: its states
     for stage, signum, group in (("features", signal.SIGINT, True), ("text", signal.SIGTERM, False),
                                  ("train", signal.SIGINT, False), ("evaluate", signal.SIGTERM, True)):  # fmt: skip
-        demo = Demo(stopped, env=env)
+        demo = Demo(stopped, env=env, forker=forker if stage in ("text", "train") else None)
         demo.wait_for(rf"mule\.pipeline - {stage}: ran\b")
         took, after = demo.stop(signum, group)
         said = [line for line in after if line.strip()]
@@ -102,7 +133,7 @@ def test_ctrl_c_and_sigterm_stop_every_kind_of_stage_and_the_rerun_equals_a_run_
             )
             assert flow_run.state.type.value in ("CRASHED", "CANCELLED"), (stage, flow_run.state)
 
-    output = Demo(stopped, env=env).finish()
+    output = Demo(stopped, env=env, forker=forker).finish()
     assert "mean mR" in output, output[-3000:]
     evaluation = [json.loads((w / "results" / "embedded" / "evaluation.json").read_text())["table"]
                   for w in (stopped, reference)]  # fmt: skip
@@ -162,7 +193,7 @@ def test_a_cleanup_that_hangs_does_not_keep_a_stopped_command_alive():
 
 
 @pytest.mark.slow
-def test_a_second_run_is_refused_at_once_or_waits_for_the_first(tmp_path):
+def test_a_second_run_is_refused_at_once_or_waits_for_the_first(tmp_path, forker):
     workdir = tmp_path / "work"
     first = Demo(workdir)  # its own temporary Prefect server, as a user's first run
     first.wait_for(r"mule\.pipeline - ingest: ran\b")
@@ -174,7 +205,7 @@ def test_a_second_run_is_refused_at_once_or_waits_for_the_first(tmp_path):
     assert len(output.splitlines()) == 1 and "in use by another mule process" in output, output
     assert f"pid {first.process.pid}" in output and "--wait" in output
 
-    waiting = Demo(workdir, "--wait")
+    waiting = Demo(workdir, "--wait", forker=forker)  # forked: the session's Prefect server
     waiting.wait_for(rf"waiting for the workdir .* in use by pid {first.process.pid}")
     assert "mean mR" in first.finish()
     second = waiting.finish()
