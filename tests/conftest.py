@@ -193,11 +193,38 @@ def rebuilt_as_built(rebuilt):
     return copy, rebuilt[1]
 
 
-@pytest.hookimpl(tryfirst=True)
+def worker_group(nodeid: str) -> str:
+    """The group of a test's file: SHARED_WORKER's, else the file's own name."""
+    module = nodeid.split("::")[0].rpartition("/")[2].removesuffix(".py")
+    return SHARED_WORKER.get(module, module)
+
+
+# The slowest groups first (`pytest --durations=0`, 2 cores, 2026-11-26: the rebuild group
+# 164 worker-seconds, stopping 87, crashes 45, cli 45, damage 35, ...), so that neither
+# worker is left with a long one at the end.
+SLOWEST_FIRST = ("test_rebuild_flow", "test_stopping", "test_crashes", "test_cli", "test_damage", "test_multi30k_real",
+                 "test_ablation_flow", "test_features_stage", "test_table_flow", "test_schedules", "test_bad_input",
+                 "test_coco_flow", "test_publishing", "test_store_templates")  # fmt: skip
+
+
 def pytest_collection_modifyitems(items):
-    for item in items:
-        module = item.module.__name__.rpartition(".")[2] if item.module else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(SHARED_WORKER.get(module, module)))
+    rank = {group: n for n, group in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(worker_group(item.nodeid), len(rank)))  # stable: files keep their order
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's scheduler by scope, a scope being worker_group's. (Its own
+    `--dist loadgroup` reads xdist_group marks by rewriting `item._nodeid`, which pytest 9
+    no longer reads: until 2026-11-26 every test was scheduled alone, and files' module
+    fixtures, and the session fixtures above, were made on both workers.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return worker_group(nodeid)
+
+    config.option.loadscopereorder = False  # the collection's order: SLOWEST_FIRST's
+    return FileGroups(config, log)
 
 
 # A copy of the repository's packages, for the tests of code keys (an edit there must

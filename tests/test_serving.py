@@ -652,6 +652,11 @@ def test_slow_clients_and_16_bit_uploads_never_lock_others_out(served, tmp_path)
         assert all(s in (408, 503) for s in statuses[4:12]), statuses  # the others: turned away
         assert statuses[12:] == [408] * 6, statuses  # headers that never ended
 
+        # The image extractor is loaded at the first upload (from the ONNX cache: a fraction of
+        # a second): loaded first, so that what is measured is the four uploads alone.
+        warm = urllib.request.Request(f"{base}/api/image?k=1", data=_png16(64), method="POST")
+        with urllib.request.urlopen(warm, timeout=120) as answer:
+            assert answer.status == 200
         process = psutil.Process(server.pid)
         before = process.memory_info().rss
         peak = [before]
@@ -679,7 +684,8 @@ def test_slow_clients_and_16_bit_uploads_never_lock_others_out(served, tmp_path)
         done.set()
         watcher.join()
         grown = (max(peak) - before) / 2**20
-        assert grown < 700, f"the server grew by {grown:.0f} MB for four 36 MP 16-bit uploads"
+        # measured: 524-530 MiB (2026-11-26, the extractor loaded before; 670-705 while it loaded)
+        assert grown < 700, f"the server grew by {grown:.0f} MiB for four 36 MP 16-bit uploads"
     finally:
         for sock in slow:
             sock.close()
