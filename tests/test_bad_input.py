@@ -129,6 +129,19 @@ def test_invalid_utf8_empty_whitespace_and_control_characters_are_rejected(tiny_
     assert result.stats["train"] == {"images": 2, "cs": 1, "de": 4, "en": 5, "fr": 1}
 
 
+def test_a_control_character_is_any_of_unicode_s_category_cc_but_the_tab():
+    import unicodedata
+
+    from mule.data_catalog.readers.common import CONTROL, clean_caption
+
+    for code in range(0x3000):  # Cc lies below U+00A0; the rest of the BMP's first plane, for good measure
+        char = chr(code)
+        assert bool(CONTROL.match(char)) == (unicodedata.category(char) == "Cc" and char != "\t"), hex(code)
+    assert clean_caption("Zwei\u0085Männer".encode(), 100) == (
+        None, "control_char", "control character U+0085 at column 5")  # fmt: skip
+    assert clean_caption(b"tab\tseparated", 100) == ("tab\tseparated", "", "")
+
+
 def peak_mb_of(fn) -> float:
     """Peak of Python's allocations (tracemalloc) while fn runs."""
     tracemalloc.start()

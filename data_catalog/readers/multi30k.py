@@ -26,6 +26,7 @@ and image files by names checked to stay inside the images folder.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import re
 import zlib
@@ -65,6 +66,7 @@ class Multi30kError(DatasetReadError):
     pass
 
 
+@functools.lru_cache(maxsize=256)  # called for every caption line: a few files, 450k lines
 def _rel(path: Path, root: Path) -> str:
     return path.relative_to(root).as_posix()
 
