@@ -25,10 +25,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-# No threads in this process: a fork copies only the forking thread, and any lock another
-# thread held would stay held in the child.
-SERVER = r"""
-import importlib, json, os, select, signal, sys, traceback
+# What a forking process imports once for all its children (also tests/test_crashes.py's).
+PRELOAD = r"""
+import importlib
 import mule.commands.main, mule.flows.stages  # noqa: F401 - the imports every child shares
 # and the libraries the stages import when they run (none starts a thread on import)
 for name in ("torch", "torchvision", "timm", "onnxruntime", "fasttext", "duckdb", "faiss", "sacremoses"):
@@ -36,6 +35,12 @@ for name in ("torch", "torchvision", "timm", "onnxruntime", "fasttext", "duckdb"
         importlib.import_module(name)
     except ImportError:
         pass
+"""
+
+# No threads in this process: a fork copies only the forking thread, and any lock another
+# thread held would stay held in the child.
+SERVER = PRELOAD + r"""
+import json, os, select, signal, sys, traceback
 out = os.fdopen(os.dup(1), "w", buffering=1)  # the answers: not the children's fd 1
 
 

@@ -25,6 +25,7 @@ import pytest
 
 from mule.data_catalog.catalog import Catalog
 from mule.data_catalog.workdir import Workdir
+from tests.forked import PRELOAD
 
 SIZES = ["--train-images", "32", "--val-images", "16", "--test-images", "16"]
 TINY = ["data.image_size=48", "features.input_size=32", "features.shard_images=16", "text.fasttext_epochs=2", "text.word_dim=64",
@@ -36,15 +37,8 @@ TINY = ["data.image_size=48", "features.input_size=32", "features.shard_images=1
 # runs the command's own entry point (commands/main.py: main) and dies by its own SIGKILL at the
 # crash point, as `python -m mule.commands demo` would, without paying the ~8 s of imports
 # (torch, Prefect, MLflow, the stages' libraries) eight times over.
-ZYGOTE = r"""
-import importlib, json, os, sys
-import mule.commands.main, mule.flows.stages  # noqa: F401 - the imports every child shares
-# and the libraries the stages import when they run (none starts a thread on import)
-for name in ("torch", "torchvision", "timm", "onnxruntime", "fasttext", "duckdb", "faiss", "sacremoses"):
-    try:
-        importlib.import_module(name)
-    except ImportError:
-        pass
+ZYGOTE = PRELOAD + r"""
+import json, os, sys
 for line in sys.stdin:
     request = json.loads(line)
     pid = os.fork()
