@@ -165,7 +165,9 @@ REBUILT_TINY = {
 # worker would build it): file -> group. Every other file is a group of its own, as
 # --dist loadfile would make it.
 SHARED_WORKER = {"test_serving": "test_rebuild_flow", "test_stage_keys": "test_rebuild_flow",
-                 "test_option_reads": "test_rebuild_flow", "test_readers": "test_rebuild_flow"}
+                 "test_option_reads": "test_rebuild_flow", "test_readers": "test_rebuild_flow",
+                 # `never_interrupted` and the forking process (`forker`), made once for the three
+                 "test_crashes": "test_stopping", "test_publishing": "test_stopping"}
 
 
 @pytest.fixture(scope="session")
@@ -200,11 +202,11 @@ def worker_group(nodeid: str) -> str:
 
 
 # The slowest groups first (`pytest --durations=0`, 2 cores, 2026-11-26: the rebuild group
-# 164 worker-seconds, stopping 87, crashes 45, cli 45, damage 35, ...), so that neither
-# worker is left with a long one at the end.
-SLOWEST_FIRST = ("test_rebuild_flow", "test_stopping", "test_crashes", "test_cli", "test_damage", "test_multi30k_real",
+# 170 worker-seconds, stopping with crashes and publishing 144, cli 46, multi30k_real 37,
+# ablation 30, damage 30, ...), so that neither worker is left with a long one at the end.
+SLOWEST_FIRST = ("test_rebuild_flow", "test_stopping", "test_cli", "test_damage", "test_multi30k_real",
                  "test_ablation_flow", "test_features_stage", "test_table_flow", "test_schedules", "test_bad_input",
-                 "test_coco_flow", "test_publishing", "test_store_templates")  # fmt: skip
+                 "test_coco_flow", "test_store_templates")  # fmt: skip
 
 
 def pytest_collection_modifyitems(items):

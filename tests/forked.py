@@ -25,16 +25,33 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-# What a forking process imports once for all its children (also tests/test_crashes.py's).
+# What a forking process imports once for all its children (also tests/test_crashes.py's):
+# the command, then what a tiny `mule demo` imports as it runs (the stages and their
+# libraries, MLflow's model logging, the plots: a forked demo 10.1 s -> 6.9 s, of which
+# 6.6 s a demo pays that has nothing left to import). None starts a thread on import.
 PRELOAD = r"""
 import importlib
 import mule.commands.main, mule.flows.stages  # noqa: F401 - the imports every child shares
-# and the libraries the stages import when they run (none starts a thread on import)
-for name in ("torch", "torchvision", "timm", "onnxruntime", "fasttext", "duckdb", "faiss", "sacremoses"):
+for name in ("torch", "torchvision", "timm", "onnxruntime", "fasttext", "duckdb", "faiss", "sacremoses",
+             "mule.tasks.ingest", "mule.tasks.translate", "mule.tasks.features", "mule.tasks.text",
+             "mule.tasks.pretrain", "mule.tasks.train", "mule.tasks.evaluate", "mule.tasks.index",
+             "mule.serving.mlflow_model", "mule.data_catalog.embedded.scenes", "mule.data_catalog.store_templates",
+             "mule.pipeline.deferred", "mule.experiments.relocation", "mlflow.pyfunc", "mlflow.models",
+             "mlflow.store.tracking.sqlalchemy_store", "alembic.command", "prefect.flow_engine", "prefect.task_engine",
+             "prefect.artifacts", "matplotlib.pyplot", "pandas", "pyarrow.dataset", "git", "graphviz", "langcodes"):
     try:
         importlib.import_module(name)
     except ImportError:
         pass
+try:  # the installed packages' module map MLflow builds to check a logged model's requirements (1.9 s)
+    from mlflow.utils.requirements_utils import _init_packages_to_modules_map
+
+    _init_packages_to_modules_map()
+except ImportError:
+    pass
+import PIL.Image
+
+PIL.Image.init()  # the image plugins PIL loads on its first open
 """
 
 # No threads in this process: a fork copies only the forking thread, and any lock another

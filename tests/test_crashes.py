@@ -25,7 +25,6 @@ import pytest
 
 from mule.data_catalog.catalog import Catalog
 from mule.data_catalog.workdir import Workdir
-from tests.forked import PRELOAD
 
 SIZES = ["--train-images", "32", "--val-images", "16", "--test-images", "16"]
 TINY = ["data.image_size=48", "features.input_size=32", "features.shard_images=16", "text.fasttext_epochs=2", "text.word_dim=64",
@@ -33,61 +32,13 @@ TINY = ["data.image_size=48", "features.input_size=32", "features.shard_images=1
         "loss.mining_warmup_steps=2", "pretrain.mining_warmup_steps=2", "eval.examples=1"]  # fmt: skip
 
 
-# A process that has imported mule once and forks one child per `mule demo`: each child
-# runs the command's own entry point (commands/main.py: main) and dies by its own SIGKILL at the
-# crash point, as `python -m mule.commands demo` would, without paying the ~8 s of imports
-# (torch, Prefect, MLflow, the stages' libraries) eight times over.
-ZYGOTE = PRELOAD + r"""
-import json, os, sys
-for line in sys.stdin:
-    request = json.loads(line)
-    pid = os.fork()
-    if pid == 0:
-        os.setsid()
-        os.environ.pop("MULE_CRASH_AT", None)
-        os.environ.update(request["env"])
-        fd = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        code = 1
-        try:
-            code = mule.commands.main.main(request["args"])
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    try:
-        os.killpg(pid, 9)  # whatever the killed child left running
-    except ProcessLookupError:
-        pass
-    print(json.dumps({"code": os.waitstatus_to_exitcode(status)}), flush=True)
-"""
-
-
-@pytest.fixture(scope="module")
-def zygote(prefect_api_url):
-    env = {k: v for k, v in os.environ.items() if k != "MULE_CRASH_AT"}
-    env["PREFECT_API_URL"] = prefect_api_url  # read when Prefect is imported: set before
-    env["MULE_PREFECT_HEARTBEATS"] = "off"  # the session's server: nobody watches for crashed flow runs
-    env["PREFECT_LOGGING_LEVEL"] = "INFO"
-    process = subprocess.Popen([sys.executable, "-c", ZYGOTE], env=env, stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])  # fmt: skip
-    yield process
-    process.stdin.close()
-    process.wait(timeout=30)
-
-
-def demo(zygote: subprocess.Popen, workdir: Path, crash_at: str | None = None) -> tuple[int, str]:
-    """`mule demo` in a child process (on the session's Prefect server); (exit code, output)."""
+def demo(forker, workdir: Path, crash_at: str | None = None) -> tuple[int, str]:
+    """`mule demo` forked from a process that has imported mule (tests/forked.py: the
+    command's own entry point, on the session's Prefect server), dying by its own SIGKILL
+    at the crash point as `python -m mule.commands demo` would; (exit code, output)."""
     args = ["demo", "--workdir", str(workdir), *SIZES, *[a for o in TINY for a in ("--set", o)]]
-    log = workdir.parent / f"{workdir.name}.log"
-    zygote.stdin.write(json.dumps({"args": args, "env": {"MULE_CRASH_AT": crash_at} if crash_at else {},
-                                   "log": str(log)}) + "\n")  # fmt: skip
-    zygote.stdin.flush()
-    answer = zygote.stdout.readline()
-    assert answer, f"the forking process died: {zygote.poll()}"
-    return json.loads(answer)["code"], log.read_text()
+    child = forker.run(args, workdir.parent / f"{workdir.name}.log", env={"MULE_CRASH_AT": crash_at} if crash_at else {})
+    return child.returncode, child.output()
 
 
 def reference_run(workdir: Path) -> None:
@@ -123,12 +74,12 @@ def leftovers(workdir: Path) -> list[Path]:
 
 
 @pytest.mark.slow
-def test_killed_stages_resume_and_end_as_if_never_interrupted(tmp_path, zygote, prefect_api_url, never_interrupted):
+def test_killed_stages_resume_and_end_as_if_never_interrupted(tmp_path, forker, prefect_api_url, never_interrupted):
     reference = never_interrupted
     crashed = tmp_path / "crashed"
 
     # 1. Ingest killed between writing the captions table and renaming it into place.
-    code, _ = demo(zygote, crashed, crash_at="write:captions/embedded.parquet")
+    code, _ = demo(forker, crashed, crash_at="write:captions/embedded.parquet")
     assert code == -signal.SIGKILL
     assert (crashed / "catalog" / "images" / "embedded.parquet").exists()
     assert not (crashed / "catalog" / "captions" / "embedded.parquet").exists()  # no half-written table
@@ -138,7 +89,7 @@ def test_killed_stages_resume_and_end_as_if_never_interrupted(tmp_path, zygote, 
 
     # 2. Translate killed after its 40th translation: the journal holds what reached the disk
     # (the offline lexicon backend does not fsync every line, googletrans does), no table yet.
-    code, _ = demo(zygote, crashed, crash_at="journal:embedded@40")
+    code, _ = demo(forker, crashed, crash_at="journal:embedded@40")
     assert code == -signal.SIGKILL
     journal = crashed / "catalog" / "translations" / "embedded.journal.jsonl"
     kept = 0
@@ -150,7 +101,7 @@ def test_killed_stages_resume_and_end_as_if_never_interrupted(tmp_path, zygote, 
 
     # 3. Features killed while writing their second part: the first part stays whole; the
     # translate stage ran again first and took the journal's translations from it.
-    code, output = demo(zygote, crashed, crash_at="write:*/part-*-00001.parquet")
+    code, output = demo(forker, crashed, crash_at="write:*/part-*-00001.parquet")
     assert code == -signal.SIGKILL
     replayed = re.search(r"(\d+) translated now, (\d+) from the cache", output)
     assert replayed and int(replayed[2]) == kept, output[-3000:]
@@ -159,22 +110,22 @@ def test_killed_stages_resume_and_end_as_if_never_interrupted(tmp_path, zygote, 
     # 4.-5. Text and LP killed while writing their outputs: nothing half-written.
     for point, output_file in (("write:word_vectors/embedded.parquet", "catalog/word_vectors/embedded.parquet"),
                                ("write:embedded/pretrain.pt", "models/embedded/pretrain.pt")):  # fmt: skip
-        code, _ = demo(zygote, crashed, crash_at=point)
+        code, _ = demo(forker, crashed, crash_at=point)
         assert code == -signal.SIGKILL and not (crashed / output_file).exists(), point
 
     # 6. Training killed while writing the checkpoint after its second epoch.
-    code, _ = demo(zygote, crashed, crash_at="write:embedded/model-checkpoint.pt@2")
+    code, _ = demo(forker, crashed, crash_at="write:embedded/model-checkpoint.pt@2")
     assert code == -signal.SIGKILL
     assert (crashed / "models" / "embedded" / "model-checkpoint.pt").exists()  # epoch 1's
 
     # 7. Evaluation killed while writing its results; training resumed from epoch 1 first.
-    code, output = demo(zygote, crashed, crash_at="write:embedded/evaluation.json")
+    code, output = demo(forker, crashed, crash_at="write:embedded/evaluation.json")
     assert code == -signal.SIGKILL
     assert "resuming from the checkpoint after epoch 1" in output
     assert not (crashed / "results" / "embedded" / "evaluation.json").exists()
 
     # 8. The rerun finishes and equals the uninterrupted run.
-    code, output = demo(zygote, crashed)
+    code, output = demo(forker, crashed)
     assert code == 0, output[-3000:]
     assert tables(crashed) == tables(reference)
     got, want = features(crashed), features(reference)
