@@ -71,8 +71,8 @@ def preset_args(checkout: Path, size: str, preset: str | None = None) -> list[st
     demo preset differed from the defaults (2026-11-26) has the defaults as its demo."""
     if preset:
         return ["--preset", preset]
-    config = (checkout / "pipeline" / "config.py").read_text()
-    return ["--preset", "default"] if size == "29k" and '"default": {}' in config else []
+    config = checkout / "pipeline" / "config.py"  # older checkouts kept their presets elsewhere: defaults then
+    return ["--preset", "default"] if size == "29k" and config.exists() and '"default": {}' in config.read_text() else []
 
 
 def run_demo(checkout: Path, workdir: Path, size: str, sets: list[str], preset: str | None = None) -> dict:
