@@ -101,19 +101,19 @@ def runs(workdir: Path) -> list:
 @pytest.mark.slow
 def test_ctrl_c_and_sigterm_stop_every_kind_of_stage_and_the_rerun_equals_a_run_never_stopped(tmp_path,
         prefect_api_url, never_interrupted, forker):  # fmt: skip
-    """The Ctrl-C in evaluate hits a command started as a user starts it, in a terminal
-    (SIGINT to its process group); the stops in features, text and train, and the run that
-    resumes, are forked from a process that has imported mule (the same entry point, without
-    the imports to pay). Evaluate at this size is over within a few hundredths of a second
-    once its libraries are imported: a forked one can end before the signal lands."""
+    """The stops in features and evaluate hit commands started as a user starts them; those
+    in text and train, and the run that resumes, are forked from a process that has imported
+    mule (the same entry point, without the imports to pay). Evaluate at this size is over
+    within a few hundredths of a second once its libraries are imported: a forked one can
+    end before the signal lands."""
     from prefect.client.orchestration import get_client
 
     reference = never_interrupted
     stopped = tmp_path / "stopped"
     env = {"PREFECT_API_URL": prefect_api_url, "MULE_PREFECT_HEARTBEATS": "off"}  # the session's server: its states
-    for stage, signum, group in (("features", signal.SIGTERM, True), ("text", signal.SIGTERM, False),
-                                 ("train", signal.SIGINT, False), ("evaluate", signal.SIGINT, True)):  # fmt: skip
-        demo = Demo(stopped, env=env, forker=forker if stage != "evaluate" else None)
+    for stage, signum, group in (("features", signal.SIGINT, True), ("text", signal.SIGTERM, False),
+                                 ("train", signal.SIGINT, False), ("evaluate", signal.SIGTERM, True)):  # fmt: skip
+        demo = Demo(stopped, env=env, forker=forker if stage in ("text", "train") else None)
         demo.wait_for(rf"mule\.pipeline - {stage}: ran\b")
         took, after = demo.stop(signum, group)
         said = [line for line in after if line.strip()]
