@@ -25,10 +25,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-# What a forking process imports once for all its children (also tests/test_crashes.py's):
-# the command, then what a tiny `mule demo` imports as it runs (the stages and their
-# libraries, MLflow's model logging, the plots: a forked demo 10.1 s -> 6.9 s, of which
-# 6.6 s a demo pays that has nothing left to import). None starts a thread on import.
+# What the forking process imports once for all its children: the command, then what a
+# tiny `mule demo` imports as it runs (the stages and their libraries, MLflow's model
+# logging, the plots: a forked demo 9.4 s -> 7.5 s; 6.6 s is what a demo costs with
+# nothing left to import). None starts a thread on import.
 PRELOAD = r"""
 import importlib
 import mule.commands.main, mule.flows.stages  # noqa: F401 - the imports every child shares
