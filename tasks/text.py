@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+import sys
 import tempfile
 import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,6 +28,7 @@ from mule.mule_core.progress import format_seconds
 from mule.mule_core.subwords import ngram_table
 from mule.mule_core.text import PAD, UNK
 
+from .support import fasttext_worker
 from .support.context import StageContext, logger
 
 
@@ -46,47 +50,51 @@ def heartbeat(label: str, every: float = 15.0):
         thread.join()
 
 
-def train_fasttext(sentences: list[list[str]], dim: int, model: str, epochs: int, min_count: int, threads: int):
-    """fastText on tokenised sentences; with one thread the result is reproducible (fastText seeds itself)."""
-    import fasttext
-
-    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False, encoding="utf-8") as handle:
-        handle.write("\n".join(" ".join(tokens) for tokens in sentences))
-        path = handle.name
-    tokens = sum(len(t) for t in sentences)
-    logger().info("fastText %s: %d sentences, %d tokens, %d epochs, %d thread(s)", model, len(sentences), tokens,
-                  epochs, threads)  # fmt: skip
-    try:
-        with heartbeat(f"fastText on {tokens} tokens"):
-            return fasttext.train_unsupervised(
-                path, model=model, dim=dim, epoch=epochs, minCount=min_count, thread=threads, verbose=0
-            )
-    finally:
-        os.unlink(path)
-
-
 def fasttext_lookups(jobs: dict[str, dict[str, Any]], t, lengths: tuple[int, ...]) -> dict[str, dict[str, Any]]:
-    """fastText for each language of `jobs` (lang -> its language_vocabulary), several
-    languages at once when cores allow (fastText releases the GIL while it trains; each
-    model keeps its text.fasttext_threads, so its vectors are those of a run alone). Returns
-    per language its words' vectors and its shared n-grams' rows; each model is dropped once
-    read (a real language's model holds 2.4 GB at 300-d)."""
+    """fastText for each language of `jobs` (lang -> its language_vocabulary), each in a
+    process of its own (support/fasttext_worker.py: its vectors depend on its job alone),
+    several at once when the cores allow (each keeps its text.fasttext_threads). Returns per
+    language its words' vectors and its shared n-grams' rows."""
 
-    def one(words: dict[str, Any]) -> dict[str, Any]:
+    def one(lang: str, words: dict[str, Any]) -> dict[str, Any]:
         started = time.perf_counter()
-        model = train_fasttext(words["train"], t.word_dim, t.fasttext_model, t.fasttext_epochs,
-                               t.fasttext_min_count, t.fasttext_threads)  # fmt: skip
-        vectors = {w: model.get_word_vector(w) for w in words["vocab"] if w not in (PAD, UNK)}
-        grams = subword_rows(words["vocab"], lengths, fasttext_ngram_vector(model)) if lengths else ([], [])
-        return {"vectors": vectors, "ngrams": grams, "seconds": time.perf_counter() - started}
+        vocab = [w for w in words["vocab"] if w not in (PAD, UNK)]
+        grams = ngram_table(words["vocab"], lengths).ngrams if lengths else []
+        tokens = sum(len(s) for s in words["train"])
+        logger().info("fastText %s (%s): %d sentences, %d tokens, %d epochs, %d thread(s)", t.fasttext_model, lang,
+                      len(words["train"]), tokens, t.fasttext_epochs, t.fasttext_threads)  # fmt: skip
+        with tempfile.TemporaryDirectory(prefix=f"mule-fasttext-{lang}-") as scratch:
+            directory = Path(scratch)
+            fasttext_worker.write_job(directory, words["train"], vocab, grams, dim=t.word_dim, model=t.fasttext_model,
+                                      epochs=t.fasttext_epochs, min_count=t.fasttext_min_count,
+                                      threads=t.fasttext_threads)  # fmt: skip
+            with heartbeat(f"fastText ({lang}) on {tokens} tokens"):
+                run_worker(directory, lang)
+            vectors = fasttext_worker.read_rows(directory, fasttext_worker.WORD_ROWS)
+            rows = fasttext_worker.read_rows(directory, fasttext_worker.GRAM_ROWS)
+        return {"vectors": dict(zip(vocab, vectors)), "ngrams": (list(grams), list(rows)),
+                "seconds": time.perf_counter() - started}  # fmt: skip
 
     workers = max(1, min(len(jobs), devices.usable_cores() // max(1, t.fasttext_threads)))
-    if workers == 1:
-        return {lang: one(words) for lang, words in jobs.items()}
-    logger().info("fastText: %d languages, %d at a time", len(jobs), workers)
+    if workers > 1:
+        logger().info("fastText: %d languages, %d at a time", len(jobs), workers)
     with ThreadPoolExecutor(workers, thread_name_prefix="fasttext") as pool:
-        futures = {lang: pool.submit(one, words) for lang, words in jobs.items()}
+        futures = {lang: pool.submit(one, lang, words) for lang, words in jobs.items()}
         return {lang: future.result() for lang, future in futures.items()}
+
+
+def run_worker(directory: Path, lang: str) -> None:
+    """Runs fasttext_worker on `directory`; the worker is killed if this one is stopped."""
+    command = [sys.executable, "-m", "mule.tasks.support.fasttext_worker", str(directory), str(os.getpid())]
+    with subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as worker:
+        try:
+            output, _ = worker.communicate()
+        except BaseException:
+            worker.kill()
+            raise
+    if worker.returncode != 0:
+        tail = output.decode("utf-8", "replace").strip().splitlines()[-20:]
+        raise RuntimeError(f"fastText for {lang!r} failed (exit status {worker.returncode}):\n" + "\n".join(tail))
 
 
 def dataset_languages(catalog: Catalog, dataset: str, wanted: tuple[str, ...]) -> list[str]:
@@ -135,12 +143,6 @@ def vector_column(vectors: list[np.ndarray]) -> pa.Array:
     flat = np.ascontiguousarray(np.stack(vectors), dtype=np.float32)
     offsets = np.arange(0, flat.size + 1, flat.shape[1], dtype=np.int32)
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat.reshape(-1)))
-
-
-def fasttext_ngram_vector(model):
-    """An n-gram's own row in a fastText model's input matrix (the rows fastText averages
-    into a word's vector)."""
-    return lambda gram: model.get_input_vector(model.get_subword_id(gram))
 
 
 def multilingual_e5_lookups(vocabs: dict[str, list[str]], dim: int) -> dict[str, Any]:

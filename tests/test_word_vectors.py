@@ -5,20 +5,20 @@ import pytest
 
 from mule.data_catalog.vectors import VectorFile, VectorFileError
 from mule.tasks import text
-from mule.tasks.text import train_fasttext
+from mule.tasks.support import fasttext_worker
 
 
-def test_fasttext_learns_vectors_for_corpus_words_and_unseen_words():
-    corpus = [["a", "red", "circle"], ["a", "blue", "square"], ["a", "red", "square"]] * 50
-    model = train_fasttext(corpus, dim=8, model="skipgram", epochs=5, min_count=1, threads=1)
+def test_fasttext_learns_vectors_for_corpus_words_and_unseen_words(tmp_path):
+    (tmp_path / "corpus.txt").write_text("a red circle\na blue square\na red square\n" * 50, encoding="utf-8")
+    model = fasttext_worker.fit(tmp_path / "corpus.txt", dim=8, model="skipgram", epochs=5, min_count=1, threads=1)
     assert model.get_word_vector("red").shape == (8,)
     assert np.abs(model.get_word_vector("circles")).sum() > 0  # built from subwords
 
 
 def test_languages_trained_side_by_side_get_the_vectors_of_a_run_alone(monkeypatch):
-    """The text stage trains several languages' fastText at once when it has the cores; each
-    keeps its own thread count, so its vectors and n-gram rows are bit for bit those of one
-    language at a time."""
+    """The text stage trains several languages' fastText at once when it has the cores, each
+    in a process of its own with its own thread count, so its vectors and n-gram rows are
+    bit for bit those of one language at a time (and those of the run before)."""
     from types import SimpleNamespace
 
     settings = SimpleNamespace(word_dim=8, fasttext_model="skipgram", fasttext_epochs=3, fasttext_min_count=1,
@@ -28,16 +28,60 @@ def test_languages_trained_side_by_side_get_the_vectors_of_a_run_alone(monkeypat
         train = [[words[0], words[i % 4 + 1], words[(i * 7) % 4 + 1]] for i in range(300)]
         jobs[lang] = {"train": train, "vocab": ["<pad>", "<unk>", *words]}
     results = []
-    for cores in (1, 4):
+    for cores in (1, 4, 4):
         monkeypatch.setattr(text.devices, "usable_cores", lambda cores=cores: cores)
         results.append(text.fasttext_lookups(jobs, settings, (3, 4)))
-    alone, together = results
+    alone, together, again = results
+    assert all(np.array_equal(a, b) for a, b in zip(together["en"]["ngrams"][1], again["en"]["ngrams"][1]))
     for lang in jobs:
         assert alone[lang]["vectors"].keys() == together[lang]["vectors"].keys() == set(jobs[lang]["vocab"][2:])
         for word, vector in alone[lang]["vectors"].items():
             assert np.array_equal(vector, together[lang]["vectors"][word])
         assert alone[lang]["ngrams"][0] == together[lang]["ngrams"][0] != []
         assert all(np.array_equal(a, b) for a, b in zip(alone[lang]["ngrams"][1], together[lang]["ngrams"][1]))
+
+
+def fasttext_job(directory, sentences, epochs=3):
+    fasttext_worker.write_job(directory, sentences, ["a"], ["<a>"], dim=8, model="skipgram", epochs=epochs,
+                              min_count=1, threads=1)  # fmt: skip
+
+
+def test_a_failed_fasttext_names_the_language_and_says_why(tmp_path):
+    fasttext_job(tmp_path, [])  # nothing to learn from
+    with pytest.raises(RuntimeError, match=r"(?s)fastText for 'de' failed \(exit status 1\):.*Empty vocabulary"):
+        text.run_worker(tmp_path, "de")
+
+
+def test_a_fasttext_worker_ends_when_the_stage_that_started_it_is_gone(tmp_path):
+    """A stage killed at once (SIGKILL, out of memory) cannot stop its workers: they stop
+    themselves, also in the middle of fastText's training."""
+    import subprocess
+    import sys
+    import time
+
+    words = [[f"w{i}", f"w{i + 1}", f"w{i + 2}"] for i in range(1000)]  # all rare: none is sampled away
+    fasttext_job(tmp_path, words, epochs=100_000)  # minutes of training
+    worker = f"{sys.executable} -m mule.tasks.support.fasttext_worker {tmp_path}"
+    stage = subprocess.Popen(["bash", "-c", f"{worker} $$ & echo $!; wait"], stdout=subprocess.PIPE, text=True)
+    pid = int(stage.stdout.readline())
+    time.sleep(2)  # fastText is training now
+    assert running(pid)
+    stage.kill()
+    stage.wait()
+    deadline = time.monotonic() + 10
+    while running(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not running(pid)
+    assert not (tmp_path / fasttext_worker.WORD_ROWS).exists()
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (a container's init may never reap an orphan)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_vec_file(tmp_path):

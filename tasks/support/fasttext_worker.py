@@ -1,0 +1,84 @@
+"""One language's fastText, trained in a process of its own: `python -m
+mule.tasks.support.fasttext_worker JOB_DIR`.
+
+Why a process: a model's vectors then depend on its job alone. Trained inside the stage's
+process (one model at a time, or several side by side on threads), the same job gave
+vectors that differed in the third digit now and then (2 of 5 suite runs, cause not
+found in fastText's code); in a fresh process they are the same at any parallelism. It
+also keeps the model's input matrix (2.4 GB at 300-d) out of the stage's memory.
+
+JOB_DIR holds job.json (the fastText settings), train.txt (one tokenised sentence a
+line), words.txt and grams.txt (one entry a line: what to read back). The worker writes
+words.npy (a row per word) and grams.npy (a row per n-gram). It imports only numpy and
+fasttext, and dies with its parent."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+JOB, TRAIN, WORDS, GRAMS = "job.json", "train.txt", "words.txt", "grams.txt"
+WORD_ROWS, GRAM_ROWS = "words.npy", "grams.npy"
+
+
+def write_job(directory: Path, sentences: list[list[str]], words: list[str], grams: list[str], **settings) -> None:
+    """The files a worker reads (settings: dim, model, epochs, min_count, threads)."""
+    (directory / JOB).write_text(json.dumps(settings), encoding="utf-8")
+    (directory / TRAIN).write_text("\n".join(" ".join(tokens) for tokens in sentences), encoding="utf-8")
+    for name, entries in ((WORDS, words), (GRAMS, grams)):
+        (directory / name).write_text("".join(f"{entry}\n" for entry in entries), encoding="utf-8")
+
+
+def read_rows(directory: Path, name: str) -> np.ndarray:
+    return np.load(directory / name, allow_pickle=False)
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").split("\n")[:-1]
+
+
+def fit(train_file: Path, dim: int, model: str, epochs: int, min_count: int, threads: int):
+    """fastText on a file of tokenised sentences (with one thread, fastText seeds itself)."""
+    import fasttext
+
+    return fasttext.train_unsupervised(str(train_file), model=model, dim=dim, epoch=epochs, minCount=min_count,
+                                       thread=threads, verbose=0)  # fmt: skip
+
+
+def ngram_row(model, gram: str) -> np.ndarray:
+    """An n-gram's own row in the model's input matrix (the rows fastText averages into a
+    word's vector)."""
+    return model.get_input_vector(model.get_subword_id(gram))
+
+
+def train(directory: Path) -> None:
+    settings = json.loads((directory / JOB).read_text(encoding="utf-8"))
+    model = fit(directory / TRAIN, **settings)
+    words = [model.get_word_vector(w) for w in lines(directory / WORDS)]
+    grams = [ngram_row(model, g) for g in lines(directory / GRAMS)]
+    for name, rows in ((WORD_ROWS, words), (GRAM_ROWS, grams)):
+        table = np.stack(rows).astype(np.float32) if rows else np.zeros((0, settings["dim"]), np.float32)
+        np.save(directory / f"partial-{name}", table)
+        os.replace(directory / f"partial-{name}", directory / name)
+
+
+def die_with(parent: int) -> None:
+    """Exits once `parent` is gone (a killed stage must not leave fastText running)."""
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(1)
+
+
+if __name__ == "__main__":
+    # Ctrl-C reaches the whole process group: stop at once, not when fastText returns to Python.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    threading.Thread(target=die_with, args=(int(sys.argv[2]),), daemon=True).start()
+    train(Path(sys.argv[1]))
