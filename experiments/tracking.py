@@ -377,9 +377,13 @@ def run(workdir: Workdir, cfg, stage: str, parent_run_id: str | None = None) -> 
 
 def _is_stop(error: BaseException) -> bool:
     """A signal stopping the run: Ctrl-C, or SIGTERM as mule raises it (a KeyboardInterrupt)
-    or as Prefect's flow engine does while a flow runs (its TerminationSignal); or an error
-    raised while one unwinds (Prefect's `Task run is not set` when the signal lands before
-    its task run exists), which is the stop's doing, not a failure."""
+    or as Prefect's flow engine does while a flow runs (its TerminationSignal); or any error
+    raised once a stop signal came (DuckDB turns the KeyboardInterrupt it sees mid-query into
+    its own RuntimeError('Query interrupted'), dropping the original; Prefect says `Task run
+    is not set` when the signal lands before its task run exists): the stop's doing, not a
+    failure."""
+    if _stop_signalled():
+        return True
     seen: set[int] = set()
     while error is not None and id(error) not in seen:
         if isinstance(error, KeyboardInterrupt) or any(c.__name__ == "ExternalSignal" for c in type(error).__mro__):
@@ -387,6 +391,13 @@ def _is_stop(error: BaseException) -> bool:
         seen.add(id(error))
         error = error.__cause__ or error.__context__
     return False
+
+
+def _stop_signalled() -> bool:
+    """Whether the command's signal handling (flows.interrupts, above this package: looked
+    up, never imported) has seen Ctrl-C or SIGTERM in this process."""
+    interrupts = sys.modules.get("mule.flows.interrupts")
+    return interrupts is not None and interrupts.stopping() is not None
 
 
 _open_runs: dict[str, Workdir] = {}  # run id -> workdir, for the runs this process has not ended yet

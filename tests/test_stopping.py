@@ -126,7 +126,9 @@ def test_ctrl_c_and_sigterm_stop_every_kind_of_stage_and_the_rerun_equals_a_run_
         open_runs = [r.info.run_name for r in runs(stopped) if r.info.status == "RUNNING"]
         assert not open_runs, (stage, open_runs)
         killed = [r for r in runs(stopped) if r.info.status == "KILLED"]
-        assert {r.info.run_name for r in killed} >= {stage, "rebuild"}, stage
+        assert {r.info.run_name for r in killed} >= {stage, "rebuild"}, (
+            stage, [(r.info.run_name, r.info.status, r.data.tags.get("mule.error")) for r in runs(stopped)],
+            everything[-4000:])  # fmt: skip
         with get_client(sync_client=True) as client:  # the stage's flow run, as Prefect's UI shows it
             flow_run = client.read_flow_run(
                 next(r for r in killed if r.info.run_name == stage).data.tags["prefect.flow_run_id"]
@@ -247,3 +249,28 @@ def test_a_signal_while_prefect_is_still_making_a_task_run_stops_as_any_other(tm
     with get_client(sync_client=True) as client:
         flow_run = client.read_flow_run(killed["ingest"].data.tags["prefect.flow_run_id"])
         assert flow_run.state.type.value in ("CRASHED", "CANCELLED"), flow_run.state
+
+
+def test_an_error_the_stop_causes_ends_the_stage_s_mlflow_run_killed_not_failed(tmp_path, monkeypatch):
+    """DuckDB turns a Ctrl-C that lands mid-query into RuntimeError('Query interrupted'),
+    without the KeyboardInterrupt: once a stop signal came (flows.interrupts armed), the
+    stage's run ends KILLED all the same (a stop in train's first query left it FAILED)."""
+    import duckdb
+
+    from mule.data_catalog.workdir import Workdir
+    from mule.experiments import tracking
+    from mule.flows import interrupts
+    from mule.pipeline.config import resolve
+
+    wd = Workdir.at(tmp_path)
+    monkeypatch.setattr(interrupts._state, "armed", signal.SIGINT)  # what interrupts' handler does first
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        with pytest.raises(RuntimeError, match="Query interrupted"):
+            with tracking.run(wd, resolve("demo"), "train") as run_id:
+                threading.Timer(0.2, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT)).start()
+                duckdb.connect().execute("select count(*) from range(100000000000) a").fetchall()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    run = tracking.client(wd).get_run(run_id)
+    assert (run.info.status, run.data.tags["mule.error_kind"]) == ("KILLED", "interrupted")
