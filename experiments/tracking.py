@@ -57,8 +57,13 @@ def metric_name(key: str) -> str:
 
 
 def client(workdir: Workdir) -> MlflowClient:
+    """The workdir's MLflow client. A workdir without a store gets one copied from the
+    template (seed_store), whoever opens it first: `mule`, a flow a Prefect worker runs, a
+    test; MLflow would migrate one from nothing, about 1 s of each new workdir's run."""
     from mlflow.tracking import MlflowClient
 
+    if not store_exists(workdir):
+        seed_store(workdir)
     return MlflowClient(tracking_uri=workdir.mlflow_uri)
 
 

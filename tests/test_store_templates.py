@@ -85,6 +85,19 @@ def test_mlflow_store_from_the_template_is_a_working_store_of_this_workdir(tmp_p
     assert (tmp_path / "cache" / "mule" / "templates" / f"mlflow-{version('mlflow')}.db").exists()
 
 
+def test_a_store_first_opened_by_a_flow_comes_from_the_template_too(tmp_path, monkeypatch):
+    """A stage flow run in-process or by a Prefect worker never goes through `mule`'s
+    set-up: the first MLflow client of a workdir copies the template all the same."""
+    from mule.experiments import tracking
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    seeded, opened = Workdir.at(tmp_path / "seeded"), Workdir.at(tmp_path / "opened")
+    tracking.seed_store(seeded)
+    default = tracking.client(opened).get_experiment("0")  # no seed_store before it
+    assert default.artifact_location == str(opened.artifacts_dir / "0")  # MLflow's own store says ./mlruns
+    assert tables(opened.root / "mlflow.db") == tables(seeded.root / "mlflow.db")
+
+
 def test_prefect_database_from_the_template_is_migrated_to_the_installed_version(tmp_path, monkeypatch):
     from mule.flows.runtime import seed_prefect_home
 
