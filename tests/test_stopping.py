@@ -268,8 +268,9 @@ def test_an_error_the_stop_causes_ends_the_stage_s_mlflow_run_killed_not_failed(
     try:
         with pytest.raises(RuntimeError, match="Query interrupted"):
             with tracking.run(wd, resolve("demo"), "train") as run_id:
+                query = duckdb.connect(config={"threads": 1})  # one core spins until the signal
                 threading.Timer(0.2, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT)).start()
-                duckdb.connect().execute("select count(*) from range(100000000000) a").fetchall()
+                query.execute("select count(*) from range(100000000000) a").fetchall()
     finally:
         signal.signal(signal.SIGINT, previous)
     run = tracking.client(wd).get_run(run_id)
