@@ -65,7 +65,7 @@ def training_curves(history, title: str, score_label: str):
     for key in keys:
         left.plot(epochs, [r.losses.get(key, np.nan) for r in history], marker="o", ms=3, label=key)
     left.set(xlabel="epoch", ylabel="loss (weighted)", title="losses")
-    left.legend(fontsize=8, loc="upper right")  # losses fall: their start is upper left ("best" searches, 0.1 s a figure)
+    left.legend(fontsize=8)
     scores = [r.score for r in history]
     right.plot(epochs, scores, marker="o", color="tab:green", label=score_label)
     best = max(range(len(scores)), key=lambda i: scores[i] if scores[i] is not None else -1)
