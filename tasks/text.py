@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -63,7 +64,8 @@ def fasttext_lookups(jobs: dict[str, dict[str, Any]], t, lengths: tuple[int, ...
         tokens = sum(len(s) for s in words["train"])
         logger().info("fastText %s (%s): %d sentences, %d tokens, %d epochs, %d thread(s)", t.fasttext_model, lang,
                       len(words["train"]), tokens, t.fasttext_epochs, t.fasttext_threads)  # fmt: skip
-        with tempfile.TemporaryDirectory(prefix=f"mule-fasttext-{lang}-") as scratch:
+        # a stopped worker removes the folder itself (the stage may be gone by then)
+        with tempfile.TemporaryDirectory(prefix=f"mule-fasttext-{lang}-", ignore_cleanup_errors=True) as scratch:
             directory = Path(scratch)
             fasttext_worker.write_job(directory, words["train"], vocab, grams, dim=t.word_dim, model=t.fasttext_model,
                                       epochs=t.fasttext_epochs, min_count=t.fasttext_min_count,
@@ -96,8 +98,11 @@ def run_worker(directory: Path, lang: str) -> None:
             worker.kill()
             raise
     if worker.returncode != 0:
-        tail = output.decode("utf-8", "replace").strip().splitlines()[-20:]
-        raise RuntimeError(f"fastText for {lang!r} failed (exit status {worker.returncode}):\n" + "\n".join(tail))
+        said = [line for line in output.decode("utf-8", "replace").splitlines() if line.strip()]
+        how = f"exit status {worker.returncode}"
+        if worker.returncode < 0:  # SIGKILL: most often the kernel's out-of-memory killer (2.4 GB a model at 300-d)
+            how = f"killed by {signal.Signals(-worker.returncode).name}"
+        raise RuntimeError(f"fastText for {lang!r} failed ({how})" + (f": {said[-1]}" if said else ""))
 
 
 def dataset_languages(catalog: Catalog, dataset: str, wanted: tuple[str, ...]) -> list[str]:

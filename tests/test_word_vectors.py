@@ -1,5 +1,12 @@
 """Word vectors: fastText trained on captions, or read from .vec files."""
 
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -48,31 +55,69 @@ def fasttext_job(directory, sentences, epochs=3):
 
 def test_a_failed_fasttext_names_the_language_and_says_why(tmp_path):
     fasttext_job(tmp_path, [])  # nothing to learn from
-    with pytest.raises(RuntimeError, match=r"(?s)fastText for 'de' failed \(exit status 1\):.*Empty vocabulary"):
+    with pytest.raises(RuntimeError, match=r"^fastText for 'de' failed \(exit status 1\): ValueError: Empty vocabulary"):
         text.run_worker(tmp_path, "de")
+
+
+def long_fasttext_job(directory):
+    directory.mkdir()
+    words = [[f"w{i}", f"w{i + 1}", f"w{i + 2}"] for i in range(1000)]  # all rare: none is sampled away
+    fasttext_job(directory, words, epochs=100_000)  # minutes of training
+    return f"{sys.executable} -m mule.tasks.support.fasttext_worker {directory}"
 
 
 def test_a_fasttext_worker_ends_when_the_stage_that_started_it_is_gone(tmp_path):
     """A stage killed at once (SIGKILL, out of memory) cannot stop its workers: they stop
-    themselves, also in the middle of fastText's training."""
-    import subprocess
-    import sys
-    import time
-
-    words = [[f"w{i}", f"w{i + 1}", f"w{i + 2}"] for i in range(1000)]  # all rare: none is sampled away
-    fasttext_job(tmp_path, words, epochs=100_000)  # minutes of training
-    worker = f"{sys.executable} -m mule.tasks.support.fasttext_worker {tmp_path}"
+    themselves, also in the middle of fastText's training, and take their job folder."""
+    worker = long_fasttext_job(tmp_path / "job")
     stage = subprocess.Popen(["bash", "-c", f"{worker} $$ & echo $!; wait"], stdout=subprocess.PIPE, text=True)
     pid = int(stage.stdout.readline())
-    time.sleep(2)  # fastText is training now
+    time.sleep(1)  # fastText is training now (it starts within 0.5 s)
     assert running(pid)
     stage.kill()
     stage.wait()
     deadline = time.monotonic() + 10
     while running(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not running(pid)
-    assert not (tmp_path / fasttext_worker.WORD_ROWS).exists()
+    assert not running(pid) and not (tmp_path / "job").exists()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_fasttext_worker_stops_at_once_on_ctrl_c_or_sigterm(tmp_path, signum):
+    """Ctrl-C reaches the whole process group: the worker ends within a second, in the
+    middle of fastText's training, and leaves no job folder behind."""
+    worker = subprocess.Popen([*long_fasttext_job(tmp_path / "job").split(), str(os.getpid())])
+    time.sleep(1)  # fastText is training now (it starts within 0.5 s)
+    assert worker.poll() is None
+    sent = time.monotonic()
+    worker.send_signal(signum)
+    assert worker.wait(timeout=10) == 128 + signum and time.monotonic() - sent < 1.5
+    assert not (tmp_path / "job").exists()
+
+
+def test_a_worker_the_kernel_kills_is_named_with_its_signal(tmp_path):
+    """The out-of-memory killer's SIGKILL (2.4 GB a model at 300-d) says so, not `exit status -9`."""
+    import threading
+
+    job = tmp_path / "job"
+    long_fasttext_job(job)
+    failure = []
+    stage = threading.Thread(target=lambda: failure.append(pytest.raises(RuntimeError, text.run_worker, job, "cs")))
+    stage.start()
+    deadline = time.monotonic() + 10
+    while not (pids := [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and str(job) in cmdline(p)]):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    os.kill(int(pids[0]), signal.SIGKILL)
+    stage.join(10)
+    assert str(failure[0].value) == "fastText for 'cs' failed (killed by SIGKILL)"
+
+
+def cmdline(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def running(pid: int) -> bool:

@@ -10,19 +10,21 @@ also keeps the model's input matrix (2.4 GB at 300-d) out of the stage's memory.
 JOB_DIR holds job.json (the fastText settings), train.txt (one tokenised sentence a
 line), words.txt and grams.txt (one entry a line: what to read back). The worker writes
 words.npy (a row per word) and grams.npy (a row per n-gram). It imports only numpy and
-fasttext, and dies with its parent."""
+fasttext, and ends, taking JOB_DIR with it, on Ctrl-C or SIGTERM or when its parent is gone."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
 import threading
-import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 JOB, TRAIN, WORDS, GRAMS = "job.json", "train.txt", "words.txt", "grams.txt"
 WORD_ROWS, GRAM_ROWS = "words.npy", "grams.npy"
@@ -37,6 +39,8 @@ def write_job(directory: Path, sentences: list[list[str]], words: list[str], gra
 
 
 def read_rows(directory: Path, name: str) -> np.ndarray:
+    import numpy as np
+
     return np.load(directory / name, allow_pickle=False)
 
 
@@ -59,6 +63,8 @@ def ngram_row(model, gram: str) -> np.ndarray:
 
 
 def train(directory: Path) -> None:
+    import numpy as np
+
     settings = json.loads((directory / JOB).read_text(encoding="utf-8"))
     model = fit(directory / TRAIN, **settings)
     words = [model.get_word_vector(w) for w in lines(directory / WORDS)]
@@ -69,16 +75,25 @@ def train(directory: Path) -> None:
         os.replace(directory / f"partial-{name}", directory / name)
 
 
-def die_with(parent: int) -> None:
-    """Exits once `parent` is gone (a killed stage must not leave fastText running)."""
-    while os.getppid() == parent:
-        time.sleep(0.5)
-    os._exit(1)
+STOPS = {signal.SIGINT, signal.SIGTERM}
+
+
+def watch(directory: Path, parent: int) -> None:
+    """Ends this worker, and removes its job folder (a real language's sentences, tens of
+    MB), when a stop signal comes (Ctrl-C reaches the whole process group) or once
+    `parent` is gone (a stage killed at once cannot stop its workers): at once, not when
+    fastText next returns to Python. The signals are blocked in every other thread, so
+    they wait here."""
+    while True:
+        stop = signal.sigtimedwait(STOPS, 0.5)
+        if stop is not None or os.getppid() != parent:
+            shutil.rmtree(directory, ignore_errors=True)
+            os._exit(128 + stop.si_signo if stop is not None else 1)
 
 
 if __name__ == "__main__":
-    # Ctrl-C reaches the whole process group: stop at once, not when fastText returns to Python.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    threading.Thread(target=die_with, args=(int(sys.argv[2]),), daemon=True).start()
-    train(Path(sys.argv[1]))
+    job, parent = Path(sys.argv[1]), int(sys.argv[2])
+    # before any thread starts (numpy's BLAS pool starts at its import): every thread inherits the mask
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
+    threading.Thread(target=watch, args=(job, parent), daemon=True).start()
+    train(job)
