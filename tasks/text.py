@@ -51,8 +51,9 @@ def heartbeat(label: str, every: float = 15.0):
         thread.join()
 
 
-def fasttext_lookups(jobs: dict[str, dict[str, Any]], t, lengths: tuple[int, ...]) -> dict[str, dict[str, Any]]:
-    """fastText for each language of `jobs` (lang -> its language_vocabulary), each in a
+def fasttext_lookups(jobs: dict[str, dict[str, Any]], t) -> dict[str, dict[str, Any]]:
+    """fastText for each language of `jobs` (lang -> its language_vocabulary, with its
+    n-gram table under "ngram_table", None without subwords), each in a
     process of its own (support/fasttext_worker.py: its vectors depend on its job alone),
     several at once when the cores allow (each keeps its text.fasttext_threads). Returns per
     language its words' vectors and its shared n-grams' rows."""
@@ -60,7 +61,7 @@ def fasttext_lookups(jobs: dict[str, dict[str, Any]], t, lengths: tuple[int, ...
     def one(lang: str, words: dict[str, Any]) -> dict[str, Any]:
         started = time.perf_counter()
         vocab = [w for w in words["vocab"] if w not in (PAD, UNK)]
-        grams = ngram_table(words["vocab"], lengths).ngrams if lengths else []
+        grams = words["ngram_table"].ngrams if words["ngram_table"] is not None else []
         tokens = sum(len(s) for s in words["train"])
         logger().info("fastText %s (%s): %d sentences, %d tokens, %d epochs, %d thread(s)", t.fasttext_model, lang,
                       len(words["train"]), tokens, t.fasttext_epochs, t.fasttext_threads)  # fmt: skip
@@ -132,11 +133,11 @@ def language_vocabulary(catalog: Catalog, dataset: str, lang: str, captions: str
     return {"vocab": vocab, "train": train, "train_counts": train_counts, "unseen": unseen}
 
 
-def subword_rows(vocab: list[str], lengths: tuple[int, ...], vector) -> tuple[list[str], list[np.ndarray]]:
-    """The n-grams two or more vocabulary words share (what model.subwords composes words
-    from) with their vectors in the word-vector model (`vector(ngram)`, None: it has none)."""
+def subword_rows(table, vector) -> tuple[list[str], list[np.ndarray]]:
+    """The n-grams two or more vocabulary words share (`table`, what model.subwords composes
+    words from) with their vectors in the word-vector model (`vector(ngram)`, None: it has none)."""
     names, vectors = [], []
-    for gram in ngram_table(vocab, lengths).ngrams:
+    for gram in table.ngrams:
         value = vector(gram)
         if value is not None:
             names.append(gram)
@@ -189,7 +190,9 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     for lang in trained:
         if not words[lang]["train"]:
             raise InputError(f"no training captions in {lang!r} to train word vectors on")
-    fasttext = fasttext_lookups({lang: words[lang] for lang in trained}, t, lengths)
+    for lang in languages:  # built once: 2 s for the real German vocabulary
+        words[lang]["ngram_table"] = ngram_table(words[lang]["vocab"], lengths) if lengths else None
+    fasttext = fasttext_lookups({lang: words[lang] for lang in trained}, t)
     started = time.perf_counter()
     for lang in languages:
         vocab, train_counts = words[lang]["vocab"], words[lang]["train_counts"]
@@ -221,13 +224,14 @@ def compute(ctx: StageContext) -> dict[str, Any]:
             names, ngram_vectors = fasttext[lang]["ngrams"]
             trained_for = fasttext.pop(lang)["seconds"]
         else:
-            names, ngram_vectors = subword_rows(vocab, lengths, ngram_vector) if lengths and ngram_vector else ([], [])
+            table = words[lang]["ngram_table"]
+            names, ngram_vectors = subword_rows(table, ngram_vector) if table is not None and ngram_vector else ([], [])
         for gram, vector in zip(names, ngram_vectors):
             for key, value in (("dataset", dataset), ("lang", lang), ("ngram", gram), ("vector", vector),
                                ("source", origin)):  # fmt: skip
                 grams[key].append(value)
         unseen = words[lang]["unseen"]
-        table = ngram_table(vocab, lengths) if lengths else None
+        table = words[lang]["ngram_table"]
         composable = sum(1 for w in unseen if table.word_ids(w)) if table is not None else 0
         summary[lang] = {"vocab": len(vocab), "train_tokens": sum(train_counts.values()),
                          "unseen_in_train": len(unseen), "unseen_composed": composable,

@@ -5,12 +5,13 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
 from mule.data_catalog.vectors import VectorFile, VectorFileError
+from mule.mule_core.subwords import ngram_table
 from mule.tasks import text
 from mule.tasks.support import fasttext_worker
 
@@ -33,11 +34,12 @@ def test_languages_trained_side_by_side_get_the_vectors_of_a_run_alone(monkeypat
     jobs = {}
     for lang, words in (("en", ["a", "red", "reds", "circles", "circle"]), ("de", ["ein", "roter", "rotes", "kreis", "kreise"])):
         train = [[words[0], words[i % 4 + 1], words[(i * 7) % 4 + 1]] for i in range(300)]
-        jobs[lang] = {"train": train, "vocab": ["<pad>", "<unk>", *words]}
+        vocab = ["<pad>", "<unk>", *words]
+        jobs[lang] = {"train": train, "vocab": vocab, "ngram_table": ngram_table(vocab, (3, 4))}
     results = []
     for cores in (1, 4, 4):
         monkeypatch.setattr(text.devices, "usable_cores", lambda cores=cores: cores)
-        results.append(text.fasttext_lookups(jobs, settings, (3, 4)))
+        results.append(text.fasttext_lookups(jobs, settings))
     alone, together, again = results
     assert all(np.array_equal(a, b) for a, b in zip(together["en"]["ngrams"][1], again["en"]["ngrams"][1]))
     for lang in jobs:
@@ -105,27 +107,19 @@ def test_a_worker_the_kernel_kills_is_named_with_its_signal(tmp_path):
     stage = threading.Thread(target=lambda: failure.append(pytest.raises(RuntimeError, text.run_worker, job, "cs")))
     stage.start()
     deadline = time.monotonic() + 10
-    while not (pids := [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and str(job) in cmdline(p)]):
+    while not (workers := [c for c in psutil.Process().children() if str(job) in " ".join(c.cmdline())]):
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    os.kill(int(pids[0]), signal.SIGKILL)
+    workers[0].send_signal(signal.SIGKILL)
     stage.join(10)
     assert str(failure[0].value) == "fastText for 'cs' failed (killed by SIGKILL)"
-
-
-def cmdline(proc: Path) -> str:
-    try:
-        return (proc / "cmdline").read_bytes().decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def running(pid: int) -> bool:
     """Alive and not a zombie (a container's init may never reap an orphan)."""
     try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
 
 
