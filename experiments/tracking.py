@@ -299,6 +299,27 @@ class Tracker:
             self.client.log_figure(self.run_id, figure, name)
 
 
+def deployment_id() -> str | None:
+    """The deployment the current flow run came from, if any, asking the API only when it
+    must. `prefect.runtime.deployment.id` asks it on every call outside a deployment's
+    run (Prefect 3.8 looks for `deployment_id` on the context, not on its flow run): 9
+    calls a rebuild, with a new HTTP client each."""
+    import os
+
+    from prefect.context import FlowRunContext
+
+    context = FlowRunContext.get()
+    if context is not None and context.flow_run is not None and context.flow_run.deployment_id:
+        return str(context.flow_run.deployment_id)  # the deployment's own flow run
+    if not os.environ.get("PREFECT__FLOW_RUN_ID"):
+        # a flow called in this process (mule run, mule demo, a test): no deployment made
+        # it; a deployment's run is started by a worker or runner, which sets the variable
+        return None
+    from prefect.runtime import deployment
+
+    return deployment.id  # a stage's flow inside a deployment's run: Prefect's own lookup
+
+
 def prefect_context() -> dict[str, str]:
     """The Prefect flow run and, when it came from one, its deployment; its UI link when a
     Prefect server (not the ephemeral API) is in use."""
@@ -310,10 +331,12 @@ def prefect_context() -> dict[str, str]:
     try:
         import os
 
-        from prefect.runtime import deployment, flow_run
+        from prefect.runtime import flow_run
         from prefect.utilities.urls import url_for
 
-        if deployment.id:
+        if deployment_id():
+            from prefect.runtime import deployment
+
             tags["prefect.deployment"] = f"{flow_run.flow_name}/{deployment.name}"
         if os.environ.get("PREFECT_API_URL") and not os.environ.get("MULE_PREFECT_TEMPORARY"):
             # a server the user runs; the ephemeral/temporary one has no UI to link to
