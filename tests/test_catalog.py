@@ -27,6 +27,37 @@ def test_tables_are_queryable_through_duckdb_views(tmp_path):
     assert (tmp_path / "catalog.duckdb").exists()
 
 
+def test_queries_from_threads_and_a_forked_child_each_see_their_own_views(tmp_path):
+    """Queries share one in-memory DuckDB per process: each on a connection of its own,
+    a forked child on its own database (the parent's threads do not exist there: a child
+    that inherited it hung at exit)."""
+    import subprocess
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    catalog = Catalog(Workdir.at(tmp_path))
+    catalog.write_table("rejects", "a", rejects(2, "a"))
+    with ThreadPoolExecutor(4) as pool:
+        counts = list(pool.map(lambda _: catalog.query("SELECT count(*) AS n FROM rejects")["n"][0].as_py(), range(40)))
+    assert counts == [2] * 40
+    child = f"""
+import os, sys
+from mule.data_catalog.catalog import Catalog
+from mule.data_catalog.workdir import Workdir
+catalog = Catalog(Workdir.at({str(tmp_path)!r}))
+assert catalog.query("SELECT count(*) AS n FROM rejects")["n"][0].as_py() == 2
+pid = os.fork()
+if pid == 0:
+    assert catalog.query("SELECT count(*) AS n FROM rejects")["n"][0].as_py() == 2
+    sys.exit(0)  # the interpreter's own exit, not os._exit
+_, status = os.waitpid(pid, 0)
+assert catalog.query("SELECT count(*) AS n FROM rejects")["n"][0].as_py() == 2
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+
+
 def test_a_crash_while_writing_leaves_the_old_table(tmp_path, monkeypatch):
     catalog = Catalog(Workdir.at(tmp_path))
     catalog.write_table("rejects", "a", rejects(2))
