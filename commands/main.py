@@ -247,14 +247,33 @@ def _end_open_mlflow_runs() -> None:
         tracking.end_open_runs("KILLED")
 
 
-def entry() -> None:
-    """The console script. After the command, the exit handlers run (Prefect drains its
-    logs and events, the temporary server stops); then the process ends without the
-    interpreter's teardown of torch and the rest, which takes seconds and writes nothing."""
+def _crash_open_flow_runs() -> None:
+    """Prefect flow runs still Running when a signal ends the process before they could
+    unwind: Crashed, as Prefect marks those that do."""
+    open_runs = sys.modules.get("mule.flows.open_runs")
+    if open_runs is not None:
+        import signal
+
+        from mule.flows import interrupts
+
+        open_runs.crash_open(f"mule was stopped by {interrupts.how(interrupts.stopping() or signal.SIGINT)}")
+
+
+def install_stop_handlers() -> None:
+    """Ctrl-C and SIGTERM stop the command with one line, its MLflow and Prefect runs ended
+    (flows.interrupts)."""
     from mule.flows import interrupts
 
     interrupts.install(lambda signum: f"mule: stopped by {interrupts.how(signum)}")
     interrupts.on_stop(_end_open_mlflow_runs)
+    interrupts.on_stop(_crash_open_flow_runs)
+
+
+def entry() -> None:
+    """The console script. After the command, the exit handlers run (Prefect drains its
+    logs and events, the temporary server stops); then the process ends without the
+    interpreter's teardown of torch and the rest, which takes seconds and writes nothing."""
+    install_stop_handlers()
     code = main()
     import atexit
 

@@ -78,11 +78,26 @@ def install(message: Callable[[int], str]) -> None:
         return
     for signum in SIGNALS:
         signal.signal(signum, _handler)
+    sys.unraisablehook = _unraisable(sys.unraisablehook)
     read, write = os.pipe()
     os.set_blocking(write, False)
     signal.set_wakeup_fd(write, warn_on_full_buffer=False)
     threading.Thread(target=_watch, args=(read,), name="mule-interrupts", daemon=True).start()
     _state.installed = True
+
+
+def _unraisable(shown: Callable) -> Callable:
+    """A signal that lands in a finaliser or a weakref callback raises its exception
+    (ours, or Prefect's TerminationSignal) where Python cannot raise: it prints it as
+    "Exception ignored" and goes on. The watchdog ends the process all the same, so the
+    traceback is not shown; other unraisable errors are, as before."""
+
+    def hook(unraisable) -> None:
+        if isinstance(unraisable.exc_value, BaseException) and not isinstance(unraisable.exc_value, Exception):
+            return  # KeyboardInterrupt, TerminationSignal, SystemExit: a stop on its way
+        shown(unraisable)
+
+    return hook
 
 
 def on_stop(cleanup: Callable[[], None], last: bool = False, abandon: Callable[[], None] | None = None) -> None:

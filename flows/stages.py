@@ -72,9 +72,11 @@ def _working(workdir: str | None, preset: str | None, overrides: dict[str, Any] 
 def _failing_quietly(body):
     """Runs body(); a user error ends the flow run Failed with exactly its message (and no
     traceback in the log: flows.runtime.quiet_user_errors), then reaches the caller."""
+    from . import open_runs
+
     quiet_user_errors()
     try:
-        return body()
+        return open_runs.inside(body)
     except Exception as error:
         from .interrupts import Interrupted, stopping
 

@@ -167,6 +167,68 @@ def test_a_signal_while_c_code_runs_still_stops_within_the_grace(tmp_path):
     assert rest.strip() == "mule: stopped by Ctrl-C"
 
 
+def test_a_flow_run_stopped_while_c_code_runs_ends_crashed_not_running(tmp_path, prefect_api_url):
+    """The main thread in fastText cannot unwind, so Prefect never marks the flow run: the
+    stop's cleanup does, as Prefect marks one that unwinds (it would stay Running for good:
+    mule's flows have no heartbeats)."""
+    from prefect.client.orchestration import get_client
+
+    script = (
+        "import random, fasttext\n"
+        "from prefect import flow\n"
+        "from prefect.context import FlowRunContext\n"
+        "from mule.commands.main import install_stop_handlers\n"
+        "from mule.flows.stages import _failing_quietly\n"
+        "install_stop_handlers()\n"
+        f"path = {str(tmp_path / 'corpus.txt')!r}\n"
+        "words = [f'w{i}' for i in range(2000)]\n"
+        "open(path, 'w').write('\\n'.join(' '.join(random.choices(words, k=12)) for _ in range(200_000)))\n"
+        "def body():\n"
+        "    print(FlowRunContext.get().flow_run.id, flush=True)\n"
+        "    fasttext.train_unsupervised(path, dim=100, epoch=50, thread=1, verbose=0)\n"
+        "flow(name='c-code')(lambda: _failing_quietly(body))()\n"
+    )
+    env = {**os.environ, "PREFECT_API_URL": prefect_api_url, "MULE_PREFECT_HEARTBEATS": "off"}
+    process = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, env=env)  # fmt: skip
+    flow_run_id = process.stdout.readline().strip()
+    time.sleep(0.5)
+    sent = time.monotonic()
+    process.send_signal(signal.SIGINT)
+    rest = process.communicate(timeout=60)[0]
+    assert time.monotonic() - sent < LIMIT_S and process.returncode == 130, flow_run_id + rest
+    assert rest.strip().splitlines()[-1] == "mule: stopped by Ctrl-C"
+    with get_client(sync_client=True) as client:
+        state = client.read_flow_run(flow_run_id).state
+    assert state.type.value == "CRASHED" and state.message == "mule was stopped by Ctrl-C", state
+
+
+def test_a_signal_that_lands_in_a_finaliser_stops_the_command_with_its_one_line():
+    """Python cannot raise a signal's exception inside a finaliser (or a weakref callback,
+    as the garbage collector runs them): it prints "Exception ignored" and goes on. The
+    watchdog stops the process, and the traceback is not shown."""
+    script = (
+        "import time\n"
+        "from mule.flows import interrupts\n"
+        "interrupts.install(lambda signum: 'mule: stopped by ' + interrupts.how(signum))\n"
+        "class Slow:\n"
+        "    def __del__(self):\n"
+        "        time.sleep(0.2)\n"  # where the signal lands
+        "print('working', flush=True)\n"
+        "while True:\n"
+        "    Slow()\n"
+    )
+    process = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    assert process.stdout.readline().strip() == "working"
+    time.sleep(0.1)
+    sent = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    rest = process.communicate(timeout=60)[0]
+    assert process.returncode == 143 and time.monotonic() - sent < LIMIT_S, rest
+    assert rest.strip() == "mule: stopped by SIGTERM"
+
+
 def test_a_cleanup_that_hangs_does_not_keep_a_stopped_command_alive():
     """Ending the MLflow runs or stopping Prefect's server can hang (an SQLite store another
     process holds): the cleanups get CLEANUP_S in all, the one line comes out, the process ends."""
