@@ -95,19 +95,31 @@ def test_the_ngrams_start_at_the_word_vector_model_s_and_every_word_at_its_given
 
 def test_fasttext_ngram_rows_are_the_ones_it_averages_into_a_word(tmp_path):
     """The text stage's n-gram vectors are fastText's own input rows: averaged with the
-    word's row they give fastText's vector of a word, and alone its vector of an unseen one."""
-    from mule.tasks.support import fasttext_worker
+    word's row they give fastText's vector of a word, and alone its vector of an unseen one.
+    fastText runs in a fresh process, as the text stage runs it (tasks/support/fasttext_worker.py):
+    in a pytest worker that had run other tests, a fit once ended in "Encountered NaN"."""
+    import subprocess
+    import sys
 
     (tmp_path / "corpus.txt").write_text("a brown dog runs\ntwo dogs run\na cat sleeps\n" * 30, encoding="utf-8")
-    model = fasttext_worker.fit(tmp_path / "corpus.txt", dim=8, model="skipgram", epochs=2, min_count=1, threads=1)
-
-    def ngram(gram):
-        return fasttext_worker.ngram_row(model, gram)
-
-    for word in ("dogs", "doggy"):  # in fastText's vocabulary, and not
-        names, ids = model.get_subwords(word)
-        rows = [ngram(name) if name != word else model.get_input_vector(i) for name, i in zip(names, ids)]
-        assert np.allclose(np.mean(rows, 0), model.get_word_vector(word), atol=1e-6), word
+    check = f"""
+import numpy as np
+from pathlib import Path
+from mule.tasks.support import fasttext_worker
+model = fasttext_worker.fit(Path({str(tmp_path / "corpus.txt")!r}), dim=8, model="skipgram", epochs=2, min_count=1,
+                            threads=1)
+for word in ("dogs", "doggy"):  # in fastText's vocabulary, and not
+    names, ids = model.get_subwords(word)
+    rows = [fasttext_worker.ngram_row(model, name) if name != word else model.get_input_vector(i)
+            for name, i in zip(names, ids)]
+    gap = float(np.abs(np.mean(rows, 0) - model.get_word_vector(word)).max())
+    print(word, len(rows), gap)
+"""
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    checked = [line.split() for line in done.stdout.splitlines()]
+    assert [word for word, _, _ in checked] == ["dogs", "doggy"], done.stdout
+    assert all(int(rows) > 1 and float(gap) <= 1e-6 for _, rows, gap in checked), done.stdout
 
 
 @pytest.mark.parametrize("subwords", [True, False])
