@@ -113,6 +113,17 @@ def stopping() -> int | None:
     return _state.armed
 
 
+def stopping_soon(wait: float = 0.1) -> bool:
+    """Whether a signal is stopping this process, waiting up to `wait` seconds for the
+    watchdog to learn of one: while a flow runs, Prefect's SIGTERM handler raises in the
+    main thread before the watchdog's thread has had the GIL (and DuckDB turns that into
+    RuntimeError('Query interrupted')). Without handlers installed: whether one is now."""
+    deadline = time.monotonic() + wait
+    while _state.armed is None and _state.installed and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return _state.armed is not None
+
+
 def _watch(read: int) -> None:
     while True:
         try:

@@ -95,11 +95,20 @@ class _NoTracebackForUserErrors(logging.Filter):
 
 class _NoCrashLinesForSignals(logging.Filter):
     """Prefect reports a run stopped by Ctrl-C or SIGTERM as crashed ("Execution was aborted
-    by an interrupt signal"), sometimes before mule's handler has seen the signal: mule's
-    one line (flows.interrupts) says it; the flow run's state still does in Prefect."""
+    by an interrupt signal"), or as failed with whatever the signal's exception became (a
+    DuckDB query's "Query interrupted"), sometimes before mule's handler has seen the
+    signal: mule's one line (flows.interrupts) says it; the flow run's state still does in
+    Prefect. A failure logged with its exception waits up to 0.1 s to learn whether a stop
+    caused it (only in a command, where the handlers are installed)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "Execution was aborted by a" not in record.getMessage()
+        if "Execution was aborted by a" in record.getMessage():
+            return False
+        if record.levelno >= logging.ERROR and record.exc_info:
+            from . import interrupts
+
+            return not interrupts.stopping_soon()
+        return True
 
 
 def quiet_user_errors() -> None:

@@ -203,6 +203,38 @@ def test_a_flow_run_stopped_while_c_code_runs_ends_crashed_not_running(tmp_path,
     assert state.type.value == "CRASHED" and state.message == "mule was stopped by Ctrl-C", state
 
 
+def test_a_failure_a_signal_causes_before_the_watchdog_knows_is_not_logged():
+    """While a flow runs, Prefect's SIGTERM handler raises in the main thread, and a DuckDB
+    query turns that into RuntimeError('Query interrupted'): Prefect logs the task run as
+    failed, with its traceback, before the watchdog's thread has run. That line is left
+    out: the one line says what happened."""
+    script = (
+        "import logging, os, signal, sys, time\n"
+        "from mule.flows import interrupts\n"
+        "from mule.flows.runtime import quiet_user_errors\n"
+        "interrupts.install(lambda signum: 'mule: stopped by ' + interrupts.how(signum))\n"
+        "logging.basicConfig(stream=sys.stdout, level=logging.INFO)\n"
+        "quiet_user_errors()\n"
+        "def prefects(signum, frame):\n"  # in front of mule's handler, as during a flow run
+        "    raise RuntimeError('Query interrupted')\n"
+        "signal.signal(signal.SIGTERM, prefects)\n"
+        "logging.getLogger('prefect.task_runs').error('Task run failed with a genuine error', exc_info=ValueError('x'))\n"
+        "try:\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(5)\n"
+        "except RuntimeError:\n"
+        "    logging.getLogger('prefect.task_runs').error('Task run failed with exception', exc_info=True)\n"
+        "while True:\n"
+        "    time.sleep(0.05)\n"
+    )
+    process = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert process.returncode == 143, process.stdout + process.stderr
+    output = process.stdout + process.stderr
+    assert "genuine error" in output and "ValueError: x" in output  # no stop: logged as ever
+    assert "Task run failed with exception" not in output and "Query interrupted" not in output, output
+    assert output.strip().splitlines()[-1] == "mule: stopped by SIGTERM"
+
+
 def test_a_signal_that_lands_in_a_finaliser_stops_the_command_with_its_one_line():
     """Python cannot raise a signal's exception inside a finaliser (or a weakref callback,
     as the garbage collector runs them): it prints "Exception ignored" and goes on. The
