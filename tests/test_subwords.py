@@ -97,7 +97,8 @@ def test_fasttext_ngram_rows_are_the_ones_it_averages_into_a_word(tmp_path):
     """The text stage's n-gram vectors are fastText's own input rows: averaged with the
     word's row they give fastText's vector of a word, and alone its vector of an unseen one.
     fastText runs in a fresh process, as the text stage runs it (tasks/support/fasttext_worker.py):
-    in a pytest worker that had run other tests, a fit once ended in "Encountered NaN"."""
+    in a pytest worker that had run other tests, a fit once ended in "Encountered NaN"
+    (tests/test_word_vectors.py says why)."""
     import subprocess
     import sys
 
