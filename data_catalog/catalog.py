@@ -212,9 +212,10 @@ class Catalog:
 
     def _connect(self, sql: str):
         """A connection to this process's in-memory DuckDB with a TEMP view over the Parquet
-        files of each table `sql` names. Never catalog.duckdb: a reader cannot collide with a run writing it, and never
-        writes the workdir. In a workdir copied or moved since its last run, the images'
-        paths inside it are read as they are now (the next run rewrites them for good)."""
+        files of each table `sql` names. Never catalog.duckdb: a reader cannot collide with
+        a run writing it, and never writes the workdir. In a workdir copied or moved since
+        its last run, the images' paths inside it are read as they are now (the next run
+        rewrites them for good)."""
         con = _in_memory()
         globs = self._globs()
         moved = self.workdir.moved_from()

@@ -142,6 +142,26 @@ def test_ctrl_c_and_sigterm_stop_every_kind_of_stage_and_the_rerun_equals_a_run_
     assert evaluation[0] == evaluation[1]  # the resumed run is the run never stopped
 
 
+def signalled(script: str, signum: int, settle: float = 0.0, env: dict | None = None) -> tuple[str, float, int, str]:
+    """`script` in a fresh interpreter, sent `signum` `settle` seconds after its first line:
+    (that line, seconds from the signal to its end, exit code, the rest of its output)."""
+    process = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, env=env)  # fmt: skip
+    first = process.stdout.readline().strip()
+    time.sleep(settle)
+    sent = time.monotonic()
+    process.send_signal(signum)
+    rest = process.communicate(timeout=60)[0]
+    return first, time.monotonic() - sent, process.returncode, rest
+
+
+def training_in_c(corpus: Path) -> str:
+    """Script lines that write a corpus fastText needs seconds per epoch on, then `path` names it."""
+    return (f"path = {str(corpus)!r}\n"
+            "words = [f'w{i}' for i in range(2000)]\n"
+            "open(path, 'w').write('\\n'.join(' '.join(random.choices(words, k=12)) for _ in range(200_000)))\n")  # fmt: skip
+
+
 def test_a_signal_while_c_code_runs_still_stops_within_the_grace(tmp_path):
     """fastText trains in C for seconds without coming back to Python, where Ctrl-C's
     exception would be raised: the watchdog ends the process all the same."""
@@ -149,21 +169,14 @@ def test_a_signal_while_c_code_runs_still_stops_within_the_grace(tmp_path):
         "import random, sys, fasttext\n"
         "from mule.flows import interrupts\n"
         "interrupts.install(lambda signum: 'mule: stopped by ' + interrupts.how(signum))\n"
-        f"path = {str(tmp_path / 'corpus.txt')!r}\n"
-        "words = [f'w{i}' for i in range(2000)]\n"
-        "open(path, 'w').write('\\n'.join(' '.join(random.choices(words, k=12)) for _ in range(200_000)))\n"
+        + training_in_c(tmp_path / "corpus.txt") +
         "print('training', flush=True)\n"
         "fasttext.train_unsupervised(path, dim=100, epoch=50, thread=1, verbose=0)\n"
         "print('trained: the signal was not acted on', flush=True)\n"
-    )
-    process = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    assert process.stdout.readline().strip() == "training"
-    time.sleep(0.5)
-    sent = time.monotonic()
-    process.send_signal(signal.SIGINT)
-    rest = process.communicate(timeout=60)[0]
-    assert time.monotonic() - sent < LIMIT_S and process.returncode == 130, rest
+    )  # fmt: skip
+    first, took, code, rest = signalled(script, signal.SIGINT, settle=0.5)
+    assert first == "training"
+    assert took < LIMIT_S and code == 130, rest
     assert rest.strip() == "mule: stopped by Ctrl-C"
 
 
@@ -180,23 +193,15 @@ def test_a_flow_run_stopped_while_c_code_runs_ends_crashed_not_running(tmp_path,
         "from mule.commands.main import install_stop_handlers\n"
         "from mule.flows.stages import _failing_quietly\n"
         "install_stop_handlers()\n"
-        f"path = {str(tmp_path / 'corpus.txt')!r}\n"
-        "words = [f'w{i}' for i in range(2000)]\n"
-        "open(path, 'w').write('\\n'.join(' '.join(random.choices(words, k=12)) for _ in range(200_000)))\n"
+        + training_in_c(tmp_path / "corpus.txt") +
         "def body():\n"
         "    print(FlowRunContext.get().flow_run.id, flush=True)\n"
         "    fasttext.train_unsupervised(path, dim=100, epoch=50, thread=1, verbose=0)\n"
         "flow(name='c-code')(lambda: _failing_quietly(body))()\n"
-    )
+    )  # fmt: skip
     env = {**os.environ, "PREFECT_API_URL": prefect_api_url, "MULE_PREFECT_HEARTBEATS": "off"}
-    process = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, env=env)  # fmt: skip
-    flow_run_id = process.stdout.readline().strip()
-    time.sleep(0.5)
-    sent = time.monotonic()
-    process.send_signal(signal.SIGINT)
-    rest = process.communicate(timeout=60)[0]
-    assert time.monotonic() - sent < LIMIT_S and process.returncode == 130, flow_run_id + rest
+    flow_run_id, took, code, rest = signalled(script, signal.SIGINT, settle=0.5, env=env)
+    assert took < LIMIT_S and code == 130, flow_run_id + rest
     assert rest.strip().splitlines()[-1] == "mule: stopped by Ctrl-C"
     with get_client(sync_client=True) as client:
         state = client.read_flow_run(flow_run_id).state
@@ -250,14 +255,9 @@ def test_a_signal_that_lands_in_a_finaliser_stops_the_command_with_its_one_line(
         "while True:\n"
         "    Slow()\n"
     )
-    process = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    assert process.stdout.readline().strip() == "working"
-    time.sleep(0.1)
-    sent = time.monotonic()
-    process.send_signal(signal.SIGTERM)
-    rest = process.communicate(timeout=60)[0]
-    assert process.returncode == 143 and time.monotonic() - sent < LIMIT_S, rest
+    first, took, code, rest = signalled(script, signal.SIGTERM, settle=0.1)
+    assert first == "working"
+    assert code == 143 and took < LIMIT_S, rest
     assert rest.strip() == "mule: stopped by SIGTERM"
 
 
@@ -278,13 +278,9 @@ def test_a_cleanup_that_hangs_does_not_keep_a_stopped_command_alive():
     )
     from mule.flows.interrupts import CLEANUP_S
 
-    process = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    assert process.stdout.readline().strip() == "working"
-    sent = time.monotonic()
-    process.send_signal(signal.SIGTERM)
-    rest = process.communicate(timeout=60)[0]
-    assert process.returncode == 143 and time.monotonic() - sent < CLEANUP_S + LIMIT_S, rest
+    first, took, code, rest = signalled(script, signal.SIGTERM)
+    assert first == "working"
+    assert code == 143 and took < CLEANUP_S + LIMIT_S, rest
     assert rest.strip() == "mule: stopped by SIGTERM"
 
 
