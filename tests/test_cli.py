@@ -90,7 +90,7 @@ def free_port() -> int:
 def test_ui_serves_the_workdir_store_and_lands_on_the_runs(tmp_path):
     """`mule ui` prints the address of the runs; opened in headless Chromium, it shows the
     runs table in the model-training view, not MLflow 3's GenAI overview (which a plain
-    experiment address opens)."""
+    experiment address opens). MLflow's job runner (eight more processes) is not started."""
     from mlflow.tracking import MlflowClient
 
     from mule.data_catalog.workdir import Workdir
@@ -136,6 +136,10 @@ def test_ui_serves_the_workdir_store_and_lands_on_the_runs(tmp_path):
             assert page.get_by_role("columnheader", name="Run Name").count() >= 1
             assert "/runs" in page.url and "workflowType=machine_learning" in page.url
             assert "overview" not in page.url and "genai" not in page.url
+        import psutil
+
+        started = [" ".join(p.cmdline()) for p in psutil.Process(ui.pid).children(recursive=True)]
+        assert not [c for c in started if "_job_runner" in c or "huey" in c], started  # MLflow's job runner: off
         sent = time.monotonic()
         ui.send_signal(signal.SIGINT)  # Ctrl-C: the command and MLflow's server processes go
         rest = ui.communicate(timeout=20)[0]
@@ -149,12 +153,10 @@ def test_ui_serves_the_workdir_store_and_lands_on_the_runs(tmp_path):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
 
 
-def test_a_user_error_is_one_line_exit_2_and_the_failed_runs_say_the_same(tmp_path, prefect_api_url):
-    """The real command in a subprocess on a broken Multi30K copy: no traceback on the
-    console, and the message is the failed Prefect flow run's state message and the
-    failed MLflow run's mule.error tag."""
-    import os
-
+def test_a_user_error_is_one_line_exit_2_and_the_failed_runs_say_the_same(tmp_path, forker):
+    """The real command (forked, with its own stderr: tests/forked.py) on a broken Multi30K
+    copy: no traceback on the console, and the message is the failed Prefect flow run's
+    state message and the failed MLflow run's mule.error tag."""
     from mlflow.tracking import MlflowClient
     from prefect.client.orchestration import get_client
 
@@ -164,15 +166,13 @@ def test_a_user_error_is_one_line_exit_2_and_the_failed_runs_say_the_same(tmp_pa
     source = write_tiny_multi30k(tmp_path / "multi30k")
     write_gz(source / "data/task1/raw/val.fr.gz", ["Un chat dort.", "Une ligne de trop."])
     workdir = tmp_path / "work"
-    env = dict(os.environ, PREFECT_API_URL=prefect_api_url, PREFECT_LOGGING_LEVEL="INFO")
-    command = [sys.executable, "-m", "mule.commands", "run", "ingest", "--workdir", str(workdir),
-               "--dataset", "broken", "--source", str(source)]  # fmt: skip
-    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
+    command = ["run", "ingest", "--workdir", str(workdir), "--dataset", "broken", "--source", str(source)]
+    run = forker.run(command, tmp_path / "out.log", timeout=180, errors=tmp_path / "err.log")
     expected = (f"data/task1/raw/val.fr.gz has 2 lines but data/task1/image_splits/val.txt lists 1 images: "
                 f"the files are not aligned (in {source})")  # fmt: skip
     assert run.returncode == 2
-    assert "Traceback" not in run.stderr + run.stdout
-    assert run.stderr.strip().splitlines()[-1] == f"mule: error: {expected}"
+    assert "Traceback" not in run.stderr() + run.output()
+    assert run.stderr().strip().splitlines()[-1] == f"mule: error: {expected}"
 
     client = MlflowClient(Workdir.at(workdir).mlflow_uri)
     experiment = client.get_experiment_by_name("mule/broken")
@@ -186,12 +186,10 @@ def test_a_user_error_is_one_line_exit_2_and_the_failed_runs_say_the_same(tmp_pa
     assert state.is_failed() and state.message == expected
 
 
-def test_a_bug_keeps_its_traceback_exits_1_and_is_tagged_a_bug(tmp_path, prefect_api_url):
+def test_a_bug_keeps_its_traceback_exits_1_and_is_tagged_a_bug(tmp_path, forker):
     """An internal error inside a stage (here a FileNotFoundError for a path no user gave,
     injected where ingest writes its captions table) is not bad input: the traceback stays on
     the console and in Prefect's log, the exit code is 1, and MLflow says mule.error_kind=bug."""
-    import os
-
     from mlflow.tracking import MlflowClient
     from prefect.client.orchestration import get_client
 
@@ -200,16 +198,14 @@ def test_a_bug_keeps_its_traceback_exits_1_and_is_tagged_a_bug(tmp_path, prefect
 
     source = write_tiny_multi30k(tmp_path / "multi30k")
     workdir = tmp_path / "work"
-    env = dict(os.environ, PREFECT_API_URL=prefect_api_url, PREFECT_LOGGING_LEVEL="INFO",
-               MULE_BUG_AT="write:captions/*")  # fmt: skip
-    command = [sys.executable, "-m", "mule.commands", "run", "ingest", "--workdir", str(workdir),
-               "--dataset", "buggy", "--source", str(source)]  # fmt: skip
-    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
-    output = run.stderr + run.stdout
+    command = ["run", "ingest", "--workdir", str(workdir), "--dataset", "buggy", "--source", str(source)]
+    run = forker.run(command, tmp_path / "out.log", timeout=180, errors=tmp_path / "err.log",
+                     env={"MULE_BUG_AT": "write:captions/*"})  # fmt: skip
+    output = run.stderr() + run.output()
     assert run.returncode == 1, output[-3000:]
     assert "mule: error:" not in output
-    assert run.stderr.rstrip().splitlines()[-1].startswith("mule.data_catalog.faults.InjectedBug: [Errno 2]")
-    assert "in crash_point" in run.stderr  # the frames that lead to the bug are there
+    assert run.stderr().rstrip().splitlines()[-1].startswith("mule.data_catalog.faults.InjectedBug: [Errno 2]")
+    assert "in crash_point" in run.stderr()  # the frames that lead to the bug are there
     # Prefect's log of the failed task and flow run keeps the traceback too (besides the console's)
     assert output.count("Traceback (most recent call last)") >= 2, output[-3000:]
 
