@@ -87,55 +87,10 @@ def _image_file(wd, image_id: str) -> Path:
     return Path(queries.image_paths(Catalog(wd), "embedded")[image_id])
 
 
-@pytest.mark.slow
-def test_the_registered_model_embeds_sentences_and_images_in_a_fresh_process(served, tmp_path):
-    import mlflow
-
-    wd, caption = served["wd"], served["caption"]
-    mlflow.set_tracking_uri(wd.mlflow_uri)
-    info = mlflow.models.get_model_info(MODEL_URI)
-    assert info.signature.inputs.input_names() == ["text", "lang", "image", "image_path"]
-    assert "embedding" in info.signature.outputs.input_names()
-    assert info.saved_input_example_info is not None  # an example a user can copy
-    image = tmp_path / "photo.jpg"
-    image.write_bytes(_image_file(wd, caption["image_id"]).read_bytes())
-    german = served["gallery"].captions["de"].texts[0]
-    script = f"""
-import json, sys
-import mlflow, pandas as pd
-model = mlflow.pyfunc.load_model({MODEL_URI!r})
-rows = pd.DataFrame({{"text": [{caption["text"]!r}, {german!r}, None], "lang": [None, "de", None],
-                     "image": [None, None, open({str(image)!r}, "rb").read()]}})
-out = model.predict(rows)
-# a path only with an allowed folder, given when the model is loaded in-process
-allowed = mlflow.pyfunc.load_model({MODEL_URI!r}, model_config={{"image_root": {str(tmp_path)!r}}})
-out = pd.concat([out, allowed.predict(pd.DataFrame({{"image_path": ["photo.jpg"]}}))], ignore_index=True)
-assert "prefect" not in sys.modules, "the registered model imported Prefect"
-print(json.dumps(out.to_dict("records")))
-"""
-    env = {**os.environ, "MLFLOW_TRACKING_URI": wd.mlflow_uri}
-    with only_the_mlflow_store(wd):
-        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180,
-                              cwd=tmp_path, env=env)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = json.loads(done.stdout.strip().splitlines()[-1])
-    assert [r["input"] for r in rows] == ["text", "text", "image", "image"]
-    assert rows[0]["lang"] == "en" and rows[0]["language"].startswith("detected: en")
-    assert rows[1]["lang"] == "de" and rows[1]["language"] == "given"
-    vectors = np.array([r["embedding"] for r in rows], dtype=np.float32)
-    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
-    assert np.allclose(vectors[2], vectors[3], atol=1e-6)  # bytes or path: the same image
-    # the same vectors as mule's own code gives, and the caption is closest to its image
-    embedder = served["embedder"]
-    assert np.allclose(vectors[0], embedder.text(caption["text"]).vector, atol=1e-5)
-    assert np.allclose(vectors[2], embedder.image(image), atol=1e-5)
-
-
-@pytest.mark.slow
-def test_a_test_caption_is_one_vector_in_evaluation_in_mule_serve_and_in_the_registered_model(served, tmp_path):
-    """Test captions with words no training caption has: the evaluate stage's vectors
-    (its loader and encoder), `mule serve`'s (GET /api/embed) and the registered pyfunc
-    model's in a fresh process are the same numbers, words outside the vocabulary included."""
+def captions_outside_the_vocabulary(served) -> tuple[list[tuple[str, str]], list[int], np.ndarray, np.ndarray]:
+    """Test captions with words no training caption has, as (text, lang); their rows in
+    the test split, the evaluate stage's vectors (its loader and encoder) of the split, and
+    the rows whose words outside the vocabulary are composed from n-grams."""
     import torch
 
     from mule.data_catalog.splits import load_split
@@ -152,24 +107,80 @@ def test_a_test_caption_is_one_vector_in_evaluation_in_mule_serve_and_in_the_reg
     assert len(composed) >= 10, "the tiny test split should hold captions with words outside the vocabulary"
     texts = queries.caption_texts(catalog, "embedded", [data.caption_ids[r] for r in rows])
     sentences = [(texts[data.caption_ids[r]], data.languages[data.caption_lang[r]]) for r in rows]
+    return sentences, rows, evaluated, composed
+
+
+@pytest.fixture(scope="module")
+def fresh_process(served, tmp_path_factory):
+    """What the registered model answers in a fresh process that has only MLflow's store:
+    an English and a German caption, an image as bytes and as a path (a path only with an
+    allowed folder, given when the model is loaded), and the captions of
+    captions_outside_the_vocabulary. One process for the two tests that read it: its
+    imports (torch, MLflow, pandas) are most of its cost."""
+    wd, caption = served["wd"], served["caption"]
+    folder = tmp_path_factory.mktemp("fresh-process")
+    image = folder / "photo.jpg"
+    image.write_bytes(_image_file(wd, caption["image_id"]).read_bytes())
+    german = served["gallery"].captions["de"].texts[0]
+    sentences = captions_outside_the_vocabulary(served)[0]
+    script = f"""
+import json, sys
+import mlflow, pandas as pd
+model = mlflow.pyfunc.load_model({MODEL_URI!r})
+rows = pd.DataFrame({{"text": [{caption["text"]!r}, {german!r}, None], "lang": [None, "de", None],
+                     "image": [None, None, open({str(image)!r}, "rb").read()]}})
+out = model.predict(rows)
+allowed = mlflow.pyfunc.load_model({MODEL_URI!r}, model_config={{"image_root": {str(folder)!r}}})
+out = pd.concat([out, allowed.predict(pd.DataFrame({{"image_path": ["photo.jpg"]}}))], ignore_index=True)
+captions = model.predict(pd.DataFrame({{"text": {[t for t, _ in sentences]!r}, "lang": {[lang for _, lang in sentences]!r}}}))
+assert "prefect" not in sys.modules, "the registered model imported Prefect"
+print(json.dumps({{"mixed": out.to_dict("records"), "captions": captions["embedding"].tolist()}}))
+"""
+    env = {**os.environ, "MLFLOW_TRACKING_URI": wd.mlflow_uri}
+    with only_the_mlflow_store(wd):
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180,
+                              cwd=folder, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {"image": image, **json.loads(done.stdout.strip().splitlines()[-1])}
+
+
+@pytest.mark.slow
+def test_the_registered_model_embeds_sentences_and_images_in_a_fresh_process(served, fresh_process):
+    import mlflow
+
+    wd, caption = served["wd"], served["caption"]
+    mlflow.set_tracking_uri(wd.mlflow_uri)
+    info = mlflow.models.get_model_info(MODEL_URI)
+    assert info.signature.inputs.input_names() == ["text", "lang", "image", "image_path"]
+    assert "embedding" in info.signature.outputs.input_names()
+    assert info.saved_input_example_info is not None  # an example a user can copy
+    rows = fresh_process["mixed"]
+    assert [r["input"] for r in rows] == ["text", "text", "image", "image"]
+    assert rows[0]["lang"] == "en" and rows[0]["language"].startswith("detected: en")
+    assert rows[1]["lang"] == "de" and rows[1]["language"] == "given"
+    vectors = np.array([r["embedding"] for r in rows], dtype=np.float32)
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    assert np.allclose(vectors[2], vectors[3], atol=1e-6)  # bytes or path: the same image
+    # the same vectors as mule's own code gives, and the caption is closest to its image
+    embedder = served["embedder"]
+    assert np.allclose(vectors[0], embedder.text(caption["text"]).vector, atol=1e-5)
+    assert np.allclose(vectors[2], embedder.image(fresh_process["image"]), atol=1e-5)
+
+
+@pytest.mark.slow
+def test_a_test_caption_is_one_vector_in_evaluation_in_mule_serve_and_in_the_registered_model(served,
+        fresh_process):  # fmt: skip
+    """Test captions with words no training caption has: the evaluate stage's vectors
+    (its loader and encoder), `mule serve`'s (GET /api/embed) and the registered pyfunc
+    model's in a fresh process are the same numbers, words outside the vocabulary included."""
+    sentences, rows, evaluated, composed = captions_outside_the_vocabulary(served)
     api = client(served["app"])
     for (text, lang), row in zip(sentences, rows):
         answer = api.get("/api/embed", params={"q": text, "lang": lang}).json()
         assert np.allclose(answer["vector"], evaluated[row], atol=1e-5), (text, lang)
         if row in composed:
             assert answer["composed_words"], text
-    script = f"""
-import json, mlflow, pandas as pd
-model = mlflow.pyfunc.load_model({MODEL_URI!r})
-out = model.predict(pd.DataFrame({{"text": {[t for t, _ in sentences]!r}, "lang": {[lang for _, lang in sentences]!r}}}))
-print(json.dumps(out["embedding"].tolist()))
-"""
-    env = {**os.environ, "MLFLOW_TRACKING_URI": wd.mlflow_uri}
-    with only_the_mlflow_store(wd):
-        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180,
-                              cwd=tmp_path, env=env)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    served_vectors = np.array(json.loads(done.stdout.strip().splitlines()[-1]), dtype=np.float32)
+    served_vectors = np.array(fresh_process["captions"], dtype=np.float32)
     assert np.allclose(served_vectors, evaluated[rows], atol=1e-5)
 
 
