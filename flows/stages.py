@@ -25,7 +25,7 @@ from prefect.states import Failed
 
 from mule.data_catalog.locks import holds_lock, workdir_lock
 from mule.data_catalog.workdir import Workdir
-from mule.flows.runtime import dask_task_runner, quiet_user_errors
+from mule.flows.runtime import dask_task_runner, quiet_user_errors, yield_to_serving
 from mule.mule_core.config import ConfigError
 from mule.mule_core.errors import is_user_error
 from mule.pipeline import rebuild, reuse, reused
@@ -76,6 +76,7 @@ def _failing_quietly(body):
 
     quiet_user_errors()
     try:
+        yield_to_serving()
         return open_runs.inside(body)
     except Exception as error:
         from .interrupts import Interrupted, stopping

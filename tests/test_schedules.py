@@ -97,6 +97,7 @@ def test_the_weekly_rebuild_gets_scheduled_runs(prefect_server, tmp_path):
     # The workdir travels with the deployment, from MULE_HOME at deploy time.
     assert deployment["parameters"]["workdir"] == str(workdir)
     assert deployment["schedules"][0]["schedule"]["cron"] == "0 3 * * 0"
+    assert deployment["job_variables"]["env"]["MULE_NICE"] == "10"  # its runs yield the CPU to `mule serve`
 
     def scheduled_runs() -> list[dict]:
         body = {"deployments": {"id": {"any_": [deployment["id"]]}},
