@@ -53,13 +53,16 @@ def test_a_bad_mule_nice_is_a_user_error_naming_it(monkeypatch):
             yield_to_serving()
 
 
-def test_every_mule_flow_body_runs_at_mule_nice():
+def test_every_mule_flow_body_runs_at_mule_nice(forker, tmp_path):
     """The wrapper of every mule flow's body (flows/stages.py: _failing_quietly) applies it
-    before the body runs, in the thread that runs it."""
+    before the body runs, in the thread that runs it (forked from a process that has
+    imported the flows: tests/forked.py)."""
     script = ("import os\n"
               "from mule.flows.stages import _failing_quietly\n"
               "print(_failing_quietly(lambda: os.getpriority(os.PRIO_PROCESS, 0)))\n")  # fmt: skip
-    assert niceness_of(script, "9") == [str(max(os.getpriority(os.PRIO_PROCESS, 0), 9))]
+    child = forker.run([], tmp_path / "out.log", env={"MULE_NICE": "9"}, script=script)
+    assert child.returncode == 0, child.output()[-3000:]
+    assert child.output().split() == [str(max(os.getpriority(os.PRIO_PROCESS, 0), 9))]
 
 
 def test_the_scheduled_deployments_run_at_niceness_10():
