@@ -121,6 +121,8 @@ def yield_to_serving() -> int:
     it starts the threads and processes that compute with it (torch's, ONNX Runtime's,
     fastText's, Dask's), which inherit it. Returns the thread's niceness now."""
     value = os.environ.get("MULE_NICE", "").strip()
+    if not hasattr(os, "getpriority"):  # not a POSIX system: nothing to set
+        return 0
     current = os.getpriority(os.PRIO_PROCESS, 0)
     if not value:
         return current
