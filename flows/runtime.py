@@ -114,9 +114,9 @@ class _NoCrashLinesForSignals(logging.Filter):
 def yield_to_serving() -> int:
     """MULE_NICE=N (the scheduled deployments set 10: prefect.yaml) runs this process's
     work N steps nicer, so that `mule serve` on the same machine answers as if alone while
-    a rebuild trains (bench/serve_beside_rebuild.py: 20 searches a second, median 15.1 ms
-    beside a rebuild at the same priority, 5.8 ms beside one at 10, 5.6-6.7 ms alone; the
-    rebuild 1.42x and 1.47x its time alone). A niceness only ever grows (lowering it needs
+    a rebuild trains (bench/serve_beside_rebuild.py: 20 searches a second, median 15.8 ms
+    beside a rebuild at the same priority, 5.9 ms beside one at 10, 5.7 ms alone; the
+    rebuild 1.39x and 1.52x its time alone). A niceness only ever grows (lowering it needs
     privileges). On Linux it belongs to a thread: set in the thread that computes, before
     it starts the threads and processes that compute with it (torch's, ONNX Runtime's,
     fastText's, Dask's), which inherit it. Returns the thread's niceness now."""
