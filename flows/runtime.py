@@ -141,14 +141,29 @@ def yield_to_serving() -> int:
     return os.getpriority(os.PRIO_PROCESS, 0)
 
 
+class _NoDrainNotices(logging.Filter):
+    """At a command's exit Prefect drains its queues of events and logs to the API, and a
+    queue with an item still in it says "Still processing items: 1 items remaining..." at
+    WARNING, however briefly: printed after mule's last line (its error or its stop), it
+    would read as a problem of its own."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Still processing items")
+
+
 def quiet_user_errors() -> None:
-    """Installs the filters on Prefect's run loggers (idempotent; Prefect may reconfigure logging)."""
+    """Installs the filters on Prefect's run loggers and its queue services' (idempotent;
+    Prefect may reconfigure logging)."""
     for name in ("prefect.task_runs", "prefect.flow_runs", "prefect.flow_engine", "prefect.task_engine",
                  "prefect.engine"):  # fmt: skip
         logger = logging.getLogger(name)
         for kind in (_NoTracebackForUserErrors, _NoCrashLinesForSignals):
             if not any(isinstance(f, kind) for f in logger.filters):
                 logger.addFilter(kind())
+    for name in ("EventsWorker", "APILogWorker"):  # prefect._internal.concurrency.services: the class's name
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _NoDrainNotices) for f in logger.filters):
+            logger.addFilter(_NoDrainNotices())
 
 
 def dask_task_runner(features, shards: int):

@@ -186,6 +186,22 @@ def test_a_user_error_is_one_line_exit_2_and_the_failed_runs_say_the_same(tmp_pa
     assert state.is_failed() and state.message == expected
 
 
+def test_prefect_draining_its_queues_at_exit_says_nothing_after_mule_s_last_line(caplog):
+    """Prefect's queue services log "Still processing items" when a command exits with an
+    event not yet sent (seen once after `mule: error: ...` in the test above): not a line
+    for the user. Their other warnings still show."""
+    import logging
+
+    from mule.flows.runtime import quiet_user_errors
+
+    quiet_user_errors()
+    with caplog.at_level(logging.WARNING):
+        for name in ("EventsWorker", "APILogWorker"):
+            logging.getLogger(name).warning("Still processing items: 1 items remaining...")
+            logging.getLogger(name).warning("Failed to send an item")
+    assert [r.getMessage() for r in caplog.records] == ["Failed to send an item"] * 2
+
+
 def test_a_bug_keeps_its_traceback_exits_1_and_is_tagged_a_bug(tmp_path, forker):
     """An internal error inside a stage (here a FileNotFoundError for a path no user gave,
     injected where ingest writes its captions table) is not bad input: the traceback stays on
