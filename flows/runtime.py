@@ -123,21 +123,14 @@ def yield_to_serving() -> int:
     value = os.environ.get("MULE_NICE", "").strip()
     if not hasattr(os, "getpriority"):  # not a POSIX system: nothing to set
         return 0
-    current = os.getpriority(os.PRIO_PROCESS, 0)
-    if not value:
-        return current
-    try:
-        wanted = int(value)
-    except ValueError:
+    if value:
         from mule.mule_core.config import ConfigError
 
-        raise ConfigError(f"MULE_NICE must be a niceness from 0 to 19, got {value!r}") from None
-    if not 0 <= wanted <= 19:
-        from mule.mule_core.config import ConfigError
-
-        raise ConfigError(f"MULE_NICE must be a niceness from 0 to 19, got {wanted}")
-    if wanted > current:
-        os.setpriority(os.PRIO_PROCESS, 0, wanted)
+        wanted = int(value) if value.lstrip("-").isdigit() else None
+        if wanted is None or not 0 <= wanted <= 19:
+            raise ConfigError(f"MULE_NICE must be a niceness from 0 to 19, got {value if wanted is not None else repr(value)}")
+        if wanted > os.getpriority(os.PRIO_PROCESS, 0):
+            os.setpriority(os.PRIO_PROCESS, 0, wanted)
     return os.getpriority(os.PRIO_PROCESS, 0)
 
 

@@ -116,13 +116,15 @@ def fresh_process(served, tmp_path_factory):
     an English and a German caption, an image as bytes and as a path (a path only with an
     allowed folder, given when the model is loaded), and the captions of
     captions_outside_the_vocabulary. One process for the two tests that read it: its
-    imports (torch, MLflow, pandas) are most of its cost."""
+    imports (torch, MLflow, pandas) are most of its cost. "outside" is what
+    captions_outside_the_vocabulary returned."""
     wd, caption = served["wd"], served["caption"]
     folder = tmp_path_factory.mktemp("fresh-process")
     image = folder / "photo.jpg"
     image.write_bytes(_image_file(wd, caption["image_id"]).read_bytes())
     german = served["gallery"].captions["de"].texts[0]
-    sentences = captions_outside_the_vocabulary(served)[0]
+    outside = captions_outside_the_vocabulary(served)
+    sentences = outside[0]
     script = f"""
 import json, sys
 import mlflow, pandas as pd
@@ -141,7 +143,7 @@ print(json.dumps({{"mixed": out.to_dict("records"), "captions": captions["embedd
         done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180,
                               cwd=folder, env=env)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    return {"image": image, **json.loads(done.stdout.strip().splitlines()[-1])}
+    return {"image": image, "outside": outside, **json.loads(done.stdout.strip().splitlines()[-1])}
 
 
 @pytest.mark.slow
@@ -173,7 +175,7 @@ def test_a_test_caption_is_one_vector_in_evaluation_in_mule_serve_and_in_the_reg
     """Test captions with words no training caption has: the evaluate stage's vectors
     (its loader and encoder), `mule serve`'s (GET /api/embed) and the registered pyfunc
     model's in a fresh process are the same numbers, words outside the vocabulary included."""
-    sentences, rows, evaluated, composed = captions_outside_the_vocabulary(served)
+    sentences, rows, evaluated, composed = fresh_process["outside"]  # the captions the fresh process was asked
     api = client(served["app"])
     for (text, lang), row in zip(sentences, rows):
         answer = api.get("/api/embed", params={"q": text, "lang": lang}).json()
