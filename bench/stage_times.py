@@ -3,7 +3,7 @@ phase (sampling batches, forward, backward, optimizer, validation), peak memory 
 test recall, for this checkout and, run right after it on the same machine, for a commit
 you name (this VM's speed drifts from hour to hour: compare within one run of this script).
 
-    python bench/stage_times.py [--baseline COMMIT] [--size demo|29k] [--set KEY=VALUE ...] [--runs 1]
+    python bench/stage_times.py [--baseline COMMIT] [--size demo|29k] [--set KEY=VALUE ...] [--runs 1] [--log FILE]
 
 --size 29k: Multi30K's size (29,000 / 1,014 / 1,000 images) instead of the demo's 3,000 /
 500 / 1,000, with the default preset (the demo preset is sized for the demo). Each run starts from an empty workdir (under --root, default a temporary
@@ -75,8 +75,11 @@ def preset_args(checkout: Path, size: str, preset: str | None = None) -> list[st
     return ["--preset", "default"] if size == "29k" and config.exists() and '"default": {}' in config.read_text() else []
 
 
-def run_demo(checkout: Path, workdir: Path, size: str, sets: list[str], preset: str | None = None) -> dict:
-    """`mule demo` from an empty workdir: wall seconds, peak RSS (the process tree's), stage times."""
+def run_demo(checkout: Path, workdir: Path, size: str, sets: list[str], preset: str | None = None,
+             log: Path | None = None) -> dict:
+    """`mule demo` from an empty workdir: wall seconds, peak RSS (the process tree's), stage times.
+    With `log`, the command's output is appended there line by line as it comes (a run cut
+    off by a time limit still shows how far it got)."""
     command = [sys.executable, "-c", RUNNER, str(checkout), "demo", "--workdir", str(workdir), *SIZES[size],
                *preset_args(checkout, size, preset), *[a for s in sets for a in ("--set", s)]]  # fmt: skip
     started = time.time()
@@ -90,7 +93,14 @@ def run_demo(checkout: Path, workdir: Path, size: str, sets: list[str], preset: 
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    output = process.communicate()[0]
+    lines = []
+    with open(log, "a") if log else open(os.devnull, "w") as sink:
+        for line in process.stdout:
+            lines.append(line)
+            sink.write(f"{time.time() - started:7.1f} s  {line}")
+            sink.flush()
+    process.wait()
+    output = "".join(lines)
     wall = time.time() - started
     watcher.join(2)
     if process.returncode != 0:
@@ -153,6 +163,7 @@ def main() -> None:
     parser.add_argument("--root", type=Path)
     parser.add_argument("--runs", type=int, default=1, help="runs of each (the table shows the median's run)")
     parser.add_argument("--quiet-wait", type=float, default=300, help="seconds to wait for a quiet machine before a run")
+    parser.add_argument("--log", type=Path, help="append each run's output here as it comes, with seconds since its start")
     args = parser.parse_args()
     root = args.root or Path(tempfile.mkdtemp(prefix="mule-stage-times-"))
     try:
@@ -181,7 +192,10 @@ def main() -> None:
             workdir = root / f"{name.split()[0]}-{n}"
             print(f"{name}: mule demo in {workdir} ...", flush=True)
             wait_quiet(args.quiet_wait)
-            runs.append(run_demo(checkout, workdir, args.size, args.sets, args.preset))
+            if args.log:
+                with open(args.log, "a") as sink:
+                    sink.write(f"== {name}: mule demo in {workdir}\n")
+            runs.append(run_demo(checkout, workdir, args.size, args.sets, args.preset, args.log))
             print(f"  {runs[-1]['wall']:.1f} s, test mR {runs[-1]['mR']:.2f}", flush=True)
         results[name] = sorted(runs, key=lambda r: r["wall"])[len(runs) // 2]
     print("\n" + table(results))

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# docs/benchmarks.md's GPU figures on a GPU machine that has torch but not mule's other
+# dependencies: `mule demo` at the demo's size, at Multi30K's (29k) and with the paper
+# preset, each through bench/stage_times.py (the script that measures the CPU's figures),
+# as far as SECONDS allow. A tiny demo runs first: if the bundle lacks something, that shows
+# in seconds, not after the first real run.
+#
+#   python bench/offline_bundle.py --have their-pip-list.txt --python 3.12 --out BUNDLE --for demo   # here
+#   bash bench/gpu_figures.sh BUNDLE OUT [SECONDS]                                        # there
+#
+# OUT gets each run's table (NAME.txt), its output line by line with seconds (NAME.log) and
+# the stage records of every workdir (records.tgz). The paper preset runs with random
+# extractor weights: ImageNet's ResNet-152 is a download such a machine cannot make.
+set -uo pipefail
+bundle=$1 out=$2 budget=${3:-560}
+started=$(date +%s)
+left() { echo $((budget - ($(date +%s) - started))); }
+export PYTHONUNBUFFERED=1
+mkdir -p "$out"
+cat "$bundle"/site.tar.xz* | tar -xJ -C /tmp || exit 1
+# mule as installed (pyproject.toml's package-dir: mule.<name> is a folder of the checkout),
+# for the processes a stage starts with `python -m mule...`
+mkdir -p /tmp/mule-checkout/mule
+sed -n 's/^"mule\.\([a-z_]*\)" = "\([a-z_]*\)"$/\1 \2/p' pyproject.toml | while read -r name folder; do
+  ln -sfn "$PWD/$folder" "/tmp/mule-checkout/mule/$name"
+done
+export PYTHONPATH=/tmp/site:/tmp/mule-checkout${PYTHONPATH:+:$PYTHONPATH}
+echo "bundle unpacked in $(($(date +%s) - started)) s; $(nproc) CPUs"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import prefect, mlflow, duckdb, faiss, fasttext, sacremoses, torch, mule.tasks.support.fasttext_worker
+print('imports: ok; torch', torch.__version__, '; CUDA', torch.cuda.is_available())" || exit 1
+
+run() { # NAME [stage_times.py arguments]: one run, cut off when the budget is spent
+  local name=$1 limit
+  shift
+  limit=$(left)
+  if [ "$limit" -lt 30 ]; then
+    echo "$name: not run ($limit s left)"
+    return 1
+  fi
+  rm -rf "/tmp/st-$name" # from an empty workdir, also on a machine an earlier call left warm
+  timeout -k 5 "$limit" python3 bench/stage_times.py --quiet-wait 0 --root "/tmp/st-$name" --log "$out/$name.log" \
+    "$@" 2>&1 | tee "$out/$name.txt"
+  local status=${PIPESTATUS[0]}
+  pkill -f -- "--workdir /tmp/st-$name/" # a run cut off leaves its `mule demo` behind: stop it
+  for _ in 1 2 3 4 5 6 7 8 9 10; do pgrep -f -- "--workdir /tmp/st-$name/" >/dev/null && sleep 1; done
+  pkill -9 -f -- "--workdir /tmp/st-$name/"
+  [ "$status" = 0 ] || echo "$name: stopped with status $status after $(($(date +%s) - started)) s"
+  return "$status"
+}
+
+run tiny --set data.train_images=60 --set data.val_images=20 --set data.test_images=20 || exit 1
+run demo
+run 29k --size 29k
+run paper --preset paper --set features.weights=random
+tar -czf "$out/records.tgz" /tmp/st-*/*/state/stages 2>/dev/null
+echo "done in $(($(date +%s) - started)) s"
