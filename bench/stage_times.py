@@ -190,6 +190,8 @@ def main() -> None:
         runs = []
         for n in range(args.runs):
             workdir = root / f"{name.split()[0]}-{n}"
+            if workdir.exists() and any(workdir.iterdir()):  # its stages would be reused, not timed
+                sys.exit(f"{workdir} is not empty: each run starts from an empty workdir (another --root?)")
             print(f"{name}: mule demo in {workdir} ...", flush=True)
             wait_quiet(args.quiet_wait)
             if args.log:
