@@ -11,30 +11,12 @@ from pathlib import Path
 
 from mule.mule_core.errors import UserError
 
-# The CA file of the Prefect clients of mule's own server (ephemeral or temporary). Each
-# client (8-14 per run) builds an SSL context from PREFECT_API_SSL_CERT_FILE, by default
-# certifi's bundle of about 140 certificates (16 ms each here), though mule's server
-# speaks plain HTTP on loopback and no certificate is ever checked. This file holds one
-# self-signed certificate whose private key was discarded when it was made: it loads in
-# 0.3 ms and vouches for no server, so were the API ever reached over TLS, verification
-# would fail, never pass.
-LOOPBACK_CA = Path(__file__).with_name("loopback-ca.pem")
-
-
-def trust_no_server(environ=os.environ) -> None:
-    """LOOPBACK_CA for the Prefect clients of mule's own plain-HTTP server (set before
-    Prefect is imported: it reads its settings then), unless the user named a CA file."""
-    if not environ.get("PREFECT_API_SSL_CERT_FILE"):
-        environ["PREFECT_API_SSL_CERT_FILE"] = str(LOOPBACK_CA)
-
 
 def prepare_environment(workdir: Path) -> None:
-    """Ephemeral Prefect (no server) with its home in the workdir and LOOPBACK_CA, unless
-    the user has pointed Prefect elsewhere; mule's own loggers in Prefect's run logs; no
-    telemetry."""
+    """Ephemeral Prefect (no server) with its home in the workdir, unless the user has
+    pointed Prefect elsewhere; mule's own loggers in Prefect's run logs; no telemetry."""
     if not os.environ.get("PREFECT_API_URL"):
         os.environ.setdefault("PREFECT_HOME", str(workdir / "prefect"))
-        trust_no_server()
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "mule")
     os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")  # mule_core used outside a flow
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -245,7 +227,6 @@ class TemporaryPrefectServer:
             preexec_fn=_die_with_parent)  # fmt: skip
         self.api_url = f"http://127.0.0.1:{self.port}/api"
         os.environ["PREFECT_API_URL"] = self.api_url
-        trust_no_server()
         os.environ["MULE_PREFECT_TEMPORARY"] = "1"  # no flow-run links to a server that is gone after the run
         import atexit
 
