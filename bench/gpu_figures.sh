@@ -2,17 +2,27 @@
 # docs/benchmarks.md's GPU figures on a GPU machine that has torch but not mule's other
 # dependencies: `mule demo` at the demo's size, at Multi30K's (29k) and with the paper
 # preset, each through bench/stage_times.py (the script that measures the CPU's figures),
-# as far as SECONDS allow. A tiny demo runs first: if the bundle lacks something, that shows
-# in seconds, not after the first real run.
+# as far as SECONDS allow (RUNS: which of demo, 29k and paper, in that order; all by
+# default). A tiny demo runs first: if the bundle lacks something, that shows in seconds,
+# not after the first real run.
 #
 #   python bench/offline_bundle.py --have their-pip-list.txt --python 3.12 --out BUNDLE --for demo   # here
-#   bash bench/gpu_figures.sh BUNDLE OUT [SECONDS]                                        # there
+#   bash bench/gpu_figures.sh BUNDLE OUT [SECONDS [RUNS...]]                              # there
 #
 # OUT gets each run's table (NAME.txt), its output line by line with seconds (NAME.log) and
 # the stage records of every workdir (records.tgz). The paper preset runs with random
 # extractor weights: ImageNet's ResNet-152 is a download such a machine cannot make.
 set -uo pipefail
 bundle=$1 out=$2 budget=${3:-560}
+runs=("${@:4}")
+[ ${#runs[@]} -gt 0 ] || runs=(demo 29k paper)
+for name in "${runs[@]}"; do
+  case $name in demo | 29k | paper) ;; *)
+    echo "unknown run '$name': choose from demo, 29k, paper" >&2
+    exit 2
+    ;;
+  esac
+done
 started=$(date +%s)
 left() { echo $((budget - ($(date +%s) - started))); }
 export PYTHONUNBUFFERED=1
@@ -50,8 +60,10 @@ run() { # NAME [stage_times.py arguments]: one run, cut off when the budget is s
 }
 
 run tiny --set data.train_images=60 --set data.val_images=20 --set data.test_images=20 || exit 1
-run demo
-run 29k --size 29k
-run paper --preset paper --set features.weights=random
+declare -A arguments=([demo]="" [29k]="--size 29k" [paper]="--preset paper --set features.weights=random")
+for name in "${runs[@]}"; do
+  # shellcheck disable=SC2086 # the arguments split into words on purpose
+  run "$name" ${arguments[$name]}
+done
 tar -czf "$out/records.tgz" /tmp/st-*/*/state/stages 2>/dev/null
 echo "done in $(($(date +%s) - started)) s"
