@@ -28,12 +28,10 @@ left() { echo $((budget - ($(date +%s) - started))); }
 export PYTHONUNBUFFERED=1
 mkdir -p "$out"
 cat "$bundle"/site.tar.xz* | tar -xJ -C /tmp || exit 1
-# mule as installed (pyproject.toml's package-dir: mule.<name> is a folder of the checkout),
-# for the processes a stage starts with `python -m mule...`
-mkdir -p /tmp/mule-checkout/mule
-sed -n 's/^"mule\.\([a-z_]*\)" = "\([a-z_]*\)"$/\1 \2/p' pyproject.toml | while read -r name folder; do
-  ln -sfn "$PWD/$folder" "/tmp/mule-checkout/mule/$name"
-done
+# mule as installed, for the processes a stage starts with `python -m mule...`: mule.<folder>
+# is the checkout's folder (a namespace package, as stage_times.py's runner maps it in-process)
+mkdir -p /tmp/mule-checkout
+ln -sfn "$PWD" /tmp/mule-checkout/mule
 export PYTHONPATH=/tmp/site:/tmp/mule-checkout${PYTHONPATH:+:$PYTHONPATH}
 echo "bundle unpacked in $(($(date +%s) - started)) s; $(nproc) CPUs"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader

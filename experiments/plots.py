@@ -13,6 +13,7 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from PIL import Image  # noqa: E402
 
 from mule.data_catalog.images import BadImage, load_rgb  # noqa: E402
 
@@ -121,7 +122,8 @@ def cross_lingual_heatmap(table: dict[str, dict[str, float]], languages: list[st
 
 
 # The retrieved-images figure is one picture drawn on one axes: a grid of matplotlib
-# axes (one per image, 60 for the demo) cost about 0.5 s to lay out on every evaluation.
+# axes (one per image, 60 for the demo) took 1.3-1.5 s to draw against about 0.4 s
+# (docs/benchmarks.md, 2026-11-26 night).
 _TILE, _GAP, _TITLE, _HEADER = 160, 10, 24, 34  # pixels at save()'s 110 dpi
 _HIT = np.array([50, 205, 50], dtype=np.uint8)  # limegreen
 
@@ -160,9 +162,7 @@ def retrieved_images(examples: list[dict], top: int = 5):
 
 def _paste(tile: np.ndarray, path: str) -> str | None:
     """The image at `path` fitted into `tile` (centred, its aspect kept); else a grey tile
-    and why ("missing", "unreadable")."""
-    from PIL import Image
-
+    and why (_unshown)."""
     try:
         with load_rgb(path, min_side=256) as image:
             scale = min(tile.shape[1] / image.width, tile.shape[0] / image.height)
@@ -170,7 +170,7 @@ def _paste(tile: np.ndarray, path: str) -> str | None:
             picture = np.asarray(image.convert("RGB").resize(size, Image.Resampling.BILINEAR))
     except (OSError, BadImage) as error:
         tile[:] = 230
-        return "missing" if isinstance(error, FileNotFoundError) else "unreadable"
+        return _unshown(error)
     h, w = picture.shape[:2]
     top, left = (tile.shape[0] - h) // 2, (tile.shape[1] - w) // 2
     tile[top : top + h, left : left + w] = picture
@@ -199,7 +199,12 @@ def _show(ax, path: str) -> None:
         with load_rgb(path, min_side=256) as image:
             ax.imshow(image)
     except (OSError, BadImage) as error:
-        ax.text(0.5, 0.5, "missing" if isinstance(error, FileNotFoundError) else "unreadable", ha="center")
+        ax.text(0.5, 0.5, _unshown(error), ha="center")
+
+
+def _unshown(error: Exception) -> str:
+    """What a figure says in place of an image it could not load."""
+    return "missing" if isinstance(error, FileNotFoundError) else "unreadable"
 
 
 def search_sheet(found: dict):
