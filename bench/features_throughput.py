@@ -29,8 +29,9 @@ from mule.data_catalog.catalog import Catalog
 from mule.data_catalog.schemas import IMAGES
 from mule.data_catalog.weights import load_extractor
 from mule.data_catalog.workdir import Workdir
-from mule.mule_core.devices import resolve_device
-from mule.mule_core.features import crop_transform, extract
+from mule.mule_core.devices import resolve_device, torch_threads
+from mule.mule_core.features import crop_transform, extract, numerics
+from mule.mule_core.onnx_engine import OnnxExtractor
 from mule.pipeline.config import resolve
 from mule.tasks.features import batch_size_for, extract_shard, loader_workers_for
 
@@ -66,6 +67,11 @@ def catalog_with(workdir: Workdir, paths: list[Path]) -> None:
 
 
 def bare_loop(model, transform, paths: list[Path], batch: int, device: torch.device) -> float:
+    with torch_threads(1 if isinstance(model, OnnxExtractor) else torch.get_num_threads()):  # as the stage runs it
+        return _bare_loop(model, transform, paths, batch, device)
+
+
+def _bare_loop(model, transform, paths: list[Path], batch: int, device: torch.device) -> float:
     started = time.perf_counter()
     for b in range(0, len(paths), batch):
         crops = []
@@ -100,9 +106,11 @@ def main() -> None:
             paths = write_images(Path(tmp) / name, n, (500, 375), scenes=name == "demo")
             workdir = Workdir.at(Path(tmp) / f"work-{name}")
             catalog_with(workdir, paths)
+            # the identity's record, as the stage's plan writes it (a worker checks its numerics)
+            Catalog(workdir).write_extractor_info("bench", "bench-extractor", {"numerics": numerics(device)})
             model, _ = load_extractor(f, device)
             transform = crop_transform(f.input_size, f.resize, f.crops)
-            batch = batch_size_for(f, device)
+            batch = batch_size_for(f, device, torch.get_num_threads())
             bare_loop(model, transform, paths[: max(1, batch)], batch, device)  # warm-up
             shard = {"name": "bench", "images": [(p.stem, str(p), None) for p in paths], "offset": 0}
             stage = extract_shard(str(workdir.root), asdict(f), "bench", "bench-extractor", shard, n)["seconds"]

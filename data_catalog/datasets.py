@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
+from mule.mule_core.devices import cpu_threads
+
 from .code_digests import code_digest
 from .embedded import coco_layout, multi30k_layout, table_layout
 from .embedded.coco_layout import CocoSpec, EmbeddedSizeError, generate_coco
@@ -89,5 +91,6 @@ def prepare(workdir: Workdir, data: DataConfig, progress: Callable[[int, int], N
     elif source.generated and data.dataset == EMBEDDED_TABLE:
         generate_table(source.root, table_spec(data), progress, generator_code(data))
     elif source.generated:
-        generate_multi30k(source.root, embedded_spec(data), progress, generator_code(data))
+        # as many processes as torch would take threads (OMP_NUM_THREADS, else the cores)
+        generate_multi30k(source.root, embedded_spec(data), progress, generator_code(data), cpu_threads(0))
     return source

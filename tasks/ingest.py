@@ -14,11 +14,39 @@ from mule.data_catalog.readers.common import ReadOptions
 from mule.data_catalog.readers.multi30k import read_multi30k
 from mule.data_catalog.readers.table import TableOptions, read_table
 from mule.data_catalog.sources import locate
+from mule.mule_core.devices import cpu_threads, worker_processes
 from mule.mule_core.languages import tokenizer_name
 from mule.mule_core.progress import Progress
-from mule.mule_core.text import tokenize, tokenizer_version
+from mule.mule_core.tokenizers import tokenize_all, tokenizer_version
 
 from .support.context import StageContext, logger
+
+# Below this many captions the pool's start (a few tenths of a second) costs more than it saves.
+TOKENISE_IN_PROCESSES_FROM = 20_000
+CHUNK = 2_000
+
+
+def tokenised(pairs: list[tuple[str, str]], overrides: dict[str, str], progress: Progress) -> list[list[str]]:
+    """The words of each (text, lang), in order: on as many processes as torch would take
+    threads (OMP_NUM_THREADS, else the cores) when there are enough captions to pay for
+    starting them. The words are the same either way."""
+    processes = min(cpu_threads(0), 8, len(pairs) // CHUNK)
+    chunks = [pairs[i : i + CHUNK] for i in range(0, len(pairs), CHUNK)]
+    if processes < 2 or len(pairs) < TOKENISE_IN_PROCESSES_FROM:
+        results = map(tokenize_all, chunks, [overrides] * len(chunks))
+        return [words for chunk in _counted(results, progress) for words in chunk]
+    pool = worker_processes(processes)
+    try:
+        results = pool.map(tokenize_all, chunks, [overrides] * len(chunks))
+        return [words for chunk in _counted(results, progress) for words in chunk]
+    finally:
+        pool.shutdown(cancel_futures=True)  # on a stop: the chunks not started are dropped
+
+
+def _counted(chunks, progress: Progress):
+    for chunk in chunks:
+        progress.update(len(chunk))
+        yield chunk
 
 
 def compute(ctx: StageContext) -> dict[str, Any]:
@@ -55,17 +83,12 @@ def compute(ctx: StageContext) -> dict[str, Any]:
         log.info("%s captions: tokeniser %s (%s)", lang, tokenizer_name(lang, overrides),
                  "text.tokenizers" if lang in overrides else "mule_core/languages.py's rule")  # fmt: skip
 
-    texts = result.captions.column("text").to_pylist()
-    langs = result.captions.column("lang").to_pylist()
-    progress = Progress("tokenising", len(texts), unit="captions", logger=log)
-    tokens = []
-    seen: dict[tuple[str, str], list[str]] = {}  # a caption repeated is tokenised once (Moses: ~40 us a caption)
-    for key in zip(texts, langs):
-        if key not in seen:
-            seen[key] = tokenize(*key, overrides)
-        tokens.append(seen[key])
-        progress.update(1)
+    keys = list(zip(result.captions.column("text").to_pylist(), result.captions.column("lang").to_pylist()))
+    distinct = list(dict.fromkeys(keys))  # a caption repeated is tokenised once (Moses: ~40 us a caption)
+    progress = Progress("tokenising", len(distinct), unit="distinct captions", logger=log)
+    tokens_of = dict(zip(distinct, tokenised(distinct, overrides, progress)))
     progress.finish()
+    tokens = [tokens_of[key] for key in keys]
     captions = result.captions.append_column("tokens", pa.array(tokens, pa.list_(pa.string())))
 
     catalog.write_table("images", cfg.data.dataset, result.images)

@@ -137,3 +137,22 @@ def test_onnx_runtime_gives_the_vectors_pytorch_gives(arch, weights, pool):
     crops = torch.stack([crop_transform(64, 64, 1)(photo(n)) for n in ("chelsea", "coffee", "astronaut")])
     engine = OnnxExtractor(model, input_size=64, threads=1)
     torch.testing.assert_close(extract(engine, crops), extract(model, crops), atol=1e-4, rtol=1e-4)
+
+
+def test_onnx_runtime_on_several_threads_gives_each_image_the_vector_one_thread_gives():
+    """Several threads run slices of a batch side by side (mule_core/onnx_engine.py): each
+    image's vector is the one a single thread computes, in the batch's order, whether the
+    batch splits evenly or not."""
+    pytest.importorskip("onnxruntime")
+    from mule.mule_core.onnx_engine import OnnxExtractor, export
+
+    model = build_backbone("efficientnet_lite0", imagenet_weights("efficientnet_lite0")[0], seed=0, pool="avg")
+    names = ("chelsea", "coffee", "astronaut", "camera", "rocket")
+    crops = torch.stack([crop_transform(64, 64, 1)(photo(n)) for n in names])
+    one = OnnxExtractor(model, input_size=64, threads=1)
+    three = OnnxExtractor.from_bytes(export(model, 64), input_size=64, threads=3)
+    assert three._pool is not None
+    alone = extract(one, crops)
+    torch.testing.assert_close(extract(three, crops), alone, atol=1e-6, rtol=1e-6)  # 5 crops: slices of 2, 2, 1
+    torch.testing.assert_close(extract(three, crops[:2]), alone[:2], atol=1e-6, rtol=1e-6)  # fewer crops than threads
+    assert not torch.allclose(alone[0], alone[1])  # the images' vectors differ: an order mix-up would show

@@ -31,10 +31,17 @@ def test_a_run_without_a_preset_gets_its_datasets():
     for dataset in ("multi30k", "coco", "embedded-coco", "embedded-table", "my-photos"):
         assert resolve(None, {"data.dataset": dataset}).preset == "default"
     demo, default = flatten(resolve("demo")), flatten(resolve("default"))
-    # the demo preset is the defaults with LP's batch and length and the LSTM sized for the generated data
+    # the demo preset is the defaults with LP's batch and length and the LSTM sized for the
+    # generated data, and joint training's batch doubled with its step-counted schedules halved
     assert {k for k in demo if demo[k] != default[k]} == {"preset", "pretrain.batch_images", "pretrain.epochs",
-                                                          "model.lstm_dim"}  # fmt: skip
+                                                          "model.lstm_dim", "train.batch_images",
+                                                          "loss.mining_warmup_steps", "loss.lc_ramp_steps",
+                                                          "train.ema"}  # fmt: skip
     assert (demo["pretrain.batch_images"], demo["pretrain.epochs"], demo["model.lstm_dim"]) == ("64", "4", "64")
+    assert 2 * int(default["train.batch_images"]) == int(demo["train.batch_images"])
+    assert 2 * int(demo["loss.mining_warmup_steps"]) == int(default["loss.mining_warmup_steps"])
+    assert 2 * int(demo["loss.lc_ramp_steps"]) == int(default["loss.lc_ramp_steps"])
+    assert 2 * (1 - float(default["train.ema"])) == pytest.approx(1 - float(demo["train.ema"]))  # 1 / (1 - ema) steps
     assert (default["pretrain.batch_images"], default["pretrain.epochs"]) == ("256", "10")
 
 
@@ -130,7 +137,7 @@ def test_a_coco_dataset_implies_its_reader_languages_and_sampling_unless_set():
 
 
 def test_a_model_file_s_config_with_a_retired_option_still_reads():
-    stored = to_dict(resolve("demo"))
+    stored = to_dict(resolve("default"))
     stored["loss"]["warmup_epochs"] = 3  # written by mule before schedules counted steps
     assert from_dict(stored).loss.mining_warmup_steps == 150
     with pytest.raises(ConfigError, match="unknown config option 'loss.warmup_epochs'"):

@@ -36,6 +36,23 @@ def test_same_seed_same_bytes_other_seed_other_data(tmp_path):
     assert a["images/train-000001.jpg"] != c["images/train-000001.jpg"]
 
 
+def test_processes_rendering_the_images_write_the_same_bytes_as_one(tmp_path, monkeypatch):
+    """Images rendered by a pool of processes (as `mule demo` renders them on several
+    cores) are the same files, listed in the same order, as one process writes."""
+    from mule.data_catalog.embedded import multi30k_layout
+
+    pools = []
+    started = multi30k_layout._pool
+    monkeypatch.setattr(multi30k_layout, "PARALLEL_FROM", 0)  # a pool even for these few images
+    monkeypatch.setattr(multi30k_layout, "_pool", lambda n: pools.append(n) or started(n))
+    spec = EmbeddedSpec(train_images=150, val_images=20, test_images=30, seed=3, image_size=48)
+    alone = digest(generate_multi30k(tmp_path / "alone", spec))
+    assert pools == []
+    pooled = digest(generate_multi30k(tmp_path / "pooled", spec, processes=2))
+    assert pools == [2]
+    assert pooled == alone and len(alone) > 200
+
+
 def test_test_split_does_not_depend_on_the_training_size(tmp_path):
     small = generate_multi30k(tmp_path / "small", SPEC)
     large = generate_multi30k(tmp_path / "large", EmbeddedSpec(9, 2, 3, seed=7, image_size=48))

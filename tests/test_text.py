@@ -131,3 +131,28 @@ def test_tree_digests_follow_linked_folders_and_stop_at_loops(tmp_path):
     (copy / "images" / "1.jpg").write_bytes(b"first")
     (copy / "images" / "back").symlink_to(copy, target_is_directory=True)
     assert FileHasher(wd).tree(copy) == linked
+
+
+def test_the_ingest_stage_s_processes_give_every_caption_the_words_one_process_gives(monkeypatch):
+    """Enough captions are tokenised by a pool of processes (tasks/ingest.py): each
+    (text, language) gets the words tokenize gives it here, in the captions' order, in
+    every tokeniser's language."""
+    import logging
+
+    from mule.mule_core.progress import Progress
+    from mule.tasks import ingest
+
+    pools = []
+    started = ingest.worker_processes
+    monkeypatch.setattr(ingest, "worker_processes", lambda n: pools.append(n) or started(n))
+    monkeypatch.setattr(ingest, "TOKENISE_IN_PROCESSES_FROM", 0)
+    monkeypatch.setattr(ingest, "CHUNK", 7)  # chunks of 7, the last one short
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # two processes, whatever the machine
+    lines = [("A dog, running.", "en"), ("Zwei Männer reden.", "de"), ("L'homme court.", "fr"),
+             ("Dva muži si povídají.", "cs"), ("二人の男性がテーブルでピザを食べている。", "ja"),
+             ("两个男人在桌子上吃披萨。", "zh"), ("Dos hombres comen pizza.", "es")]  # fmt: skip
+    pairs = [(f"{text} {n}", lang) for n in range(9) for text, lang in lines]  # 63 distinct captions
+    progress = Progress("tokenising", len(pairs), unit="captions", logger=logging.getLogger("test"))
+    words = ingest.tokenised(pairs, {}, progress)
+    assert pools == [2] and progress.done == len(pairs)
+    assert words == [tokenize(text, lang) for text, lang in pairs]

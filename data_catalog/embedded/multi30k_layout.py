@@ -17,12 +17,16 @@ set grows.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from mule.mule_core.devices import worker_processes
 
 from . import lang_cs, lang_de, lang_en, lang_fr, staging
 from .plans import sample_plan
@@ -91,6 +95,27 @@ def generate_image(
     return meta, task2, task1, scene
 
 
+def _write_image(spec: EmbeddedSpec, split: str, images: Path, index: int) -> tuple[dict, dict, dict]:
+    """Image `index` of `split` rendered into `images`; its (meta, task2, task1)."""
+    meta, task2, task1, scene = generate_image(spec, split, index)
+    render_scene(scene, spec.image_size).save(images / meta["image"], quality=90)
+    return meta, task2, task1
+
+
+# Below this many images a pool's start (about 0.3 s a process) costs more than it saves.
+PARALLEL_FROM = 512
+
+
+def _written_images(spec: EmbeddedSpec, split: str, n: int, images: Path,
+                    pool: ProcessPoolExecutor | None) -> Iterator[tuple[dict, dict, dict]]:  # fmt: skip
+    """Images 1..n of `split`, in order. Each is a function of (seed, split, index) alone,
+    so processes of a pool write the same bytes as one process would."""
+    work = functools.partial(_write_image, spec, split, images)
+    if pool is None:
+        return map(work, range(1, n + 1))
+    return pool.map(work, range(1, n + 1), chunksize=64)
+
+
 def write_lexicons(directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     source = lang_en.LEXICON
@@ -110,9 +135,10 @@ def manifest_matches(root: Path, spec: EmbeddedSpec, code: str = "") -> bool:
 
 
 def generate_multi30k(root: Path, spec: EmbeddedSpec, progress: Callable[[int, int], None] | None = None,
-                      code: str = "") -> Path:
+                      code: str = "", processes: int = 1) -> Path:
     """Writes the dataset under root; returns root. Reuses root when it already holds this
     spec, written by the same code (`code`: data_catalog.datasets.generator_code).
+    `processes`: how many render the images (the same bytes whatever the count).
 
     Writes into a sibling temporary folder and renames it at the end, so an interrupted
     run never leaves a half-written dataset behind.
@@ -127,6 +153,23 @@ def generate_multi30k(root: Path, spec: EmbeddedSpec, progress: Callable[[int, i
         (tmp / "data" / task / "raw").mkdir(parents=True)
 
     total = sum(spec.sizes().values())
+    pool = _pool(processes) if processes > 1 and total >= PARALLEL_FROM else None
+    try:
+        _write_splits(tmp, spec, pool, progress)
+    finally:
+        if pool is not None:  # on a stop: the queued images are dropped, not rendered first
+            pool.shutdown(cancel_futures=True)
+    write_lexicons(tmp / "dictionaries")
+    return staging.publish(tmp, root, spec, code)
+
+
+def _pool(processes: int) -> ProcessPoolExecutor:
+    return worker_processes(min(processes, 8))
+
+
+def _write_splits(tmp: Path, spec: EmbeddedSpec, pool: ProcessPoolExecutor | None,
+                  progress: Callable[[int, int], None] | None) -> None:  # fmt: skip
+    total = sum(spec.sizes().values())
     done = 0
     with open(tmp / "scenes.jsonl", "w", encoding="utf-8") as scenes_file:
         for split, n in spec.sizes().items():
@@ -136,10 +179,8 @@ def generate_multi30k(root: Path, spec: EmbeddedSpec, progress: Callable[[int, i
             task2_lines: dict[tuple[int, str], list[str]] = {
                 (i, lang): [] for i in range(1, CAPTIONS_PER_IMAGE + 1) for lang in TASK2_LANGS
             }
-            for index in range(1, n + 1):
-                meta, task2, task1, scene = generate_image(spec, split, index)
+            for meta, task2, task1 in _written_images(spec, split, n, tmp / "images", pool):
                 names.append(meta["image"])
-                render_scene(scene, spec.image_size).save(tmp / "images" / meta["image"], quality=90)
                 scenes_file.write(json.dumps(meta) + "\n")
                 for lang in TASK1_LANGS:
                     task1_lines[lang].append(task1[lang])
@@ -155,5 +196,3 @@ def generate_multi30k(root: Path, spec: EmbeddedSpec, progress: Callable[[int, i
                 _gzip_lines(tmp / "data/task1/raw" / f"{t1_stem}.{lang}.gz", lines)
             for (i, lang), lines in task2_lines.items():
                 _gzip_lines(tmp / "data/task2/raw" / f"{t2_stem}.{i}.{lang}.gz", lines)
-    write_lexicons(tmp / "dictionaries")
-    return staging.publish(tmp, root, spec, code)
