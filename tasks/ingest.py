@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import Counter
 from typing import Any
@@ -32,21 +33,16 @@ def tokenised(pairs: list[tuple[str, str]], overrides: dict[str, str], progress:
     starting them. The words are the same either way."""
     processes = min(cpu_threads(0), 8, len(pairs) // CHUNK)
     chunks = [pairs[i : i + CHUNK] for i in range(0, len(pairs), CHUNK)]
-    if processes < 2 or len(pairs) < TOKENISE_IN_PROCESSES_FROM:
-        results = map(tokenize_all, chunks, [overrides] * len(chunks))
-        return [words for chunk in _counted(results, progress) for words in chunk]
-    pool = worker_processes(processes)
+    pool = worker_processes(processes) if processes >= 2 and len(pairs) >= TOKENISE_IN_PROCESSES_FROM else None
     try:
-        results = pool.map(tokenize_all, chunks, [overrides] * len(chunks))
-        return [words for chunk in _counted(results, progress) for words in chunk]
+        words = []
+        for chunk in (pool.map if pool else map)(tokenize_all, chunks, itertools.repeat(overrides)):
+            words += chunk
+            progress.update(len(chunk))
+        return words
     finally:
-        pool.shutdown(cancel_futures=True)  # on a stop: the chunks not started are dropped
-
-
-def _counted(chunks, progress: Progress):
-    for chunk in chunks:
-        progress.update(len(chunk))
-        yield chunk
+        if pool is not None:  # on a stop: the chunks not started are dropped
+            pool.shutdown(cancel_futures=True)
 
 
 def compute(ctx: StageContext) -> dict[str, Any]:
