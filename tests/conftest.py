@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import gzip
 import os
 import shutil
@@ -20,7 +21,21 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 _PREFECT_HOME = Path(tempfile.mkdtemp(prefix="mule-tests-prefect-"))
 os.environ.pop("PREFECT_API_URL", None)
 os.environ["PREFECT_HOME"] = str(_PREFECT_HOME)
-os.environ.setdefault("MULE_HOME", str(Path(tempfile.mkdtemp(prefix="mule-tests-home-"))))
+_scratch = [_PREFECT_HOME]
+if "MULE_HOME" not in os.environ:
+    _scratch.append(Path(tempfile.mkdtemp(prefix="mule-tests-home-")))
+    os.environ["MULE_HOME"] = str(_scratch[-1])
+
+
+def _remove_scratch(owner: int = os.getpid()) -> None:
+    """The session's Prefect home and MULE_HOME go when its process ends (every run left
+    about 3 MB in /tmp); not in the processes forked from it (tests/forked.py), which share them."""
+    if os.getpid() == owner:
+        for folder in _scratch:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+atexit.register(_remove_scratch)  # registered first, so it runs last: after Prefect stops its server
 # Prefect logs "Stopping temporary server" at exit, after pytest has closed its capture.
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
