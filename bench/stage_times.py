@@ -3,10 +3,13 @@ phase (sampling batches, forward, backward, optimizer, validation), peak memory 
 test recall, for this checkout and, run right after it on the same machine, for a commit
 you name (this VM's speed drifts from hour to hour: compare within one run of this script).
 
-    python bench/stage_times.py [--baseline COMMIT] [--size demo|29k] [--set KEY=VALUE ...] [--runs 1] [--log FILE]
+    python bench/stage_times.py [--baseline COMMIT] [--size demo|29k|real-text] [--set KEY=VALUE ...] [--runs 1] [--log FILE]
 
 --size 29k: Multi30K's size (29,000 / 1,014 / 1,000 images) instead of the demo's 3,000 /
-500 / 1,000, with the default preset (the demo preset is sized for the demo). Each run starts from an empty workdir (under --root, default a temporary
+500 / 1,000, with the default preset (the demo preset is sized for the demo). --size
+real-text: the real Multi30K text's LP pipeline (`mule run ingest text pretrain evaluate
+--dataset multi30k --source ../shared/datasets/multi30k`, or --source), whose recall is
+test_2016's en->x R@1 at the MULE layer (their mean). Each run starts from an empty workdir (under --root, default a temporary
 folder) and runs the command a user runs; the baseline runs from a git worktree of that
 commit with this interpreter (its code, these libraries). A stage's seconds are the time
 from the end of the stage before to its own end (its flow, computing and publishing);
@@ -31,7 +34,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SIZES = {"demo": [], "29k": ["--train-images", "29000", "--val-images", "1014", "--test-images", "1000"]}
+SIZES = {"demo": [], "29k": ["--train-images", "29000", "--val-images", "1014", "--test-images", "1000"], "real-text": []}
+REAL_TEXT = REPO.parent / "shared" / "datasets" / "multi30k"
 STAGES = ("ingest", "translate", "features", "text", "pretrain", "train", "evaluate", "index")
 # Runs a checkout's `mule` with this interpreter: mule.<folder> maps onto the checkout's folders
 RUNNER = """
@@ -75,12 +79,29 @@ def preset_args(checkout: Path, size: str, preset: str | None = None) -> list[st
     return ["--preset", "default"] if size == "29k" and config.exists() and '"default": {}' in config.read_text() else []
 
 
+def mule_command(size: str, source: Path) -> tuple[list[str], str]:
+    """The command's arguments after `mule`, and the dataset it builds."""
+    if size == "real-text":
+        return ["run", "ingest", "text", "pretrain", "evaluate", "--dataset", "multi30k", "--source", str(source)], "multi30k"
+    return ["demo", *SIZES[size]], "embedded"
+
+
+def headline_recall(evaluation: dict) -> float | None:
+    """The demo's mean mR; without images, the mean of en->x R@1 at the MULE layer."""
+    if evaluation.get("mean_mR") is not None:
+        return evaluation["mean_mR"]
+    pairs = (evaluation.get("cross_lingual") or {}).get("mule") or {}
+    english = [r["r1"] for pair, r in pairs.items() if pair.startswith("en->")]
+    return sum(english) / len(english) if english else None
+
+
 def run_demo(checkout: Path, workdir: Path, size: str, sets: list[str], preset: str | None = None,
-             log: Path | None = None) -> dict:
-    """`mule demo` from an empty workdir: wall seconds, peak RSS (the process tree's), stage times.
-    With `log`, the command's output is appended there line by line as it comes (a run cut
-    off by a time limit still shows how far it got)."""
-    command = [sys.executable, "-c", RUNNER, str(checkout), "demo", "--workdir", str(workdir), *SIZES[size],
+             log: Path | None = None, source: Path = REAL_TEXT) -> dict:
+    """The command (`mule demo`, or the real text's LP pipeline) from an empty workdir: wall
+    seconds, peak RSS (the process tree's), stage times. With `log`, the command's output is
+    appended there line by line as it comes (a run cut off by a time limit still shows how far it got)."""
+    arguments, dataset = mule_command(size, source)
+    command = [sys.executable, "-c", RUNNER, str(checkout), *arguments, "--workdir", str(workdir),
                *preset_args(checkout, size, preset), *[a for s in sets for a in ("--set", s)]]  # fmt: skip
     started = time.time()
     process = subprocess.Popen(command, cwd=checkout, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -104,8 +125,7 @@ def run_demo(checkout: Path, workdir: Path, size: str, sets: list[str], preset: 
     wall = time.time() - started
     watcher.join(2)
     if process.returncode != 0:
-        sys.exit(f"`mule demo` in {checkout} failed ({process.returncode}):\n{output[-3000:]}")
-    dataset = "embedded"
+        sys.exit(f"`mule {arguments[0]}` in {checkout} failed ({process.returncode}):\n{output[-3000:]}")
     records = {}
     for stage in STAGES:
         path = workdir / "state" / "stages" / dataset / f"{stage}.json"
@@ -117,10 +137,13 @@ def run_demo(checkout: Path, workdir: Path, size: str, sets: list[str], preset: 
             times[stage] = records[stage]["finished"] - previous
             previous = records[stage]["finished"]
     evaluation = json.loads((workdir / "results" / dataset / "evaluation.json").read_text())
+    by_pair = {pair: r["r1"] for pair, r in ((evaluation.get("cross_lingual") or {}).get("mule") or {}).items()
+               if pair.startswith("en->")}  # fmt: skip
     phases = {stage: (records.get(stage, {}).get("result") or {}).get("phases") for stage in ("pretrain", "train")}
     return {"wall": wall, "peak_mb": peak[0], "stages": times, "phases": phases,
             "compute": {s: r.get("seconds") for s, r in records.items()},
-            "mR": evaluation.get("mean_mR"), "after_last_stage": started + wall - previous}  # fmt: skip
+            "mR": headline_recall(evaluation), "en->x R@1": by_pair if evaluation.get("mean_mR") is None else {},
+            "after_last_stage": started + wall - previous}  # fmt: skip
 
 
 def worktree(commit: str, root: Path) -> Path:
@@ -150,7 +173,12 @@ def table(results: dict[str, dict]) -> str:
         for phase in ("batches", "forward", "backward", "optimizer", "validation"):
             row(f"{stage}: {phase} s", lambda r, s=stage, p=phase: (r["phases"].get(s) or {}).get(p))
     row("peak RSS MB (the process tree)", lambda r: r["peak_mb"])
-    row("**test mean mR**", lambda r: r["mR"])
+    if any(r["en->x R@1"] for r in results.values()):  # the real text: no images, R@1 across languages
+        for pair in sorted({p for r in results.values() for p in r["en->x R@1"]}):
+            row(f"test {pair} R@1 (MULE layer)", lambda r, p=pair: r["en->x R@1"].get(p))
+        row("**test mean en->x R@1**", lambda r: r["mR"])
+    else:
+        row("**test mean mR**", lambda r: r["mR"])
     return "\n".join(lines)
 
 
@@ -164,7 +192,10 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1, help="runs of each (the table shows the median's run)")
     parser.add_argument("--quiet-wait", type=float, default=300, help="seconds to wait for a quiet machine before a run")
     parser.add_argument("--log", type=Path, help="append each run's output here as it comes, with seconds since its start")
+    parser.add_argument("--source", type=Path, default=REAL_TEXT, help="--size real-text: the Multi30K folder")
     args = parser.parse_args()
+    if args.size == "real-text" and not (args.source / "data").is_dir():
+        sys.exit(f"--size real-text needs the official Multi30K files: {args.source / 'data'} is not a folder (--source)")
     root = args.root or Path(tempfile.mkdtemp(prefix="mule-stage-times-"))
     try:
         head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -192,13 +223,13 @@ def main() -> None:
             workdir = root / f"{name.split()[0]}-{n}"
             if workdir.exists() and any(workdir.iterdir()):  # its stages would be reused, not timed
                 sys.exit(f"{workdir} is not empty: each run starts from an empty workdir (another --root?)")
-            print(f"{name}: mule demo in {workdir} ...", flush=True)
+            print(f"{name}: mule {mule_command(args.size, args.source)[0][0]} in {workdir} ...", flush=True)
             wait_quiet(args.quiet_wait)
             if args.log:
                 with open(args.log, "a") as sink:
-                    sink.write(f"== {name}: mule demo in {workdir}\n")
-            runs.append(run_demo(checkout, workdir, args.size, args.sets, args.preset, args.log))
-            print(f"  {runs[-1]['wall']:.1f} s, test mR {runs[-1]['mR']:.2f}", flush=True)
+                    sink.write(f"== {name}: {workdir}\n")
+            runs.append(run_demo(checkout, workdir, args.size, args.sets, args.preset, args.log, args.source))
+            print(f"  {runs[-1]['wall']:.1f} s, test recall {runs[-1]['mR']:.2f}", flush=True)
         results[name] = sorted(runs, key=lambda r: r["wall"])[len(runs) // 2]
     print("\n" + table(results))
 
