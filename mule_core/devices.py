@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -56,6 +57,20 @@ def worker_processes(count: int) -> ProcessPoolExecutor:
 
     return ProcessPoolExecutor(count, mp_context=get_context("spawn"), initializer=signal.signal,
                                initargs=(signal.SIGINT, signal.SIG_IGN))  # fmt: skip
+
+
+@contextmanager
+def process_map(count: int, chunksize: int = 1) -> Iterator[Callable[..., Iterator]]:
+    """`map`, results in order, on `count` of worker_processes' processes; the builtin
+    map when `count` is below 2. On a stop the chunks not started are dropped."""
+    if count < 2:
+        yield map
+        return
+    pool = worker_processes(count)
+    try:
+        yield functools.partial(pool.map, chunksize=chunksize)
+    finally:
+        pool.shutdown(cancel_futures=True)
 
 
 def use_cpu_threads(requested: int) -> int:

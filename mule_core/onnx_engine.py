@@ -73,6 +73,6 @@ class OnnxExtractor:
         array = np.ascontiguousarray(crops.cpu().numpy())
         slices = np.array_split(array, min(self.threads, len(array))) if self._pool else [array]
         # the first slice on the calling thread, the others on the pool's
-        others = [self._pool.submit(self._run, part) for part in slices[1:]] if len(slices) > 1 else []
+        others = [self._pool.submit(self._run, part) for part in slices[1:]]
         parts = [self._run(slices[0]), *(other.result() for other in others)]
         return torch.from_numpy(parts[0] if len(parts) == 1 else np.concatenate(parts))

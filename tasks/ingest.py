@@ -15,7 +15,7 @@ from mule.data_catalog.readers.common import ReadOptions
 from mule.data_catalog.readers.multi30k import read_multi30k
 from mule.data_catalog.readers.table import TableOptions, read_table
 from mule.data_catalog.sources import locate
-from mule.mule_core.devices import cpu_threads, worker_processes
+from mule.mule_core.devices import cpu_threads, process_map
 from mule.mule_core.languages import tokenizer_name
 from mule.mule_core.progress import Progress
 from mule.mule_core.tokenizers import tokenize_all, tokenizer_version
@@ -31,18 +31,14 @@ def tokenised(pairs: list[tuple[str, str]], overrides: dict[str, str], progress:
     """The words of each (text, lang), in order: on as many processes as torch would take
     threads (OMP_NUM_THREADS, else the cores) when there are enough captions to pay for
     starting them. The words are the same either way."""
-    processes = min(cpu_threads(0), 8, len(pairs) // CHUNK)
+    processes = min(cpu_threads(0), 8, len(pairs) // CHUNK) if len(pairs) >= TOKENISE_IN_PROCESSES_FROM else 1
     chunks = [pairs[i : i + CHUNK] for i in range(0, len(pairs), CHUNK)]
-    pool = worker_processes(processes) if processes >= 2 and len(pairs) >= TOKENISE_IN_PROCESSES_FROM else None
-    try:
-        words = []
-        for chunk in (pool.map if pool else map)(tokenize_all, chunks, itertools.repeat(overrides)):
+    words = []
+    with process_map(processes) as mapper:
+        for chunk in mapper(tokenize_all, chunks, itertools.repeat(overrides)):
             words += chunk
             progress.update(len(chunk))
-        return words
-    finally:
-        if pool is not None:  # on a stop: the chunks not started are dropped
-            pool.shutdown(cancel_futures=True)
+    return words
 
 
 def compute(ctx: StageContext) -> dict[str, Any]:

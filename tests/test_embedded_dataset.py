@@ -40,11 +40,12 @@ def test_processes_rendering_the_images_write_the_same_bytes_as_one(tmp_path, mo
     """Images rendered by a pool of processes (as `mule demo` renders them on several
     cores) are the same files, listed in the same order, as one process writes."""
     from mule.data_catalog.embedded import multi30k_layout
+    from mule.mule_core import devices
 
     pools = []
-    started = multi30k_layout._pool
+    started = devices.worker_processes
     monkeypatch.setattr(multi30k_layout, "PARALLEL_FROM", 0)  # a pool even for these few images
-    monkeypatch.setattr(multi30k_layout, "_pool", lambda n: pools.append(n) or started(n))
+    monkeypatch.setattr(devices, "worker_processes", lambda n: pools.append(n) or started(n))
     spec = EmbeddedSpec(train_images=150, val_images=20, test_images=30, seed=3, image_size=48)
     alone = digest(generate_multi30k(tmp_path / "alone", spec))
     assert pools == []

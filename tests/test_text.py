@@ -139,12 +139,13 @@ def test_the_ingest_stage_s_processes_give_every_caption_the_words_one_process_g
     every tokeniser's language."""
     import logging
 
+    from mule.mule_core import devices
     from mule.mule_core.progress import Progress
     from mule.tasks import ingest
 
     pools = []
-    started = ingest.worker_processes
-    monkeypatch.setattr(ingest, "worker_processes", lambda n: pools.append(n) or started(n))
+    started = devices.worker_processes
+    monkeypatch.setattr(devices, "worker_processes", lambda n: pools.append(n) or started(n))
     monkeypatch.setattr(ingest, "TOKENISE_IN_PROCESSES_FROM", 0)
     monkeypatch.setattr(ingest, "CHUNK", 7)  # chunks of 7, the last one short
     monkeypatch.setenv("OMP_NUM_THREADS", "2")  # two processes, whatever the machine

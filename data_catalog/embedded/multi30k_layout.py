@@ -21,12 +21,11 @@ import functools
 import gzip
 import json
 import random
-from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from mule.mule_core.devices import worker_processes
+from mule.mule_core.devices import process_map
 
 from . import lang_cs, lang_de, lang_en, lang_fr, staging
 from .plans import sample_plan
@@ -106,16 +105,6 @@ def _write_image(spec: EmbeddedSpec, split: str, images: Path, index: int) -> tu
 PARALLEL_FROM = 512
 
 
-def _written_images(spec: EmbeddedSpec, split: str, n: int, images: Path,
-                    pool: ProcessPoolExecutor | None) -> Iterator[tuple[dict, dict, dict]]:  # fmt: skip
-    """Images 1..n of `split`, in order. Each is a function of (seed, split, index) alone,
-    so processes of a pool write the same bytes as one process would."""
-    work = functools.partial(_write_image, spec, split, images)
-    if pool is None:
-        return map(work, range(1, n + 1))
-    return pool.map(work, range(1, n + 1), chunksize=64)
-
-
 def write_lexicons(directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     source = lang_en.LEXICON
@@ -153,23 +142,16 @@ def generate_multi30k(root: Path, spec: EmbeddedSpec, progress: Callable[[int, i
         (tmp / "data" / task / "raw").mkdir(parents=True)
 
     total = sum(spec.sizes().values())
-    pool = _pool(processes) if processes > 1 and total >= PARALLEL_FROM else None
-    try:
-        _write_splits(tmp, spec, pool, progress)
-    finally:
-        if pool is not None:  # on a stop: the queued images are dropped, not rendered first
-            pool.shutdown(cancel_futures=True)
+    with process_map(min(processes, 8) if total >= PARALLEL_FROM else 1, chunksize=64) as mapper:
+        _write_splits(tmp, spec, mapper, progress, total)
     write_lexicons(tmp / "dictionaries")
     return staging.publish(tmp, root, spec, code)
 
 
-def _pool(processes: int) -> ProcessPoolExecutor:
-    return worker_processes(min(processes, 8))
-
-
-def _write_splits(tmp: Path, spec: EmbeddedSpec, pool: ProcessPoolExecutor | None,
-                  progress: Callable[[int, int], None] | None) -> None:  # fmt: skip
-    total = sum(spec.sizes().values())
+def _write_splits(tmp: Path, spec: EmbeddedSpec, mapper: Callable, progress: Callable[[int, int], None] | None,
+                  total: int) -> None:  # fmt: skip
+    """Every split's images and caption files. Each image is a function of (seed, split,
+    index) alone, so `mapper` (map, or a pool's) writes the same bytes in the same order."""
     done = 0
     with open(tmp / "scenes.jsonl", "w", encoding="utf-8") as scenes_file:
         for split, n in spec.sizes().items():
@@ -179,7 +161,8 @@ def _write_splits(tmp: Path, spec: EmbeddedSpec, pool: ProcessPoolExecutor | Non
             task2_lines: dict[tuple[int, str], list[str]] = {
                 (i, lang): [] for i in range(1, CAPTIONS_PER_IMAGE + 1) for lang in TASK2_LANGS
             }
-            for meta, task2, task1 in _written_images(spec, split, n, tmp / "images", pool):
+            for meta, task2, task1 in mapper(functools.partial(_write_image, spec, split, tmp / "images"),
+                                             range(1, n + 1)):  # fmt: skip
                 names.append(meta["image"])
                 scenes_file.write(json.dumps(meta) + "\n")
                 for lang in TASK1_LANGS:
