@@ -164,6 +164,10 @@ class CropTransform:
     """PIL image -> (crops x 3 x input_size x input_size) uint8 tensor.
 
     1: centre crop; 5: four corners and centre; 10: those five of the mirrored image.
+    The same pixels as torchvision's Resize(shorter side) then CenterCrop / FiveCrop /
+    TenCrop on a PIL image (tests/test_features.py compares them), written with PIL and
+    numpy: importing torchvision takes about 2 s (it imports torch._dynamo), which every
+    process that extracts features or serves an image query would pay.
     Pixels stay uint8 (no torch arithmetic here): decoding threads then never compete
     with the model for torch's thread pool, and the backbone normalises whole batches.
     A class rather than a closure so it pickles (Dask workers, DataLoader processes).
@@ -172,18 +176,51 @@ class CropTransform:
     def __init__(self, input_size: int, resize: int, crops: int):
         if crops not in (1, 5, 10):
             raise ValueError(f"crops must be 1, 5 or 10, got {crops}")
-        self.crops = crops
-        from torchvision import transforms
-
+        self.crops, self.size = crops, input_size
         self.shorter_side = resize_for(input_size, resize)  # what the image is resized to before cropping
-        self.resize = transforms.Resize(self.shorter_side)
-        self.crop = {1: transforms.CenterCrop, 5: transforms.FiveCrop, 10: transforms.TenCrop}[crops](input_size)
+        if crops > 1 and self.shorter_side < input_size:
+            raise ValueError(f"{crops} crops of {input_size} px need images resized to at least {input_size} px, "
+                             f"not {self.shorter_side}")  # fmt: skip
 
     def __call__(self, image: Image.Image) -> torch.Tensor:
-        cropped = self.crop(self.resize(image.convert("RGB")))
+        pixels = np.asarray(resize_shorter_side(image.convert("RGB"), self.shorter_side))
         if self.crops == 1:
-            cropped = (cropped,)
-        return torch.from_numpy(np.stack([np.asarray(c) for c in cropped])).permute(0, 3, 1, 2)
+            crops = [centre_crop(pixels, self.size)]
+        else:
+            crops = corners_and_centre(pixels, self.size)
+            if self.crops == 10:
+                crops += corners_and_centre(pixels[:, ::-1], self.size)
+        return torch.from_numpy(np.stack(crops)).permute(0, 3, 1, 2)
+
+
+def resize_shorter_side(image: Image.Image, size: int) -> Image.Image:
+    """The image with its shorter side `size` px, bilinear (PIL antialiases), its longer
+    side in proportion, rounded down; unchanged if it has that size already."""
+    w, h = image.size
+    short, long = (w, h) if w <= h else (h, w)
+    new_long = int(size * long / short)
+    new_w, new_h = (size, new_long) if w <= h else (new_long, size)
+    return image if (new_w, new_h) == (w, h) else image.resize((new_w, new_h), Image.BILINEAR)
+
+
+def centre_crop(pixels: np.ndarray, size: int) -> np.ndarray:
+    """The centred size x size square of (H x W x 3) pixels; a smaller image is padded
+    with black first, half on each side (the odd pixel after)."""
+    h, w = pixels.shape[:2]
+    if size > h or size > w:
+        pad_h, pad_w = max(size - h, 0), max(size - w, 0)
+        pixels = np.pad(pixels, ((pad_h // 2, (pad_h + 1) // 2), (pad_w // 2, (pad_w + 1) // 2), (0, 0)))
+        h, w = pixels.shape[:2]
+    top, left = int(round((h - size) / 2.0)), int(round((w - size) / 2.0))
+    return pixels[top : top + size, left : left + size]
+
+
+def corners_and_centre(pixels: np.ndarray, size: int) -> list[np.ndarray]:
+    """Top-left, top-right, bottom-left, bottom-right, then centre: size x size each."""
+    h, w = pixels.shape[:2]
+    corners = [pixels[top : top + size, left : left + size] for top, left in
+               ((0, 0), (0, w - size), (h - size, 0), (h - size, w - size))]  # fmt: skip
+    return [*corners, centre_crop(pixels, size)]
 
 
 def network_input(crops: torch.Tensor, name: str) -> torch.Tensor:

@@ -1,7 +1,10 @@
 """Image features: crops, averaging, extractor names, ImageNet weights offline."""
 
+import subprocess
+import sys
 import time
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -16,6 +19,47 @@ from mule.mule_core.features import build_resnet, crop_transform, extract
 def test_crop_transform_shapes(crops):
     tensor = crop_transform(32, 40, crops)(Image.new("RGB", (60, 50), "blue"))
     assert tensor.shape == (crops, 3, 32, 32)
+
+
+# (image width, height, mode), crop size, resize: landscape, portrait, square, odd sides
+# (the centre's rounding), already at the shorter side (no resize), smaller than the crop
+# (one crop: padded), and the modes images come in.
+CASES = [((60, 50, "RGB"), 32, 40), ((50, 77, "RGB"), 32, 40), ((64, 64, "RGB"), 32, 64), ((91, 47, "L"), 33, 37),
+         ((37, 120, "RGBA"), 32, 37), ((45, 31, "P"), 24, 0), ((300, 200, "CMYK"), 224, 0), ((20, 12, "RGB"), 32, 16)]
+
+
+@pytest.mark.parametrize("crops", [1, 5, 10])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0][0]}x{c[0][1]}{c[0][2]}-{c[1]}px-resize{c[2]}")
+def test_crops_are_torchvision_s_pixel_for_pixel(case, crops):
+    """The crops are those of torchvision's Resize(shorter side) + CenterCrop / FiveCrop /
+    TenCrop on the PIL image, byte for byte (what the features stage computed with them)."""
+    from torchvision import transforms
+
+    (w, h, mode), size, resize = case
+    shorter = crop_transform(size, resize, 1).shorter_side
+    if crops > 1 and shorter < size:
+        with pytest.raises(ValueError, match=f"at least {size} px"):  # torchvision's raises too, per image
+            crop_transform(size, resize, crops)
+        return
+    pixels = np.random.default_rng(w * h).integers(0, 256, (h, w, 4 if mode in ("RGBA", "CMYK") else 3), np.uint8)
+    image = Image.fromarray(pixels[..., :3] if mode in ("RGB", "L", "P") else pixels).convert(mode)
+    cropper = {1: transforms.CenterCrop, 5: transforms.FiveCrop, 10: transforms.TenCrop}[crops](size)
+    theirs = cropper(transforms.Resize(shorter)(image.convert("RGB")))
+    theirs = (theirs,) if crops == 1 else theirs
+    want = torch.from_numpy(np.stack([np.asarray(c) for c in theirs])).permute(0, 3, 1, 2)
+    got = crop_transform(size, resize, crops)(image)
+    assert got.dtype == torch.uint8 and got.shape == want.shape == (crops, 3, size, size)
+    assert torch.equal(got, want)
+
+
+def test_cropping_imports_no_torchvision():
+    """torchvision costs about 2 s to import; a process that only crops and extracts with
+    ONNX Runtime (the CPU's engine) or serves queries never pays it."""
+    script = ("import sys\nfrom PIL import Image\nfrom mule.tasks.support.extraction import ImageCrops\n"
+              "from mule.mule_core.features import crop_transform\n"
+              "crop_transform(32, 0, 10)(Image.new('RGB', (50, 40)))\nprint('torchvision' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
 
 
 def test_features_are_the_mean_over_crops_and_random_weights_are_seeded():
