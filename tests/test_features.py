@@ -24,8 +24,16 @@ def test_crop_transform_shapes(crops):
 # (image width, height, mode), crop size, resize: landscape, portrait, square, odd sides
 # (the centre's rounding), already at the shorter side (no resize), smaller than the crop
 # (one crop: padded), and the modes images come in.
-CASES = [((60, 50, "RGB"), 32, 40), ((50, 77, "RGB"), 32, 40), ((64, 64, "RGB"), 32, 64), ((91, 47, "L"), 33, 37),
-         ((37, 120, "RGBA"), 32, 37), ((45, 31, "P"), 24, 0), ((300, 200, "CMYK"), 224, 0), ((20, 12, "RGB"), 32, 16)]
+CASES = [
+    ((60, 50, "RGB"), 32, 40),
+    ((50, 77, "RGB"), 32, 40),
+    ((64, 64, "RGB"), 32, 64),
+    ((91, 47, "L"), 33, 37),
+    ((37, 120, "RGBA"), 32, 37),
+    ((45, 31, "P"), 24, 0),
+    ((300, 200, "CMYK"), 224, 0),
+    ((20, 12, "RGB"), 32, 16),
+]
 
 
 @pytest.mark.parametrize("crops", [1, 5, 10])
@@ -55,9 +63,11 @@ def test_crops_are_torchvision_s_pixel_for_pixel(case, crops):
 def test_cropping_imports_no_torchvision():
     """torchvision costs about 2 s to import; a process that only crops and extracts with
     ONNX Runtime (the CPU's engine) or serves queries never pays it."""
-    script = ("import sys\nfrom PIL import Image\nfrom mule.tasks.support.extraction import ImageCrops\n"
-              "from mule.mule_core.features import crop_transform\n"
-              "crop_transform(32, 0, 10)(Image.new('RGB', (50, 40)))\nprint('torchvision' in sys.modules)")
+    script = (
+        "import sys\nfrom PIL import Image\nfrom mule.tasks.support.extraction import ImageCrops\n"
+        "from mule.mule_core.features import crop_transform\n"
+        "crop_transform(32, 0, 10)(Image.new('RGB', (50, 40)))\nprint('torchvision' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
