@@ -1,5 +1,6 @@
 """The trainer: it learns, keeps the best validation epoch, and resumes exactly."""
 
+import io
 import math
 from dataclasses import replace
 
@@ -11,7 +12,7 @@ from mule.mule_core.config import LossConfig, ModelConfig, PretrainConfig, Train
 from mule.mule_core.dataset import SplitTensors
 from mule.mule_core.losses import image_sentence_loss, neighborhood_loss
 from mule.mule_core.model import MuleModel
-from mule.mule_core.training import Trainer, evaluate_split
+from mule.mule_core.training import BEST_IS_KEPT, Trainer, evaluate_split
 
 LANGS = ["en", "fr"]
 
@@ -134,6 +135,40 @@ def test_resuming_from_a_checkpoint_gives_the_same_model(mode):
     resumed.fit()
     for key, value in straight.model.state_dict().items():
         assert torch.allclose(value, resumed.model.state_dict()[key], atol=1e-6), key
+
+
+def test_a_checkpoint_names_the_best_epoch_s_copies_when_they_are_the_kept_weights():
+    """Right after a best epoch the checkpoint does not store the best weights and optimizer
+    state a second time (LP on the real text: 4 copies of 89 M parameters instead of 7);
+    resumed, they are there all the same. After an epoch that was not the best, they are stored."""
+
+    def through_a_file(state):  # as Checkpoints writes and reads it: torch's weights_only loader
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        return torch.load(io.BytesIO(buffer.getvalue()), weights_only=True), buffer.tell()
+
+    data = toy_split()
+    first = Trainer(toy_model(), data, LOSS, optim(4), torch.device("cpu"), validate=_mean_mr_on(data))
+    first.run_epoch()
+    assert first.best_epoch == first.epoch == 1
+    now, now_bytes = through_a_file(first.state_dict())
+    assert now["best_state"] == now["best_optimizer"] == BEST_IS_KEPT
+    first.best_score = math.inf  # epoch 2 cannot be the best
+    first.run_epoch()
+    assert first.best_epoch == 1 and first.epoch == 2
+    before, before_bytes = through_a_file(first.state_dict())
+    assert isinstance(before["best_state"], dict) and isinstance(before["best_optimizer"], dict)
+    assert now_bytes < 0.7 * before_bytes
+
+    for state, epoch in ((now, 1), (before, 2)):
+        resumed = Trainer(toy_model(), data, LOSS, optim(4), torch.device("cpu"), validate=_mean_mr_on(data))
+        resumed.load_state_dict(state)
+        assert resumed.epoch == epoch and resumed.best_epoch == 1
+        assert resumed.best_state.keys() == first.best_state.keys()
+        assert all(torch.equal(v, first.best_state[k]) for k, v in resumed.best_state.items())
+        assert resumed.best_optimizer["param_groups"] == first.best_optimizer["param_groups"]
+        for key, moments in first.best_optimizer["state"].items():
+            assert all(torch.equal(v, resumed.best_optimizer["state"][key][name]) for name, v in moments.items())
 
 
 def test_lp_trains_only_the_mule_layers():
@@ -306,7 +341,6 @@ def test_a_resumed_run_keeps_the_guards_state():
 
 
 def test_learning_rate_warms_up_and_decays_in_steps():
-
     trainer = Trainer(toy_model(), toy_split(), LOSS, replace(optim(2), warmup_steps=4, lr_decay=0.5, decay_steps=2),
                       torch.device("cpu"))  # fmt: skip
     lrs = [trainer.optimizer.param_groups[0]["lr"]]
@@ -361,7 +395,6 @@ def test_each_mode_keeps_its_own_margin(mode):
 
 
 def test_the_adversary_ramps_up_in_steps():
-
     trainer = Trainer(toy_model(), toy_split(), replace(LOSS, lc_weight=0.2, lc_ramp_steps=100), optim(1),
                       torch.device("cpu"))  # fmt: skip
     assert trainer.lc_scale() == 0.0
