@@ -71,8 +71,11 @@ def _from_mlflow(uri: str, tracking_uri: str | None):
     Embedder, as its pyfunc wrapper opened it."""
     import mlflow
 
+    from mule.experiments.tracking import mlflow_knows_installed_packages
+
     if tracking_uri:
         mlflow.set_tracking_uri(tracking_uri)
+    mlflow_knows_installed_packages()
     wrapped = mlflow.pyfunc.load_model(uri).unwrap_python_model()
     embedder = getattr(wrapped, "embedder", None)
     if embedder is None:

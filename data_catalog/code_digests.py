@@ -225,6 +225,13 @@ def _packages_distributions() -> dict[str, list[str]]:
     return found
 
 
+def installed_packages() -> dict[str, list[str]]:
+    """Import name -> the distributions that provide it (importlib's
+    packages_distributions()), from the user's cache while the installed distributions
+    stay the same."""
+    return {name: list(dists) for name, dists in _packages_distributions().items()}
+
+
 def _installed_signature() -> str:
     """Which distributions are installed where (their metadata folders), as a digest."""
     value = hashlib.sha256(sys.prefix.encode())

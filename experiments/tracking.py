@@ -51,6 +51,44 @@ class WorkdirError(UserError, RuntimeError):
     """The workdir's stores point outside it, and mule cannot tell how to fix them."""
 
 
+class _CachedPackages:
+    """importlib_metadata with packages_distributions() answered from mule's cache."""
+
+    def __init__(self, module) -> None:
+        self._module = module
+
+    def __getattr__(self, name: str):
+        return getattr(self._module, name)
+
+    @staticmethod
+    def packages_distributions() -> dict[str, list[str]]:
+        from mule.data_catalog.code_digests import installed_packages
+
+        return installed_packages()
+
+
+def mlflow_knows_installed_packages() -> None:
+    """Before MLflow logs or loads a model, which checks the model's requirements against
+    what is installed: MLflow first maps every installed module to its distribution by
+    reading every distribution's RECORD (importlib_metadata.packages_distributions(),
+    1.4-2 s in each process). It gets the map mule keeps in its cache for as long as the
+    same distributions are installed (data_catalog.code_digests) instead. MLflow's map is a
+    private global of mlflow.utils.requirements_utils: where it is not (another MLflow),
+    MLflow builds its own as before."""
+    from mlflow.utils import requirements_utils
+
+    if getattr(requirements_utils, "_MODULES_TO_PACKAGES", ()) is not None:
+        return  # built already (or this MLflow keeps no such map)
+    real = getattr(requirements_utils, "importlib_metadata", None)
+    if real is None or not hasattr(requirements_utils, "_init_modules_to_packages_map"):
+        return
+    requirements_utils.importlib_metadata = _CachedPackages(real)
+    try:
+        requirements_utils._init_modules_to_packages_map()
+    finally:
+        requirements_utils.importlib_metadata = real
+
+
 def metric_name(key: str) -> str:
     """MLflow allows letters, digits and _-. :/ in metric names; 'en->de' becomes 'en_to_de'."""
     return _INVALID_METRIC_CHARS.sub("_", key.replace("->", "_to_").replace("@", "_at_"))

@@ -168,6 +168,9 @@ def log_model(tracking_uri: str, run_id: str, model_file: Path, examples: list[t
         artifacts["extractor_weights"] = str(weights_file)
     example = pd.DataFrame({"text": [text for _, text in examples],
                             "lang": [lang if i == 0 else None for i, (lang, _) in enumerate(examples)]})  # fmt: skip
+    from mule.experiments.tracking import mlflow_knows_installed_packages
+
+    mlflow_knows_installed_packages()
     mlflow.set_tracking_uri(tracking_uri)
     quiet = logging.getLogger("mlflow.models")
     level = quiet.level

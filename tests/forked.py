@@ -43,9 +43,12 @@ for name in ("torch", "torchvision", "timm", "onnxruntime", "fasttext", "duckdb"
         importlib.import_module(name)
     except ImportError:
         pass
-try:  # the installed packages' module map MLflow builds to check a logged model's requirements (1.9 s)
+try:  # the installed packages' module map MLflow checks a logged model's requirements with
     from mlflow.utils.requirements_utils import _init_packages_to_modules_map
 
+    from mule.experiments.tracking import mlflow_knows_installed_packages
+
+    mlflow_knows_installed_packages()  # from mule's cache, as `mule` gives it (not 1.9 s of RECORD files)
     _init_packages_to_modules_map()
 except ImportError:
     pass

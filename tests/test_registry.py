@@ -64,3 +64,33 @@ def test_a_trained_model_is_registered_once_whoever_publishes_it(tmp_path):
     assert again["version"] == first["version"] == 1 and again["champion"] is True
     later = client.create_run(experiment).info.run_id  # the run that published it after the stop
     assert registry.tag_test_results(wd, "toy", {**record, "run_id": later}, "test_2016", 41.0, {"en": {"mR": 41.0}}) == 1
+
+
+def test_mlflow_checks_a_model_s_requirements_with_mule_s_cached_package_map():
+    """Logging or loading a model, MLflow maps every installed module to its distribution
+    (1.4-2 s of RECORD files per process); it gets mule's cached map instead, and still
+    warns about a requirement the environment does not meet. In a fresh process, where
+    MLflow has built no map yet; reading RECORD files there would raise."""
+    import subprocess
+    import sys
+
+    script = """
+import importlib_metadata, logging, sys
+def no(*args, **kwargs):
+    raise AssertionError("MLflow read every RECORD file")
+importlib_metadata.packages_distributions = no
+from mlflow.utils import requirements_utils
+from mule.experiments.tracking import mlflow_knows_installed_packages
+mlflow_knows_installed_packages()
+assert requirements_utils.importlib_metadata is importlib_metadata  # put back
+assert requirements_utils._MODULES_TO_PACKAGES["duckdb"] == ["duckdb"]
+seen = []
+logging.getLogger("mlflow.utils.requirements_utils").addHandler(logging.Handler())
+logging.Handler.emit = lambda self, record: seen.append(record.getMessage())
+requirements_utils.warn_dependency_requirement_mismatches(["duckdb==0.0.1", "numpy"])
+print(seen)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    warning = done.stdout
+    assert "duckdb (current: " in warning and "required: duckdb==0.0.1" in warning and "numpy" not in warning
