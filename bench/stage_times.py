@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -191,7 +192,7 @@ def main() -> None:
     parser.add_argument("--size", choices=sorted(SIZES), default="demo")
     parser.add_argument("--set", dest="sets", action="append", default=[])
     parser.add_argument("--preset", help="the preset to run (default: the dataset's, `default` for --size 29k)")
-    parser.add_argument("--root", type=Path)
+    parser.add_argument("--root", type=Path, help="where the workdirs go (kept); default a temporary folder, removed after")
     parser.add_argument("--runs", type=int, default=1, help="runs of each (the table shows the median's run)")
     parser.add_argument("--quiet-wait", type=float, default=300, help="seconds to wait for a quiet machine before a run")
     parser.add_argument("--log", type=Path, help="append each run's output here as it comes, with seconds since its start")
@@ -219,6 +220,19 @@ def main() -> None:
 
     if torch.cuda.is_available():  # the stages' device "auto" then picks it
         print(f"GPU: {torch.cuda.get_device_name(0)}; torch {torch.__version__}", flush=True)
+    try:
+        results = measure(checkouts, root, args)
+    finally:  # the baseline's worktree, and the workdirs unless --root named where (29k: gigabytes)
+        if args.baseline:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force",
+                            str(checkouts[f"baseline {args.baseline}"])], capture_output=True)  # fmt: skip
+        if args.root is None:
+            shutil.rmtree(root, ignore_errors=True)
+    print("\n" + table(results))
+
+
+def measure(checkouts: dict[str, Path], root: Path, args) -> dict[str, dict]:
+    """Each checkout's runs (args.runs, one after the other): the median run's figures."""
     results = {}
     for name, checkout in checkouts.items():
         runs = []
@@ -234,7 +248,7 @@ def main() -> None:
             runs.append(run_demo(checkout, workdir, args.size, args.sets, args.preset, args.log, args.source))
             print(f"  {runs[-1]['wall']:.1f} s, test recall {runs[-1]['mR']:.2f}", flush=True)
         results[name] = sorted(runs, key=lambda r: r["wall"])[len(runs) // 2]
-    print("\n" + table(results))
+    return results
 
 
 if __name__ == "__main__":
