@@ -158,6 +158,10 @@ def worktree(commit: str, root: Path) -> Path:
     return path
 
 
+def remove_worktree(path: Path) -> None:
+    subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(path)], capture_output=True)
+
+
 def table(results: dict[str, dict]) -> str:
     names = list(results)
     lines = ["| | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
@@ -224,8 +228,7 @@ def main() -> None:
         results = measure(checkouts, root, args)
     finally:  # the baseline's worktree, and the workdirs unless --root named where (29k: gigabytes)
         if args.baseline:
-            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force",
-                            str(checkouts[f"baseline {args.baseline}"])], capture_output=True)  # fmt: skip
+            remove_worktree(checkouts[f"baseline {args.baseline}"])
         if args.root is None:
             shutil.rmtree(root, ignore_errors=True)
     print("\n" + table(results))

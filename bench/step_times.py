@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from stage_times import worktree  # a commit's checkout beside this one (bench/ is on the path)
+from stage_times import remove_worktree, worktree  # a commit's checkout beside this one (bench/ is on the path)
 
 REPO = Path(__file__).resolve().parents[1]
 # Runs this script with a checkout's mule: mule.<folder> maps onto the checkout's folders
@@ -104,8 +104,7 @@ def main() -> None:
                 results[name] = json.loads(done.stdout.strip().splitlines()[-1])
         finally:
             if args.baseline:
-                subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force",
-                                str(checkouts[f"baseline {args.baseline}"])], capture_output=True)  # fmt: skip
+                remove_worktree(checkouts[f"baseline {args.baseline}"])
     names = list(results)
     print(f"inputs {args.inputs}; {args.threads} thread(s); mean of {args.steps} steps after one untimed\n")
     print("| | " + " | ".join(names) + " |")
