@@ -30,6 +30,14 @@ def _in(values) -> str:
     return ", ".join("?" for _ in values)
 
 
+def _in_split(names_sql: str) -> str:
+    """Captions (c) of the splits named: a name that is one of the dataset's splits selects
+    that split alone (`test` is not `test_shoes`, though both play the test role); a name
+    that is no split selects its role (Multi30K's `test` is test_2016)."""
+    return (f"(c.split IN ({names_sql}) OR (c.role IN ({names_sql}) AND c.role NOT IN "
+            f"(SELECT DISTINCT s.split FROM images s WHERE s.dataset = c.dataset)))")
+
+
 # -- captions -------------------------------------------------------------------------
 def caption_selection(catalog: Catalog, dataset: str, selector: str, languages, captions: str) -> pa.Table:
     """The captions of a split (name, role or "all") in `languages` under a training-caption
@@ -40,7 +48,7 @@ def caption_selection(catalog: Catalog, dataset: str, selector: str, languages, 
         f"""SELECT c.caption_id, c.image_id, c.lang, c.tokens, i."exists" AS has_file,
                    COALESCE(c.origin_caption_id, c.caption_id) AS translation_key
             FROM captions c JOIN images i ON i.dataset = c.dataset AND i.image_id = c.image_id
-            WHERE c.dataset = ? AND (? = 'all' OR c.split = ? OR c.role = ?)
+            WHERE c.dataset = ? AND (? = 'all' OR {_in_split("?")})
               AND c.lang IN ({_in(languages)}) AND {CAPTION_SELECTIONS[captions]}
             ORDER BY c.image_id, c.lang, c.caption_id""",
         [dataset, selector, selector, selector, *languages],
@@ -84,7 +92,7 @@ def captions_for_word_vectors(catalog: Catalog, dataset: str, lang: str, caption
 def human_captions_to_translate(catalog: Catalog, dataset: str, splits) -> list[dict]:
     return catalog.query(
         f"""SELECT caption_id, image_id, split, role, lang, text, tokens FROM captions c
-            WHERE dataset = ? AND NOT {_IS_MT} AND (split IN ({_in(splits)}) OR role IN ({_in(splits)}))
+            WHERE dataset = ? AND NOT {_IS_MT} AND {_in_split(_in(splits))}
             ORDER BY caption_id""",
         [dataset, *splits, *splits],
     ).to_pylist()

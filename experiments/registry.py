@@ -29,6 +29,7 @@ from mule.mule_core.errors import UserError
 from . import tracking
 
 CHAMPION = "champion"
+SETTLED = "mule.champion_settled"  # the version's champion decision is carried out
 
 
 class RegistryError(UserError, LookupError):
@@ -72,7 +73,8 @@ def model_identity(train_record: dict | None) -> str:
 
 def registered_for(workdir: Workdir, dataset: str, model_identity: str) -> dict[str, Any] | None:
     """The version already registered for this train key (a run that registered it and
-    stopped before its record said so), as register() returns it; None when there is none."""
+    stopped before its record said so), as register() returns it, its champion decision
+    finished if the stop came before that; None when there is none."""
     if not model_identity:
         return None
     client, name = tracking.client(workdir), model_name(dataset)
@@ -84,10 +86,9 @@ def registered_for(workdir: Workdir, dataset: str, model_identity: str) -> dict[
     if not found:
         return None
     version = min(found, key=lambda v: int(v.version))
-    champion = _champion(client, name)
-    return {"model": name, "version": int(version.version),
-            "champion": champion is not None and champion.version == version.version,
-            "why": version.tags.get("mule.champion_decision", "") + " (registered before, by the run that trained it)"}  # fmt: skip
+    settled = _settle(client, name, version)
+    settled["why"] += " (registered before, by the run that trained it)"
+    return settled
 
 
 def _champion(client, name: str):
@@ -95,6 +96,50 @@ def _champion(client, name: str):
         return client.get_model_version_by_alias(name, CHAMPION)
     except MlflowException:
         return None
+
+
+def _decide(client, name: str, version) -> tuple[bool, str]:
+    """Whether `version` should hold the alias, against the champion other than itself."""
+    champion = _champion(client, name)
+    if champion is None:
+        return True, "first model of this dataset"
+    if champion.version == version.version:
+        return True, version.tags.get("mule.champion_decision") or "champion"
+    tags, mine = champion.tags, version.tags
+    # Comparable: the same languages, measured on the same validation images. The split a
+    # model's test mR is named by (eval.split) is not its validation: it never blocks.
+    same = (tags.get("mule.languages"), tags.get("mule.val_split")) == (mine.get("mule.languages"),
+                                                                         mine.get("mule.val_split"))  # fmt: skip
+    best, mine_mr = float(tags.get("mule.val_mR", "nan")), float(mine.get("mule.val_mR", "nan"))
+    if not same:
+        return False, (f"not comparable with champion v{champion.version} (other languages or validation "
+                       "images); promote it by hand if it should serve")  # fmt: skip
+    if mine_mr > best:
+        return True, f"val mR {mine_mr:.2f} beats champion v{champion.version} ({best:.2f})"
+    return False, f"val mR {mine_mr:.2f} does not beat champion v{champion.version} ({best:.2f})"
+
+
+def _settle(client, name: str, version) -> dict[str, Any]:
+    """The champion decision for a version, made and carried out until it is settled.
+
+    A version's writes are: the version with its tags (one write), its decision (a tag),
+    the alias when it wins, and `mule.champion_settled`. A stop or an error between any two
+    leaves the version unsettled, and the next publish of the same model (registered_for)
+    decides again against the registry as it is then and finishes: the registry ends as an
+    uninterrupted run leaves it. Settled versions are never decided again (a champion moved
+    by hand stays where it was put)."""
+    if version.tags.get(SETTLED) == "true":
+        champion = _champion(client, name)
+        return {"model": name, "version": int(version.version),
+                "champion": champion is not None and champion.version == version.version,
+                "why": version.tags.get("mule.champion_decision", "")}  # fmt: skip
+    promote, why = _decide(client, name, version)
+    if version.tags.get("mule.champion_decision") != why:
+        client.set_model_version_tag(name, version.version, "mule.champion_decision", why)
+    if promote:
+        client.set_registered_model_alias(name, CHAMPION, version.version)
+    client.set_model_version_tag(name, version.version, SETTLED, "true")
+    return {"model": name, "version": int(version.version), "champion": promote, "why": why}
 
 
 def register(workdir: Workdir, candidate: Candidate) -> dict[str, Any]:
@@ -106,30 +151,10 @@ def register(workdir: Workdir, candidate: Candidate) -> dict[str, Any]:
         client.create_registered_model(name, description=f"mule models trained on {candidate.dataset}; "
                                        f"alias {CHAMPION!r}: the best validation mR so far")  # fmt: skip
     version = client.create_model_version(name, candidate.source, run_id=candidate.run_id, tags=_tags(candidate))
-    champion = _champion(client, name)
-    if champion is None:
-        promote, why = True, "first model of this dataset"
-    else:
-        tags = champion.tags
-        same = (tags.get("mule.languages"), tags.get("mule.val_split"), tags.get("mule.eval_split")) == (
-            ",".join(candidate.languages), candidate.val_split, candidate.eval_split)  # fmt: skip
-        best = float(tags.get("mule.val_mR", "nan"))
-        if not same:
-            promote, why = False, (f"not comparable with champion v{champion.version} (other languages or "
-                                   "validation images); promote it by hand if it should serve")  # fmt: skip
-        elif candidate.val_mR > best:
-            promote, why = True, f"val mR {candidate.val_mR:.2f} beats champion v{champion.version} ({best:.2f})"
-        else:
-            promote, why = (
-                False,
-                f"val mR {candidate.val_mR:.2f} does not beat champion v{champion.version} ({best:.2f})",
-            )
-    if promote:
-        client.set_registered_model_alias(name, CHAMPION, version.version)
-    client.set_model_version_tag(name, version.version, "mule.champion_decision", why)
+    decided = _settle(client, name, version)
     logging.getLogger("mule.registry").info("registered %s version %s; %s: %s", name, version.version,
-                  f"now {CHAMPION}" if promote else f"{CHAMPION} stays", why)  # fmt: skip
-    return {"model": name, "version": int(version.version), "champion": promote, "why": why}
+                  f"now {CHAMPION}" if decided["champion"] else f"{CHAMPION} stays", decided["why"])  # fmt: skip
+    return decided
 
 
 def tag_test_results(workdir: Workdir, dataset: str, train: dict | None, split: str, mean_mr: float | None,

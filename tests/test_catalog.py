@@ -126,3 +126,39 @@ def test_feature_parts_resume_and_read_back_in_order(tmp_path):
         catalog.read_features("d", "x1", ["i1", "i9"])
     catalog.refresh_views()
     assert catalog.query("SELECT count(*) AS n FROM features WHERE extractor = 'x1'")["n"][0].as_py() == 3
+
+
+def test_a_split_name_reads_that_split_alone_and_a_role_reads_its_splits(tmp_path):
+    """A table with splits `test` and `test_shoes` (both in the test role): evaluating `test`
+    reads `test` alone, `tests` each of the two; Multi30K's `test` (no split of that
+    name) reads its role, test_2016."""
+    from mule.data_catalog import queries
+    from mule.data_catalog.schemas import CAPTIONS, IMAGES
+
+    catalog = Catalog(Workdir.at(tmp_path))
+    splits = {"shop": [("a", "train", "train"), ("b", "test", "test"), ("c", "test_shoes", "test")],
+              "m30k": [("x", "train", "train"), ("y", "test_2016", "test")]}  # fmt: skip
+    for dataset, rows in splits.items():
+        n = len(rows)
+        catalog.write_table("images", dataset, pa.table({
+            "dataset": [dataset] * n, "image_id": [r[0] for r in rows], "file_name": [r[0] for r in rows],
+            "path": [r[0] for r in rows], "split": [r[1] for r in rows], "role": [r[2] for r in rows],
+            "exists": [True] * n, "sha256": [r[0] for r in rows], "width": [1] * n, "height": [1] * n}, schema=IMAGES))  # fmt: skip
+        catalog.write_table("captions", dataset, pa.table({
+            "caption_id": [f"{r[0]}1" for r in rows], "dataset": [dataset] * n, "image_id": [r[0] for r in rows],
+            "split": [r[1] for r in rows], "role": [r[2] for r in rows], "lang": ["en"] * n,
+            "text": ["a dog"] * n, "tokens": [["a", "dog"]] * n, "source": ["table"] * n, "source_file": ["t"] * n,
+            "line": list(range(n)), "origin_caption_id": [None] * n, "also_in": [None] * n,
+            "source_version": [None] * n}, schema=CAPTIONS))  # fmt: skip
+
+    def images(dataset: str, selector: str) -> list[str]:
+        return queries.caption_selection(catalog, dataset, selector, ["en"], "human")["image_id"].to_pylist()
+
+    assert images("shop", "test") == ["b"]
+    assert images("shop", "test_shoes") == ["c"]
+    assert queries.evaluation_splits(catalog, "shop", "test") == [("test", "test")]
+    assert queries.evaluation_splits(catalog, "shop", "tests") == [("test", "test"), ("test_shoes", "test_shoes")]
+    assert images("m30k", "test") == ["y"]  # the role, named by its one split
+    assert queries.evaluation_splits(catalog, "m30k", "test") == [("test", "test_2016")]
+    assert [r["image_id"] for r in queries.human_captions_to_translate(catalog, "shop", ["test"])] == ["b"]
+    assert images("shop", "all") == ["a", "b", "c"]
