@@ -32,6 +32,7 @@ from mule.mule_core.errors import UserError
 
 from .workdir import Workdir
 
+BRIEF_S = 60.0  # how long a brief holder is waited for
 _held: dict[str, int] = {}  # lock file -> descriptor, for the locks this process holds
 _runs: dict[str, str] = {}  # lock file -> this holding's token (what a remote worker checks)
 
@@ -46,8 +47,8 @@ def _describe(info: dict) -> str:
             f"`{info.get('command')}`, since {since}")  # fmt: skip
 
 
-def _write_holder(fd: int, stage: str, since: float, run: str = "") -> None:
-    info = {"pid": os.getpid(), "host": socket.gethostname(), "stage": stage, "run": run,
+def _write_holder(fd: int, stage: str, since: float, run: str = "", brief: bool = False) -> None:
+    info = {"pid": os.getpid(), "host": socket.gethostname(), "stage": stage, "run": run, "brief": brief,
             "command": " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv)), "since": since}  # fmt: skip
     data = json.dumps(info).encode()
     os.ftruncate(fd, 0)
@@ -95,11 +96,14 @@ def holds_lock(workdir: Workdir) -> bool:
 
 @contextmanager
 def workdir_lock(workdir: Workdir, stage: str, wait: bool = False,
-                 waiting: Callable[[dict], None] | None = None) -> Iterator[None]:  # fmt: skip
+                 waiting: Callable[[dict], None] | None = None, patience: float = 0.0,
+                 brief: bool = False) -> Iterator[None]:  # fmt: skip
     """The workdir for this process alone. Held already (a stage inside the rebuild): the
     holder's stage is updated, and put back when the stage ends (not when it fails: the
-    stage a run stopped in is what `last_stage` tells). Held by another process: refused,
-    or with `wait` waited for, `waiting(holder)` told each time the holder's stage changes."""
+    stage a run stopped in is what `last_stage` tells). Held by another process: refused
+    (after `patience` seconds of trying), or with `wait` waited for, `waiting(holder)` told
+    each time the holder's stage changes. A `brief` holder (the recorder of deferred MLflow
+    runs: seconds) is waited for, up to BRIEF_S."""
     global _last_stage
     path = str(workdir.lock_path)
     if path in _held:  # this process already holds it (a stage inside rebuild)
@@ -111,14 +115,15 @@ def workdir_lock(workdir: Workdir, stage: str, wait: bool = False,
         _last_stage = outer
         return
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    told = None
+    told, started = None, time.monotonic()
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             break
         except BlockingIOError:
             info = holder(workdir) or {}
-            if not wait:
+            # a brief holder is waited for a minute at most (a recorder that hangs is refused)
+            if not wait and time.monotonic() - started >= (max(patience, BRIEF_S) if info.get("brief") else patience):
                 os.close(fd)
                 raise WorkdirBusyError(
                     f"the workdir {workdir.root} is in use by another mule process ({_describe(info)}): wait for "
@@ -131,7 +136,7 @@ def workdir_lock(workdir: Workdir, stage: str, wait: bool = False,
     _held[path] = fd
     _runs[path] = uuid.uuid4().hex
     try:
-        _write_holder(fd, stage, time.time(), _runs[path])
+        _write_holder(fd, stage, time.time(), _runs[path], brief)
         _last_stage = stage
         yield
     finally:

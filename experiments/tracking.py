@@ -407,15 +407,16 @@ def _run_tags(cfg, stage: str, parent_run_id: str | None) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def run(workdir: Workdir, cfg, stage: str, parent_run_id: str | None = None) -> Iterator[str]:
+def run(workdir: Workdir, cfg, stage: str, parent_run_id: str | None = None,
+        tags: dict[str, str] | None = None) -> Iterator[str]:  # fmt: skip
     """An MLflow run for one stage (child of parent_run_id) or one rebuild (parent).
 
-    Logs the resolved config as params and the Prefect flow-run id as a tag; ends
-    FINISHED, or FAILED if the body raises.
+    Logs the resolved config as params and the Prefect flow-run id as a tag (and `tags`,
+    from its creation on); ends FINISHED, or FAILED if the body raises.
     """
     c = client(workdir)
     created = c.create_run(
-        experiment_id(workdir, cfg.data.dataset), run_name=stage, tags=_run_tags(cfg, stage, parent_run_id)
+        experiment_id(workdir, cfg.data.dataset), run_name=stage, tags=_run_tags(cfg, stage, parent_run_id) | (tags or {})
     )
     run_id = created.info.run_id
     tracker = Tracker(workdir, run_id)

@@ -4,16 +4,18 @@ Deciding that every stage is up to date needs the keys, not MLflow (seconds to i
 open its store) nor Prefect nor torch. So the command writes what MLflow is to record (the
 rebuild's run, a run per stage saying "reused" and why, the test recalls) to
 state/unrecorded/<time>.json and hands it to a process of its own, started detached, that
-records it; the next run that tracks anything records what is left first (a killed
-recorder, a machine switched off). A user sees the run in `mule ui` a few seconds after
-the command returned, tagged `mule.recorded_later`.
+records it under the workdir's lock (a run that starts meanwhile waits the seconds it
+takes); the next run that tracks anything records what is left first (a killed recorder,
+a machine switched off). A user sees the run in `mule ui` a few seconds after the command
+returned, tagged `mule.recorded_later`. A record is written once (its runs carry its
+file's name), and one that cannot be written (a config from another version of mule, a
+damaged file) is set aside with one warning: it never blocks a run.
 
     python -m mule.pipeline.deferred WORKDIR      # what the command starts
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import subprocess
@@ -56,43 +58,89 @@ def start_recorder(workdir: Workdir) -> None:
                          stdout=out, stderr=out, start_new_session=True, env={**os.environ, "MULE_DEFERRED": "1"})  # fmt: skip
 
 
-def record_unrecorded(workdir: Workdir) -> int:
-    """Records every deferred no-change rebuild in MLflow, oldest first (one recorder at a
-    time); returns how many. Nothing to do: returns at once, importing nothing more."""
-    pending = sorted(folder(workdir).glob("*.json"))
-    if not pending:
+RECORDING = "recording deferred MLflow runs"
+MARK = "mule.deferred_record"  # on every run a deferred record makes: which record made it
+
+
+def set_aside_folder(workdir: Workdir) -> Path:
+    return folder(workdir) / "set-aside"
+
+
+def record_unrecorded(workdir: Workdir, patience: float = 120.0) -> int:
+    """Records every deferred no-change rebuild in MLflow, oldest first, under the
+    workdir's lock (waiting up to `patience` seconds for it; then the run that holds it, or
+    the next, records them); returns how many. Nothing to do: returns at once, importing
+    nothing more. Never raises for a record: one that cannot be written is set aside
+    (state/unrecorded/set-aside/, with why) with one warning, and the run goes on."""
+    if not list(folder(workdir).glob("*.json")):
         return 0
-    with open(folder(workdir) / "recorder.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        done = 0
-        for path in sorted(folder(workdir).glob("*.json")):  # again: another recorder may have taken some
-            try:
-                deferred = json.loads(path.read_text())
-            except (OSError, ValueError):
-                path.unlink(missing_ok=True)  # cut by a crash: there is nothing to record of it
-                continue
-            _record(workdir, deferred)
-            path.unlink(missing_ok=True)
-            done += 1
-        return done
+    from mule.data_catalog.locks import WorkdirBusyError, workdir_lock
+
+    try:
+        with workdir_lock(workdir, RECORDING, patience=patience, brief=True):
+            return _record_pending(workdir)
+    except WorkdirBusyError:
+        return 0
 
 
-def _record(workdir: Workdir, deferred: dict) -> None:
+def _record_pending(workdir: Workdir) -> int:
+    import logging
+
+    done, failed = 0, []
+    for path in sorted(folder(workdir).glob("*.json")):  # again: another recorder may have taken some
+        try:
+            _record(workdir, json.loads(path.read_text()), path.stem)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as error:  # noqa: BLE001 - any record that cannot be written must not block a run
+            failed.append((path, _set_aside(workdir, path, error)))
+            continue
+        path.unlink(missing_ok=True)
+        done += 1
+    if failed:
+        first, why = failed[0]
+        logging.getLogger("mule.pipeline").warning(
+            "%d deferred MLflow record%s could not be written and %s set aside in %s (kept for a look; runs go on): "
+            "%s: %s", len(failed), "s" if len(failed) > 1 else "", "were" if len(failed) > 1 else "was",
+            set_aside_folder(workdir).relative_to(workdir.root), first.name, why)  # fmt: skip
+    return done
+
+
+def _set_aside(workdir: Workdir, path: Path, error: Exception) -> str:
+    """Moves a record that could not be written out of the way, with why beside it."""
+    why = f"{type(error).__name__}: {error}".strip()
+    aside = set_aside_folder(workdir)
+    aside.mkdir(parents=True, exist_ok=True)
+    os.replace(path, aside / path.name)
+    (aside / f"{path.stem}.why.txt").write_text(why + "\n", encoding="utf-8")
+    return why.splitlines()[0][:200]
+
+
+def _record(workdir: Workdir, deferred: dict, marker: str) -> None:
+    """One deferred record as MLflow runs, once: every run it makes carries its marker, so a
+    recorder that crashed after writing them (before deleting the file) is not repeated,
+    and one that crashed half-way has its runs replaced."""
     from mule.experiments import tracking
 
     from .publish import publish_rebuild
 
     cfg = from_dict(deferred["config"])
+    written = tracking.find_runs(workdir, cfg.data.dataset, f"tags.`{MARK}` = '{marker}'")
+    if any(r.info.status == "FINISHED" and "mlflow.parentRunId" not in r.data.tags for r in written):
+        return
+    client = tracking.client(workdir)
+    for run in written:  # cut by a crash: written again whole
+        client.delete_run(run.info.run_id)
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(deferred["when"]))
     names = {f.name for f in fields(reuse.Decision)}
     describes = {}
-    with tracking.run(workdir, cfg, deferred["name"]) as run_id:
+    with tracking.run(workdir, cfg, deferred["name"], tags={MARK: marker}) as run_id:
         tracking.Tracker(workdir, run_id).tags({"mule.recorded_later": f"the rebuild of {when}, which had nothing to "
                                                                       "run, recorded after it returned"})  # fmt: skip
         for entry in deferred["decisions"]:
             decision = reuse.Decision(**{k: v for k, v in entry.items() if k in names})
             decision.record = {"run_id": entry.get("record_run_id")}
-            with tracking.run(workdir, cfg, decision.stage, run_id) as child:
+            with tracking.run(workdir, cfg, decision.stage, run_id, tags={MARK: marker}) as child:
                 tracking.Tracker(workdir, child).tags(reuse.tags(decision))
             describes[decision.stage] = decision.describe()
         publish_rebuild(workdir, cfg, deferred["results"], describes, run_id)
