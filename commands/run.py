@@ -114,7 +114,8 @@ def _stopped_line(workdir: Workdir, cfg, began: float):
                         unpublished.append(path.stem)
             except (OSError, ValueError, KeyError, TypeError):
                 continue
-        kept = [", ".join(name for _, name in sorted(finished)) + " (finished)"] if finished else []
+        done = [name for _, name in sorted(finished) if name not in unpublished]
+        kept = [", ".join(done) + " (finished)"] if done else []
         if unpublished:
             kept.append(
                 f"{', '.join(unpublished)}: computed and recorded, not yet published (the next run publishes it)"

@@ -146,7 +146,11 @@ class Decision:
     extra: dict = field(default_factory=dict)
 
     def describe(self) -> str:
-        return f"ran ({self.reason})" if self.run else f"reused (key {self.key[:12]})"
+        if self.run:
+            return f"ran ({self.reason})"
+        if publish_pending(self):
+            return f"reused (key {self.key[:12]}), published now: the run that computed it stopped before publishing"
+        return f"reused (key {self.key[:12]})"
 
 
 def _changes(old: dict, new: dict, limit: int = 4) -> str:
@@ -176,8 +180,11 @@ def decide(wd: Workdir, cfg: MuleConfig, name: str, force: bool = False, repo: P
     key = combine(parts)[:24]
     record_path = wd.stage_record_path(cfg.data.dataset, name, slot)
     record = _read_record(record_path)
+    interrupted = _interrupted(record_path, key)
     if force:
         reason = "forced with --force"
+    elif interrupted:
+        reason = interrupted + (f"; it resumes {stage.resumes}" if stage.resumes else "")
     elif record is None and record_path.exists():
         reason = f"its record {record_path.relative_to(wd.root)} is unreadable (damaged), so it counts as none"
     elif record is None:
@@ -191,6 +198,31 @@ def decide(wd: Workdir, cfg: MuleConfig, name: str, force: bool = False, repo: P
 
 
 RECORD_FIELDS = {"key": str, "parts": dict, "outputs": dict}
+
+
+def running_path(record_path: Path) -> Path:
+    """Beside a stage's record while the stage computes: which key, since when. A run
+    stopped before its record was written leaves it, so the next run can say so (its
+    outputs may already be rewritten: they are unfinished work, not damage)."""
+    return record_path.with_name(record_path.name + ".running")
+
+
+def mark_running(wd: Workdir, cfg: MuleConfig, decision: Decision) -> None:
+    if decision.key:
+        path = running_path(wd.stage_record_path(cfg.data.dataset, decision.stage, decision.slot))
+        write_json_atomic({"key": decision.key, "started": time.time()}, path)
+
+
+def _interrupted(record_path: Path, key: str) -> str:
+    """Why the stage runs when its last run under this key stopped before recording: "" if it did not."""
+    try:
+        running = json.loads(running_path(record_path).read_text())
+    except (OSError, ValueError):
+        return ""
+    if not isinstance(running, dict) or running.get("key") != key:
+        return ""
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(running.get("started") or 0))
+    return f"finishing its run of {when}, stopped before it was recorded"
 
 
 def _read_record(path: Path) -> dict | None:
@@ -263,6 +295,7 @@ def record(wd: Workdir, cfg: MuleConfig, decision: Decision, result: Any, run_id
                        "result": result, "run_id": run_id, "finished": time.time(), "reason": decision.reason,
                        "root": str(wd.root), "published": False,
                        "seconds": None if seconds is None else round(seconds, 2)}, path)  # fmt: skip
+    running_path(path).unlink(missing_ok=True)
 
 
 def mark_published(wd: Workdir, cfg: MuleConfig, decision: Decision, result: Any, run_id: str | None,

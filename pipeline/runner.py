@@ -80,6 +80,7 @@ class Runner:
         ctx = StageContext(self.workdir, declared_sections(cfg, stage.name, stage.sections), key=decision.key,
                            force=decision.forced, report=report)  # fmt: skip
         started = time.perf_counter()
+        reuse.mark_running(self.workdir, cfg, decision)  # a stop before the record: the next run says so
         try:
             result = self.computes(stage)(ctx)
             # Recorded before publishing: a stop or an MLflow error while publishing (seconds,

@@ -217,3 +217,25 @@ def test_a_typo_in_mule_s_own_sql_is_a_bug_not_a_missing_table(built, copy):
     with pytest.raises(Exception) as error:  # a table a stage has not written yet: the user's next step
         catalog.query("SELECT * FROM word_vectors")
     assert is_user_error(error.value) and "mule run text" in str(error.value)
+
+
+def test_a_run_stopped_after_writing_its_output_and_before_its_record_is_finished_not_called_damage(copy,
+        monkeypatch):  # fmt: skip
+    """Ctrl-C the moment training is done: model.pt is rewritten, the record is not. The
+    next run says it finishes that run (from its checkpoint), not that a file was damaged."""
+    wd, cfg, _ = copy
+    real_record = reuse.record
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(reuse, "record", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        Runner(wd).run(cfg, "train", force=True, track=False)
+    monkeypatch.setattr(reuse, "record", real_record)
+    decision = Runner(wd).decide(cfg, "train")
+    assert decision.run and decision.reason.startswith("finishing its run of "), decision.reason
+    assert "stopped before it was recorded; it resumes its checkpoint" in decision.reason
+    assert "damaged" not in decision.reason
+    Runner(wd).run(cfg, "train", decision=decision, track=False)
+    assert not Runner(wd).decide(cfg, "train").run  # recorded now: the marker is gone

@@ -45,6 +45,7 @@ def test_a_stop_while_train_publishes_keeps_the_training_and_the_next_run_regist
     assert code == 130, output[-3000:]
     assert said and "in stage train" in said[-1], said
     assert "train: computed and recorded, not yet published (the next run publishes it)" in said[-1]
+    assert "checkpoint" not in said[-1] and "train (finished)" not in said[-1]  # what it kept, as it is
     record = json.loads((work / "state" / "stages" / "embedded" / "train.json").read_text())
     assert record["published"] is False and (work / "models" / "embedded" / "model.pt").exists()
     assert not (work / "models" / "embedded" / "model-checkpoint.pt").exists()  # the record holds the result now
@@ -53,6 +54,7 @@ def test_a_stop_while_train_publishes_keeps_the_training_and_the_next_run_regist
     assert code == 0, output[-3000:]
     assert "train      reused" in output and "joint epoch" not in output  # nothing trained again
     assert "stopped before publishing it: publishing it now" in output
+    assert "train      reused (key " in output and "published now: the run that computed it stopped" in output
     client = MlflowClient(f"sqlite:///{work / 'mlflow.db'}")
     versions = client.search_model_versions("name = 'mule-embedded'")
     assert [str(v.version) for v in versions] == ["1"]
