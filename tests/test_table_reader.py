@@ -266,3 +266,58 @@ def test_a_list_of_captions_in_one_jsonl_cell_is_one_caption_each(tmp_path):
     assert t["text"] == ["Un círculo.", "Un disco rojo.", "Una estrella."]
     assert t["caption_id"] == ["metadata.jsonl:1:0", "metadata.jsonl:1:1", "metadata.jsonl:2:0"]
     assert rejects(result) == [(1, "empty", "column 'captions' item 2: empty caption")]
+
+
+def test_a_path_that_leads_outside_the_dataset_is_a_reject_and_links_inside_it_are_followed(tmp_path):
+    """A row naming `../outside/x.jpg` as a test image and the same file by its absolute
+    path as a train image once put one photo in two splits (test leaking into training),
+    and mule serve served any readable image of the host. Only files under the table's
+    folder or the images folder are read; a link placed inside them is followed."""
+    data = tmp_path / "data"
+    images(data)
+    outside = tmp_path / "outside"
+    images(outside, ("x",))
+    (data / "linked").symlink_to(outside / "photos", target_is_directory=True)  # put there by the dataset's owner
+    rows = [*ROWS,
+            ("../outside/photos/x.jpg", "Una cruz.", "es", "test"),
+            (str(outside / "photos" / "x.jpg"), "Una cruz.", "es", "train"),
+            ("photos/../../outside/photos/x.jpg", "Una cruz negra.", "es", "train"),
+            (str(data / "photos" / "a.jpg"), "Un círculo.", "es", "train"),  # absolute, inside: photos/a.jpg
+            ("linked/x.jpg", "Una cruz roja.", "es", "train"),
+            ("linked/x.jpg", "Czerwony krzyż.", "pl", "train")]  # fmt: skip
+    write_long(data / "captions.csv", rows)
+    result = read(data)
+    assert [(line, kind) for line, kind, _ in rejects(result)] == [(10, "outside_dataset"), (11, "outside_dataset"),
+                                                                   (12, "outside_dataset")]  # fmt: skip
+    assert "'../outside/photos/x.jpg' leads outside the dataset" in rejects(result)[0][2]
+    ids = result.images.column("image_id").to_pylist()
+    assert sorted(ids) == ["linked/x.jpg", *[f"photos/{n}.jpg" for n in "abcd"]]
+    assert all(str(tmp_path / "outside") not in p for p in result.images.column("path").to_pylist())
+    assert ("photos/a.jpg", "es", "Un círculo.", "train") in captions(result)
+    with pytest.raises(TableError, match="must be inside the dataset folder"):
+        read(data, table="../outside/captions.csv")
+
+
+def test_the_ingest_key_covers_every_file_the_reader_read_links_included(tmp_path):
+    from mule.data_catalog.catalog import Catalog
+    from mule.data_catalog.content import FileHasher
+    from mule.data_catalog.workdir import Workdir
+    from mule.pipeline.config import resolve
+    from mule.pipeline.reuse import entry_digest
+
+    data = tmp_path / "data"
+    images(data)
+    images(tmp_path / "outside", ("x",))
+    (data / "linked").symlink_to(tmp_path / "outside" / "photos", target_is_directory=True)
+    write_long(data / "captions.csv", [*ROWS, ("linked/x.jpg", "Una cruz.", "es", "train")])
+    wd = Workdir.at(tmp_path / "work")
+    cfg = resolve(None, {"data.dataset": "mine", "data.source": str(data), "data.languages": "es,pl"})
+    read_paths = {p for p in read(data).images.column("path").to_pylist()}
+    assert str(data / "linked" / "x.jpg") in read_paths
+
+    def key() -> str:
+        return entry_digest("raw files", wd, Catalog(wd), cfg, FileHasher(wd))
+
+    before = key()
+    Image.new("RGB", (8, 6), (1, 2, 3)).save(tmp_path / "outside" / "photos" / "x.jpg")  # edited behind the link
+    assert key() != before

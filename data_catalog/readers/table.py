@@ -11,8 +11,9 @@ Columns are found by their usual names (ROLES; `caption_<lang>`, `text_<lang>` o
 `sentence_<lang>` for the wide form); data.columns names others (`image=photo`,
 `caption_es=beschreibung`). A long table without a language column is in the one language
 of data.languages. Image paths are relative to the table's folder or to the images folder
-(data.images), or absolute; linked folders are followed. An image is identified by its
-path relative to where it was found.
+(data.images), or absolute under one of them; linked folders are followed. A path that
+leads out of both (`../x.png`, `/home/x.png`) is a reject (outside_dataset): a dataset's
+files stay inside it. An image is identified by its path relative to where it was found.
 
 Splits: a split column (train, val/valid/validation/dev, test or test_<name>) is used as
 given; without one, each image is drawn into val or test by a hash of (data.split_seed,
@@ -94,6 +95,9 @@ class Layout:
 
 
 def find_table(root: Path, name: str) -> Path:
+    if name and (Path(name).is_absolute() or ".." in Path(name).parts):
+        raise TableError(f"data.table={name}: the captions table must be inside the dataset folder {root} "
+                         "(name it relative to that folder, or point --source at the folder that holds it)")  # fmt: skip
     path = table_in(root, name)
     if path is None:
         if name:
@@ -352,22 +356,31 @@ class _Rows:
             self.reject(line, "no_image", f"no image named in column {self.roles.image!r}", raw)
             return None
         value = str(value).strip()
-        if value not in self.bad_images:
-            if value not in self.located:
-                self.located[value] = _locate(value, self.bases)
-            found = self.located[value]
-            if found is None:
-                looked = ", ".join(map(str, self.bases))
-                self.bad_images[value] = ("no_image", f"image file {value!r} not found (looked in {looked})")
-            elif found[0] not in self.images:
-                try:
-                    probe(found[1])
-                except BadImage as error:
-                    self.bad_images[value] = ("bad_image", f"image {value!r} cannot be read: {error}")
-            if value not in self.bad_images:
-                return found
-        self.reject(line, *self.bad_images[value], raw)
-        return None
+        if value not in self.bad_images and value not in self.located:
+            self.located[value] = self.find(value)
+        if value in self.bad_images:
+            self.reject(line, *self.bad_images[value], raw)
+            return None
+        return self.located[value]
+
+    def find(self, value: str) -> tuple[str, Path] | None:
+        """(image id, file) of an image as named, looked up once; None with the reason in bad_images."""
+        try:
+            found = _locate(value, self.bases)
+        except _Outside:
+            self.bad_images[value] = ("outside_dataset", f"image path {value!r} leads outside the dataset (only "
+                                      f"files under {' or '.join(map(str, self.bases))} are read)")  # fmt: skip
+            return None
+        if found is None:
+            looked = ", ".join(map(str, self.bases))
+            self.bad_images[value] = ("no_image", f"image file {value!r} not found (looked in {looked})")
+        elif found[0] not in self.images:
+            try:
+                probe(found[1])
+            except BadImage as error:
+                self.bad_images[value] = ("bad_image", f"image {value!r} cannot be read: {error}")
+                return None
+        return found
 
     def split(self, line: int, record: dict, image_id: str, raw: bytes) -> tuple[str, str] | None:
         """(split, role) of the row's image: given, else drawn; None with the row rejected."""
@@ -422,16 +435,29 @@ class _Rows:
                           also_in=None, source_version=None)  # fmt: skip
 
 
+class _Outside(Exception):
+    """An image path that leads out of the dataset's folders."""
+
+
 def _locate(value: str, bases: list[Path]) -> tuple[str, Path] | None:
-    """(image id, file) of an image path as the table names it: absolute, or relative to the
-    table's folder or the images folder (the first where it is a file)."""
-    named = Path(value.replace("\\", "/"))
+    """(image id, file) of an image path as the table names it, relative to the table's
+    folder or the images folder (the first where it is a file), or absolute under one of
+    them; None when it is in neither. A path that leads out of both (`../x.png`, `/etc/x`)
+    raises _Outside: a dataset's files stay inside it (its key covers only them, and mule
+    serve serves only them). Links inside the folders are followed."""
+    named = Path(os.path.normpath(value.replace("\\", "/")))
     if named.is_absolute():
-        return (named.as_posix(), named) if named.is_file() else None
-    relative = Path(os.path.normpath(named))
+        for base in bases:
+            for root in dict.fromkeys((Path(os.path.normpath(base)), base.resolve())):
+                if named.is_relative_to(root):
+                    relative = named.relative_to(root)
+                    return (relative.as_posix(), base / relative) if (base / relative).is_file() else None
+        raise _Outside()
+    if named.parts and named.parts[0] == "..":
+        raise _Outside()
     for base in bases:
-        if (base / relative).is_file():  # follows links, to files and through linked folders
-            return relative.as_posix(), base / relative
+        if (base / named).is_file():  # follows links, to files and through linked folders
+            return named.as_posix(), base / named
     return None
 
 
