@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,7 @@ import pyarrow.parquet as pq
 
 from mule.mule_core.errors import UserError
 
-from .atomic import write_atomic, write_json_atomic, write_text_atomic  # noqa: F401 - the catalog's writers
+from .atomic import atomic_path, write_atomic, write_json_atomic, write_text_atomic  # noqa: F401 - the catalog's writers
 from .schemas import TABLES, features_schema
 from .workdir import Workdir
 
@@ -249,6 +250,22 @@ class Catalog:
         path = self.workdir.table_path(name, dataset)
         self._committing()
         write_parquet_atomic(table, path)
+        self.refresh_views()
+        return path
+
+    def write_table_batches(self, name: str, dataset: str, batches: Iterable[pa.RecordBatch | pa.Table]) -> Path:
+        """write_table for a table made batch by batch (millions of captions): each batch is
+        written as it comes, so memory holds one; readers see the table when it is whole."""
+        schema = TABLES[name]
+        path = self.workdir.table_path(name, dataset)
+        if self.read_only:
+            self._committing()  # refuses
+        with atomic_path(path) as tmp, pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
+            for batch in batches:
+                table = pa.Table.from_batches([batch]) if isinstance(batch, pa.RecordBatch) else batch
+                writer.write_table(table.select(schema.names).cast(schema))
+            writer.close()
+            self._committing()  # readers wait for the rename and the stage's record, not for the batches
         self.refresh_views()
         return path
 

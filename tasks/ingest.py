@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pyarrow as pa
@@ -25,20 +27,43 @@ from .support.context import StageContext, logger
 # Below this many captions the pool's start (a few tenths of a second) costs more than it saves.
 TOKENISE_IN_PROCESSES_FROM = 20_000
 CHUNK = 2_000
+BATCH = 10_000  # captions tokenised and written at a time: memory holds a batch, not the table
+
+
+@contextmanager
+def tokeniser(total: int, overrides: dict[str, str], progress: Progress) -> Iterator[Callable]:
+    """A function: (text, lang) pairs -> the words of each, in order; on as many processes
+    as torch would take threads (OMP_NUM_THREADS, else the cores) when `total` captions are
+    enough to pay for starting them. The words are the same either way."""
+    processes = min(cpu_threads(0), 8, total // CHUNK) if total >= TOKENISE_IN_PROCESSES_FROM else 1
+    with process_map(processes) as mapper:
+
+        def words(pairs: list[tuple[str, str]]) -> list[list[str]]:
+            distinct = list(dict.fromkeys(pairs))  # a caption repeated is tokenised once (Moses: ~40 us a caption)
+            chunks = [distinct[i : i + CHUNK] for i in range(0, len(distinct), CHUNK)]
+            found: list[list[str]] = []
+            for chunk in mapper(tokenize_all, chunks, itertools.repeat(overrides)):
+                found += chunk
+                progress.update(len(chunk))
+            progress.update(len(pairs) - len(distinct))
+            of = dict(zip(distinct, found))
+            return [of[pair] for pair in pairs]
+
+        yield words
 
 
 def tokenised(pairs: list[tuple[str, str]], overrides: dict[str, str], progress: Progress) -> list[list[str]]:
-    """The words of each (text, lang), in order: on as many processes as torch would take
-    threads (OMP_NUM_THREADS, else the cores) when there are enough captions to pay for
-    starting them. The words are the same either way."""
-    processes = min(cpu_threads(0), 8, len(pairs) // CHUNK) if len(pairs) >= TOKENISE_IN_PROCESSES_FROM else 1
-    chunks = [pairs[i : i + CHUNK] for i in range(0, len(pairs), CHUNK)]
-    words = []
-    with process_map(processes) as mapper:
-        for chunk in mapper(tokenize_all, chunks, itertools.repeat(overrides)):
-            words += chunk
-            progress.update(len(chunk))
-    return words
+    """The words of each (text, lang), in order (tokeniser's, batch by batch)."""
+    with tokeniser(len(pairs), overrides, progress) as words:
+        return [w for start in range(0, len(pairs), BATCH) for w in words(pairs[start : start + BATCH])]
+
+
+def with_tokens(captions, words: Callable) -> Iterator[pa.Table]:
+    """The reader's captions, batch by batch, with their tokens."""
+    for batch in captions.to_batches(max_chunksize=BATCH):
+        pairs = list(zip(batch.column("text").to_pylist(), batch.column("lang").to_pylist()))
+        tokens = pa.array(words(pairs), pa.list_(pa.string()))
+        yield pa.Table.from_batches([batch]).append_column("tokens", tokens)
 
 
 def compute(ctx: StageContext) -> dict[str, Any]:
@@ -75,16 +100,15 @@ def compute(ctx: StageContext) -> dict[str, Any]:
         log.info("%s captions: tokeniser %s (%s)", lang, tokenizer_name(lang, overrides),
                  "text.tokenizers" if lang in overrides else "mule_core/languages.py's rule")  # fmt: skip
 
-    keys = list(zip(result.captions.column("text").to_pylist(), result.captions.column("lang").to_pylist()))
-    distinct = list(dict.fromkeys(keys))  # a caption repeated is tokenised once (Moses: ~40 us a caption)
-    progress = Progress("tokenising", len(distinct), unit="distinct captions", logger=log)
-    tokens_of = dict(zip(distinct, tokenised(distinct, overrides, progress)))
+    progress = Progress("tokenising", result.captions.num_rows, unit="captions", logger=log)
+    try:
+        with tokeniser(result.captions.num_rows, overrides, progress) as words:
+            catalog.write_table_batches("captions", cfg.data.dataset, with_tokens(result.captions, words))
+    finally:
+        if hasattr(result.captions, "close"):  # a large table's captions, kept on disk until written
+            result.captions.close()
     progress.finish()
-    tokens = [tokens_of[key] for key in keys]
-    captions = result.captions.append_column("tokens", pa.array(tokens, pa.list_(pa.string())))
-
     catalog.write_table("images", cfg.data.dataset, result.images)
-    catalog.write_table("captions", cfg.data.dataset, captions)
     catalog.write_table("rejects", cfg.data.dataset, result.rejects)
 
     present = sum(result.images.column("exists").to_pylist())
@@ -101,7 +125,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
         "images_dir": str(source.images),
         "images": result.images.num_rows,
         "images_present": present,
-        "captions": captions.num_rows,
+        "captions": result.captions.num_rows,
         "rejects": result.rejects.num_rows,
         "rejects_by_kind": dict(kinds),
         "merged_task1_lines": result.merged_task1_lines,

@@ -321,3 +321,71 @@ def test_the_ingest_key_covers_every_file_the_reader_read_links_included(tmp_pat
     before = key()
     Image.new("RGB", (8, 6), (1, 2, 3)).save(tmp_path / "outside" / "photos" / "x.jpg")  # edited behind the link
     assert key() != before
+
+
+@pytest.mark.parametrize("delimiter", [";", "\t", "|"])
+def test_the_delimiter_is_found_whatever_the_suffix(tmp_path, delimiter):
+    """A spreadsheet in much of Europe writes `;`-separated .csv files; tabs and bars are
+    as common. The header's known column names and every sampled row's cell count find it."""
+    images(tmp_path)
+    rows = [*ROWS, ("photos/a.jpg", "Un círculo; rojo, grande.", "es", "train")]  # the others inside a cell
+    with open(tmp_path / "captions.csv", "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f, delimiter=delimiter)
+        w.writerow(("file_name", "caption", "lang", "split"))
+        w.writerows(rows)
+    said = []
+    result = read_table(tmp_path, "mine", tmp_path / "images", False, said.append, ReadOptions(("es", "pl")),
+                        TableOptions())  # fmt: skip
+    assert captions(result) == sorted((i, lang, t, s) for i, t, lang, s in rows)
+    assert result.notes["table"]["delimiter"] == delimiter
+    assert "cells separated by " + {";": "semicolons", "\t": "tabs", "|": "bars"}[delimiter] in said[0]
+
+
+def test_a_comma_table_whose_captions_hold_semicolons_stays_a_comma_table(tmp_path):
+    images(tmp_path)
+    rows = [(i, f"{t}; {t}", lang, s) for i, t, lang, s in ROWS]
+    write_long(tmp_path / "captions.csv", rows)
+    result = read(tmp_path)
+    assert result.notes["table"]["delimiter"] == "," and len(captions(result)) == len(rows)
+
+
+def test_an_over_long_cell_is_a_rejected_row_and_the_rows_after_it_are_read(tmp_path):
+    """One caption of 2 MB (past what the reader keeps of a cell) and one of 5,000 bytes
+    (past data.max_caption_bytes): rejected rows with their lines, not an aborted ingest;
+    the quoted cell's own line breaks do not shift the lines after it."""
+    images(tmp_path)
+    huge = '"' + ("Largo, largo\n" * 170_000) + '"'  # 2.2 MB over 170,000 lines, quoted
+    lines = ["file_name,caption,lang,split", "photos/a.jpg,Un círculo.,es,train",
+             f"photos/b.jpg,{huge},es,train", "photos/b.jpg,Una estrella.,es,train",
+             f"photos/c.jpg,{'Largo ' * 1000},es,val", "photos/d.jpg,Una cruz.,es,test"]  # fmt: skip
+    (tmp_path / "captions.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    result = read(tmp_path, languages=("es",))
+    got = rejects(result)
+    assert [(line, kind) for line, kind, _ in got] == [(3, "too_long"), (170_005, "too_long")]
+    assert "a cell of more than 1,048,576 characters" in got[0][2]
+    assert "caption of 6000 bytes (data.max_caption_bytes=2000)" in got[1][2]
+    t = result.captions.to_pydict()
+    assert list(zip(t["line"], t["text"])) == [(2, "Un círculo."), (170_004, "Una estrella."), (170_006, "Una cruz.")]
+    assert len(result.rejects.column("raw_bytes")[0].as_py()) <= 4096  # what is kept of the row, for a look
+
+
+def test_a_table_is_read_as_it_comes_not_held_whole(tmp_path):
+    """Python's allocations while reading a 40,000-row table stay under twice its size (the
+    captions go to disk in batches of 10,000, seen captions are 16 bytes each; the ratio
+    falls as tables grow); the table used to be held as bytes, a string, two copies and a
+    list of lines, about 15 times its size. bench/table_ingest.py measures a million rows."""
+    import tracemalloc
+
+    images(tmp_path, [f"p{i:03d}" for i in range(100)])
+    rows = [(f"photos/p{n % 100:03d}.jpg", f"Una foto número {n} de un perro que corre por el parque.", "es", "train")
+            for n in range(40_000)]  # fmt: skip
+    write_long(tmp_path / "captions.csv", rows)
+    size = (tmp_path / "captions.csv").stat().st_size
+    tracemalloc.start()
+    try:
+        result = read(tmp_path, languages=("es",))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert result.captions.num_rows == 40_000
+    assert peak < 2 * size, f"{peak / 2**20:.1f} MB of allocations for a {size / 2**20:.1f} MB table"

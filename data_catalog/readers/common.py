@@ -4,7 +4,9 @@ cleaning and image records."""
 
 from __future__ import annotations
 
+import hashlib
 import re
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,7 +32,7 @@ class ReadOptions:
 @dataclass
 class ReadResult:
     images: pa.Table
-    captions: pa.Table
+    captions: pa.Table | SpooledTable  # a large table's captions stay on disk until they are written
     rejects: pa.Table
     merged_task1_lines: int = 0
     stats: dict = field(default_factory=dict)  # split -> images and captions per language
@@ -134,3 +136,107 @@ class Rejects:
         data = raw.head if isinstance(raw, TooLong) else raw
         self.rows.add(dataset=self.dataset, source_file=source_file, line=line, kind=kind, reason=reason,
                       raw=data.decode("utf-8", "backslashreplace"), raw_bytes=data)  # fmt: skip
+
+
+class SeenKeys:
+    """Which keys a reader has seen, and on which line first: 16 bytes a key in two flat
+    arrays (open addressing on a 64-bit digest) where a dict of tuples of strings took
+    about 170. Two keys share a digest once in about 2^64 / n^2 tables of n rows: a
+    million-row table has a chance of one in 30 million of one false duplicate."""
+
+    def __init__(self, capacity: int = 1 << 16):
+        self._allocate(capacity)
+
+    def _allocate(self, capacity: int) -> None:
+        self.digests = array("Q", bytes(8 * capacity))
+        self.lines = array("q", bytes(8 * capacity))
+        self.mask, self.count = capacity - 1, 0
+
+    @staticmethod
+    def digest(*parts: str) -> int:
+        data = "\x00".join(parts).encode("utf-8", "surrogatepass")
+        return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big") | 1  # 0 is an empty slot
+
+    def first_line(self, digest: int, line: int) -> int | None:
+        """The line this key was first seen on; None when it is new (then remembered at `line`)."""
+        i = digest & self.mask
+        while True:
+            seen = self.digests[i]
+            if seen == digest:
+                return self.lines[i]
+            if seen == 0:
+                break
+            i = (i + 1) & self.mask
+        self.digests[i], self.lines[i] = digest, line
+        self.count += 1
+        if self.count * 2 > self.mask:  # half full: twice the room
+            digests, lines = self.digests, self.lines
+            self._allocate(2 * (self.mask + 1))
+            for d, n in zip(digests, lines):
+                if d:
+                    self.first_line(d, n)
+        return None
+
+
+class SpooledTable:
+    """Rows kept on disk as they come (a Parquet file in a temporary folder, batch by
+    batch), read back batch by batch: a million-row table costs a batch of memory, not a
+    million Python rows. Reads like the pa.Table it stands for (num_rows, to_batches,
+    column, to_pylist, to_pydict); close() removes the file (so does the end of the process)."""
+
+    def __init__(self, schema: pa.Schema, batch_rows: int = 10_000):
+        import tempfile
+
+        self.schema, self.batch_rows = schema, batch_rows
+        self._folder = tempfile.TemporaryDirectory(prefix="mule-spool-")
+        self.path = Path(self._folder.name) / "rows.parquet"
+        self._writer = None
+        self._pending = Rows()
+        self._pending_rows = 0
+        self.num_rows = 0
+        self._finished = False
+
+    def add(self, **values) -> None:
+        self._pending.add(**values)
+        self._pending_rows += 1
+        if self._pending_rows >= self.batch_rows:
+            self._flush()
+
+    def _flush(self) -> None:
+        import pyarrow.parquet as pq
+
+        if self._writer is None:
+            self._writer = pq.ParquetWriter(self.path, self.schema, compression="zstd")
+        if self._pending_rows:
+            self._writer.write_table(self._pending.table(self.schema), row_group_size=self.batch_rows)
+            self.num_rows += self._pending_rows
+        self._pending, self._pending_rows = Rows(), 0
+
+    def finish(self) -> SpooledTable:
+        if not self._finished:
+            self._flush()
+            self._writer.close()
+            self._finished = True
+        return self
+
+    def to_batches(self, max_chunksize: int | None = None):
+        import pyarrow.parquet as pq
+
+        self.finish()
+        yield from pq.ParquetFile(self.path).iter_batches(batch_size=max_chunksize or self.batch_rows)
+
+    def read_all(self) -> pa.Table:
+        batches = list(self.to_batches())
+        return pa.Table.from_batches(batches, self.schema) if batches else self.schema.empty_table()
+
+    def column(self, name: str) -> pa.ChunkedArray:
+        return self.read_all().column(name)
+
+    def to_pylist(self) -> list[dict]:
+        return self.read_all().to_pylist()
+
+    def to_pydict(self) -> dict[str, list]:
+        return self.read_all().to_pydict()
+
+    def close(self) -> None:
+        self._folder.cleanup()

@@ -42,12 +42,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
 from mule.mule_core.languages import LanguageCodeError, language_code
 
 from ..images import BadImage, probe
 from ..schemas import CAPTIONS, IMAGES, REJECTS
 from ..sources import TABLE_NAMES, table_in
-from .common import DatasetReadError, ReadOptions, ReadResult, Rejects, Rows, clean_caption, image_record
+from .common import (
+    DatasetReadError,
+    ReadOptions,
+    ReadResult,
+    Rejects,
+    Rows,
+    SeenKeys,
+    SpooledTable,
+    TooLong,
+    clean_caption,
+    image_record,
+)
+
+CAPTION_COLUMNS = CAPTIONS.remove(CAPTIONS.get_field_index("tokens"))  # what ingest adds the tokens to
 
 ROLES = {
     "image": ("file_name", "image", "image_path", "image_file", "filename", "file", "path", "img"),
@@ -106,96 +121,249 @@ def find_table(root: Path, name: str) -> Path:
     return path
 
 
-def _records(path: Path, where: str, encoding: str) -> tuple[list[str], Iterator[tuple[int, dict[str, Any], bytes]]]:
-    """The table's columns and its records as (line, {column: value}, raw bytes of the line)."""
+# A cell longer than this is no caption (data.max_caption_bytes rejects far less): the row
+# is rejected as soon as the cell passes it, without reading the cell into memory whole.
+CELL_LIMIT = 1 << 20
+DELIMITERS = (",", ";", "\t", "|")  # what spreadsheets and databases write
+SNIFF_BYTES = 1 << 16
+
+
+def _records(path: Path, where: str, encoding: str) -> tuple[list[str], Iterator[tuple[int, dict[str, Any], bytes]],
+                                                              str | None]:  # fmt: skip
+    """The table's columns, its records as (line, {column: value}, raw bytes of the record)
+    read as they come (memory holds a record, or a batch of Parquet's, never the file), and
+    the delimiter found (CSV: sniffed among , ; tab |)."""
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         return _parquet(path, where)
-    data = path.read_bytes()
-    codec = "utf-8-sig" if encoding.replace("_", "-").lower() in ("utf-8", "utf8") else encoding
-    try:
-        text = data.decode(codec)
-    except UnicodeDecodeError as error:
-        line = data.count(b"\n", 0, error.start) + 1
-        column = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1
-        raise TableError(f"{where}:{line}: not {encoding} text (byte 0x{data[error.start]:02x} at column {column}); "
-                         f"save the table as UTF-8, or name its encoding with data.encoding (e.g. cp1252)") from None  # fmt: skip
     if suffix == ".jsonl":
-        return _jsonl(text, where)
-    return _csv(text, where, "\t" if suffix == ".tsv" else ",")
+        return _jsonl(path, where, encoding)
+    return _csv(path, where, encoding, "\t" if suffix == ".tsv" else ",")
 
 
-def _csv(text: str, where: str, delimiter: str):
-    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
+class _Lines:
+    """A text file's lines as csv counts them ("\n", "\r\n" or "\r" ends one; U+2028 does
+    not), decoded as they are read, numbered, with the lines of the record in hand kept for
+    its raw text. A byte that is not in the encoding stops it, naming the line and column."""
+
+    def __init__(self, path: Path, where: str, encoding: str):
+        self.path, self.where, self.encoding = path, where, encoding
+        codec = "utf-8-sig" if encoding.replace("_", "-").lower() in ("utf-8", "utf8") else encoding
+        self.handle = io.TextIOWrapper(open(path, "rb"), encoding=codec, newline="")
+        self.number = 0  # lines read so far
+        self.taken: list[str] = []  # the lines since mark()
+        self.ahead: list[str] = []  # read for sniffing, not yet handed out
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> str:
+        if self.ahead:
+            line = self.ahead.pop(0)
+        else:
+            line = self._read()
+            if not line:
+                raise StopIteration
+        self.number += 1
+        self.taken.append(line)
+        return line
+
+    def _read(self) -> str:
+        try:
+            return self.handle.readline()
+        except UnicodeDecodeError:
+            raise self._decode_error() from None
+
+    def sample(self, size: int) -> tuple[list[str], bool]:
+        """The first lines (about `size` characters) without consuming them; whether they are the whole file."""
+        while sum(map(len, self.ahead)) < size:
+            line = self._read()
+            if not line:
+                return list(self.ahead), True
+            self.ahead.append(line)
+        return list(self.ahead), False
+
+    def mark(self) -> int:
+        """A record starts: its first line's number."""
+        self.taken = []
+        return self.number + 1
+
+    def raw(self) -> bytes:
+        return "".join(self.taken).rstrip("\r\n").encode()
+
+    def skip_to_end_of_cell(self, quotechar: str = '"') -> None:
+        """After a cell too long to keep: the lines up to where its quotes close (an odd
+        count of quote characters so far means a quoted cell still open)."""
+        quotes = sum(line.count(quotechar) for line in self.taken)
+        while quotes % 2:
+            try:
+                quotes += next(self).count(quotechar)
+            except StopIteration:
+                return
+
+    def close(self) -> None:
+        self.handle.close()
+
+    def _decode_error(self) -> TableError:
+        """Where the first byte that is not in the encoding is: its line and column."""
+        with open(self.path, "rb") as handle:
+            for number, data in enumerate(handle, start=1):
+                try:
+                    data.decode(self.encoding)
+                except UnicodeDecodeError as error:
+                    return TableError(f"{self.where}:{number}: not {self.encoding} text (byte 0x{data[error.start]:02x} "
+                                      f"at column {error.start + 1}); save the table as UTF-8, or name its encoding "
+                                      "with data.encoding (e.g. cp1252)")  # fmt: skip
+        return TableError(f"{self.where}: not {self.encoding} text; name its encoding with data.encoding")
+
+
+def sniff_delimiter(lines: list[str], whole: bool, preferred: str) -> str:
+    """The delimiter that splits the header into known columns and every sampled record into
+    as many cells: `preferred` (the file's suffix's) unless another fits clearly better."""
+
+    def fit(delimiter: str) -> tuple:
+        records = list(csv.reader(lines if whole else lines[:-1], delimiter=delimiter))
+        records = [r for r in records if any(c.strip() for c in r)]
+        if not records:
+            return (False, 0.0, 0)
+        header = [h.strip().lower() for h in records[0]]
+        known = any(h in names for names in ROLES.values() for h in header) or any(WIDE.match(h) for h in header)
+        rest = records[1:]
+        agree = sum(len(r) == len(header) for r in rest) / len(rest) if rest else 1.0
+        return (len(header) > 1 and known, agree, len(header) > 1)
+
+    scores = {d: fit(d) for d in dict.fromkeys((preferred, *DELIMITERS))}
+    best = max(scores, key=lambda d: (scores[d], d == preferred))
+    return best if scores[best] > scores[preferred] else preferred
+
+
+def _csv(path: Path, where: str, encoding: str, preferred: str):
+    lines = _Lines(path, where, encoding)
+    sample, whole = lines.sample(SNIFF_BYTES)
+    delimiter = sniff_delimiter(sample, whole, preferred)
+    reader = csv.reader(lines, delimiter=delimiter, strict=True)
+    limit = csv.field_size_limit()
+    csv.field_size_limit(CELL_LIMIT)
     try:
         header = next(reader, None)
     except csv.Error as error:
+        lines.close()
         raise TableError(f"{where}:1: not a readable header ({error})") from None
+    finally:
+        csv.field_size_limit(limit)
     if not header or not any(h.strip() for h in header):
+        lines.close()
         raise TableError(f"{where}:1: no header row (the first line names the columns)")
     header = [h.strip() for h in header]
     repeated = [h for h, n in Counter(header).items() if n > 1]
     if repeated:
+        lines.close()
         raise TableError(f"{where}:1: column {repeated[0]!r} appears {header.count(repeated[0])} times in the header")
-    lines = io.StringIO(text, newline="").readlines()  # the lines as csv counts them (not str.splitlines')
 
     def records():
-        line = reader.line_num + 1
-        while True:
-            try:
-                row = next(reader)
-            except StopIteration:
-                return
-            except csv.Error as error:
-                raise TableError(f"{where}:{line}: malformed CSV ({error}); a quoted cell must end with a quote") from None
-            raw = "".join(lines[line - 1 : reader.line_num]).rstrip("\r\n").encode()
-            if not row or not any(cell.strip() for cell in row):
-                line = reader.line_num + 1
-                continue  # a blank line
-            if len(row) != len(header):
-                yield line, {"__fields__": len(row), "__header__": len(header)}, raw
-            else:
-                yield line, dict(zip(header, row)), raw
-            line = reader.line_num + 1
-
-    return header, records()
-
-
-def _jsonl(text: str, where: str):
-    parsed, columns = [], {}
-    # one record a "\n"-ended line (str.splitlines would also split at U+2028, which JSON allows inside a string)
-    for number, line in enumerate(text.split("\n"), start=1):
-        line = line.removesuffix("\r")
-        if not line.strip():
-            continue
-        raw = line.encode()
+        limit = csv.field_size_limit(CELL_LIMIT)
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            parsed.append((number, {"__json__": f"not valid JSON at column {error.colno} ({error.msg})"}, raw))
+            while True:
+                line = lines.mark()
+                try:
+                    row = next(reader)
+                except StopIteration:
+                    return
+                except csv.Error as error:
+                    if "field larger than field limit" not in str(error):
+                        raise TableError(f"{where}:{line}: malformed CSV ({error}); a quoted cell must end with a "
+                                         "quote") from None  # fmt: skip
+                    raw = lines.raw()[:4096]
+                    lines.skip_to_end_of_cell()
+                    yield line, {"__too_long__": CELL_LIMIT}, raw
+                    continue
+                if not row or not any(cell.strip() for cell in row):
+                    continue  # a blank line
+                if len(row) != len(header):
+                    yield line, {"__fields__": len(row), "__header__": len(header)}, lines.raw()
+                else:
+                    yield line, dict(zip(header, row)), lines.raw()
+        finally:
+            csv.field_size_limit(limit)
+            lines.close()
+
+    return header, records(), delimiter
+
+
+def _jsonl(path: Path, where: str, encoding: str):
+    """One JSON object a "\n"-ended line (not split at U+2028, which JSON allows inside a
+    string). Two passes: the columns are every key any record has."""
+
+    def lines():
+        with open(path, "rb") as handle:
+            codec = "utf-8-sig" if encoding.replace("_", "-").lower() in ("utf-8", "utf8") else encoding
+            for number, data in enumerate(handle, start=1):
+                if len(data) > CELL_LIMIT:
+                    yield number, None, data[:4096]
+                    continue
+                try:
+                    text = data.decode(codec if number == 1 else codec.removesuffix("-sig"))
+                except UnicodeDecodeError as error:
+                    raise TableError(f"{where}:{number}: not {encoding} text (byte 0x{data[error.start]:02x} at "
+                                     f"column {error.start + 1}); save the table as UTF-8, or name its encoding "
+                                     "with data.encoding") from None  # fmt: skip
+                yield number, text.rstrip("\n").removesuffix("\r"), None
+
+    columns: dict[str, None] = {}
+    records = 0
+    for _, text, _ in lines():
+        if text is None or not text.strip():
             continue
-        if not isinstance(record, dict):
-            parsed.append((number, {"__json__": f"a JSON {type(record).__name__}, not an object"}, raw))
+        records += 1
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError:
             continue
-        columns.update(dict.fromkeys(record))
-        parsed.append((number, {k: v for k, v in record.items()}, raw))
-    if not parsed:
+        if isinstance(record, dict):
+            columns.update(dict.fromkeys(record))
+    if not records:
         raise TableError(f"{where}: no records (one JSON object a line)")
-    return list(columns), iter(parsed)
+
+    def parsed():
+        for number, text, cut in lines():
+            if text is None:
+                yield number, {"__too_long__": CELL_LIMIT}, cut
+                continue
+            if not text.strip():
+                continue
+            raw = text.encode()
+            try:
+                record = json.loads(text)
+            except json.JSONDecodeError as error:
+                yield number, {"__json__": f"not valid JSON at column {error.colno} ({error.msg})"}, raw
+                continue
+            if not isinstance(record, dict):
+                yield number, {"__json__": f"a JSON {type(record).__name__}, not an object"}, raw
+                continue
+            yield number, record, raw
+
+    return list(columns), parsed(), None
 
 
 def _parquet(path: Path, where: str):
     import pyarrow.parquet as pq
 
     try:
-        table = pq.read_table(path)
+        file = pq.ParquetFile(path)
     except Exception as error:  # noqa: BLE001 - pyarrow raises several kinds for a damaged file
         raise TableError(f"{where}: not a readable Parquet file ({error})") from None
-    names = table.column_names
-    rows = table.to_pylist()
-    return names, ((n, row, json.dumps(row, ensure_ascii=False, default=str).encode()) for n, row in enumerate(rows, 1))
 
+    def rows():
+        number = 0
+        try:
+            for batch in file.iter_batches(batch_size=4096):
+                for row in batch.to_pylist():
+                    number += 1
+                    yield number, row, json.dumps(row, ensure_ascii=False, default=str).encode()
+        except Exception as error:  # noqa: BLE001 - a damaged row group
+            raise TableError(f"{where}: not a readable Parquet file (row {number + 1}: {error})") from None
 
+    return file.schema_arrow.names, rows(), None
 def layout(columns: list[str], where: str, options: TableOptions, languages: tuple[str, ...] | None) -> Layout:
     """Which column is which, from data.columns and the usual names; an error naming the
     columns there are when a role cannot be filled."""
@@ -280,10 +448,10 @@ def split_role(value: str) -> tuple[str, str] | None:
     return None
 
 
-@dataclass
+@dataclass(slots=True)
 class _Image:
     image_id: str
-    path: Path
+    path: str
     split: str
     role: str
     line: int
@@ -297,18 +465,24 @@ def read_table(root: Path, dataset: str, images_dir: Path | None, hash_images,
     say = progress or (lambda _message: None)
     path = find_table(root, table.table)
     where = os.path.relpath(path, root) if path.is_relative_to(root) else str(path)
-    columns, records = _records(path, where, table.encoding)
+    columns, records, delimiter = _records(path, where, table.encoding)
     roles = layout(columns, where, table, options.languages)
-    say(f"{where}: {'wide' if roles.wide else 'long'} form; image column {roles.image!r}"
+    named = {",": "commas", ";": "semicolons", "\t": "tabs", "|": "bars"}
+    say(f"{where}: {'wide' if roles.wide else 'long'} form"
+        + (f", cells separated by {named[delimiter]}" if delimiter else "") + f"; image column {roles.image!r}"
         + (f", split column {roles.split!r}" if roles.split else ", splits drawn by data.split_seed")
         + (f"; ignored columns: {', '.join(roles.ignored)}" if roles.ignored else ""))  # fmt: skip
     extra = Path(images_dir) if images_dir else None
     bases = [path.parent] + ([extra] if extra and extra != path.parent and extra.is_dir() else [])
     rows = _Rows(dataset, where, roles, table, options, bases, Rejects(dataset, options.strict, error=TableError))
-    for line, record, raw in records:
-        rows.read(line, record, raw)
-    return _result(dataset, rows.images, rows.captions, rows.rejects, hash_images, say, options, rows.other_languages,
-                   roles)  # fmt: skip
+    try:
+        for line, record, raw in records:
+            rows.read(line, record, raw)
+        rows.seen = rows.located = rows.bad_images = None  # read: what only reading needs goes first
+        return _result(rows, dataset, hash_images, say, options, roles, delimiter)
+    except BaseException:
+        rows.captions.close()
+        raise
 
 
 class _Rows:
@@ -321,9 +495,11 @@ class _Rows:
         self.bases, self.rejects = bases, rejects
         self.images: dict[str, _Image] = {}
         self.bad_images: dict[str, tuple[str, str]] = {}  # the image as named -> (kind, reason), decided once
-        self.located: dict[str, tuple[str, Path] | None] = {}  # the image as named -> (id, file): one lookup each
-        self.seen: dict[tuple[str, str, str], int] = {}  # (image, lang, caption) -> its line
-        self.captions = Rows()
+        self.located: dict[str, str] = {}  # the image as named -> its id: a file looked up once
+        self.seen = SeenKeys()  # (image, lang, caption) -> its line
+        self.captions = SpooledTable(CAPTION_COLUMNS)  # on disk as they come: a table of millions of rows
+        self.counts: Counter = Counter()  # (split, lang) -> captions kept
+        self.captioned: set[str] = set()  # images with a caption kept
         self.other_languages: Counter = Counter()
         self.wanted = set(options.languages) if options.languages else None
 
@@ -336,6 +512,9 @@ class _Rows:
         if "__fields__" in record:
             reason = f"{record['__fields__']} fields, the header has {record['__header__']} (a comma in an unquoted cell?)"
             return self.reject(line, "bad_record", reason, raw)
+        if "__too_long__" in record:
+            reason = f"a cell of more than {record['__too_long__']:,} characters: no caption is that long (the row is skipped)"
+            return self.reject(line, "too_long", reason, raw)
         found = self.image(line, record.get(self.roles.image), raw)
         if found is None:
             return None
@@ -350,20 +529,24 @@ class _Rows:
             self.caption(line, record, image_id, wide_lang, column, raw)
         return None
 
-    def image(self, line: int, value, raw: bytes) -> tuple[str, Path] | None:
+    def image(self, line: int, value, raw: bytes) -> tuple[str, str] | None:
         """(image id, file) of the row's image, or None with the row rejected."""
         if value is None or not str(value).strip():
             self.reject(line, "no_image", f"no image named in column {self.roles.image!r}", raw)
             return None
         value = str(value).strip()
-        if value not in self.bad_images and value not in self.located:
-            self.located[value] = self.find(value)
-        if value in self.bad_images:
-            self.reject(line, *self.bad_images[value], raw)
-            return None
-        return self.located[value]
+        image_id = self.located.get(value)
+        if image_id is not None and image_id in self.images:  # the common case: an image already read
+            return image_id, self.images[image_id].path
+        if value not in self.bad_images:
+            found = self.find(value)
+            if found is not None:
+                self.located[value] = found[0]
+                return found
+        self.reject(line, *self.bad_images[value], raw)
+        return None
 
-    def find(self, value: str) -> tuple[str, Path] | None:
+    def find(self, value: str) -> tuple[str, str] | None:
         """(image id, file) of an image as named, looked up once; None with the reason in bad_images."""
         try:
             found = _locate(value, self.bases)
@@ -421,14 +604,16 @@ class _Rows:
     def one_caption(self, line: int, image_id: str, lang: str, column: str, cell, part: str, raw: bytes) -> None:
         # a line break inside a quoted cell is layout, not part of the sentence
         text = _LINE_BREAK.sub(" ", str(cell)) if cell is not None else ""
-        text, kind, reason = clean_caption(text.encode(), self.options.max_caption_bytes)
+        data, cap = text.encode(), self.options.max_caption_bytes
+        text, kind, reason = clean_caption(data if len(data) <= cap else TooLong(data[:cap], len(data)), cap)
         if text is None:
             return self.reject(line, kind, f"column {column!r}{part and f' item {part[1:]}'}: {reason}", raw)
-        key = (image_id, lang, text)
-        if key in self.seen:
-            return self.reject(line, "duplicate", f"the same {lang} caption of {image_id!r} as line {self.seen[key]}", raw)
-        self.seen[key] = line
+        first = self.seen.first_line(SeenKeys.digest(image_id, lang, text), line)
+        if first is not None:
+            return self.reject(line, "duplicate", f"the same {lang} caption of {image_id!r} as line {first}", raw)
         image = self.images[image_id]
+        self.counts[image.split, lang] += 1
+        self.captioned.add(image_id)
         self.captions.add(caption_id=f"{self.where}:{line}" + (f":{lang}" if self.roles.wide else "") + part,
                           dataset=self.dataset, image_id=image_id, split=image.split, role=image.role, lang=lang,
                           text=text, source="table", source_file=self.where, line=line, origin_caption_id=None,
@@ -439,31 +624,37 @@ class _Outside(Exception):
     """An image path that leads out of the dataset's folders."""
 
 
-def _locate(value: str, bases: list[Path]) -> tuple[str, Path] | None:
+def _locate(value: str, bases: list[Path]) -> tuple[str, str] | None:
     """(image id, file) of an image path as the table names it, relative to the table's
     folder or the images folder (the first where it is a file), or absolute under one of
     them; None when it is in neither. A path that leads out of both (`../x.png`, `/etc/x`)
     raises _Outside: a dataset's files stay inside it (its key covers only them, and mule
-    serve serves only them). Links inside the folders are followed."""
-    named = Path(os.path.normpath(value.replace("\\", "/")))
-    if named.is_absolute():
-        for base in bases:
-            for root in dict.fromkeys((Path(os.path.normpath(base)), base.resolve())):
-                if named.is_relative_to(root):
-                    relative = named.relative_to(root)
-                    return (relative.as_posix(), base / relative) if (base / relative).is_file() else None
+    serve serves only them). Links inside the folders are followed. Strings, not Paths:
+    a table of 100,000 images kept 50 MB of Path objects."""
+    named = os.path.normpath(value.replace("\\", "/"))
+    if os.path.isabs(named):
+        for base in map(str, bases):
+            for root in dict.fromkeys((os.path.normpath(base), os.path.realpath(base))):
+                if named.startswith(root.rstrip("/") + "/"):
+                    relative = os.path.relpath(named, root)
+                    file = os.path.join(base, relative)
+                    return (relative, file) if os.path.isfile(file) else None
         raise _Outside()
-    if named.parts and named.parts[0] == "..":
+    if named == ".." or named.startswith("../"):
         raise _Outside()
-    for base in bases:
-        if (base / named).is_file():  # follows links, to files and through linked folders
-            return named.as_posix(), base / named
+    for base in map(str, bases):
+        file = os.path.join(base, named)
+        if os.path.isfile(file):  # follows links, to files and through linked folders
+            return named, file
     return None
 
 
-def _result(dataset: str, images: dict[str, _Image], captions: Rows, rejects: Rejects, hash_images, say,
-            options: ReadOptions, other_languages: Counter, roles: Layout) -> ReadResult:  # fmt: skip
-    counts = Counter(captions.columns.get("lang", []))
+def _result(rows_read: _Rows, dataset: str, hash_images, say, options: ReadOptions, roles: Layout,
+            delimiter: str | None) -> ReadResult:  # fmt: skip
+    images, captions, other_languages = rows_read.images, rows_read.captions.finish(), rows_read.other_languages
+    counts = Counter()
+    for (_, lang), n in rows_read.counts.items():
+        counts[lang] += n
     for lang in options.languages or ():
         if not counts.get(lang):
             found = sorted(set(counts) | set(other_languages))
@@ -472,19 +663,25 @@ def _result(dataset: str, images: dict[str, _Image], captions: Rows, rejects: Re
     if other_languages:
         say("captions in languages outside data.languages, left out: "
             + ", ".join(f"{n} {lang}" for lang, n in other_languages.most_common()))  # fmt: skip
-    with_captions = set(captions.columns.get("image_id", []))
-    rows, stats = Rows(), {}
-    for image in sorted(images.values(), key=lambda i: i.image_id):
-        if image.image_id not in with_captions:
+    stats: dict[str, dict[str, int]] = {}
+    chunks, rows = [], Rows()
+    for image_id in sorted(images):
+        image = images.pop(image_id)  # each image's row replaces its object: one copy at a time
+        if image.image_id not in rows_read.captioned:
             continue  # every caption of it was rejected or in another language
-        exists, sha, width, height = image_record(image.path, hash_images)
-        rows.add(dataset=dataset, image_id=image.image_id, file_name=image.path.name, path=str(image.path),
+        exists, sha, width, height = image_record(Path(image.path), hash_images)
+        rows.add(dataset=dataset, image_id=image.image_id, file_name=os.path.basename(image.path), path=image.path,
                  split=image.split, role=image.role, exists=exists, sha256=sha, width=width, height=height)  # fmt: skip
         stats.setdefault(image.split, {"images": 0})["images"] += 1
-    for split, lang in zip(captions.columns.get("split", []), captions.columns.get("lang", [])):
-        stats[split][lang] = stats[split].get(lang, 0) + 1
+        if len(rows.columns["image_id"]) >= 10_000:
+            chunks.append(rows.table(IMAGES))
+            rows = Rows()
+    chunks.append(rows.table(IMAGES))
+    for (split, lang), n in sorted(rows_read.counts.items()):
+        stats[split][lang] = n
     for name, figures in sorted(stats.items()):
         say(f"{name}: {figures}")
-    notes = {"table": roles.describe(), "left_out_languages": dict(other_languages)}
-    return ReadResult(images=rows.table(IMAGES), captions=captions.table(CAPTIONS.remove(CAPTIONS.get_field_index("tokens"))),
-                      rejects=rejects.rows.table(REJECTS), stats=stats, notes=notes)  # fmt: skip
+    described = roles.describe() | ({"delimiter": delimiter} if delimiter else {})
+    notes = {"table": described, "left_out_languages": dict(other_languages)}
+    return ReadResult(images=pa.concat_tables(chunks), captions=captions, rejects=rows_read.rejects.rows.table(REJECTS),
+                      stats=stats, notes=notes)
