@@ -10,6 +10,7 @@ step, so what `mule search`, `mule serve` and the registered MLflow model use; n
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 
 import torch
@@ -33,8 +34,14 @@ def open_embedder(path: Path, label: str | None = None, weights_file: str | None
         meta["cfg"] = dataclasses.replace(
             cfg, features=dataclasses.replace(cfg.features, weights_file=str(weights_file))
         )
-    return Embedder(model, meta, label or str(path), device or torch.device("cpu"), _network_loader(meta["cfg"]),
-                    open_query_image)  # fmt: skip
+    embedder = Embedder(model, meta, label or str(path), device or torch.device("cpu"), _network_loader(meta["cfg"]),
+                        open_query_image)  # fmt: skip
+    for lang, (trained, installed) in embedder.tokenizer_drift().items():
+        logging.getLogger("mule.api").warning(
+            "%s: its %s captions were tokenised by %s; installed here: %s. A sentence may be split into other words "
+            "than in training (install the version it names to serve it as it was measured)",
+            embedder.label, lang, trained, installed)  # fmt: skip
+    return embedder
 
 
 def _network_loader(cfg: ModelSettings):

@@ -15,6 +15,7 @@ import re
 import threading
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -253,21 +254,34 @@ class Catalog:
         self.refresh_views()
         return path
 
-    def write_table_batches(self, name: str, dataset: str, batches: Iterable[pa.RecordBatch | pa.Table]) -> Path:
+    def write_table_batches(self, name: str, dataset: str, batches: Iterable[pa.RecordBatch | pa.Table],
+                            notes: dict[str, Any] | None = None) -> Path:  # fmt: skip
         """write_table for a table made batch by batch (millions of captions): each batch is
-        written as it comes, so memory holds one; readers see the table when it is whole."""
+        written as it comes, so memory holds one; readers see the table when it is whole.
+        `notes`: facts about the whole table, kept in the file's metadata (table_notes)."""
         schema = TABLES[name]
+        if notes:
+            schema = schema.with_metadata({f"mule.{k}".encode(): json.dumps(v).encode() for k, v in notes.items()})
         path = self.workdir.table_path(name, dataset)
         if self.read_only:
             self._committing()  # refuses
         with atomic_path(path) as tmp, pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
             for batch in batches:
                 table = pa.Table.from_batches([batch]) if isinstance(batch, pa.RecordBatch) else batch
-                writer.write_table(table.select(schema.names).cast(schema))
+                writer.write_table(table.select(schema.names).cast(TABLES[name]).replace_schema_metadata(schema.metadata))
             writer.close()
             self._committing()  # readers wait for the rename and the stage's record, not for the batches
         self.refresh_views()
         return path
+
+    def table_notes(self, name: str, dataset: str) -> dict[str, Any]:
+        """What write_table_batches noted about a table (the captions' tokenisers): {} when
+        none, or no such table (its readers say that)."""
+        try:
+            metadata = pq.read_schema(self.workdir.table_path(name, dataset)).metadata or {}
+        except (OSError, pa.ArrowException):
+            return {}
+        return {k.decode().removeprefix("mule."): json.loads(v) for k, v in metadata.items() if k.startswith(b"mule.")}
 
     def has_table(self, name: str, dataset: str) -> bool:
         return self.workdir.table_path(name, dataset).exists()

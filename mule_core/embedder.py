@@ -24,6 +24,7 @@ import torch
 from .errors import UserError
 from .model import MuleModel, TextBatch
 from .text import detect_language, pad_batch, tokenize
+from .tokenizers import drift, tokenizer_names
 
 MAX_QUERY_CHARS = 1000  # a caption is a sentence; longer text is a mistake, not a query
 # A query image's pixel budget, checked from its header before anything is decoded: a
@@ -72,6 +73,17 @@ class Embedder:
         return self.meta["extractor"]
 
     @property
+    def tokenizers(self) -> dict[str, str]:
+        """lang -> the tokeniser the model's training captions were split by: the identities
+        the model carries (a model from before they were stored: its text.tokenizers, and the rule)."""
+        stored = self.meta.get("tokenizers")
+        return tokenizer_names(stored) if stored else dict(self.meta["cfg"].text.tokenizers)
+
+    def tokenizer_drift(self) -> dict[str, tuple[str, str]]:
+        """lang -> (the tokeniser's identity trained with, the one installed here) where they differ."""
+        return drift(self.meta.get("tokenizers") or {})
+
+    @property
     def has_images(self) -> bool:
         return self.model.image_branch is not None
 
@@ -83,7 +95,7 @@ class Embedder:
                 raise EmbedError(f"{self.label} does not know {lang!r}; its languages are "
                                  f"{', '.join(vocabs)}", "unknown language")  # fmt: skip
             return lang, "given"
-        guess = detect_language(text, vocabs, self.meta["cfg"].text.tokenizers)
+        guess = detect_language(text, vocabs, self.tokenizers)
         if guess.lang is None:
             raise EmbedError(f"none of the words of {text!r} is in the vocabulary of any language of {self.label} "
                              f"({', '.join(vocabs)}); give its language if you know it (--lang, or lang=)", "unknown words")  # fmt: skip
@@ -130,7 +142,7 @@ class Embedder:
         if len(text) > MAX_QUERY_CHARS:
             raise EmbedError(f"the sentence has {len(text):,} characters; at most {MAX_QUERY_CHARS:,}", "too large")
         lang, how = self.choose_language(text, lang)
-        tokens = tokenize(text, lang, self.meta["cfg"].text.tokenizers)
+        tokens = tokenize(text, lang, self.tokenizers)
         if not tokens:
             raise EmbedError("the sentence has no words", "empty")
         if len(self.meta["vocabulary"].encode(lang, [tokens]).unknown[0]) == len(tokens):

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from .subwords import ngram_table
-from .tokenizers import TOKENIZER_VERSION, normalise, tokenize, tokenizer_version  # noqa: F401 - text's names
+from .tokenizers import normalise, tokenize, tokenizer_names, tokenizer_version  # noqa: F401 - text's names
 
 PAD, UNK = "<pad>", "<unk>"
 

@@ -18,7 +18,6 @@ from functools import cache
 
 from .languages import base, tokenizer_name
 
-TOKENIZER_VERSION = "moses-lower-nfkc-1"  # space-delimited languages (stored with each ingest)
 _INVISIBLE = re.compile("[\u200b\u200c\u200d\u2060\ufeff]")
 
 
@@ -59,15 +58,39 @@ def _word_boundaries():
     return regex.compile(r"(?V1w)\b")
 
 
-def tokenizer_version(lang: str, overrides: Mapping[str, str] | None = None) -> str:
-    """What tokenised a language's captions: stored with the ingest, part of the stage keys."""
-    name = tokenizer_name(lang, overrides)
-    if name == "moses":
-        return TOKENIZER_VERSION
+PACKAGES = {"moses": "sacremoses", "unicode": "regex", "janome": "janome", "jieba": "jieba"}  # what each rule runs
+NORMALISATION = "lower-nfkc-1"  # normalise()'s rule: a new one is a new identity
+
+
+@cache
+def _installed(package: str) -> str:
     from importlib.metadata import version
 
-    package = "regex" if name == "unicode" else name
-    return f"{name}-{version(package)}-lower-nfkc-1"
+    return version(package)
+
+
+def tokenizer_version(lang: str, overrides: Mapping[str, str] | None = None) -> str:
+    """What tokenises a language's captions, its identity: the rule, its library and that
+    library's version, the normalisation ("moses sacremoses==0.1.1 lower-nfkc-1"). Stored
+    with the captions at ingest (part of ingest's key) and with every model trained on
+    them; serving compares it with what is installed (drift)."""
+    name = tokenizer_name(lang, overrides)
+    return f"{name} {PACKAGES[name]}=={_installed(PACKAGES[name])} {NORMALISATION}"
+
+
+def tokenizer_names(identities: Mapping[str, str]) -> dict[str, str]:
+    """lang -> the rule's name of each identity (also of those stored before libraries were
+    named: "moses-lower-nfkc-1", "janome-0.5.0-lower-nfkc-1")."""
+    return {lang: re.match(r"[a-z]+", identity)[0] for lang, identity in identities.items()}
+
+
+def drift(identities: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+    """lang -> (the identity stored, the identity installed now) where the two differ: the
+    same rule run by another version of its library (or another normalisation) may split
+    a sentence otherwise than the training captions were split."""
+    names = tokenizer_names(identities)
+    now = {lang: tokenizer_version(lang, names) for lang in identities}
+    return {lang: (identities[lang], now[lang]) for lang in identities if identities[lang] != now[lang]}
 
 
 def tokenize(text: str, lang: str, overrides: Mapping[str, str] | None = None) -> list[str]:

@@ -82,7 +82,35 @@ def plan(wd: Workdir, cfg: MuleConfig, named: list[str]) -> list[str]:
     damaged = reuse.damaged_upstream(wd, cfg, stages)
     for stage, why in damaged.items():
         logging.getLogger("mule.pipeline").warning("%s runs again first: %s", stage, why)
+    retokenise = _tokenizers_changed(wd, cfg, stages)
+    if retokenise:  # the stored tokens are another tokeniser's: ingest and what follows from it first
+        from .declaration import writers_upstream
+
+        upstream = [s for s in writers_upstream(stages, cfg) if s not in stages]
+        logging.getLogger("mule.pipeline").warning("text.tokenizers changed since the captions were tokenised (%s): "
+                                                   "%s run first, each reused where its key says so", retokenise,
+                                                   ", ".join(upstream) or "ingest")  # fmt: skip
+        stages = [*stages, *upstream]
     return in_pipeline_order([*stages, *damaged])
+
+
+def _tokenizers_changed(wd: Workdir, cfg: MuleConfig, stages: list[str]) -> str:
+    """"en: moses -> unicode" when text.tokenizers names other tokenisers than those that made
+    the stored captions' tokens, and a stage planned uses those tokens; "" otherwise."""
+    from .declaration import BY_NAME
+
+    steps = [step for s in stages for step in (BY_NAME[s].steps or (s,))]
+    if not any(_declares(BY_NAME[s], "text.tokenizers") for s in steps if s != "ingest"):
+        return ""
+    from mule.data_catalog.catalog import Catalog
+    from mule.tasks.support.tokens import changed
+
+    differ = changed(Catalog(wd), cfg.data.dataset, cfg.data.languages, cfg.text.tokenizers)
+    return ", ".join(f"{lang}: {old} -> {new}" for lang, (old, new) in differ.items())
+
+
+def _declares(stage, option: str) -> bool:
+    return any(option == c or (c.endswith(".") and option.startswith(c)) for c in stage.config)
 
 
 def up_to_date(wd: Workdir, cfg: MuleConfig, stages: list[str], forced: set[str]) -> dict[str, reuse.Decision] | None:

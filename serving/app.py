@@ -143,7 +143,10 @@ def create_app(embedder: Embedder, gallery: Gallery, max_upload_bytes: int = 10 
         return {"model": embedder.label, "dataset": dataset, "languages": embedder.languages,
                 "images": len(gallery.image_ids), "captions": {k: len(v.ids) for k, v in gallery.captions.items()},
                 "extractor": embedder.extractor, "max_k": MAX_K, "max_upload_bytes": max_upload_bytes,
-                "max_pixels": max_pixels, "index": gallery.index_kind, "loaded": served.note}  # fmt: skip
+                "max_pixels": max_pixels, "index": gallery.index_kind, "loaded": served.note,
+                "tokenizers": embedder.meta.get("tokenizers") or embedder.tokenizers,
+                "tokenizer_drift": {lang: {"trained": t, "installed": i}
+                                    for lang, (t, i) in embedder.tokenizer_drift().items()}}  # fmt: skip
 
     def text_search(served: Served, q: str, lang: str | None, k: int) -> tuple:
         found = served.embedder.text(q, lang or None)

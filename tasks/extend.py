@@ -27,6 +27,7 @@ from mule.mule_core.model import count_parameters, with_added_language
 from mule.mule_core.training import Trainer, cross_lingual, encode_split, evaluate_split, resolve_device
 
 from .support.context import StageContext, logger
+from .support.tokens import caption_tokenizers
 from .support.training import history_records
 
 
@@ -65,6 +66,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
             raise AddLanguageError(f"the {other} word vectors changed since {base_path} was trained; retrain it")
     base_cfg, extractor = meta["cfg"], meta["extractor"]
     max_tokens = base_cfg.text.max_tokens
+    tokenizers = caption_tokenizers(catalog, dataset, vocabulary.languages, cfg.text.tokenizers, "extend")
     all_train = load_split(catalog, dataset, "train", vocabulary, max_tokens, extractor, cfg.data.captions)
     train = all_train.images_with(lang)  # the others' images teach the new branch nothing
     val = load_split(catalog, dataset, "val", vocabulary, max_tokens, extractor)
@@ -107,7 +109,8 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     path = wd.model_path(dataset, cfg.train.model_name)
     save_model(path, model, replace(cfg, model=base_cfg.model, text=replace(cfg.text, word_dim=base_cfg.text.word_dim, max_tokens=max_tokens)), vocabulary, kind="joint",
                dataset=dataset, extractor=extractor, best_epoch=trainer.best_epoch, val_score=trainer.best_score,
-               parameters=counts, base_model=str(base_path), added_language=lang, unchanged=unchanged)  # fmt: skip
+               parameters=counts, base_model=str(base_path), added_language=lang, unchanged=unchanged,
+               tokenizers=tokenizers)  # fmt: skip
     return {"path": str(path), "language": lang, "best_epoch": trainer.best_epoch, "val_mR": trainer.best_score,
             "trainable_parameters": trainable, "parameters": counts, "existing_languages_max_change": unchanged,
             "seconds": round(time.perf_counter() - started, 1), "history": history_records(history)}  # fmt: skip

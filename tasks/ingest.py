@@ -103,7 +103,9 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     progress = Progress("tokenising", result.captions.num_rows, unit="captions", logger=log)
     try:
         with tokeniser(result.captions.num_rows, overrides, progress) as words:
-            catalog.write_table_batches("captions", cfg.data.dataset, with_tokens(result.captions, words))
+            # the tokenisers' identities travel with the tokens they made (tasks.support.tokens)
+            catalog.write_table_batches("captions", cfg.data.dataset, with_tokens(result.captions, words),
+                                        notes={"tokenizers": versions})  # fmt: skip
     finally:
         if hasattr(result.captions, "close"):  # a large table's captions, kept on disk until written
             result.captions.close()

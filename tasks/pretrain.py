@@ -16,6 +16,7 @@ from mule.mule_core.model import build_model
 from mule.mule_core.training import Trainer, cross_lingual, resolve_device
 
 from .support.context import StageContext, logger
+from .support.tokens import caption_tokenizers
 from .support.training import Checkpoints, divergence_tags, history_records, phase_seconds
 
 
@@ -29,6 +30,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     if len(vocabulary.languages) < 2:
         log.info("LP needs two languages or more; dataset %s has %s: skipped", dataset, vocabulary.languages)
         return {"skipped": f"one language ({', '.join(vocabulary.languages)})"}
+    tokenizers = caption_tokenizers(catalog, dataset, vocabulary.languages, cfg.text.tokenizers, "pretrain")
     train = load_split(catalog, dataset, "train", vocabulary, cfg.text.max_tokens, captions=cfg.data.captions)
     val = load_split(catalog, dataset, "val", vocabulary, cfg.text.max_tokens)
     device = resolve_device(cfg.train.device)
@@ -61,7 +63,8 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     started = time.perf_counter()
     history = trainer.fit(on_epoch)
     path = catalog.lp_model_path(cfg)
-    save_model(path, model, cfg, vocabulary, kind="lp", best_epoch=trainer.best_epoch, val_score=trainer.best_score)
+    save_model(path, model, cfg, vocabulary, kind="lp", best_epoch=trainer.best_epoch, val_score=trainer.best_score,
+               tokenizers=tokenizers)  # fmt: skip
     checkpoints.remove_once_recorded()
     log.info("LP done: best epoch %d, val cross-lingual R@1 %.1f (MULE layer)", trainer.best_epoch, trainer.best_score)
     return {"path": str(path), "captions": len(train.caption_image), "best_epoch": trainer.best_epoch,

@@ -31,6 +31,7 @@ from mule.mule_core.text import PAD, UNK
 
 from .support import fasttext_worker
 from .support.context import StageContext, logger
+from .support.tokens import caption_tokenizers
 
 
 @contextlib.contextmanager
@@ -171,6 +172,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     catalog, cfg = ctx.catalog, ctx.cfg
     log, t, dataset = logger(), cfg.text, cfg.data.dataset
     languages = dataset_languages(catalog, dataset, cfg.data.languages)
+    caption_tokenizers(catalog, dataset, languages, t.tokenizers, "text")  # the vocabulary is the tokens' words
     lengths = tuple(cfg.model.ngram_lengths) if cfg.model.subwords else ()
     columns: dict[str, list] = {
         name: [] for name in ("dataset", "lang", "index", "token", "train_count", "vector", "source")

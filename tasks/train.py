@@ -23,6 +23,7 @@ from mule.mule_core.model import build_model, count_parameters
 from mule.mule_core.training import Trainer, evaluate_split, resolve_device
 
 from .support.context import StageContext, images_with_files, logger
+from .support.tokens import caption_tokenizers
 from .support.training import Checkpoints, divergence_tags, history_records, phase_seconds
 
 
@@ -50,6 +51,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     images_with_files(catalog, dataset)  # a dataset without images stops here, saying so
     extractor = catalog.require_current_extractor(dataset, cfg.features)
     vocabulary = load_vocabulary(catalog, dataset, cfg.data.languages, cfg.model)
+    tokenizers = caption_tokenizers(catalog, dataset, vocabulary.languages, cfg.text.tokenizers, "train")
     train = load_split(catalog, dataset, "train", vocabulary, cfg.text.max_tokens, extractor, cfg.data.captions)
     val = load_split(catalog, dataset, "val", vocabulary, cfg.text.max_tokens, extractor)
     device = resolve_device(cfg.train.device)
@@ -103,7 +105,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     best = next((r for r in history if r.epoch == trainer.best_epoch), None)
     save_model(path, model, cfg, vocabulary, kind="joint", dataset=dataset, extractor=extractor,
                best_epoch=trainer.best_epoch, val_score=trainer.best_score,
-               val_table=best.validation if best else None, parameters=counts)  # fmt: skip
+               val_table=best.validation if best else None, parameters=counts, tokenizers=tokenizers)  # fmt: skip
     checkpoints.remove_once_recorded()
     log.info("training done: best epoch %d of %d, val mean mR %.2f; model at %s",
              trainer.best_epoch, cfg.train.epochs, trainer.best_score, path)  # fmt: skip

@@ -34,9 +34,11 @@ from mule.data_catalog.sources import locate
 from mule.mule_core.errors import UserError
 from mule.mule_core.progress import Progress
 from mule.mule_core.text import tokenize
+from mule.mule_core.tokenizers import tokenizer_names
 from mule.mule_core.translation import WordTable, best_translations, ibm_model1
 
 from .support.context import StageContext, logger
+from .support.tokens import caption_tokenizers
 
 if TYPE_CHECKING:
     from mule.pipeline.config import MuleConfig
@@ -241,6 +243,9 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     started = time.perf_counter()
     pairs = [(s, d) for s, d in language_pairs(cfg) if s in cfg.data.languages and d in cfg.data.languages]
     captions = queries.human_captions_to_translate(catalog, dataset, cfg.translate.splits)
+    # MT captions are split into words as the human ones were, by the tokenisers that made those
+    tokenizers = tokenizer_names(caption_tokenizers(catalog, dataset, cfg.data.languages, cfg.text.tokenizers,
+                                                    "translate"))  # fmt: skip
     backend = make_backend(cfg, wd, catalog, pairs)
     missing = getattr(backend, "missing", {})
     if missing:
@@ -250,7 +255,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
         pairs = [(s, d) for s, d in pairs if f"{s}-{d}" not in missing]
     if hasattr(backend, "tokens_of"):
         backend.tokens_of = {c["text"]: c["tokens"] for c in captions}
-        backend.tokenizers = cfg.text.tokenizers
+        backend.tokenizers = tokenizers
     # Word tables translate thousands of sentences a second: redoing them costs less than an fsync each.
     cache = TranslationCache(catalog, dataset, durable=not getattr(backend, "output_is_tokenised", False))
     counts: Counter = Counter()
@@ -284,7 +289,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     finally:
         cache.commit()  # whatever arrived is kept, even when the service gave up
 
-    table = mt_captions_table(dataset, out, backend, cfg.text.tokenizers)
+    table = mt_captions_table(dataset, out, backend, tokenizers)
     catalog.write_table("captions", f"{dataset}.mt", table)
     stats = getattr(backend, "stats", None)
     summary = {
