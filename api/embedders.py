@@ -34,7 +34,7 @@ def open_embedder(path: Path, label: str | None = None, weights_file: str | None
         meta["cfg"] = dataclasses.replace(
             cfg, features=dataclasses.replace(cfg.features, weights_file=str(weights_file))
         )
-    embedder = Embedder(model, meta, label or str(path), device or torch.device("cpu"), _network_loader(meta["cfg"]),
+    embedder = Embedder(model, meta, label or str(path), device or torch.device("cpu"), _network_loader(meta),
                         open_query_image)  # fmt: skip
     for lang, (trained, installed) in embedder.tokenizer_drift().items():
         logging.getLogger("mule.api").warning(
@@ -44,11 +44,21 @@ def open_embedder(path: Path, label: str | None = None, weights_file: str | None
     return embedder
 
 
-def _network_loader(cfg: ModelSettings):
+def _network_loader(meta: dict):
+    """The model's extractor, run by the engine its gallery's features were made by (ONNX
+    Runtime and PyTorch agree within 1e-4, not bit for bit)."""
+    from mule.mule_core.features import engine_of
+
+    cfg: ModelSettings = meta["cfg"]
+    engine = engine_of(meta.get("extractor_numerics"))
+
     def load(device: torch.device):
+        from types import SimpleNamespace
+
         from mule.data_catalog.weights import load_extractor
 
-        return load_extractor(cfg.features, device)
+        chosen = engine if engine != "onnxruntime" or device.type == "cpu" else "torch"
+        return load_extractor(SimpleNamespace(**dataclasses.asdict(cfg.features), engine=chosen), device)
 
     return load
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import subprocess
 import sys
@@ -59,6 +58,7 @@ def generate(root: Path, rows: int, n_images: int, delimiter: str, long_cells: b
         if i % 20000 == 0:
             print(f"  images {i:,}/{n_images:,} ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
     splits = ("train",) * 8 + ("val", "test")
+    previous, previous_image, previous_lang = "", 0, "es"  # the row before (a duplicate repeats it)
     with open(root / "captions.csv", "w", encoding="utf-8", newline="") as out:
         out.write(delimiter.join(("file_name", "caption", "lang", "split")) + "\n")
         for n in range(rows):
@@ -72,8 +72,8 @@ def generate(root: Path, rows: int, n_images: int, delimiter: str, long_cells: b
             elif n % 50_000 == 29:
                 caption = ""
             elif n % 50_000 == 31:
-                caption, lang = previous, previous_lang  # noqa: F821 - the row before's: a duplicate
-                image, name = previous_image, f"images/{previous_image:07d}.png"  # noqa: F821
+                caption, lang = previous, previous_lang  # the row before's: a duplicate
+                image, name = previous_image, f"images/{previous_image:07d}.png"
             elif n % 50_000 == 37 and long_cells:
                 caption = "Largo " * 40_000  # 240,000 characters: past any CSV reader's default cell limit
             previous, previous_image, previous_lang = caption, image, lang

@@ -133,6 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds an upload's body may take to arrive; then 408 (default: 10)",
     )
     serve.add_argument(
+        "--send-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a client may read nothing of an answer (a large image) before it is dropped (default: 30)",
+    )
+    serve.add_argument(
         "--reload",
         type=float,
         default=30.0,

@@ -36,8 +36,9 @@ def run(args: argparse.Namespace) -> int:
     if args.max_megapixels <= 0 or args.max_in_flight < 1 or args.threads < 0:
         raise ConfigError("--max-megapixels and --max-in-flight must be positive, --threads at least 0")
     options = serving_options(args.assignments)
-    if args.reload < 0 or args.header_timeout <= 0 or args.body_timeout <= 0 or args.max_uploads < 1:
-        raise ConfigError("--reload must be at least 0, --header-timeout and --body-timeout positive, "
+    if (args.reload < 0 or args.header_timeout <= 0 or args.body_timeout <= 0 or args.send_timeout <= 0
+            or args.max_uploads < 1):  # fmt: skip
+        raise ConfigError("--reload must be at least 0, --header-timeout, --body-timeout and --send-timeout positive, "
                           "--max-uploads at least 1")  # fmt: skip
     from mule.serving import live as serving
 
@@ -72,6 +73,6 @@ def run(args: argparse.Namespace) -> int:
     # uvicorn takes Ctrl-C and SIGTERM while it serves and stops (answers in flight get a
     # second); it swallows the KeyboardInterrupt it raises again, so ask what stopped it.
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=1,
-                http=deadline_protocol(args.header_timeout))  # fmt: skip
+                http=deadline_protocol(args.header_timeout, args.send_timeout))  # fmt: skip
     stopped_by = interrupts.stopping()
     return interrupts.finish(stopped_by) if stopped_by else 0

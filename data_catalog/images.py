@@ -43,6 +43,8 @@ _PIXEL_BYTES = {"1": 1, "L": 1, "P": 1, "LA": 2, "La": 2, "PA": 2, "RGB": 3, "YC
                 "RGBA": 4, "RGBa": 4, "RGBX": 4, "CMYK": 4, "I": 4, "F": 4, "I;16": 2, "I;16B": 2, "I;16L": 2,
                 "I;16N": 2}  # fmt: skip
 MAX_DECODED_BYTES = 4 * MAX_PIXELS  # an RGBA image at Pillow's pixel limit
+ORIENTATION = 0x0112  # the EXIF tag
+STRIP_PIXELS = 1 << 20  # what a strip of a large image holds while it is converted or reduced
 
 
 class BadImage(ValueError):
@@ -138,17 +140,21 @@ def load_rgb(path: Path | bytes, min_side: int = 0, max_pixels: int = MAX_PIXELS
                 width, height = image.size
                 scale = min_side / min(width, height)
                 image.draft("RGB", (max(1, round(width * scale)), max(1, round(height * scale))))
+            opened, orientation = image, image.getexif().get(ORIENTATION, 1)  # applied once small
             image.load()  # decode now: a truncated file fails here, not later
-            image = ImageOps.exif_transpose(image) or image
             if image.mode in ("P", "PA") and "transparency" in image.info:
                 image = image.convert("RGBA")
-            if image.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):  # 16/32-bit grey: to 8 bits first
-                image = _to_8bit(image)
             factor = min(image.size) // (2 * min_side) if min_side else 0
+            if image.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):  # 16/32-bit grey: to 8 bits first
+                image = _to_8bit(image, reduce=max(factor, 1))  # reduced on the way, strip by strip
+                factor = 0
             if factor >= 2 and image.mode in ("L", "RGB", "RGBA", "LA", "P", "CMYK"):
-                # far larger than needed (a JPEG's draft already came down): reduce before the RGB copy
-                image = (image.convert("RGB") if image.mode in ("P", "CMYK") else image).reduce(factor)
-            return image.convert("RGB")
+                # far larger than needed (a JPEG's draft already came down): reduced before the RGB copy
+                image = _reduced(image, factor)
+            if orientation != 1:  # on the reduced image: a transposed copy of the full one cost its size again
+                image = ImageOps.exif_transpose(image)
+            # a new image (the opened one is closed on the way out), made once
+            return image if image.mode == "RGB" and image is not opened else image.convert("RGB")
         except MemoryError:
             raise BadImage("not enough memory to decode it") from None
         except (OSError, ValueError, SyntaxError, EOFError) as error:  # what Pillow raises for bad bytes
@@ -169,18 +175,51 @@ def _raised_by_pillow(error: BaseException) -> bool:
     return tb is not None and f"{os.sep}PIL{os.sep}" in tb.tb_frame.f_code.co_filename
 
 
-def _to_8bit(image: Image.Image, strip_rows: int = 256) -> Image.Image:
-    """A 16-bit, 32-bit or float grey image stretched to 8 bits, a strip of rows at a time:
-    never more than the image itself plus a strip (a float64 copy of a 40 MP image was 320 MB)."""
+def _reduced(image: Image.Image, factor: int) -> Image.Image:
+    """The image reduced by `factor` (box averages), a strip of rows at a time: Pillow's own
+    reduce copies an RGBA image whole first (premultiplied alpha), and a palette or CMYK
+    image had to be made RGB (4 bytes a pixel) whole before it."""
+    width, height = image.size
+    rows = max(factor, (STRIP_PIXELS // width) // factor * factor)
+    out = None
+    for top in range(0, height, rows):
+        strip = image.crop((0, top, width, min(top + rows, height)))
+        strip = (strip.convert("RGB") if strip.mode in ("P", "CMYK") else strip).reduce(factor)
+        if out is None:
+            out = Image.new(strip.mode, ((width + factor - 1) // factor, (height + factor - 1) // factor))
+        out.paste(strip, (0, top // factor))
+    return out
+
+
+def _to_8bit(image: Image.Image, strip_rows: int = 0, reduce: int = 1) -> Image.Image:
+    """A 16-bit, 32-bit or float grey image stretched to 8 bits and reduced by `reduce`
+    (its pixels averaged in reduce x reduce boxes), a strip of rows at a time: beside the
+    decoded image, only a strip and the (reduced) 8-bit result are ever held. A copy of the
+    whole image as an array cost its size again (92 MB for a 107 KB 16-bit PNG)."""
     import numpy as np
 
-    values = np.asarray(image)  # its own type: 2 or 4 bytes a pixel
-    finite = values if values.dtype.kind != "f" else np.where(np.isfinite(values), values, np.nan)
-    low, high = float(np.nanmin(finite)), float(np.nanmax(finite))
-    out = np.zeros(values.shape, np.uint8)
-    if high > low:
-        scale = 255.0 / (high - low)
-        for start in range(0, values.shape[0], strip_rows):
-            strip = np.nan_to_num(values[start : start + strip_rows].astype(np.float32), nan=low, posinf=low, neginf=low)
-            out[start : start + strip_rows] = ((strip - low) * scale).clip(0, 255).astype(np.uint8)
+    width, height = image.size
+    rows = max(reduce, (strip_rows or STRIP_PIXELS // width) // reduce * reduce)  # whole boxes in every strip
+
+    def strips():
+        for top in range(0, height, rows):
+            strip = np.asarray(image.crop((0, top, width, min(top + rows, height)))).astype(np.float32)
+            yield top, np.where(np.isfinite(strip), strip, np.nan)
+
+    low = high = None
+    for _, strip in strips():  # the range, without a copy of the whole image
+        if np.isfinite(strip).any():
+            lo, hi = float(np.nanmin(strip)), float(np.nanmax(strip))
+            low, high = (lo, hi) if low is None else (min(low, lo), max(high, hi))
+    out = np.zeros(((height + reduce - 1) // reduce, (width + reduce - 1) // reduce), np.uint8)
+    if low is None or high <= low:
+        return Image.fromarray(out, "L")
+    scale = 255.0 / (high - low)
+    for top, strip in strips():
+        scaled = np.nan_to_num((strip - low) * scale, nan=0.0).clip(0, 255)
+        if reduce > 1:  # box averages; the last boxes of a side may be partial
+            h, w = scaled.shape
+            padded = np.pad(scaled, ((0, -h % reduce), (0, -w % reduce)), mode="edge")
+            scaled = padded.reshape(padded.shape[0] // reduce, reduce, padded.shape[1] // reduce, reduce).mean((1, 3))
+        out[top // reduce : top // reduce + scaled.shape[0]] = scaled.astype(np.uint8)
     return Image.fromarray(out, "L")

@@ -24,12 +24,68 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def cuda_visible() -> bool:
+    """Whether torch would find a CUDA device (resolve_device's "auto"): asked of torch when
+    it is imported already; else known without importing it (keys are taken before
+    anything heavy is imported): the installed torch has its CUDA library, and NVIDIA's
+    management library counts a device that CUDA_VISIBLE_DEVICES does not hide. NVML makes
+    no CUDA context, so a process that forks afterwards is not harmed."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return torch.cuda.is_available()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return False
+    return _torch_has_cuda() and _nvml_devices() > 0
+
+
+@functools.cache
+def _torch_has_cuda() -> bool:
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("torch")
+    places = list(spec.submodule_search_locations or []) if spec else []
+    return any(any((Path(p) / "lib").glob("libtorch_cuda*")) for p in places)
+
+
+@functools.cache
+def _nvml_devices() -> int:
+    import ctypes
+
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:  # no NVIDIA driver
+        return 0
+    if nvml.nvmlInit_v2() != 0:
+        return 0
+    count = ctypes.c_uint(0)
+    found = nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) == 0
+    nvml.nvmlShutdown()
+    return count.value if found else 0
+
+
+def device_kind(name: str) -> str:
+    """train.device resolved as resolve_device resolves it, as a kind ("cpu", "cuda"), without torch."""
+    if name == "auto":
+        return "cuda" if cuda_visible() else "cpu"
+    return name.split(":", 1)[0]
+
+
+def training_arithmetic(device: str, amp: bool) -> str:
+    """Where a training stage computes and in which arithmetic: part of its key, since a
+    model trained in float16 autocast on a GPU is another model than one trained in
+    float32 on the CPU ("cpu float32", "cuda float16-autocast", "cuda float32")."""
+    kind = device_kind(device)
+    return f"{kind} {'float16-autocast' if kind == 'cuda' and amp else 'float32'}"
+
+
 def cpu_threads(requested: int) -> int:
     """The CPU threads torch computes with: `requested` (train.threads), or with 0 what
     torch would take by itself: OMP_NUM_THREADS where it is set, else one per core this
-    process may run on. Training's results depend on the count (a parallel sum is split
-    differently), so the count is part of the training stages' keys. Known without
-    importing torch: keys are taken before anything heavy is imported."""
+    process may run on. Known without importing torch. Not part of any key: 1 and 2 threads
+    split a parallel sum differently, and train the same model to within the tolerance
+    tests/test_training.py states; the count is recorded with each run."""
     if requested > 0:
         return requested
     try:

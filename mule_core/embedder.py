@@ -164,8 +164,14 @@ class Embedder:
         with self.open_image(source, transform.shorter_side, max_pixels) as image:
             crops = transform(image)
         network, _ = self.load_network(self.device)
-        with torch.no_grad():
+        with torch.no_grad(), self._gallery_arithmetic():
             return extract(network, crops.unsqueeze(0)).float().cpu()
+
+    def _gallery_arithmetic(self):
+        """A query image is extracted as the gallery's images were (the arithmetic the model's
+        features were made in): bfloat16 autocast for features made on a GPU, wherever it runs."""
+        made_in = self.meta.get("extractor_numerics")
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=made_in == "bfloat16-autocast")
 
     def warm_up(self) -> str:
         """Loads the image extractor and runs each language's encoder once, so that a
@@ -221,7 +227,7 @@ class Embedder:
         if crops.dim() != 5:
             raise EmbedError(f"expected preprocessed images stacked as (n, crops, 3, size, size), got {tuple(crops.shape)}")
         network, _ = self.load_network(self.device)
-        with torch.no_grad():
+        with torch.no_grad(), self._gallery_arithmetic():
             return extract(network, crops.to(self.device)).float().cpu()
 
     def image(self, source: Path | bytes, max_pixels: int = MAX_QUERY_PIXELS) -> np.ndarray:

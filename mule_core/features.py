@@ -269,12 +269,19 @@ def engine_for(f, device: torch.device) -> str:
     return engine
 
 
-def numerics(device: torch.device) -> str:
-    """How the extractor's arithmetic is done on `device`: part of the vectors' identity.
-    On CUDA, bfloat16 autocast (ResNet features differ from float32's by ~0.4% relative
-    L2); on the CPU, float32, whether PyTorch or ONNX Runtime runs it (they agree within
-    1e-4 on the real weights: tests/test_backbones.py), so the two share vectors."""
-    return "bfloat16-autocast" if device.type == "cuda" else "float32"
+def numerics(device: torch.device, engine: str = "torch") -> str:
+    """How the extractor's arithmetic is done on `device` by `engine`: part of the vectors'
+    identity, and what a served query image is extracted with (the gallery's). On CUDA,
+    bfloat16 autocast (ResNet features differ from float32's by ~0.4% relative L2); on the
+    CPU, float32 by PyTorch or by ONNX Runtime: two identities, since they agree within
+    1e-4 on the real weights (tests/test_backbones.py), not bit for bit."""
+    return "bfloat16-autocast" if device.type == "cuda" else f"float32-{engine}"
+
+
+def engine_of(arithmetic: str | None) -> str:
+    """The engine that computes in this arithmetic ("auto" for one from before engines were named)."""
+    return {"bfloat16-autocast": "torch", "float32-torch": "torch", "float32-onnxruntime": "onnxruntime"}.get(
+        arithmetic or "", "auto")
 
 
 def extractor_network(f, device: torch.device, state_dict: dict | None):

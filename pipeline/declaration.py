@@ -70,8 +70,8 @@ class Stage:
     # its variants run; the rebuild's stages that write what those read run before it.
     sweep: str | None = None
     steps: tuple[str, ...] = ()
-    # trains with torch on train.threads CPU threads: the count used (mule_core.devices.cpu_threads)
-    # changes its results, so it is part of the key
+    # trains with torch: the device and arithmetic it trains in (train.device resolved, and
+    # train.amp on CUDA) are part of its key; the CPU threads it used are recorded with it
     threaded: bool = False
     # what it keeps of its own work when a run is stopped in it (the command's last line says so)
     resumes: str = ""
@@ -122,7 +122,8 @@ _TRAINING = ("model.", "loss.", "train.", "pretrain.")
 _FEATURE_IDENTITY = ("features.arch", "features.weights", "features.weights_file", "features.input_size",
                      "features.resize", "features.crops", "features.pool", "features.seed")  # fmt: skip
 # Where a model trains, not what it learns; a trained model's name is its record's slot.
-# train.threads: the count it resolves to is the key's (a threaded stage's runtime part).
+# train.device: the device kind it resolves to, with its arithmetic, is the key's (a
+# threaded stage's runtime part); train.threads only moves the weights within rounding.
 _PLACEMENT = frozenset({"train.device", "train.threads"})
 # Where the raw files are: their content is the key's ("raw files", "lexicons"), not their path.
 _WHERE = ("data.source", "data.images", "data.dictionaries")

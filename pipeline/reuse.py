@@ -49,13 +49,16 @@ def config_parts(cfg: MuleConfig, stage: Stage) -> dict[str, str]:
 
 
 def runtime_parts(cfg: MuleConfig, stage: Stage) -> dict[str, str]:
-    """What the machine contributes to a stage's numbers: the CPU threads a training stage
-    computes with (1 and 2 threads train different weights)."""
+    """What the machine contributes to a training stage's model: the device and arithmetic
+    it trains in (CPU float32 and CUDA mixed precision make other models). Not the thread
+    count: that follows the machine (a workdir copied to a bigger one, taskset, a container's
+    CPU limit) and moves the weights only within rounding (tests/test_training.py); it is
+    recorded with the run instead."""
     if not stage.threaded:
         return {}
-    from mule.mule_core.devices import cpu_threads
+    from mule.mule_core.devices import training_arithmetic
 
-    return {"runtime cpu threads": str(cpu_threads(cfg.train.threads))}
+    return {"runtime arithmetic": training_arithmetic(cfg.train.device, cfg.train.amp)}
 
 
 def _images_digest(wd: Workdir, catalog: Catalog, dataset: str, hasher: FileHasher) -> str | None:
@@ -293,9 +296,18 @@ def record(wd: Workdir, cfg: MuleConfig, decision: Decision, result: Any, run_id
     path = wd.stage_record_path(cfg.data.dataset, stage, decision.slot)
     write_json_atomic({"stage": stage, "key": decision.key, "parts": decision.parts, "outputs": outputs,
                        "result": result, "run_id": run_id, "finished": time.time(), "reason": decision.reason,
-                       "root": str(wd.root), "published": False,
+                       "root": str(wd.root), "published": False, **runtime_record(cfg, BY_NAME[stage]),
                        "seconds": None if seconds is None else round(seconds, 2)}, path)  # fmt: skip
     running_path(path).unlink(missing_ok=True)
+
+
+def runtime_record(cfg: MuleConfig, stage: Stage) -> dict[str, Any]:
+    """What a stage's record (and its MLflow run) says of the machine it ran on, beside its key."""
+    if not stage.threaded:
+        return {}
+    from mule.mule_core.devices import cpu_threads
+
+    return {"cpu_threads": cpu_threads(cfg.train.threads)}
 
 
 def mark_published(wd: Workdir, cfg: MuleConfig, decision: Decision, result: Any, run_id: str | None,

@@ -74,7 +74,7 @@ class Runner:
 
         stage = BY_NAME[decision.stage]
         report = Tracker(self.workdir, run_id) if run_id else (self.report or Silent())
-        report.tags(reuse.tags(decision))
+        report.tags(reuse.tags(decision) | {f"mule.{k}": str(v) for k, v in reuse.runtime_record(cfg, stage).items()})
         reuse.logger().info("%s: %s", stage.name, decision.describe())
         # the computation is handed only the sections its declaration names (the rest fail loudly)
         ctx = StageContext(self.workdir, declared_sections(cfg, stage.name, stage.sections), key=decision.key,

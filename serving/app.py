@@ -13,12 +13,15 @@ nothing in a request is used as a path. A bad request gets a 4xx with a JSON
 `{"error": ...}` that says what was wrong; an unexpected failure a 500 without a traceback.
 
 Safe to leave running: the CPU work (the sentence and image encoders, the scan of the
-gallery) runs on a bounded pool of threads, never on the event loop, so a slow upload
-does not stall the other requests; uploads and the other requests are admitted apart (at
-most `max_uploads` uploads and `max_in_flight` others at once, the next get 503 with
-Retry-After), so uploads in flight never starve the page or a search; a request's
-headers must arrive within `header_timeout` seconds and an upload's body within
-`body_timeout` (408 otherwise: a client sending a byte a second holds nothing for long);
+gallery) runs on bounded pools of threads, never on the event loop, so a slow upload
+does not stall the other requests; uploads decode on a pool of their own, one thread
+fewer than the cores, so a burst of large images leaves the searches a core; uploads and
+the other requests are admitted apart (at most `max_uploads` uploads and `max_in_flight`
+others at once, the next get 503 with Retry-After), so uploads in flight never starve
+the page or a search; a request's headers must arrive within `header_timeout` seconds and
+an upload's body within `body_timeout` (408 otherwise: a client sending a byte a second
+holds nothing for long), and a client that stops reading an answer is dropped after
+`send_timeout` seconds of a full send buffer;
 an upload's pixels and decoded bytes are checked from its header against budgets before
 anything is decoded, and only JPEG, PNG, WebP, GIF, BMP and TIFF are opened (415 for the
 rest); the Host header must name this server (a page on another site cannot reach a
@@ -98,13 +101,17 @@ def create_app(embedder: Embedder, gallery: Gallery, max_upload_bytes: int = 10 
     serving.live reloads (else made here from `embedder` and `gallery`)."""
     app = FastAPI(title="mule", docs_url="/api/docs", redoc_url=None, openapi_url="/api/openapi.json")
     page = resources.files("mule.serving").joinpath("page.html").read_text(encoding="utf-8")
-    cpu = anyio.CapacityLimiter(cpu_threads or os.cpu_count() or 1)
+    threads = cpu_threads or os.cpu_count() or 1
+    cpu = anyio.CapacityLimiter(threads)
+    # Uploads decode and run the CNN on threads of their own, one fewer than the cores: a
+    # burst of large images queues there, and the searches keep a core and their own slots.
+    upload_cpu = anyio.CapacityLimiter(max(1, threads - 1))
     live = live or Live(Served(embedder, gallery))
     app.state.live = live
 
-    async def on_cpu(work, *args):
+    async def on_cpu(work, *args, limiter=cpu):
         """CPU work on the bounded pool (its own threads: the event loop keeps answering)."""
-        return await anyio.to_thread.run_sync(partial(work, *args), limiter=cpu)
+        return await anyio.to_thread.run_sync(partial(work, *args), limiter=limiter)
 
     app.add_middleware(Guard, allowed_hosts=tuple(h.lower() for h in allowed_hosts), max_in_flight=max_in_flight,
                        max_uploads=max_uploads)  # fmt: skip
@@ -176,7 +183,8 @@ def create_app(embedder: Embedder, gallery: Gallery, max_upload_bytes: int = 10 
         started, served = time.perf_counter(), live.current
         _check_k(k)
         body = await _body(request, max_upload_bytes, body_timeout)
-        results = await on_cpu(lambda: served.gallery.top_captions(served.embedder.image(body, max_pixels), k))
+        results = await on_cpu(lambda: served.gallery.top_captions(served.embedder.image(body, max_pixels), k),
+                               limiter=upload_cpu)  # fmt: skip
         return {"bytes": len(body), "results": results, "ms": round(1000 * (time.perf_counter() - started), 2)}
 
     @app.get("/images/{image_id:path}")
@@ -301,12 +309,33 @@ async def _body(request: Request, limit: int, timeout: float = 10.0) -> bytes:
 
 
 class DeadlineProtocol(H11Protocol):
-    """uvicorn's HTTP/1.1 protocol, with a deadline for a request's headers: a connection
-    that has not sent a whole request head within `header_timeout` seconds of opening (or
-    of its last answer) gets 408 and is closed; uvicorn alone waits for ever."""
+    """uvicorn's HTTP/1.1 protocol, with deadlines uvicorn alone does not keep (it waits for
+    ever): a connection that has not sent a whole request head within `header_timeout`
+    seconds of opening (or of its last answer) gets 408 and is closed; one that stops
+    reading an answer (a large /images/... file) is dropped when its send buffer has stayed
+    full for `send_timeout` seconds, so its request ends and gives its slot back."""
 
     header_timeout = 10.0
+    send_timeout = 30.0
     _timer: asyncio.TimerHandle | None = None
+    _send_timer: asyncio.TimerHandle | None = None
+
+    def pause_writing(self) -> None:
+        super().pause_writing()  # the client reads slower than we write: the answer waits
+        if self._send_timer is None:
+            self._send_timer = self.loop.call_later(self.send_timeout, self._reads_too_slowly)
+
+    def resume_writing(self) -> None:
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+        super().resume_writing()
+
+    def _reads_too_slowly(self) -> None:
+        self._send_timer = None
+        if not self.transport.is_closing():
+            log.info("%s: dropped a client that read nothing of its answer for %g s", self.client, self.send_timeout)
+            self.transport.abort()  # connection_lost follows: the request's send returns, its slot is free
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
@@ -333,6 +362,9 @@ class DeadlineProtocol(H11Protocol):
 
     def connection_lost(self, exc) -> None:
         self._disarm()
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
         super().connection_lost(exc)
 
     def _headers_too_slow(self) -> None:
@@ -345,6 +377,6 @@ class DeadlineProtocol(H11Protocol):
         self.transport.close()
 
 
-def deadline_protocol(header_timeout: float) -> type[DeadlineProtocol]:
-    """DeadlineProtocol with this deadline, for uvicorn.run(http=...)."""
-    return type("DeadlineProtocol", (DeadlineProtocol,), {"header_timeout": header_timeout})
+def deadline_protocol(header_timeout: float, send_timeout: float = 30.0) -> type[DeadlineProtocol]:
+    """DeadlineProtocol with these deadlines, for uvicorn.run(http=...)."""
+    return type("DeadlineProtocol", (DeadlineProtocol,), {"header_timeout": header_timeout, "send_timeout": send_timeout})

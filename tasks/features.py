@@ -135,7 +135,7 @@ def plan_features(ctx: StageContext) -> dict[str, Any]:
                     len(without_file), len(without_file) + len(image_ids), len(image_ids))  # fmt: skip
     device = resolve_device(f.device)
     _, weights = load_extractor(f, device)  # fails fast (offline weights) before any work
-    identity, made_of = extractor_identity(f, weights, numerics(device))
+    identity, made_of = extractor_identity(f, weights, numerics(device, engine_for(f, device)))
     folder = ctx.workdir.features_dir(dataset, identity)
     catalog.write_extractor_info(dataset, identity, {
         "extractor": identity, **made_of, "arch": f.arch, "weights": weights["weights"],
@@ -186,9 +186,9 @@ def extract_shard(workdir: str, features: dict, dataset: str, identity: str, sha
     catalog = Catalog(Workdir.at(workdir))
     device = device_for_worker(resolve_device(f.device))
     made_by = catalog.extractor_info(dataset, identity) or {}
-    if made_by.get("numerics") != numerics(device):  # a Dask worker on another kind of device
+    if made_by.get("numerics") != numerics(device, engine_for(f, device)):  # a Dask worker on another device
         raise ExtractorError(f"features {identity} are computed in {made_by.get('numerics')}, and this worker's "
-                             f"{device} computes in {numerics(device)}: their vectors would differ; give the "
+                             f"{device} computes in {numerics(device, engine_for(f, device))}: their vectors would differ; give the "
                              "cluster's workers one kind of device, or features.device")  # fmt: skip
     net, _ = load_extractor(f, device)
     image_ids = [i for i, _, _ in shard["images"]]

@@ -100,6 +100,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
         log.info("%s captions: tokeniser %s (%s)", lang, tokenizer_name(lang, overrides),
                  "text.tokenizers" if lang in overrides else "mule_core/languages.py's rule")  # fmt: skip
 
+    catalog.write_table("images", cfg.data.dataset, result.images)
     progress = Progress("tokenising", result.captions.num_rows, unit="captions", logger=log)
     try:
         with tokeniser(result.captions.num_rows, overrides, progress) as words:
@@ -110,7 +111,6 @@ def compute(ctx: StageContext) -> dict[str, Any]:
         if hasattr(result.captions, "close"):  # a large table's captions, kept on disk until written
             result.captions.close()
     progress.finish()
-    catalog.write_table("images", cfg.data.dataset, result.images)
     catalog.write_table("rejects", cfg.data.dataset, result.rejects)
 
     present = sum(result.images.column("exists").to_pylist())

@@ -105,7 +105,8 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     best = next((r for r in history if r.epoch == trainer.best_epoch), None)
     save_model(path, model, cfg, vocabulary, kind="joint", dataset=dataset, extractor=extractor,
                best_epoch=trainer.best_epoch, val_score=trainer.best_score,
-               val_table=best.validation if best else None, parameters=counts, tokenizers=tokenizers)  # fmt: skip
+               val_table=best.validation if best else None, parameters=counts, tokenizers=tokenizers,
+               extractor_numerics=(catalog.extractor_info(dataset, extractor) or {}).get("numerics"))  # fmt: skip
     checkpoints.remove_once_recorded()
     log.info("training done: best epoch %d of %d, val mean mR %.2f; model at %s",
              trainer.best_epoch, cfg.train.epochs, trainer.best_score, path)  # fmt: skip

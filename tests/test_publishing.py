@@ -45,7 +45,7 @@ def test_a_stop_while_train_publishes_keeps_the_training_and_the_next_run_regist
     assert code == 130, output[-3000:]
     assert said and "in stage train" in said[-1], said
     assert "train: computed and recorded, not yet published (the next run publishes it)" in said[-1]
-    assert "checkpoint" not in said[-1] and "train (finished)" not in said[-1]  # what it kept, as it is
+    assert "checkpoint" not in said[-1] and " train (finished)" not in said[-1]  # what it kept, as it is
     record = json.loads((work / "state" / "stages" / "embedded" / "train.json").read_text())
     assert record["published"] is False and (work / "models" / "embedded" / "model.pt").exists()
     assert not (work / "models" / "embedded" / "model-checkpoint.pt").exists()  # the record holds the result now

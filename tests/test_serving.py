@@ -476,6 +476,46 @@ def test_cpu_work_runs_off_the_event_loop(served):
     assert [a.status_code for a in answers] == [200]
 
 
+def test_uploads_decode_on_threads_of_their_own_and_searches_keep_theirs(served):
+    """Uploads that take their time (large images, made slow here) fill their own pool,
+    one thread fewer than the pool's size; a sentence search is answered meanwhile,
+    never queued behind them (they shared one pool of --threads, and a burst of 16-bit
+    PNGs put the searches' p99 past a second)."""
+    import threading
+
+    from mule.serving.app import create_app
+
+    release, busy = threading.Event(), threading.Semaphore(0)
+
+    class SlowEmbedder(type(served["embedder"])):
+        def image(self, source, max_pixels=0):
+            busy.release()
+            release.wait(20)
+            return super().image(source, max_pixels)
+
+    slow = SlowEmbedder(**{f: getattr(served["embedder"], f) for f in served["embedder"].__dataclass_fields__})
+    image = _image_file(served["wd"], served["caption"]["image_id"]).read_bytes()
+    query = urllib.parse.quote(served["caption"]["text"])
+    answers = []
+    with client(create_app(slow, served["gallery"], dataset="embedded", cpu_threads=2)) as api:
+        uploads = [threading.Thread(target=lambda: answers.append(api.post("/api/image", content=image)))
+                   for _ in range(3)]  # fmt: skip
+        for upload in uploads:
+            upload.start()
+        try:
+            assert busy.acquire(timeout=20)  # one upload decodes: 2 threads, one fewer for uploads
+            assert not busy.acquire(timeout=0.5)  # the others wait for it, on their own pool
+            for _ in range(3):
+                t = time.perf_counter()
+                assert api.get(f"/api/search?q={query}&k=5").status_code == 200
+                assert time.perf_counter() - t < 1.0
+        finally:
+            release.set()
+            for upload in uploads:
+                upload.join(20)
+    assert [a.status_code for a in answers] == [200] * 3
+
+
 def test_past_max_in_flight_the_next_request_gets_503_with_retry_after():
     """The admission bound, on the Guard alone: two requests held in flight, the third is
     turned away at once; when one finishes, the next is admitted again."""
@@ -793,3 +833,61 @@ def test_the_readme_s_front_door_runs_as_written(served, tmp_path, monkeypatch):
     assert np.allclose(model.encode_image(crops.unsqueeze(0)), images[1:], atol=1e-5)
     with pytest.raises(FileNotFoundError, match="no such workdir or model file"):
         api.load(tmp_path / "nowhere")
+
+
+def test_a_client_that_stops_reading_an_answer_is_dropped_and_gives_its_slot_back():
+    """A download (a large gallery image) whose client reads nothing once the socket
+    buffers are full held a general slot for as long as the client liked: with one slot,
+    /api/info was a 503 for good. The send deadline drops that client after
+    --send-timeout seconds of a full send buffer, and the next request is answered."""
+    import asyncio
+
+    import uvicorn
+
+    from mule.serving.app import Guard, deadline_protocol
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        if scope["path"] == "/big":  # 256 MB, far more than loopback's socket buffers hold
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", str(2**28).encode())]})
+            chunk = bytes(2**20)
+            for _ in range(256):
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    port = free_port()
+    config = uvicorn.Config(Guard(app, allowed_hosts=(), max_in_flight=1), port=port, log_level="warning",
+                            http=deadline_protocol(10.0, send_timeout=1.0))  # fmt: skip
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        stalled = socket.create_connection(("127.0.0.1", port), timeout=30)
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.sendall(f"GET /big HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())  # and never reads
+        time.sleep(0.3)
+
+        def status() -> int:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/small", timeout=5) as answer:
+                    return answer.status
+            except urllib.error.HTTPError as error:
+                return error.code
+
+        assert status() == 503  # the one slot is the stalled download's
+        started = time.monotonic()
+        while status() != 200:
+            assert time.monotonic() - started < 10, "the stalled client still holds its slot"
+            time.sleep(0.2)
+        stalled.close()
+    finally:
+        server.should_exit = True
+        thread.join(10)
