@@ -15,7 +15,8 @@ nothing in a request is used as a path. A bad request gets a 4xx with a JSON
 Safe to leave running: the CPU work (the sentence and image encoders, the scan of the
 gallery) runs on bounded pools of threads, never on the event loop, so a slow upload
 does not stall the other requests; uploads decode on a pool of their own, one thread
-fewer than the cores, so a burst of large images leaves the searches a core; uploads and
+fewer than the cores, so a burst of large images never queues in front of a search and
+leaves the searches a core; uploads and
 the other requests are admitted apart (at most `max_uploads` uploads and `max_in_flight`
 others at once, the next get 503 with Retry-After), so uploads in flight never starve
 the page or a search; a request's headers must arrive within `header_timeout` seconds and
@@ -104,13 +105,14 @@ def create_app(embedder: Embedder, gallery: Gallery, max_upload_bytes: int = 10 
     threads = cpu_threads or os.cpu_count() or 1
     cpu = anyio.CapacityLimiter(threads)
     # Uploads decode and run the CNN on threads of their own, one fewer than the cores: a
-    # burst of large images queues there, and the searches keep a core and their own slots.
+    # burst of large images queues there, never in front of a search, and the searches
+    # keep a core (a niced upload pool of as many threads starved the uploads instead).
     upload_cpu = anyio.CapacityLimiter(max(1, threads - 1))
     live = live or Live(Served(embedder, gallery))
     app.state.live = live
 
     async def on_cpu(work, *args, limiter=cpu):
-        """CPU work on the bounded pool (its own threads: the event loop keeps answering)."""
+        """CPU work on a bounded pool (its own threads: the event loop keeps answering)."""
         return await anyio.to_thread.run_sync(partial(work, *args), limiter=limiter)
 
     app.add_middleware(Guard, allowed_hosts=tuple(h.lower() for h in allowed_hosts), max_in_flight=max_in_flight,

@@ -478,9 +478,9 @@ def test_cpu_work_runs_off_the_event_loop(served):
 
 def test_uploads_decode_on_threads_of_their_own_and_searches_keep_theirs(served):
     """Uploads that take their time (large images, made slow here) fill their own pool,
-    one thread fewer than the pool's size; a sentence search is answered meanwhile,
-    never queued behind them (they shared one pool of --threads, and a burst of 16-bit
-    PNGs put the searches' p99 past a second)."""
+    one thread fewer than --threads; a sentence search is answered meanwhile, never queued
+    behind them (they shared one pool of --threads, and a burst of 16-bit PNGs put the
+    searches' p99 past a second)."""
     import threading
 
     from mule.serving.app import create_app
@@ -503,9 +503,9 @@ def test_uploads_decode_on_threads_of_their_own_and_searches_keep_theirs(served)
         for upload in uploads:
             upload.start()
         try:
-            assert busy.acquire(timeout=20)  # one upload decodes: 2 threads, one fewer for uploads
+            assert busy.acquire(timeout=20)  # one decodes: two threads, one fewer for uploads
             assert not busy.acquire(timeout=0.5)  # the others wait for it, on their own pool
-            for _ in range(3):
+            for _ in range(3):  # the search pool's two threads are the searches' own
                 t = time.perf_counter()
                 assert api.get(f"/api/search?q={query}&k=5").status_code == 200
                 assert time.perf_counter() - t < 1.0
