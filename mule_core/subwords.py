@@ -22,7 +22,8 @@ it was given.
 
 from __future__ import annotations
 
-import functools
+import threading
+import weakref
 from collections import Counter
 from collections.abc import Sequence
 
@@ -82,15 +83,23 @@ def _table(rows: list[list[int]]) -> torch.Tensor:
     return table
 
 
-@functools.lru_cache(maxsize=16)
-def _cached_table(words: tuple[str, ...], lengths: tuple[int, ...]) -> NgramTable:
-    return NgramTable(words, lengths)
+# Every table in use, by vocabulary: as many as there are languages in use, each kept while
+# a model's layers or a Vocab hold it (a fixed-size LRU of 16 rebuilt every table, on every
+# query, past 16 languages; an unbounded one would keep every reloaded model's tables).
+_TABLES: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_TABLES_LOCK = threading.Lock()
 
 
 def ngram_table(words: Sequence[str], lengths: Sequence[int]) -> NgramTable:
-    """NgramTable(words, lengths), built once per vocabulary: the model's layers and the
-    sentence encoding that feeds them (mule_core.text.Vocabulary) read the same table."""
-    return _cached_table(tuple(words), tuple(lengths))
+    """NgramTable(words, lengths), built once per vocabulary while it is in use: the model's
+    layers and the sentence encoding that feeds them (mule_core.text.Vocabulary) read the
+    same table."""
+    key = (tuple(words), tuple(lengths))
+    with _TABLES_LOCK:
+        table = _TABLES.get(key)
+        if table is None:
+            table = _TABLES[key] = NgramTable(*key)
+    return table
 
 
 def ngram_index(words: Sequence[str], lengths: Sequence[int]) -> tuple[torch.Tensor, int]:

@@ -40,6 +40,13 @@ class Vocab:
     def encode(self, tokens: Sequence[str]) -> list[int]:
         return [self.index.get(t, 1) for t in tokens]
 
+    def ngrams(self, lengths: Sequence[int]):
+        """Its n-gram table (mule_core.subwords), held while the vocabulary lives."""
+        table = self.__dict__.get("_ngrams")
+        if table is None or table.lengths != tuple(lengths):
+            table = self._ngrams = ngram_table(self.tokens, lengths)
+        return table
+
 
 @dataclass
 class EncodedSentences:
@@ -83,7 +90,7 @@ class Vocabulary:
         the vocabulary is its row; a word outside it is composed from the character n-grams
         it shares with the vocabulary (with model.subwords), else it is <unk>."""
         vocab = self.vocabs[lang]
-        table = ngram_table(vocab.tokens, self.ngram_lengths) if self.ngram_lengths else None
+        table = vocab.ngrams(self.ngram_lengths) if self.ngram_lengths else None
         outside: dict[str, int] = {}  # word outside the vocabulary -> its id (from len(vocab) on)
         rows: list[list[int]] = []
         ids, composed, unknown = [], [], []

@@ -162,3 +162,50 @@ def test_a_split_name_reads_that_split_alone_and_a_role_reads_its_splits(tmp_pat
     assert queries.evaluation_splits(catalog, "m30k", "test") == [("test", "test_2016")]
     assert [r["image_id"] for r in queries.human_captions_to_translate(catalog, "shop", ["test"])] == ["b"]
     assert images("shop", "all") == ["a", "b", "c"]
+
+
+def test_a_write_is_synced_before_and_after_its_rename(tmp_path, monkeypatch):
+    """A power cut after a write's rename must not leave an empty record: the temporary
+    file's bytes reach the disk before it takes the name, and the folder's entry after."""
+    import os
+
+    from mule.data_catalog import atomic
+
+    order = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: order.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+                        or real_fsync(fd))  # fmt: skip
+    monkeypatch.setattr(os, "replace", lambda a, b: order.append(("rename", str(b))) or real_replace(a, b))
+    path = tmp_path / "state" / "record.json"
+    atomic.write_json_atomic({"key": 1}, path)
+    assert [kind for kind, _ in order] == ["fsync", "rename", "fsync"]
+    assert ".record.json.tmp-" in order[0][1] and order[2][1] == str(path.parent)
+    assert path.read_text().strip().startswith("{")
+
+
+def test_another_machine_s_temporary_is_left_to_its_writer_and_this_one_s_dead_ones_are_removed(tmp_path):
+    """On a shared file system a Dask worker elsewhere writes its feature part beside ours:
+    its PID means nothing here, so its temporary is kept (until a day old), while a dead
+    writer's of this machine is removed by the next write."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from mule.data_catalog import atomic
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()  # fmt: skip
+    host = atomic._host()
+    mine_dead = tmp_path / f".part-1.parquet.tmp-{host}-{dead}"
+    legacy_dead = tmp_path / f".part-2.parquet.tmp-{dead}"
+    mine_alive = tmp_path / f".part-3.parquet.tmp-{host}-{os.getppid()}"
+    theirs = tmp_path / f".part-4.parquet.tmp-worker_7-{dead}"
+    theirs_old = tmp_path / f".part-5.parquet.tmp-worker_7-{dead}"
+    for path in (mine_dead, legacy_dead, mine_alive, theirs, theirs_old):
+        path.write_bytes(b"half")
+    day_ago = time.time() - atomic.FOREIGN_STALE_S - 60
+    os.utime(theirs_old, (day_ago, day_ago))
+    atomic.write_json_atomic({"k": 1}, tmp_path / "x.json")
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == sorted([mine_alive.name, theirs.name, "x.json"])

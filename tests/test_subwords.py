@@ -201,3 +201,28 @@ def test_word_vector_gradients_are_the_same_on_every_run_on_several_threads():
     finally:
         torch.set_num_threads(threads)
     assert all(torch.equal(g, grads[0]) for g in grads)
+
+
+def test_each_language_s_table_is_built_once_whatever_the_number_of_languages(monkeypatch):
+    """A model of 17 languages encodes queries in each, again and again: every language's
+    n-gram table is built once (an LRU cache of 16 rebuilt all of them on every query, 10 s
+    of CPU for 34 queries), and a vocabulary no longer in use lets its table go."""
+    import gc
+
+    from mule.mule_core import subwords
+    from mule.mule_core.text import Vocab, Vocabulary
+
+    built = []
+    real = subwords.NgramTable.__init__
+    monkeypatch.setattr(subwords.NgramTable, "__init__", lambda self, *a: built.append(1) or real(self, *a))
+    languages = [f"l{n:02d}" for n in range(17)]
+    vocabs = {lang: Vocab.build([[f"{lang}word{i}", f"{lang}wort{i}"] for i in range(50)]) for lang in languages}
+    vocabulary = Vocabulary(languages, vocabs, ngram_lengths=(3, 4))
+    for _ in range(2):
+        for lang in languages:
+            encoded = vocabulary.encode(lang, [[f"{lang}word7", f"{lang}wordy"]])
+            assert encoded.composed == [[f"{lang}wordy"]]  # a word outside it, built from its n-grams
+    assert len(built) == 17
+    del vocabulary, vocabs
+    gc.collect()
+    assert not [key for key in subwords._TABLES if key[0][2:3] and key[0][2].startswith("l0")]
