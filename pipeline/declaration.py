@@ -61,6 +61,9 @@ class Stage:
     config: tuple[str, ...] = ()  # option prefixes ("train.") and single options it reads
     operational: frozenset[str] = frozenset()  # read, but change how fast or where it runs, not its output
     ignores: frozenset[str] = frozenset()  # under a prefix it reads, but not its business
+    # read for whether it is set, not for its value: keyed as "given" or "none" (evaluate
+    # computes the generated dataset's ceiling only when no data.source names other files)
+    presence: frozenset[str] = frozenset()
     slot: str | None = None  # the written entry whose file name tells one record of this stage from another
     # "module:function(workdir, config, generate=True) -> bool", run before the key is taken;
     # True when it had nothing to do; with generate=False it only says so
@@ -182,7 +185,7 @@ STAGES: tuple[Stage, ...] = (
           writes=("evaluation",), slot="model",
           config=("eval.", "data.dataset", "train.model_name", "data.train_images", "data.val_images",
                   "data.test_images", "data.seed", "data.image_size", "data.source", "train.device"),
-          operational=frozenset({"train.device", "data.source"})),
+          operational=frozenset({"train.device"}), presence=frozenset({"data.source"})),
     Stage("index", "The gallery's approximate index (FAISS HNSW or IVF, 8-bit) over the model's image vectors, for mule serve.",
           task="mule.tasks.index:compute", publish=_PUBLISH + "index",
           reads=("images", "features", "model"), writes=("gallery index",), slot="model",
@@ -294,7 +297,8 @@ def keys_table() -> str:
         reads = [r if isinstance(r, str) else f"{r.entry} (if {r.condition})" for r in s.reads]
         config = [c.rstrip(".") + ".*" if c.endswith(".") else c for c in s.config]
         less = sorted(s.operational | s.ignores)
-        config_text = ", ".join(config) + (f"; not {', '.join(less)}" if less else "")
+        config_text = ", ".join(config) + (f"; not {', '.join(less)}" if less else "") + (
+            f"; {', '.join(sorted(s.presence))} only whether given" if s.presence else "")  # fmt: skip
         libs = ", ".join(sorted(libraries(outside), key=str.lower))
         lines.append(f"| `{s.name}` | {', '.join(reads)} | {config_text} | {files} | {libs} |")
     return "\n".join(lines) + "\n"

@@ -44,7 +44,7 @@ def logger() -> logging.Logger:
 
 def config_parts(cfg: MuleConfig, stage: Stage) -> dict[str, str]:
     excluded = stage.operational | stage.ignores
-    return {f"config {k}": v for k, v in flatten(cfg).items()
+    return {f"config {k}": ("given" if v else "none") if k in stage.presence else v for k, v in flatten(cfg).items()
             if k not in excluded and any(k == w or (w.endswith(".") and k.startswith(w)) for w in stage.config)}  # fmt: skip
 
 
