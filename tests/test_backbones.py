@@ -156,3 +156,42 @@ def test_onnx_runtime_on_several_threads_gives_each_image_the_vector_one_thread_
     torch.testing.assert_close(extract(three, crops), alone, atol=1e-6, rtol=1e-6)  # 5 crops: slices of 2, 2, 1
     torch.testing.assert_close(extract(three, crops[:2]), alone[:2], atol=1e-6, rtol=1e-6)  # fewer crops than threads
     assert not torch.allclose(alone[0], alone[1])  # the images' vectors differ: an order mix-up would show
+
+
+@pytest.mark.parametrize("made_in, engine", [("float32-onnxruntime", "onnxruntime"), ("float32-torch", "torch"),
+                                             ("bfloat16-autocast", "torch")])  # fmt: skip
+def test_a_served_query_image_is_extracted_on_its_gallery_s_numeric_path(made_in, engine):
+    """The gallery's features were made by one engine in one arithmetic (the features'
+    identity names it, the model carries it): a query image is extracted the same way,
+    bfloat16 autocast included where the gallery was made on a GPU (it was float32
+    whatever the gallery)."""
+    import dataclasses
+    import io
+
+    from mule.api.embedders import _network_loader, open_query_image
+    from mule.mule_core.config import ExtractorConfig, ModelSettings
+    from mule.mule_core.embedder import Embedder
+
+    if engine == "onnxruntime":
+        pytest.importorskip("onnxruntime")
+    features = ExtractorConfig(arch="resnet18", weights="random", input_size=64, resize=64)
+    meta = {"cfg": ModelSettings(features=features), "extractor_numerics": made_in}
+    load = _network_loader(meta)
+    network, info = load(torch.device("cpu"))
+    assert info["engine"] == engine
+    embedder = Embedder(build_backbone("resnet18", None, seed=0, pool="avg"), meta, "test", load_network=load,
+                        open_image=open_query_image)  # fmt: skip
+    embedder.model.image_branch = True  # has_images: only the extractor runs here
+    buffer = io.BytesIO()
+    photo("coffee").save(buffer, "PNG")
+    got = embedder.image_features(buffer.getvalue())
+    transform = crop_transform(64, 64, 1)
+    with open_query_image(buffer.getvalue(), transform.shorter_side, 10**7) as image:  # as served
+        crops = transform(image).unsqueeze(0)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=made_in == "bfloat16-autocast"):
+        want = extract(network, crops).float()
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    if made_in == "bfloat16-autocast":  # and not what float32 gives
+        with torch.no_grad():
+            assert not torch.allclose(got, extract(network, crops).float(), atol=1e-4, rtol=1e-4)
+    assert dataclasses.asdict(features)["arch"] == "resnet18"
