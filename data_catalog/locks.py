@@ -122,8 +122,10 @@ def workdir_lock(workdir: Workdir, stage: str, wait: bool = False,
             break
         except BlockingIOError:
             info = holder(workdir) or {}
-            # a brief holder is waited for a minute at most (a recorder that hangs is refused)
-            if not wait and time.monotonic() - started >= (max(patience, BRIEF_S) if info.get("brief") else patience):
+            # a brief holder is waited for a minute at most (a recorder that hangs is refused);
+            # one that has not said who it is yet, or has just let go, a second
+            limit = max(patience, BRIEF_S) if info.get("brief") else max(patience, 1.0) if not info else patience
+            if not wait and time.monotonic() - started >= limit:
                 os.close(fd)
                 raise WorkdirBusyError(
                     f"the workdir {workdir.root} is in use by another mule process ({_describe(info)}): wait for "

@@ -92,20 +92,20 @@ def test_the_recorder_writes_under_the_workdir_lock_and_a_run_waits_for_it_rathe
     wd = Workdir.at(tmp_path)
     marker = _defer(wd)
     tracking.client(wd)  # the store exists before the clock starts
-    holder = _hold(wd, 3.0, brief=False)  # a run in progress
+    holder = _hold(wd, 1.5, brief=False)  # a run in progress
     try:
-        assert deferred.record_unrecorded(wd, patience=0.5) == 0  # left for the run that holds it, or the next
+        assert deferred.record_unrecorded(wd, patience=0.3) == 0  # left for the run that holds it, or the next
         assert (deferred.folder(wd) / f"{marker}.json").exists() and not _recorded(wd, marker)
     finally:
         holder.wait(timeout=30)
     assert deferred.record_unrecorded(wd, patience=0.5) == 1
 
-    holder = _hold(wd, 1.5, brief=True)  # the recorder: a run that starts meanwhile waits for it
+    holder = _hold(wd, 1.0, brief=True)  # the recorder: a run that starts meanwhile waits for it
     started = time.monotonic()
     with workdir_lock(wd, "train"):
-        assert time.monotonic() - started > 0.5
+        assert time.monotonic() - started > 0.3
     holder.wait(timeout=30)
-    holder = _hold(wd, 3.0, brief=False)
+    holder = _hold(wd, 1.0, brief=False)
     with pytest.raises(WorkdirBusyError):  # a real run is refused at once, as before
         with workdir_lock(wd, "train"):
             pass

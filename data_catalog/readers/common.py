@@ -178,16 +178,19 @@ class SeenKeys:
         return None
 
 
+SPOOL_ROWS = 10_000  # rows a spool holds in memory before it writes them
+
+
 class SpooledTable:
     """Rows kept on disk as they come (a Parquet file in a temporary folder, batch by
     batch), read back batch by batch: a million-row table costs a batch of memory, not a
     million Python rows. Reads like the pa.Table it stands for (num_rows, to_batches,
     column, to_pylist, to_pydict); close() removes the file (so does the end of the process)."""
 
-    def __init__(self, schema: pa.Schema, batch_rows: int = 10_000):
+    def __init__(self, schema: pa.Schema, batch_rows: int | None = None):
         import tempfile
 
-        self.schema, self.batch_rows = schema, batch_rows
+        self.schema, self.batch_rows = schema, batch_rows or SPOOL_ROWS
         self._folder = tempfile.TemporaryDirectory(prefix="mule-spool-")
         self.path = Path(self._folder.name) / "rows.parquet"
         self._writer = None
