@@ -40,7 +40,9 @@ def tokeniser(total: int, overrides: dict[str, str], progress: Progress) -> Iter
 
         def words(pairs: list[tuple[str, str]]) -> list[list[str]]:
             distinct = list(dict.fromkeys(pairs))  # a caption repeated is tokenised once (Moses: ~40 us a caption)
-            chunks = [distinct[i : i + CHUNK] for i in range(0, len(distinct), CHUNK)]
+            # chunks of CHUNK, or fewer and even ones: every process busy until the batch is done
+            size = min(CHUNK, -(-len(distinct) // (2 * max(processes, 1)))) or 1
+            chunks = [distinct[i : i + size] for i in range(0, len(distinct), size)]
             found: list[list[str]] = []
             for chunk in mapper(tokenize_all, chunks, itertools.repeat(overrides)):
                 found += chunk
@@ -59,7 +61,15 @@ def tokenised(pairs: list[tuple[str, str]], overrides: dict[str, str], progress:
 
 
 def with_tokens(captions, words: Callable) -> Iterator[pa.Table]:
-    """The reader's captions, batch by batch, with their tokens."""
+    """The reader's captions, batch by batch, with their tokens. A table the reader holds in
+    memory (Multi30K, COCO) is tokenised whole first: a caption repeated anywhere in it is
+    tokenised once; one it keeps on disk (a user's table, millions of rows) a batch at a time."""
+    if isinstance(captions, pa.Table):
+        found = words(list(zip(captions.column("text").to_pylist(), captions.column("lang").to_pylist())))
+        for start in range(0, max(captions.num_rows, 1), BATCH):
+            batch = captions.slice(start, BATCH)
+            yield batch.append_column("tokens", pa.array(found[start : start + BATCH], pa.list_(pa.string())))
+        return
     for batch in captions.to_batches(max_chunksize=BATCH):
         pairs = list(zip(batch.column("text").to_pylist(), batch.column("lang").to_pylist()))
         tokens = pa.array(words(pairs), pa.list_(pa.string()))
