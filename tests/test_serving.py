@@ -445,6 +445,18 @@ def test_an_upload_over_the_pixel_budget_is_refused_from_its_header(served):
     assert api.post("/api/image", content=buffer.getvalue()).status_code == 200
 
 
+def _slow_embedder(served, began, release):
+    """The served model whose image encoder calls `began()`, then waits for `release`."""
+
+    class SlowEmbedder(type(served["embedder"])):
+        def image(self, source, max_pixels=0):
+            began()
+            release.wait(20)
+            return super().image(source, max_pixels)
+
+    return SlowEmbedder(**{f: getattr(served["embedder"], f) for f in served["embedder"].__dataclass_fields__})
+
+
 def test_cpu_work_runs_off_the_event_loop(served):
     """While one upload is being encoded (made slow here), the loop still answers."""
     import threading
@@ -452,14 +464,7 @@ def test_cpu_work_runs_off_the_event_loop(served):
     from mule.serving.app import create_app
 
     release, started = threading.Event(), threading.Event()
-
-    class SlowEmbedder(type(served["embedder"])):
-        def image(self, source, max_pixels=0):
-            started.set()
-            release.wait(20)
-            return super().image(source, max_pixels)
-
-    slow = SlowEmbedder(**{f: getattr(served["embedder"], f) for f in served["embedder"].__dataclass_fields__})
+    slow = _slow_embedder(served, started.set, release)
     image = _image_file(served["wd"], served["caption"]["image_id"]).read_bytes()
     answers = []
     # one event loop for every request, as uvicorn has (a TestClient outside `with` makes one per request)
@@ -486,14 +491,7 @@ def test_uploads_decode_on_threads_of_their_own_and_searches_keep_theirs(served)
     from mule.serving.app import create_app
 
     release, busy = threading.Event(), threading.Semaphore(0)
-
-    class SlowEmbedder(type(served["embedder"])):
-        def image(self, source, max_pixels=0):
-            busy.release()
-            release.wait(20)
-            return super().image(source, max_pixels)
-
-    slow = SlowEmbedder(**{f: getattr(served["embedder"], f) for f in served["embedder"].__dataclass_fields__})
+    slow = _slow_embedder(served, busy.release, release)
     image = _image_file(served["wd"], served["caption"]["image_id"]).read_bytes()
     query = urllib.parse.quote(served["caption"]["text"])
     answers = []

@@ -176,11 +176,13 @@ class _Lines:
 
     def sample(self, size: int) -> tuple[list[str], bool]:
         """The first lines (about `size` characters) without consuming them; whether they are the whole file."""
-        while sum(map(len, self.ahead)) < size:
+        held = sum(map(len, self.ahead))
+        while held < size:
             line = self._read()
             if not line:
                 return list(self.ahead), True
             self.ahead.append(line)
+            held += len(line)
         return list(self.ahead), False
 
     def mark(self) -> int:
