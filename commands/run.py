@@ -148,8 +148,10 @@ def print_results(results: dict, workdir: Workdir, started: float) -> None:
         from mule.experiments.report import recall_markdown
 
         print(f"\nTest recalls per language ({evaluation['split']}):\n")
-        print(recall_markdown(evaluation["table"]))
-        print(f"\nmean mR over languages: {evaluation['mean_mR']:.1f}   (best epoch {evaluation['best_epoch']})")
+        print(recall_markdown(evaluation["table"], evaluation.get("chance")))
+        chance = evaluation.get("chance_mean_mR")
+        beside = f", chance {chance:.1f}" if chance is not None else ""
+        print(f"\nmean mR over languages: {evaluation['mean_mR']:.1f}   (best epoch {evaluation['best_epoch']}{beside})")
         if evaluation.get("ceiling"):
             ceiling = evaluation["ceiling"]
             per_language = ", ".join(f"{lang} {row['mR']:.1f}" for lang, row in ceiling.items())

@@ -9,19 +9,25 @@ RECALL_COLUMNS = ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", 
 RECALL_HEADERS = ("img->txt R@1", "R@5", "R@10", "txt->img R@1", "R@5", "R@10", "mR")
 
 
-def recall_rows(table: dict[str, dict[str, float]]) -> list[dict]:
+def recall_rows(table: dict[str, dict[str, float]], chance: dict[str, dict[str, float]] | None = None) -> list[dict]:
+    """One row per language (ranker "model"), then, given chance (metrics.chance_table),
+    one per language for a random ranking of the same images and sentences ("chance")."""
     rows = []
-    for lang, row in table.items():
-        rows.append({"lang": lang, "images": int(row["images"]), "sentences": int(row["sentences"]),
-                     **{c: round(row[c], 1) for c in RECALL_COLUMNS if c in row}})  # fmt: skip
+    for ranker, rows_of in (("model", table), ("chance", chance or {})):
+        for lang, row in rows_of.items():
+            rows.append({"lang": lang, "ranker": ranker, "images": int(row["images"]),
+                         "sentences": int(row["sentences"]),
+                         **{c: round(row[c], 1) for c in RECALL_COLUMNS if c in row}})  # fmt: skip
     return rows
 
 
-def recall_markdown(table: dict[str, dict[str, float]]) -> str:
+def recall_markdown(table: dict[str, dict[str, float]], chance: dict[str, dict[str, float]] | None = None) -> str:
+    """The recall table; with chance, each language's chance row under the model's rows."""
     header = "| lang | images | sentences | " + " | ".join(RECALL_HEADERS) + " |"
     lines = [header, "|" + "---|" * (3 + len(RECALL_HEADERS))]
-    for row in recall_rows(table):
-        cells = [row["lang"], str(row["images"]), str(row["sentences"])] + [f"{row[c]:.1f}" for c in RECALL_COLUMNS]
+    for row in recall_rows(table, chance):
+        name = row["lang"] if row["ranker"] == "model" else f"{row['lang']} chance"
+        cells = [name, str(row["images"]), str(row["sentences"])] + [f"{row[c]:.1f}" for c in RECALL_COLUMNS]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -77,6 +83,7 @@ def ablation_markdown(rows, languages: list[str]) -> str:
     for row in rows:
         versus = f"{row.difference} vs {row.baseline}" if row.difference is not None else ""
         cells = [row.name] + [cell(row, lang) for lang in languages]
-        cells += [mean(row), versus, f"{row.parameters:,}", f"{row.language_specific:,}"]
+        sizes = [f"{row.parameters:,}", f"{row.language_specific:,}"] if row.parameters else ["–", "–"]
+        cells += [mean(row), versus, *sizes]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

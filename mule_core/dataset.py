@@ -44,6 +44,12 @@ class SplitTensors:
         """The images that have a caption in `lang`, with all their captions."""
         keep_image = np.zeros(self.n_images, dtype=bool)
         keep_image[self.caption_image[self.caption_lang == self.languages.index(lang)]] = True
+        return self.only_images(keep_image)
+
+    def only_images(self, keep_image: np.ndarray) -> SplitTensors:
+        """These images (a boolean mask over the image rows), in their order, with all their
+        captions and nothing of the others."""
+        keep_image = np.asarray(keep_image, dtype=bool)
         new_row = np.cumsum(keep_image) - 1
         rows = np.nonzero(keep_image[self.caption_image])[0]
         index = torch.from_numpy(rows)

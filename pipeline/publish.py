@@ -188,11 +188,16 @@ def evaluate(wd: Workdir, cfg: MuleConfig, result: dict, run_id: str | None) -> 
         metrics |= {f"{name}.xling_ceiling.{layer}.{pair}.r{k}": row[f"r{k}"]
                     for layer, pairs in ceilings.items() for pair, row in pairs.items() for k in (1, 5, 10)}  # fmt: skip
         if table:
-            files |= {f"recalls{suffix}.md": recall_markdown(table) + "\n",
-                      f"recalls{suffix}.csv": to_csv(recall_rows(table))}  # fmt: skip
+            chance = measured.get("chance")
+            files |= {f"recalls{suffix}.md": recall_markdown(table, chance) + "\n",
+                      f"recalls{suffix}.csv": to_csv(recall_rows(table, chance))}  # fmt: skip
             figures[f"recalls{suffix}.png"] = plots.recall_bars(table, f"{dataset} {name}: retrieval per language")
             metrics |= {f"{name}.{lang}.{k}": v for lang, row in table.items() for k, v in row.items()}
             metrics[f"{name}.mean_mR"] = measured["mean_mR"]
+            metrics |= {f"{name}.chance.{lang}.{k}": v for lang, row in (chance or {}).items() for k, v in row.items()
+                        if k not in ("images", "sentences")}  # fmt: skip
+            if measured.get("chance_mean_mR") is not None:
+                metrics[f"{name}.chance.mean_mR"] = measured["chance_mean_mR"]
             metrics |= {f"{name}.ceiling.{lang}.mR": row["mR"] for lang, row in measured.get("ceiling", {}).items()}
     if result.get("examples"):
         figures["retrieved_images.png"] = plots.retrieved_images(result["examples"])
@@ -284,6 +289,12 @@ def add_language_report(wd: Workdir, cfg: MuleConfig, lang: str, rows: dict, run
         parameters = trained.get("trainable_parameters") or trained["parameters"]["total"]
         seconds = "reused" if trained.get("reused") else trained.get("seconds", "")
         lines.append(f"| {label} | {' | '.join(cells)} | {parameters:,} | {seconds} |")
+    chance = {}  # the three models are measured on the same test images and sentences of their languages
+    for row in rows.values():
+        chance |= row["evaluation"].get("chance", {})
+    if chance:
+        cells = [f"{chance[x]['mR']:.1f}" if x in chance else "–" for x in languages]
+        lines.append(f"| chance (a random ranking) | {' | '.join(cells)} | – | – |")
     change = rows[f"without {lang}, then {lang} added"]["train"]["existing_languages_max_change"]
     markdown = "\n".join(lines) + f"\n\nBase languages' embeddings after adding {lang}: largest change {change:g}.\n"
     out = wd.results_dir(cfg.data.dataset) / f"add-language-{lang}.md"

@@ -198,6 +198,7 @@ class Sweep:
 
 
 TRANSLATED = "Translate the query (EmbN en + lexicon)"
+CHANCE = "chance (a random ranking of the same images and sentences)"
 
 
 def _ablation_variants(wd: Workdir, cfg: MuleConfig) -> list[Variant]:
@@ -231,7 +232,13 @@ def _ablation_report(wd: Workdir, cfg: MuleConfig, variants: list[Variant], resu
         table.insert(1, translated_query_row(translated))
     baselines = {row.name: row.baseline for row in grid(list(cfg.data.languages), with_mt=True)}
     baselines[TRANSLATED] = table[0].name  # the English EmbN model, every language one model
-    return publish.ablation_report(wd, cfg, compare(table, baselines), run_id)
+    compared = compare(table, baselines)
+    chance = {}  # every row is measured on the same test images and sentences of its languages
+    for v in variants:
+        chance |= results[v.label].get("evaluate", {}).get("chance", {})
+    if chance:
+        compared.append(RowResult(CHANCE, mr={lang: row["mR"] for lang, row in chance.items()}))
+    return publish.ablation_report(wd, cfg, compared, run_id)
 
 
 def _add_language_variants(wd: Workdir, cfg: MuleConfig) -> list[Variant]:

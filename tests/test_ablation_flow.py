@@ -10,7 +10,8 @@ from mlflow.tracking import MlflowClient
 from mule.data_catalog.workdir import Workdir
 from mule.experiments.report import ablation_markdown
 from mule.pipeline.config import apply_overrides, resolve
-from mule.pipeline.sweeps import RowResult, compare, english_models, grid, row_result
+from mule.mule_core.metrics import chance_recalls
+from mule.pipeline.sweeps import CHANCE, RowResult, compare, english_models, grid, row_result
 
 TINY = {
     "data.train_images": 32,
@@ -125,7 +126,11 @@ def test_ablation_end_to_end(tmp_path, repo_copy):
     assert list(first["stages"]) == ["ingest", "features", "text", "ablation"]  # what its steps read, first
     summary = first["ablation"]
     rows = {r["model"]: r for r in summary["rows"]}
-    assert list(rows) == ROWS
+    assert list(rows) == [*ROWS, CHANCE]  # chance last: a random ranking of the same test images
+    # 16 test images, five English captions and one French caption each
+    assert rows[CHANCE]["en"] == pytest.approx(chance_recalls([5] * 16)["mR"], abs=0.01)
+    assert rows[CHANCE]["fr"] == pytest.approx(chance_recalls([1] * 16)["mR"], abs=0.01)
+    assert rows[CHANCE]["parameters"] == 0 and "| – | – |" in summary["markdown"].splitlines()[-1]
     for row in rows.values():
         assert {"en", "de", "fr", "cs"} <= set(row) and all(0 <= row[lang] <= 100 for lang in ("en", "de", "fr", "cs"))
     # Parameters: four EmbN models cost more than one PARALLEL model, which costs more than MULE.
@@ -134,7 +139,7 @@ def test_ablation_end_to_end(tmp_path, repo_copy):
     assert set(summary["steps"].values()) == {"ran"}
     wd = Workdir.at(tmp_path)
     with open(wd.results_dir("embedded") / "ablation" / "ablation.csv") as handle:
-        assert [r["model"] for r in csv.DictReader(handle)] == ROWS
+        assert [r["model"] for r in csv.DictReader(handle)] == [*ROWS, CHANCE]
     client = MlflowClient(wd.mlflow_uri)
     experiment = client.get_experiment_by_name("mule/embedded")
     runs = client.search_runs([experiment.experiment_id])

@@ -105,6 +105,36 @@ def test_translation_groups_number_captions_that_translate_one_another():
     assert translation_groups(["a", "b", "a", "c", "c", "a"]).tolist() == [0, -1, 0, 1, 1, 0]
 
 
+def test_chance_beside_a_table_counts_each_languages_own_images_and_sentences_by_hand():
+    from mule.mule_core.metrics import chance_table
+
+    # en: image 0 has two captions, images 1 and 2 one each; fr: images 0 and 1, one each.
+    sentence_image = torch.tensor([0, 0, 1, 2, 0, 1])
+    sentence_lang = torch.tensor([0, 0, 0, 0, 1, 1])
+    table = chance_table(sentence_image, sentence_lang, ["en", "fr", "cs"], ks=(1,))
+    assert set(table) == {"en", "fr"}  # no captions in cs: no row, as in the recall table
+    # en, sentence -> image: its image first among 3: 1/3. image -> sentence: image 0 has 2
+    # of the 4 sentences (1/2 to be first), images 1 and 2 one each (1/4): mean 1/3.
+    assert table["en"]["t2i_r1"] == pytest.approx(100 / 3)
+    assert table["en"]["i2t_r1"] == pytest.approx(100 * (1 / 2 + 1 / 4 + 1 / 4) / 3)
+    assert (table["en"]["images"], table["en"]["sentences"]) == (3, 4)
+    assert table["fr"] == pytest.approx({"i2t_r1": 50.0, "t2i_r1": 50.0, "mR": 50.0, "images": 2, "sentences": 2})
+
+
+def test_chance_is_what_random_scores_average_under_the_metrics_own_protocol():
+    from mule.mule_core.metrics import chance_table, retrieval_recalls
+
+    # 31 photos with five captions each (a test_2016 slice): chance mR is about 17, not 0.5.
+    sentence_image = torch.arange(31).repeat_interleave(5)
+    expected = chance_table(sentence_image, torch.zeros(155, dtype=torch.long), ["en"])["en"]
+    generator = torch.Generator().manual_seed(0)
+    draws = [retrieval_recalls(torch.rand(31, 155, generator=generator), sentence_image) for _ in range(3000)]
+    for key in ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "mR"):
+        assert sum(d[key] for d in draws) / len(draws) == pytest.approx(expected[key], abs=0.6), key
+    assert 16 < expected["mR"] < 19
+    assert expected["t2i_r5"] == pytest.approx(100 * 5 / 31)
+
+
 def test_chance_recalls_by_hand():
     from mule.mule_core.metrics import chance_recalls
 

@@ -33,8 +33,13 @@ def test_recall_table(rebuilt):
         assert row["mR"] == pytest.approx(sum(recalls) / 6)
     assert table["en"]["sentences"] == 24 * 5 and table["fr"]["sentences"] == 24
     with open(wd.results_dir("embedded") / "recalls.csv") as handle:
-        rows = {r["lang"]: r for r in csv.DictReader(handle)}
-    assert float(rows["cs"]["mR"]) == pytest.approx(round(table["cs"]["mR"], 1))
+        rows = {(r["ranker"], r["lang"]): r for r in csv.DictReader(handle)}
+    assert float(rows["model", "cs"]["mR"]) == pytest.approx(round(table["cs"]["mR"], 1))
+    # chance beside it: a random ranking of the same 24 images and their sentences
+    chance = results["evaluate"]["chance"]
+    assert set(chance) == set(table) and chance["fr"]["t2i_r1"] == pytest.approx(100 / 24)
+    assert float(rows["chance", "en"]["t2i_r5"]) == pytest.approx(round(100 * 5 / 24, 1))
+    assert "| en chance | 24 | 120 |" in (wd.results_dir("embedded") / "recalls.md").read_text()
     assert json.loads((wd.results_dir("embedded") / "evaluation.json").read_text())["cross_lingual"]["mule"]["en->fr"]
 
 
@@ -116,6 +121,8 @@ def test_mlflow_runs(rebuilt):
         a.path for a in client.list_artifacts(evaluate.info.run_id)
     }
     assert evaluate.data.metrics["test_2016.en.mR"] == pytest.approx(results["evaluate"]["table"]["en"]["mR"])
+    assert evaluate.data.metrics["test_2016.chance.en.t2i_r1"] == pytest.approx(100 / 24)
+    assert evaluate.data.metrics["test_2016.chance.mean_mR"] == pytest.approx(results["evaluate"]["chance_mean_mR"])
     assert by_name["features"].data.tags["mule.weights"].startswith("efficientnet_lite0 ImageNet")
     features = by_name["features"].data.params
     assert len(features["features.weights_sha256"]) == 64 and features["features.weights_file_used"].endswith(".pth")
