@@ -75,7 +75,7 @@ def export(workdir: str, dataset: str, preset: str, overrides: dict, out: str, b
                  "width": split.tokens.shape[1], "lengths": split.lengths.numpy().astype(np.uint8),
                  "caption_lang": split.caption_lang.astype(np.int8), "caption_image": split.caption_image.astype(np.int32),
                  "image_ids": split.image_ids, "caption_group": split.caption_group.astype(np.int32),
-                 "unseen": split.unseen}  # fmt: skip
+                 "unseen": split.unseen, "caption_ids": split.caption_ids}  # fmt: skip
         entry["features"] = None if text_only else _pack(split.features, bits)
         splits[name] = entry
     lp_file = catalog.lp_model_path(cfg)
@@ -123,7 +123,7 @@ def load_inputs(path: str):
         )
         splits[name] = SplitTensors(data["languages"], tokens, lengths, entry["caption_lang"].astype(np.int64),
                                     entry["caption_image"].astype(np.int64), entry["image_ids"],
-                                    _unpack(entry["features"]), None,
+                                    _unpack(entry["features"]), entry.get("caption_ids"),
                                     _int64(entry.get("caption_group")), entry.get("unseen"))  # fmt: skip
     return data, splits
 

@@ -1,0 +1,315 @@
+"""Settings judged with few photographs: k folds over the training split's photographed
+images, several seeds, mean and spread per language with chance beside, then the test
+split read once.
+
+    python bench/photo_folds.py --rows rows.json [--folds 5] [--seeds 0,1,2] [--out folds.json]
+    python bench/photo_folds.py --rows rows.json --test [--epochs-from folds.json] [--out test.json]
+
+rows.json: {"row name": {"inputs": "file.pt", "set": {"section.option": value},
+                         "lp": "inputs" | "photographed" | "none", "peer": "e5-ridge",
+                         "texts": "W", "vs": "another row"}, ...}; a row's difference is
+          taken from its "vs" row, else from the first row
+  inputs  a file from `bench/train_on_workdir.py --workdir W --export file.pt` (its train
+          split holds the photographed training images: the ones with features; another
+          extractor or text.init is another file)
+  lp      "inputs": the LP model in the file (the workdir's: LP on all the training text);
+          "photographed": LP on each fold's training captions alone, before joint training;
+          "none": no LP (pretrain.enabled=false)
+  peer    "e5-ridge": no MULE; the bundled multilingual-e5-small embeds the captions
+          (frozen), and a ridge map from the same image features into its space is fitted
+          on the fold's training photos, its strength chosen on a fifth of them
+          ("texts": the workdir whose catalog holds the captions' text)
+
+The protocol (mule_core.folds): each fold's images are never trained on; a model trains
+on the other folds' photos for train.epochs epochs (no epoch is chosen on the fold) and
+the held-out fold is measured after every epoch, so the table at epoch E is what E epochs
+give. A row's figure is the mean over folds of a seed, then mean ± std over seeds; its
+difference from the baseline is paired by seed (experiments/seeds.py: a gain only when
+every seed moves the same way by more than the spread). Chance: a random ranking of each
+fold's own images and sentences, averaged over folds.
+
+--test trains each row on every photographed training image (train.epochs, or each row's
+best epoch count on the folds with --epochs-from) and reads the test split once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import train_on_workdir
+from checkout import use_checkout  # noqa: E402
+
+use_checkout()  # run from anywhere, installed or not
+
+from mule.experiments.seeds import paired_difference  # noqa: E402
+from mule.mule_core.devices import resolve_device  # noqa: E402
+from mule.mule_core.folds import FoldRun, cross_validate, fold_of_images, summarize  # noqa: E402
+from mule.mule_core.metrics import chance_table, mean_mr, per_language_recalls  # noqa: E402
+from mule.mule_core.progress import format_seconds  # noqa: E402
+from mule.mule_core.training import Trainer, evaluate_split  # noqa: E402
+from mule.pipeline.config import parse_assignments, resolve  # noqa: E402
+
+RIDGE_STRENGTHS = (1e-1, 1.0, 1e1, 1e2, 1e3, 1e4)
+
+
+# -- MULE --------------------------------------------------------------------------------
+def mule_fitter(cfg_of, data: dict, lp: str, val, device):
+    """fit(train, seed, after_epoch) for a MULE row: LP as the row says, then joint training
+    on `train` alone for train.epochs, after_epoch(model) after each epoch."""
+
+    def fit(train, seed: int, after_epoch) -> None:
+        cfg = cfg_of(seed)
+        torch.manual_seed(seed)
+        lp_state = None
+        if lp == "inputs":
+            lp_state = data["lp_state"]
+            if lp_state is None:
+                sys.exit("lp=inputs, but the inputs hold no LP model: run `mule run pretrain` before exporting")
+        elif lp == "photographed":  # LP's epoch chosen on the validation split's captions (no fold's)
+            lp_state = train_on_workdir.run_lp(cfg, data, train, val, device, f"seed {seed} LP")
+            torch.manual_seed(seed)
+        model = train_on_workdir.build(cfg, data, train.features.shape[1])
+        model.set_image_normalization(train.features)
+        if lp_state is not None:
+            own = {k: v for k, v in lp_state.items() if k.startswith("branches.") or k.startswith("classifier.")}
+            model.load_state_dict(own, strict=False)
+        trainer = Trainer(model, train, cfg.loss, cfg.train, device)  # no validation: no epoch is chosen
+        trainer.fit(lambda result: after_epoch(trainer.kept_model))
+
+    def measure(model, held) -> dict:
+        return evaluate_split(model, held, device)
+
+    return fit, measure
+
+
+# -- the peer: frozen multilingual-e5 and a ridge map from the image features ----------------
+def e5_vectors(workdir: str, dataset: str, caption_ids: list[str], cache: Path) -> dict[str, np.ndarray]:
+    """caption id -> e5's vector of its text (cached by the texts' digest)."""
+    from mule.data_catalog import queries
+    from mule.data_catalog.catalog import Catalog
+    from mule.data_catalog.workdir import Workdir
+    from mule.tasks.support import multilingual_encoder as e5
+
+    texts = queries.caption_texts(Catalog(Workdir.at(workdir)), dataset, caption_ids)
+    ordered = [texts[i] for i in caption_ids]
+    stamp = f"{e5.encoder_version()} {hashlib.sha256(chr(0).join(ordered).encode()).hexdigest()[:16]}"
+    if cache.exists() and cache.with_suffix(".txt").exists() and cache.with_suffix(".txt").read_text() == stamp:
+        vectors = np.load(cache)
+    else:
+        started = time.perf_counter()
+        vectors = e5.embed(ordered, "peer e5")
+        print(f"e5 embedded {len(ordered)} captions in {time.perf_counter() - started:.0f} s", flush=True)
+        np.save(cache, vectors)
+        cache.with_suffix(".txt").write_text(stamp)
+    return dict(zip(caption_ids, vectors))
+
+
+def ridge(x: torch.Tensor, y: torch.Tensor, strength: float) -> torch.Tensor:
+    """W minimising |xW - y|^2 + strength * n * |W|^2 (x, y centred by the caller)."""
+    gram = x.T @ x + strength * len(x) / x.shape[1] * torch.eye(x.shape[1], dtype=x.dtype)
+    return torch.linalg.solve(gram, x.T @ y)
+
+
+@dataclasses.dataclass
+class RidgeMap:
+    mean: torch.Tensor
+    scale: torch.Tensor
+    weights: torch.Tensor
+    target_mean: torch.Tensor
+    strength: float
+
+    def images(self, features: torch.Tensor) -> torch.Tensor:
+        mapped = ((features.double() - self.mean) / self.scale) @ self.weights + self.target_mean
+        return torch.nn.functional.normalize(mapped.float(), dim=-1)
+
+
+def fit_ridge(train, vectors: dict[str, np.ndarray], strength: float) -> RidgeMap:
+    """One row per caption: its image's standardised features -> its e5 vector."""
+    features = train.features.double()
+    mean, scale = features.mean(0), features.std(0).clamp(min=1e-6)
+    x = ((features - mean) / scale)[torch.from_numpy(train.caption_image)]
+    y = torch.from_numpy(np.stack([vectors[c] for c in train.caption_ids])).double()
+    target_mean = y.mean(0)
+    return RidgeMap(mean, scale, ridge(x, y - target_mean, strength), target_mean, strength)
+
+
+def peer_measure(model: RidgeMap, held, vectors: dict[str, np.ndarray]) -> dict:
+    sentences = torch.from_numpy(np.stack([vectors[c] for c in held.caption_ids]))
+    return per_language_recalls(model.images(held.features), sentences, torch.from_numpy(held.caption_image),
+                                torch.from_numpy(held.caption_lang), held.languages)  # fmt: skip
+
+
+def peer_fitter(vectors: dict[str, np.ndarray], chosen: list):
+    """fit: the ridge strength that scores best on a fifth of the training photos (drawn by
+    the same hash as the folds), then the map refitted on all of them."""
+
+    def fit(train, seed: int, after_epoch) -> None:
+        inner = fold_of_images(train.image_ids, 5, seed=1000 + seed) == 0
+        fitting, checking = train.only_images(~inner), train.only_images(inner)
+        scores = {s: mean_mr(peer_measure(fit_ridge(fitting, vectors, s), checking, vectors)) for s in RIDGE_STRENGTHS}
+        best = max(scores, key=scores.get)
+        chosen.append(best)
+        after_epoch(fit_ridge(train, vectors, best))
+
+    return fit, lambda model, held: peer_measure(model, held, vectors)
+
+
+# -- rows ----------------------------------------------------------------------------------
+def fitter(name: str, row: dict, data: dict, splits: dict, args, device):
+    base = {"data.dataset": data.get("dataset", "embedded"), **parse_assignments(args.assignments), **row.get("set", {})}
+    lp = row.get("lp", "inputs")
+    if lp == "none":
+        base["pretrain.enabled"] = False
+
+    def cfg_of(seed: int):
+        return resolve(args.preset, {**base, "train.seed": seed})
+
+    if row.get("peer") == "e5-ridge":
+        every = [c for split in splits.values() for c in split.caption_ids]
+        if not row.get("texts") or None in every:
+            sys.exit(f"row {name!r}: the e5 peer needs 'texts' (the workdir) and inputs exported with caption ids")
+        cache = Path(args.cache) / f"e5-{Path(row['inputs']).stem}.npy"
+        vectors = e5_vectors(row["texts"], data.get("dataset", "embedded"), every, cache)
+        chosen: list[float] = []
+        return (*peer_fitter(vectors, chosen), chosen, cfg_of)
+    if lp not in ("inputs", "photographed", "none"):
+        sys.exit(f"row {name!r}: lp must be inputs, photographed or none, got {lp!r}")
+    return (*mule_fitter(cfg_of, data, lp, splits["val"], device), None, cfg_of)
+
+
+def with_progress(fit, label: str, total: int):
+    """fit, printing each model's end with its speed and the row's ETA."""
+    started, done = time.perf_counter(), [0]
+
+    def timed(train, seed, after_epoch):
+        fit(train, seed, after_epoch)
+        done[0] += 1
+        elapsed = time.perf_counter() - started
+        print(f"{label}: model {done[0]}/{total} (seed {seed}, {train.n_images} training photos) "
+              f"{elapsed / done[0]:.0f} s each, ETA {format_seconds(elapsed / done[0] * (total - done[0]))}",
+              flush=True)  # fmt: skip
+
+    return timed
+
+
+def table_markdown(summaries: dict[str, dict], languages: list[str], rows: dict) -> str:
+    """One line per row: mR per language and their mean (mean ± std over seeds), the
+    difference from its baseline row (the row's "vs", else the first row), chance last."""
+    first = next(iter(summaries))
+    lines = ["| row | " + " | ".join(languages) + " | mean | difference (paired by seed) |",
+             "|" + "---|" * (len(languages) + 3)]  # fmt: skip
+    for name, summary in summaries.items():
+        cells = [f"{summary[lang]['mR']:.1f} ± {summary[lang]['std']:.1f}" if lang in summary else "–"
+                 for lang in languages]  # fmt: skip
+        baseline = rows[name].get("vs", first)
+        versus = "" if name == baseline or baseline not in summaries else (
+            f"{paired_difference(summary['mean']['by_seed'], summaries[baseline]['mean']['by_seed'])} vs {baseline}")
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {summary['mean']['mR']:.1f} ± "
+                     f"{summary['mean']['std']:.1f} | {versus} |")  # fmt: skip
+    top = summaries[first]
+    chance = [f"{top[lang]['chance']:.1f}" if lang in top else "–" for lang in languages]
+    lines.append("| chance (random ranking of the same photos and sentences) | " + " | ".join(chance)
+                 + f" | {top['mean']['chance']:.1f} | |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def epoch_curve(runs: list[FoldRun]) -> list[float]:
+    """Mean mR over languages, folds and seeds after each epoch."""
+    return [summarize(runs, epoch)["mean"]["mR"] for epoch in range(1, min(len(r.tables) for r in runs) + 1)]
+
+
+def run_folds(rows: dict, args, device) -> dict:
+    seeds = [int(s) for s in args.seeds.split(",")]
+    out, summaries, languages = {}, {}, []
+    for name, row in rows.items():
+        data, splits = train_on_workdir.load_inputs(row["inputs"])
+        pool = splits["train"]
+        fit, measure, chosen, _ = fitter(name, row, data, splits, args, device)
+        print(f"== {name}: {pool.n_images} photographed training images, {len(pool.caption_image)} captions, "
+              f"{args.folds} folds x seeds {seeds}", flush=True)  # fmt: skip
+        started = time.perf_counter()
+        runs = cross_validate(pool, args.folds, seeds, with_progress(fit, name, args.folds * len(seeds)), measure)
+        curve = epoch_curve(runs)
+        summaries[name] = summarize(runs)
+        languages = languages or list(pool.languages)
+        out[name] = {"summary": summaries[name], "epoch_curve": [round(v, 2) for v in curve],
+                     "best_epochs": int(np.argmax(curve)) + 1, "seconds": round(time.perf_counter() - started),
+                     "ridge_strengths": chosen, "row": row,
+                     "folds": [{"fold": r.fold, "seed": r.seed, "images": r.images,
+                                "mR_by_epoch": [round(mean_mr(t), 2) for t in r.tables]} for r in runs]}  # fmt: skip
+        print(f"{name}: mean mR {summaries[name]['mean']['mR']:.1f} ± {summaries[name]['mean']['std']:.1f} "
+              f"(chance {summaries[name]['mean']['chance']:.1f}); by epoch {' '.join(f'{v:.1f}' for v in curve)}",
+              flush=True)  # fmt: skip
+    markdown = table_markdown(summaries, languages, rows)
+    print(f"\nvalidation folds: mR per language, mean ± std over seeds {seeds} of the {args.folds}-fold mean\n")
+    print(markdown)
+    return {"rows": out, "markdown": markdown, "folds": args.folds, "seeds": seeds}
+
+
+def run_test(rows: dict, args, device) -> dict:
+    """Each row trained on every photographed training image, the test split read once."""
+    seeds = [int(s) for s in args.seeds.split(",")]
+    chosen_epochs = json.loads(Path(args.epochs_from).read_text())["rows"] if args.epochs_from else {}
+    out, summaries, languages = {}, {}, []
+    for name, row in rows.items():
+        data, splits = train_on_workdir.load_inputs(row["inputs"])
+        pool, test = splits["train"], splits["test"]
+        if name in chosen_epochs and not row.get("peer"):
+            row = row | {"set": {**row.get("set", {}), "train.epochs": chosen_epochs[name]["best_epochs"]}}
+        fit, measure, chosen, _ = fitter(name, row, data, splits, args, device)
+        runs = []
+        for seed in seeds:
+            tables: list = []
+            with_progress(fit, name, len(seeds))(pool, seed, lambda model, tables=tables: tables.append(measure(model, test)))
+            chance = chance_table(torch.from_numpy(test.caption_image), torch.from_numpy(test.caption_lang),
+                                  test.languages)  # fmt: skip
+            runs.append(FoldRun(0, seed, tables, chance, test.n_images))
+        summaries[name] = summarize(runs)
+        languages = languages or list(test.languages)
+        out[name] = {"summary": summaries[name], "epochs": row.get("set", {}).get("train.epochs"),
+                     "ridge_strengths": chosen, "test_images": test.n_images}  # fmt: skip
+    markdown = table_markdown(summaries, languages, rows)
+    print(f"\ntest split, read once: mR per language, mean ± std over seeds {seeds}\n")
+    print(markdown)
+    return {"rows": out, "markdown": markdown, "seeds": seeds}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", required=True)
+    parser.add_argument("--folds", type=int, default=5)
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--preset", help="default: the dataset's (pipeline.config.default_preset)")
+    parser.add_argument("--set", dest="assignments", action="append", default=[], help="an override for every row")
+    parser.add_argument("--only", action="append", help="run only these rows (repeatable; the first row always)")
+    parser.add_argument("--test", action="store_true", help="train on every photographed image, read the test split")
+    parser.add_argument("--epochs-from", help="with --test: each row's best epoch count on the folds (a --out file)")
+    parser.add_argument("--cache", default=".", help="where the peer's e5 vectors are cached")
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    all_rows = json.loads(Path(args.rows).read_text())
+    first = next(iter(all_rows))
+    rows = {k: v for k, v in all_rows.items() if not args.only or k in args.only or k == first}
+    device = resolve_device(resolve(args.preset, {}).train.device)
+    print(f"machine: {platform.node()}, {platform.processor() or platform.machine()}, {device}, "
+          f"{torch.get_num_threads()} threads, torch {torch.__version__}", flush=True)  # fmt: skip
+    result = run_test(rows, args, device) if args.test else run_folds(rows, args, device)
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1, default=float))
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
