@@ -2,7 +2,8 @@
 images, several seeds, mean and spread per language with chance beside, then the test
 split read once.
 
-    python bench/photo_folds.py --rows rows.json [--folds 5] [--seeds 0,1,2] [--out folds.json]
+    python bench/photo_folds.py --rows rows.json [--folds 5] [--seeds 0,1,2] [--at-epoch E] [--out folds.json]
+    python bench/photo_folds.py --rows rows.json --combine a.json b.json [--at-epoch E]   # one table of runs made apart
     python bench/photo_folds.py --rows rows.json --test [--epochs-from folds.json] [--out test.json]
 
 rows.json: {"row name": {"inputs": "file.pt", "set": {"section.option": value},
@@ -201,23 +202,35 @@ def with_progress(fit, label: str, total: int):
     return timed
 
 
-def table_markdown(summaries: dict[str, dict], languages: list[str], rows: dict) -> str:
-    """One line per row: mR per language and their mean (mean ± std over seeds), the
-    difference from its baseline row (the row's "vs", else the first row), chance last."""
-    first = next(iter(summaries))
-    lines = ["| row | " + " | ".join(languages) + " | mean | difference (paired by seed) |",
-             "|" + "---|" * (len(languages) + 3)]  # fmt: skip
-    for name, summary in summaries.items():
+def table_markdown(runs: dict[str, list[FoldRun]], languages: list[str], rows: dict, at_epoch: int | None) -> str:
+    """One line per row: mR per language and their mean (mean ± std over seeds) after the
+    row's epochs (or at_epoch), the difference from its baseline row (its "vs", else the
+    first row) after as many epochs as the row trained (a model fitted in one go: against
+    the baseline's own length), chance last."""
+
+    def epochs(name: str) -> int:
+        return min(len(r.tables) for r in runs[name])
+
+    first = next(iter(runs))
+    lines = ["| row | epochs | " + " | ".join(languages) + " | mean | difference (paired by seed) |",
+             "|" + "---|" * (len(languages) + 4)]  # fmt: skip
+    for name, found in runs.items():
+        at = min(at_epoch or epochs(name), epochs(name))
+        summary = summarize(found, at)
         cells = [f"{summary[lang]['mR']:.1f} ± {summary[lang]['std']:.1f}" if lang in summary else "–"
                  for lang in languages]  # fmt: skip
-        baseline = rows[name].get("vs", first)
-        versus = "" if name == baseline or baseline not in summaries else (
-            f"{paired_difference(summary['mean']['by_seed'], summaries[baseline]['mean']['by_seed'])} vs {baseline}")
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {summary['mean']['mR']:.1f} ± "
+        baseline, versus = rows[name].get("vs", first), ""
+        if name != baseline and baseline in runs:
+            once = bool(rows[name].get("peer"))  # fitted in one go: against the baseline as it is used
+            base_at = min(at_epoch or epochs(baseline), epochs(baseline)) if once else min(at, epochs(baseline))
+            difference = paired_difference(summary["mean"]["by_seed"], summarize(runs[baseline], base_at)["mean"]["by_seed"])
+            versus = f"{difference} vs {baseline} after {base_at}"
+        shown = "fitted once" if rows[name].get("peer") else str(at)
+        lines.append(f"| {name} | {shown} | " + " | ".join(cells) + f" | {summary['mean']['mR']:.1f} ± "
                      f"{summary['mean']['std']:.1f} | {versus} |")  # fmt: skip
-    top = summaries[first]
+    top = summarize(runs[first])
     chance = [f"{top[lang]['chance']:.1f}" if lang in top else "–" for lang in languages]
-    lines.append("| chance (random ranking of the same photos and sentences) | " + " | ".join(chance)
+    lines.append("| chance (random ranking of the same photos and sentences) | | " + " | ".join(chance)
                  + f" | {top['mean']['chance']:.1f} | |")  # fmt: skip
     return "\n".join(lines)
 
@@ -229,7 +242,7 @@ def epoch_curve(runs: list[FoldRun]) -> list[float]:
 
 def run_folds(rows: dict, args, device) -> dict:
     seeds = [int(s) for s in args.seeds.split(",")]
-    out, summaries, languages = {}, {}, []
+    out, summaries, languages, every_run = {}, {}, [], {}
     for name, row in rows.items():
         data, splits = train_on_workdir.load_inputs(row["inputs"])
         pool = splits["train"]
@@ -238,28 +251,44 @@ def run_folds(rows: dict, args, device) -> dict:
               f"{args.folds} folds x seeds {seeds}", flush=True)  # fmt: skip
         started = time.perf_counter()
         runs = cross_validate(pool, args.folds, seeds, with_progress(fit, name, args.folds * len(seeds)), measure)
-        curve = epoch_curve(runs)
-        summaries[name] = summarize(runs)
+        curve, every_run[name] = epoch_curve(runs), runs
+        summaries[name] = summarize(runs, min(args.at_epoch or len(curve), len(curve)))
         languages = languages or list(pool.languages)
         out[name] = {"summary": summaries[name], "epoch_curve": [round(v, 2) for v in curve],
                      "best_epochs": int(np.argmax(curve)) + 1, "seconds": round(time.perf_counter() - started),
                      "ridge_strengths": chosen, "row": row,
-                     "folds": [{"fold": r.fold, "seed": r.seed, "images": r.images,
-                                "mR_by_epoch": [round(mean_mr(t), 2) for t in r.tables]} for r in runs]}  # fmt: skip
+                     "runs": [dataclasses.asdict(r) for r in runs]}  # fmt: skip
+        if args.out:  # what is done so far, row by row: a stop loses one row at most
+            Path(args.out).write_text(json.dumps({"rows": out, "partial": True}, default=float))
         print(f"{name}: mean mR {summaries[name]['mean']['mR']:.1f} ± {summaries[name]['mean']['std']:.1f} "
               f"(chance {summaries[name]['mean']['chance']:.1f}); by epoch {' '.join(f'{v:.1f}' for v in curve)}",
               flush=True)  # fmt: skip
-    markdown = table_markdown(summaries, languages, rows)
-    print(f"\nvalidation folds: mR per language, mean ± std over seeds {seeds} of the {args.folds}-fold mean\n")
+    markdown = table_markdown(every_run, languages, rows, args.at_epoch)
+    at = f", after {args.at_epoch} epochs" if args.at_epoch else ""
+    print(f"\nvalidation folds: mR per language, mean ± std over seeds {seeds} of the {args.folds}-fold mean{at}\n")
     print(markdown)
-    return {"rows": out, "markdown": markdown, "folds": args.folds, "seeds": seeds}
+    return {"rows": out, "markdown": markdown, "folds": args.folds, "seeds": seeds, "at_epoch": args.at_epoch}
+
+
+def combine(paths: list[str], args) -> dict:
+    """One table from the rows of several --out files (the same folds and seeds)."""
+    every_run, rows, languages = {}, {}, []
+    for path in paths:
+        for name, found in json.loads(Path(path).read_text())["rows"].items():
+            every_run[name] = [FoldRun(**r) for r in found["runs"]]
+            rows[name] = found["row"]
+            languages = languages or list(every_run[name][0].tables[0])
+    markdown = table_markdown(every_run, languages, rows, args.at_epoch)
+    at = f", after {args.at_epoch} epochs" if args.at_epoch else ""
+    print(f"validation folds{at}: mR per language, mean ± std over seeds\n\n{markdown}")
+    return {"markdown": markdown, "at_epoch": args.at_epoch, "combined": paths}
 
 
 def run_test(rows: dict, args, device) -> dict:
     """Each row trained on every photographed training image, the test split read once."""
     seeds = [int(s) for s in args.seeds.split(",")]
     chosen_epochs = json.loads(Path(args.epochs_from).read_text())["rows"] if args.epochs_from else {}
-    out, summaries, languages = {}, {}, []
+    out, every_run, languages = {}, {}, []
     for name, row in rows.items():
         data, splits = train_on_workdir.load_inputs(row["inputs"])
         pool, test = splits["train"], splits["test"]
@@ -273,11 +302,12 @@ def run_test(rows: dict, args, device) -> dict:
             chance = chance_table(torch.from_numpy(test.caption_image), torch.from_numpy(test.caption_lang),
                                   test.languages)  # fmt: skip
             runs.append(FoldRun(0, seed, tables, chance, test.n_images))
-        summaries[name] = summarize(runs)
+        every_run[name] = runs
         languages = languages or list(test.languages)
-        out[name] = {"summary": summaries[name], "epochs": row.get("set", {}).get("train.epochs"),
+        out[name] = {"summary": summarize(runs), "runs": [dataclasses.asdict(r) for r in runs],
+                     "epochs": row.get("set", {}).get("train.epochs"),
                      "ridge_strengths": chosen, "test_images": test.n_images}  # fmt: skip
-    markdown = table_markdown(summaries, languages, rows)
+    markdown = table_markdown(every_run, languages, rows, None)
     print(f"\ntest split, read once: mR per language, mean ± std over seeds {seeds}\n")
     print(markdown)
     return {"rows": out, "markdown": markdown, "seeds": seeds}
@@ -285,7 +315,8 @@ def run_test(rows: dict, args, device) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", required=True)
+    parser.add_argument("--rows")
+    parser.add_argument("--combine", nargs="+", help="print one table of these --out files instead of training")
     parser.add_argument("--folds", type=int, default=5)
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--preset", help="default: the dataset's (pipeline.config.default_preset)")
@@ -293,12 +324,19 @@ def main() -> None:
     parser.add_argument("--only", action="append", help="run only these rows (repeatable; the first row always)")
     parser.add_argument("--test", action="store_true", help="train on every photographed image, read the test split")
     parser.add_argument("--epochs-from", help="with --test: each row's best epoch count on the folds (a --out file)")
+    parser.add_argument("--at-epoch", type=int, help="compare the rows after this many epochs (the first E of a "
+                        "longer run are an E-epoch run: the learning rate decays by step, not by the run's length)")
     parser.add_argument("--cache", default=".", help="where the peer's e5 vectors are cached")
     parser.add_argument("--out")
     args = parser.parse_args()
     import logging
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    if args.combine:
+        result = combine(args.combine, args)
+        if args.out:
+            Path(args.out).write_text(json.dumps(result, indent=1))
+        return
     all_rows = json.loads(Path(args.rows).read_text())
     first = next(iter(all_rows))
     rows = {k: v for k, v in all_rows.items() if not args.only or k in args.only or k == first}
