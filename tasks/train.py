@@ -18,13 +18,18 @@ from mule.data_catalog.models import load_model, save_model
 from mule.data_catalog.splits import load_split, load_vocabulary
 from mule.mule_core.devices import use_cpu_threads
 from mule.mule_core.errors import UserError
-from mule.mule_core.metrics import mean_mr
+from mule.mule_core.metrics import chance_table, mean_mr
 from mule.mule_core.model import build_model, count_parameters
 from mule.mule_core.training import Trainer, evaluate_split, resolve_device
 
 from .support.context import StageContext, images_with_files, logger
 from .support.tokens import caption_tokenizers
 from .support.training import Checkpoints, divergence_tags, history_records, phase_seconds
+
+
+# Below this many validation images, the run says that its epoch choice is noisy (34 real
+# Multi30K val photos: chance mR 15; even folds of 290 real photos differ by up to 4 mR).
+FEW_VAL_IMAGES = 100
 
 
 class MissingPretrainError(UserError, RuntimeError):
@@ -54,6 +59,11 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     tokenizers = caption_tokenizers(catalog, dataset, vocabulary.languages, cfg.text.tokenizers, "train")
     train = load_split(catalog, dataset, "train", vocabulary, cfg.text.max_tokens, extractor, cfg.data.captions)
     val = load_split(catalog, dataset, "val", vocabulary, cfg.text.max_tokens, extractor)
+    if 0 < val.n_images < FEW_VAL_IMAGES:
+        chance = chance_table(torch.from_numpy(val.caption_image), torch.from_numpy(val.caption_lang), val.languages)
+        log.warning("validation has %d images with features (chance mR %.1f): the epoch kept is chosen on so few that "
+                    "another draw of them moves its mR by points; judge settings on folds of the training photos "
+                    "(bench/photo_folds.py, docs/real-photos.md)", val.n_images, mean_mr(chance))  # fmt: skip
     device = resolve_device(cfg.train.device)
     threads = use_cpu_threads(cfg.train.threads)  # in the key: the count changes the weights
     torch.manual_seed(cfg.train.seed)  # the same initial weights on every run
