@@ -50,6 +50,9 @@ if TYPE_CHECKING:
     from mule.pipeline.config import FeaturesConfig
 
 FORCED = "forced.json"  # in an identity's folder while a forced extraction is unfinished
+# Below this many photos, the stage says that 10 crops each paid off on real photos (a
+# tenth of the time per crop matters little there; at Multi30K's 31,014 it is an hour here).
+FEW_PHOTOS = 2000
 
 
 class ImageRejectedError(UserError, RuntimeError):
@@ -265,6 +268,9 @@ def finish_features(ctx: StageContext, plan: dict, shards: list[dict]) -> dict[s
     if not with_features:
         raise NoImagesError(f"none of the {plan['images']} images of {dataset!r} could be read; see the rejects table")
     catalog.set_current_extractor(dataset, cfg.features, identity)
+    if with_features < FEW_PHOTOS and cfg.features.crops == 1 and extracted:
+        log.info("%d images: with few photos, 10 crops each gained +1.4 ± 0.6 mR on folds of 872 real ones "
+                 "(--preset few-photos, or --set features.crops=10; docs/real-photos.md)", with_features)  # fmt: skip
     weights = plan["weights"]
     return {"extractor": identity, "dim": queries.feature_dim(catalog, identity), "images": with_features,
             "extracted_now": extracted, "extracted_again": sorted(replaced), "forced": plan["forced"],

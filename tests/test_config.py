@@ -81,7 +81,7 @@ def test_bad_options_name_the_option(overrides, message):
 
 
 def test_unknown_preset():
-    with pytest.raises(ConfigError, match="presets are: default, demo, paper"):
+    with pytest.raises(ConfigError, match="presets are: default, demo, few-photos, paper"):
         resolve("huge")
 
 

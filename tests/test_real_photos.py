@@ -115,7 +115,9 @@ def test_a_slice_of_real_multi30k_with_its_real_photos_runs_from_ingest_to_evalu
         "SELECT split, count(*) AS n FROM captions WHERE dataset = 'multi30k' GROUP BY split").to_pylist()}  # fmt: skip
     assert 300 < sum(counts.values()) < 700, counts  # a few hundred real captions
     assert ingest["images"] == ingest["images_present"] == len(every)
-    features = run_alone(wd, cfg, "features")
+    with caplog.at_level("INFO", logger="mule"):
+        features = run_alone(wd, cfg, "features")
+    assert "40 images: with few photos, 10 crops each gained" in caplog.text  # the preset the folds chose, said
     assert features["images"] == len(every) and not features.get("rejected"), features
     run_alone(wd, cfg, "text")
     with caplog.at_level("WARNING", logger="mule"):
