@@ -154,3 +154,11 @@ def test_a_model_file_s_config_with_a_retired_option_still_reads():
 def test_guard_and_schedule_options_are_checked(key, value, message):
     with pytest.raises(ConfigError, match=message):
         resolve("demo", {key: value})
+
+
+def test_the_few_photos_preset_is_the_defaults_with_ten_crops_and_24_epochs():
+    # chosen on folds of the real Multi30K photos (docs/real-photos.md); nothing else moves
+    few, default = flatten(resolve("few-photos")), flatten(resolve("default"))
+    changed = {k for k in default if few[k] != default[k]}
+    assert changed == {"preset", "features.crops", "train.epochs"}
+    assert (few["features.crops"], few["train.epochs"]) == ("10", "24")

@@ -117,7 +117,7 @@ def test_a_slice_of_real_multi30k_with_its_real_photos_runs_from_ingest_to_evalu
     assert ingest["images"] == ingest["images_present"] == len(every)
     with caplog.at_level("INFO", logger="mule"):
         features = run_alone(wd, cfg, "features")
-    assert "40 images: with few photos, 10 crops each gained" in caplog.text  # the preset the folds chose, said
+    assert "40 images: with few photos, 10 crops each and 24 joint epochs gained" in caplog.text  # the preset, said
     assert features["images"] == len(every) and not features.get("rejected"), features
     run_alone(wd, cfg, "text")
     with caplog.at_level("WARNING", logger="mule"):
