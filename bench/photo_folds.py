@@ -15,7 +15,9 @@ rows.json: {"row name": {"inputs": "file.pt", "set": {"section.option": value},
           extractor or text.init is another file)
   lp      "inputs": the LP model in the file (the workdir's: LP on all the training text);
           "photographed": LP on each fold's training captions alone, before joint training;
-          "none": no LP (pretrain.enabled=false)
+          "none": no LP (pretrain.enabled=false); "file": the LP weights in "lp_file" (from
+          bench/lp_without_photos.py: LP on all the text but the photographed captions,
+          which no held-out fold's captions reach)
   peer    "e5-ridge": no MULE; the bundled multilingual-e5-small embeds the captions
           (frozen), and a ridge map from the same image features into its space is fitted
           on the fold's training photos, its strength chosen on a fifth of them
@@ -63,7 +65,7 @@ RIDGE_STRENGTHS = (1e-1, 1.0, 1e1, 1e2, 1e3, 1e4)
 
 
 # -- MULE --------------------------------------------------------------------------------
-def mule_fitter(cfg_of, data: dict, lp: str, val, device):
+def mule_fitter(cfg_of, data: dict, lp: str, val, device, lp_file: str = ""):
     """fit(train, seed, after_epoch) for a MULE row: LP as the row says, then joint training
     on `train` alone for train.epochs, after_epoch(model) after each epoch."""
 
@@ -75,6 +77,8 @@ def mule_fitter(cfg_of, data: dict, lp: str, val, device):
             lp_state = data["lp_state"]
             if lp_state is None:
                 sys.exit("lp=inputs, but the inputs hold no LP model: run `mule run pretrain` before exporting")
+        elif lp == "file":  # e.g. bench/lp_without_photos.py: LP that never read a photographed caption
+            lp_state = torch.load(lp_file, map_location="cpu", weights_only=False)
         elif lp == "photographed":  # LP's epoch chosen on the validation split's captions (no fold's)
             lp_state = train_on_workdir.run_lp(cfg, data, train, val, device, f"seed {seed} LP")
             torch.manual_seed(seed)
@@ -182,9 +186,11 @@ def fitter(name: str, row: dict, data: dict, splits: dict, args, device):
         vectors = e5_vectors(row["texts"], data.get("dataset", "embedded"), every, cache)
         chosen: list[float] = []
         return (*peer_fitter(vectors, chosen), chosen, cfg_of)
-    if lp not in ("inputs", "photographed", "none"):
-        sys.exit(f"row {name!r}: lp must be inputs, photographed or none, got {lp!r}")
-    return (*mule_fitter(cfg_of, data, lp, splits["val"], device), None, cfg_of)
+    if lp not in ("inputs", "photographed", "none", "file"):
+        sys.exit(f"row {name!r}: lp must be inputs, photographed, file or none, got {lp!r}")
+    if lp == "file" and not Path(row.get("lp_file", "")).is_file():
+        sys.exit(f"row {name!r}: lp=file needs lp_file, a file of bench/lp_without_photos.py")
+    return (*mule_fitter(cfg_of, data, lp, splits["val"], device, row.get("lp_file", "")), None, cfg_of)
 
 
 def with_progress(fit, label: str, total: int):
@@ -295,10 +301,10 @@ def run_test(rows: dict, args, device) -> dict:
         if name in chosen_epochs and not row.get("peer"):
             row = row | {"set": {**row.get("set", {}), "train.epochs": chosen_epochs[name]["best_epochs"]}}
         fit, measure, chosen, _ = fitter(name, row, data, splits, args, device)
-        runs = []
+        runs, timed = [], with_progress(fit, name, len(seeds))
         for seed in seeds:
             tables: list = []
-            with_progress(fit, name, len(seeds))(pool, seed, lambda model, tables=tables: tables.append(measure(model, test)))
+            timed(pool, seed, lambda model, tables=tables: tables.append(measure(model, test)))
             chance = chance_table(torch.from_numpy(test.caption_image), torch.from_numpy(test.caption_lang),
                                   test.languages)  # fmt: skip
             runs.append(FoldRun(0, seed, tables, chance, test.n_images))
