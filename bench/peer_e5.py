@@ -42,6 +42,22 @@ from mule.mule_core.metrics import cross_lingual_recalls, translation_pair_recal
 from mule.tasks.support import multilingual_encoder as e5  # noqa: E402
 
 
+def cached_e5(ordered: list[str], cache: Path, label: str) -> np.ndarray:
+    """e5's vectors of these texts, kept in `cache` (.npy, with a .txt stamp of the
+    encoder's version and the texts' digest): a rerun over the same texts reads them."""
+    stamp = f"{e5.encoder_version()} {hashlib.sha256(chr(0).join(ordered).encode()).hexdigest()[:16]}"
+    if cache.exists() and cache.with_suffix(".txt").exists() and cache.with_suffix(".txt").read_text() == stamp:
+        return np.load(cache)
+    started = time.perf_counter()
+    vectors = e5.embed(ordered, label)
+    print(f"embedded {len(ordered)} captions in {time.perf_counter() - started:.0f} s "
+          f"({len(ordered) / (time.perf_counter() - started):.1f} sentences/s)", flush=True)  # fmt: skip
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    np.save(cache, vectors)
+    cache.with_suffix(".txt").write_text(stamp)
+    return vectors
+
+
 def peer_tables(catalog: Catalog, dataset: str, split: str, languages: list[str], cache: Path) -> dict:
     rows = queries.caption_selection(catalog, dataset, split, languages, "human")
     ids, langs = rows["caption_id"].to_pylist(), rows["lang"].to_pylist()
@@ -49,18 +65,7 @@ def peer_tables(catalog: Catalog, dataset: str, split: str, languages: list[str]
     if not ids:
         raise SystemExit(f"{dataset}: no human captions in split {split!r} for {', '.join(languages)}")
     texts = queries.caption_texts(catalog, dataset, ids)
-    ordered = [texts[i] for i in ids]
-    stamp = f"{e5.encoder_version()} {hashlib.sha256(chr(0).join(ordered).encode()).hexdigest()[:16]}"
-    if cache.exists() and cache.with_suffix(".txt").exists() and cache.with_suffix(".txt").read_text() == stamp:
-        vectors = np.load(cache)
-    else:
-        started = time.perf_counter()
-        vectors = e5.embed(ordered, f"peer e5 ({split})")
-        print(f"embedded {len(ordered)} captions in {time.perf_counter() - started:.0f} s "
-              f"({len(ordered) / (time.perf_counter() - started):.1f} sentences/s)", flush=True)  # fmt: skip
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        np.save(cache, vectors)
-        cache.with_suffix(".txt").write_text(stamp)
+    vectors = cached_e5([texts[i] for i in ids], cache, f"peer e5 ({split})")
     present = [lang for lang in languages if lang in set(langs)]
     lang_index = torch.tensor([present.index(lang) for lang in langs])
     image_index = {img: i for i, img in enumerate(sorted(set(images)))}
@@ -68,7 +73,7 @@ def peer_tables(catalog: Catalog, dataset: str, split: str, languages: list[str]
     return {
         "image": cross_lingual_recalls(emb, torch.tensor([image_index[i] for i in images]), lang_index, present),
         "translation": translation_pair_recalls(emb, torch.from_numpy(translation_groups(keys)), lang_index, present),
-        "captions": len(ordered),
+        "captions": len(ids),
     }
 
 

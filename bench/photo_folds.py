@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 import platform
 import sys
@@ -99,22 +98,14 @@ def mule_fitter(cfg_of, data: dict, lp: str, val, device, lp_file: str = ""):
 # -- the peer: frozen multilingual-e5 and a ridge map from the image features ----------------
 def e5_vectors(workdir: str, dataset: str, caption_ids: list[str], cache: Path) -> dict[str, np.ndarray]:
     """caption id -> e5's vector of its text (cached by the texts' digest)."""
+    from peer_e5 import cached_e5
+
     from mule.data_catalog import queries
     from mule.data_catalog.catalog import Catalog
     from mule.data_catalog.workdir import Workdir
-    from mule.tasks.support import multilingual_encoder as e5
 
     texts = queries.caption_texts(Catalog(Workdir.at(workdir)), dataset, caption_ids)
-    ordered = [texts[i] for i in caption_ids]
-    stamp = f"{e5.encoder_version()} {hashlib.sha256(chr(0).join(ordered).encode()).hexdigest()[:16]}"
-    if cache.exists() and cache.with_suffix(".txt").exists() and cache.with_suffix(".txt").read_text() == stamp:
-        vectors = np.load(cache)
-    else:
-        started = time.perf_counter()
-        vectors = e5.embed(ordered, "peer e5")
-        print(f"e5 embedded {len(ordered)} captions in {time.perf_counter() - started:.0f} s", flush=True)
-        np.save(cache, vectors)
-        cache.with_suffix(".txt").write_text(stamp)
+    vectors = cached_e5([texts[i] for i in caption_ids], cache, "peer e5")
     return dict(zip(caption_ids, vectors))
 
 
