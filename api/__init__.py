@@ -30,7 +30,7 @@ def load(source: str | os.PathLike, *, dataset: str | None = None, version: str 
     champion of `dataset` (default: the one dataset it has a champion for), or a registered
     `version`, or a train `run`'s model. `label`: how messages name it; `extractor_weights`:
     where the image extractor's weights are now, for a model file moved without them."""
-    from mule.api.embedders import open_embedder
+    from mule.api.from_file import open_embedder
     from mule.mule_core.devices import resolve_device
 
     text = os.fspath(source)
@@ -40,8 +40,8 @@ def load(source: str | os.PathLike, *, dataset: str | None = None, version: str 
     if path.is_file():
         return open_embedder(path, label, extractor_weights, resolve_device(device))
     if path.is_dir():
-        from mule.data_catalog.workdir import Workdir
         from mule.experiments.registry import resolve_model_file
+        from mule.storage.workdir import Workdir
 
         workdir = Workdir.at(path, create=False)
         file, found = resolve_model_file(workdir, dataset or _only_dataset(workdir), run, version)

@@ -8,7 +8,7 @@ Trains a toy task that can be learned (image i's captions say word i) and checks
 joint training learns it on the GPU as it does on the CPU; runs the paper's extractor
 (ResNet-152, 10 crops of 448 px, random weights: speed does not depend on them) and the
 demo's (EfficientNet-Lite0, 1 crop of 224 px) over random images through the features
-stage's own code (tasks/support/extraction.py), and prints images/s.
+stage's own code (stages/shared/extraction.py), and prints images/s.
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ from checkout import use_checkout  # noqa: E402
 
 use_checkout()  # run from anywhere, installed or not
 
-from mule.mule_core.dataset import SplitTensors  # noqa: E402
+from mule.config.resolution import resolve  # noqa: E402
+from mule.mule_core.backbones import extractor_network  # noqa: E402
 from mule.mule_core.devices import resolve_device  # noqa: E402
-from mule.mule_core.features import extractor_network  # noqa: E402
 from mule.mule_core.metrics import mean_mr  # noqa: E402
 from mule.mule_core.model import MuleModel  # noqa: E402
-from mule.mule_core.training import Trainer, evaluate_split  # noqa: E402
-from mule.pipeline.config import resolve  # noqa: E402
+from mule.mule_core.split_tensors import SplitTensors  # noqa: E402
+from mule.mule_core.trainer import Trainer, evaluate_split  # noqa: E402
 
 LANGS = ["en", "fr"]
 
@@ -76,7 +76,7 @@ def training(device: torch.device, n_images: int, epochs: int) -> None:
 def extraction(device: torch.device, images: int) -> None:
     from PIL import Image
 
-    from mule.tasks.support.extraction import ImageCrops, collate, vectors
+    from mule.stages.shared.extraction import ImageCrops, collate, vectors
 
     folder = Path("/tmp/mule-cuda-images")
     folder.mkdir(exist_ok=True)

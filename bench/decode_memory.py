@@ -1,5 +1,5 @@
 """What decoding one query image costs in memory: each kind of large image decoded the
-way `mule serve` decodes an upload (data_catalog.images.load_rgb, a 256-px crop's shorter
+way `mule serve` decodes an upload (datasets.image_files.load_rgb, a 256-px crop's shorter
 side, the default 40 MP budget), each in a fresh process; its peak resident memory above
 the process's before, against the bytes the image's first frame decodes to (the budget
 checked from its header).
@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 CHILD = r"""
 import json, sys, types
 package = types.ModuleType("mule"); package.__path__ = [sys.argv[2]]; sys.modules["mule"] = package
-from mule.data_catalog.images import load_rgb
+from mule.datasets.image_files import load_rgb
 import PIL.Image, numpy
 PIL.Image.init()
 data = open(sys.argv[1], "rb").read()
@@ -90,7 +90,7 @@ def main() -> None:
             from PIL import Image
 
             with Image.open(path) as image:
-                from mule.data_catalog.images import decoded_bytes
+                from mule.datasets.image_files import decoded_bytes
 
                 decoded = decoded_bytes(image) / 2**20
             done = subprocess.run([args.python, "-c", CHILD, str(path), str(args.repo)], capture_output=True, text=True)

@@ -1,5 +1,5 @@
 """The embedded dataset's ceiling: what a model that knew every scene and every caption's
-meaning perfectly would score on its test split (data_catalog.embedded.ceiling).
+meaning perfectly would score on its test split (embedded.ceiling).
 
     python bench/embedded_ceiling.py [--test-images N] [--seed S]
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from mule.data_catalog.embedded.ceiling import ceiling
-from mule.data_catalog.embedded.multi30k_layout import EmbeddedSpec
+from mule.embedded.ceiling import ceiling
+from mule.embedded.multi30k_layout import EmbeddedSpec
 
 COLUMNS = ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "mR")
 

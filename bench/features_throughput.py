@@ -3,7 +3,7 @@ model, batch size and images, as a ratio, in one run.
 
     python bench/features_throughput.py [--device cpu|cuda] [--demo-images N] [--paper-images N]
 
-stage: the stage's own shard path (tasks.features.extract_shard): decoding threads, the
+stage: the stage's own shard path (stages.features.extract_shard): decoding threads, the
     model in channels-last inference mode, the Parquet part written at the end.
 bare:  decode, crop and run the model one batch after another in one thread, writing
     nothing: what the hardware does with no pipeline around it.
@@ -25,15 +25,15 @@ import pyarrow as pa
 import torch
 from PIL import Image
 
-from mule.data_catalog.catalog import Catalog
+from mule.config.resolution import resolve
 from mule.data_catalog.schemas import IMAGES
+from mule.data_catalog.tables import Catalog
 from mule.data_catalog.weights import load_extractor
-from mule.data_catalog.workdir import Workdir
+from mule.mule_core.backbones import crop_transform, extract, numerics
 from mule.mule_core.devices import resolve_device, torch_threads
-from mule.mule_core.features import crop_transform, extract, numerics
 from mule.mule_core.onnx_engine import OnnxExtractor
-from mule.pipeline.config import resolve
-from mule.tasks.features import batch_size_for, extract_shard, loader_workers_for
+from mule.stages.features import batch_size_for, extract_shard, loader_workers_for
+from mule.storage.workdir import Workdir
 
 SETTINGS = {"demo": {}, "paper": {"features.weights": "random"}}
 
@@ -42,8 +42,8 @@ def write_images(folder: Path, n: int, size: tuple[int, int], scenes: bool) -> l
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     if scenes:  # the demo's own images: rendered scenes of the embedded dataset
-        from mule.data_catalog.embedded.multi30k_layout import EmbeddedSpec, generate_image
-        from mule.data_catalog.embedded.scenes import render_scene
+        from mule.embedded.multi30k_layout import EmbeddedSpec, generate_image
+        from mule.embedded.scenes import render_scene
 
         spec = EmbeddedSpec()
         for i in range(n):

@@ -12,8 +12,8 @@ import argparse
 import time
 from collections import defaultdict
 
-from mule.data_catalog.embedded.multi30k_layout import EmbeddedSpec, generate_image
-from mule.mule_core.text import tokenize
+from mule.embedded.multi30k_layout import EmbeddedSpec, generate_image
+from mule.mule_core.vocabulary import tokenize
 
 
 def main() -> None:

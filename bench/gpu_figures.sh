@@ -35,7 +35,7 @@ ln -sfn "$PWD" /tmp/mule-checkout/mule
 export PYTHONPATH=/tmp/site:/tmp/mule-checkout${PYTHONPATH:+:$PYTHONPATH}
 echo "bundle unpacked in $(($(date +%s) - started)) s; $(nproc) CPUs"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-python3 -c "import prefect, mlflow, duckdb, faiss, fasttext, sacremoses, torch, mule.tasks.support.fasttext_worker
+python3 -c "import prefect, mlflow, duckdb, faiss, fasttext, sacremoses, torch, mule.stages.shared.fasttext_worker
 print('imports: ok; torch', torch.__version__, '; CUDA', torch.cuda.is_available())" || exit 1
 
 run() { # NAME [stage_times.py arguments]: one run, cut off when the budget is spent

@@ -15,8 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from mule.data_catalog.readers.multi30k import read_multi30k
-from mule.mule_core.text import tokenize
+from mule.datasets.readers.multi30k import read_multi30k
+from mule.mule_core.vocabulary import tokenize
 
 
 def main() -> None:

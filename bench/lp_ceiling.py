@@ -33,10 +33,11 @@ use_checkout()  # run from anywhere, installed or not
 
 import train_on_workdir  # noqa: E402
 
+from mule.config.overrides import parse_assignments  # noqa: E402
+from mule.config.resolution import resolve  # noqa: E402
 from mule.experiments.seeds import mean_spread  # noqa: E402
 from mule.mule_core.devices import resolve_device  # noqa: E402
-from mule.mule_core.training import encode_split  # noqa: E402
-from mule.pipeline.config import parse_assignments, resolve  # noqa: E402
+from mule.mule_core.trainer import encode_split  # noqa: E402
 
 SOURCE = "en"
 
@@ -121,9 +122,9 @@ def from_peer(args) -> None:
     from pathlib import Path
 
     from mule.data_catalog import queries
-    from mule.data_catalog.catalog import Catalog
     from mule.data_catalog.splits import translation_groups
-    from mule.data_catalog.workdir import Workdir
+    from mule.data_catalog.tables import Catalog
+    from mule.storage.workdir import Workdir
 
     catalog = Catalog(Workdir.at(args.peer_workdir))
     cache = Path(args.peer_workdir) / "results" / args.dataset / f"peer-e5-{args.split}.npy"
@@ -150,7 +151,7 @@ def main() -> None:
     parser.add_argument("--dataset", default="multi30k")
     parser.add_argument("--split", default="test_2016")
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--preset", help="default: the dataset's (pipeline.config.default_preset)")
+    parser.add_argument("--preset", help="default: the dataset's (config.resolution.default_preset)")
     parser.add_argument("--set", dest="assignments", action="append", default=[])
     args = parser.parse_args()
     if bool(args.inputs) == bool(args.peer_workdir):

@@ -23,11 +23,12 @@ from checkout import use_checkout  # noqa: E402
 
 use_checkout()  # run from anywhere, installed or not
 
-from mule.data_catalog.catalog import Catalog  # noqa: E402
+from mule.config.overrides import parse_assignments  # noqa: E402
+from mule.config.resolution import resolve  # noqa: E402
 from mule.data_catalog.splits import load_split, load_vocabulary  # noqa: E402
-from mule.data_catalog.workdir import Workdir  # noqa: E402
+from mule.data_catalog.tables import Catalog  # noqa: E402
 from mule.mule_core.devices import resolve_device  # noqa: E402
-from mule.pipeline.config import parse_assignments, resolve  # noqa: E402
+from mule.storage.workdir import Workdir  # noqa: E402
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ training, with `train.amp` on and off: images/s, seconds per epoch, test mR.
 fastText, 300-d under the paper preset) and the checksums of a few image files. `run`
 regenerates the embedded dataset's images from its generator (the same seed, so the same
 files: the checksums are compared), extracts features through the features stage's own
-crop and batch code (tasks/support/extraction.py, bfloat16 autocast as the stage runs it on CUDA;
+crop and batch code (stages/shared/extraction.py, bfloat16 autocast as the stage runs it on CUDA;
 float32 timed on a subset), then trains the paper preset with LP as the train stage does
 (bench/train_on_workdir.py), once per `train.amp`.
 """
@@ -34,8 +34,8 @@ from checkout import use_checkout
 
 use_checkout()  # run from anywhere, installed or not
 
+from mule.config.resolution import resolve  # noqa: E402
 from mule.mule_core.devices import resolve_device  # noqa: E402
-from mule.pipeline.config import resolve  # noqa: E402
 
 DATA_KEYS = ("train_images", "val_images", "test_images", "seed", "image_size")
 
@@ -58,8 +58,8 @@ def prepare(workdir: str, out: str) -> None:
     import train_on_workdir
 
     from mule.data_catalog import queries
-    from mule.data_catalog.catalog import Catalog
-    from mule.data_catalog.workdir import Workdir
+    from mule.data_catalog.tables import Catalog
+    from mule.storage.workdir import Workdir
 
     cfg = resolve("paper", {})
     train_on_workdir.export(workdir, "embedded", "paper", {}, out, 32, text_only=True)
@@ -77,8 +77,8 @@ def prepare(workdir: str, out: str) -> None:
 
 
 def _render(job: tuple[dict, str, list[tuple[str, str, int]]]) -> int:
-    from mule.data_catalog.embedded.multi30k_layout import EmbeddedSpec, generate_image
-    from mule.data_catalog.embedded.scenes import render_scene
+    from mule.embedded.multi30k_layout import EmbeddedSpec, generate_image
+    from mule.embedded.scenes import render_scene
 
     settings, folder, items = job
     spec = EmbeddedSpec(**{k: settings[k] for k in DATA_KEYS})
@@ -90,7 +90,7 @@ def _render(job: tuple[dict, str, list[tuple[str, str, int]]]) -> int:
 
 
 def regenerate(settings: dict, image_ids: list[str], folder: Path) -> dict[str, str]:
-    from mule.data_catalog.embedded.multi30k_layout import SPLIT_FILES
+    from mule.embedded.multi30k_layout import SPLIT_FILES
 
     prefix = {stem: split for split, (_, stem) in SPLIT_FILES.items()}
     items = []
@@ -115,8 +115,8 @@ def extract_all(paths: list[str], weights: str, device: torch.device, fp32_image
                 overrides: dict) -> tuple[np.ndarray, dict]:  # fmt: skip
     from torch.utils.data import DataLoader
 
-    from mule.mule_core.features import extract, extractor_network
-    from mule.tasks.support.extraction import ImageCrops, collate, vectors
+    from mule.mule_core.backbones import extract, extractor_network
+    from mule.stages.shared.extraction import ImageCrops, collate, vectors
 
     f = replace(resolve("paper", {**overrides, "features.weights": weights}).features, device=str(device))
     net = extractor_network(f, device, None)
@@ -203,7 +203,7 @@ def main() -> None:
     if args.command == "prepare":
         prepare(args.workdir, args.out)
     else:
-        from mule.pipeline.config import parse_assignments
+        from mule.config.overrides import parse_assignments
 
         run(args.inputs, args.weights, args.fp32_images, [v == "true" for v in args.amp.split(",")], args.out,
             args.subset, parse_assignments(args.assignments))  # fmt: skip

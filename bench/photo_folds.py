@@ -52,13 +52,14 @@ from checkout import use_checkout  # noqa: E402
 
 use_checkout()  # run from anywhere, installed or not
 
+from mule.config.overrides import parse_assignments  # noqa: E402
+from mule.config.resolution import resolve  # noqa: E402
 from mule.experiments.seeds import paired_difference  # noqa: E402
 from mule.mule_core.devices import resolve_device  # noqa: E402
 from mule.mule_core.folds import FoldRun, cross_validate, fold_of_images, summarize  # noqa: E402
 from mule.mule_core.metrics import chance_table, mean_mr, per_language_recalls  # noqa: E402
 from mule.mule_core.progress import format_seconds  # noqa: E402
-from mule.mule_core.training import Trainer, evaluate_split  # noqa: E402
-from mule.pipeline.config import parse_assignments, resolve  # noqa: E402
+from mule.mule_core.trainer import Trainer, evaluate_split  # noqa: E402
 
 RIDGE_STRENGTHS = (1e-1, 1.0, 1e1, 1e2, 1e3, 1e4)
 
@@ -101,8 +102,8 @@ def e5_vectors(workdir: str, dataset: str, caption_ids: list[str], cache: Path) 
     from peer_e5 import cached_e5
 
     from mule.data_catalog import queries
-    from mule.data_catalog.catalog import Catalog
-    from mule.data_catalog.workdir import Workdir
+    from mule.data_catalog.tables import Catalog
+    from mule.storage.workdir import Workdir
 
     texts = queries.caption_texts(Catalog(Workdir.at(workdir)), dataset, caption_ids)
     vectors = cached_e5([texts[i] for i in caption_ids], cache, "peer e5")
@@ -316,7 +317,7 @@ def main() -> None:
     parser.add_argument("--combine", nargs="+", help="print one table of these --out files instead of training")
     parser.add_argument("--folds", type=int, default=5)
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--preset", help="default: the dataset's (pipeline.config.default_preset)")
+    parser.add_argument("--preset", help="default: the dataset's (config.resolution.default_preset)")
     parser.add_argument("--set", dest="assignments", action="append", default=[], help="an override for every row")
     parser.add_argument("--only", action="append", help="run only these rows (repeatable; the first row always)")
     parser.add_argument("--test", action="store_true", help="train on every photographed image, read the test split")

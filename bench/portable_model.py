@@ -64,7 +64,7 @@ def step(what: str, command: list[str], **kw) -> subprocess.CompletedProcess:
 def champion(workdir: Path, out: Path) -> Path:
     import mlflow
 
-    from mule.data_catalog.workdir import Workdir
+    from mule.storage.workdir import Workdir
 
     wd = Workdir.at(workdir)
     mlflow.set_tracking_uri(wd.mlflow_uri)
@@ -78,7 +78,7 @@ def expected(model: Path, request: dict) -> list[list[float]]:
     """The vectors of mule's own code (this checkout, in this venv)."""
     import yaml
 
-    from mule.api.embedders import open_embedder
+    from mule.api.from_file import open_embedder
 
     artifacts = yaml.safe_load((model / "MLmodel").read_text())["flavors"]["python_function"]["artifacts"]
     embedder = open_embedder(model / artifacts["model"]["path"],
@@ -162,9 +162,9 @@ def main() -> None:
     print(f"  requirements.txt: {' '.join(requirements)}")
     print(f"  code: {len(list((model / 'code').rglob('*.py')))} files under code/mule/")
 
-    from mule.data_catalog.catalog import Catalog
     from mule.data_catalog.queries import image_paths
-    from mule.data_catalog.workdir import Workdir
+    from mule.data_catalog.tables import Catalog
+    from mule.storage.workdir import Workdir
 
     image = next(iter(image_paths(Catalog(Workdir.at(workdir)), "embedded").values()))
     request = {"text": ["a red circle above a blue square", "ein roter Kreis"], "lang": [None, "de"],

@@ -44,9 +44,10 @@ use_checkout()  # run from anywhere, installed or not
 
 import train_on_workdir  # noqa: E402
 
+from mule.config.overrides import parse_assignments  # noqa: E402
+from mule.config.resolution import resolve  # noqa: E402
 from mule.experiments.seeds import mean_spread, paired_difference  # noqa: E402
 from mule.mule_core.devices import resolve_device  # noqa: E402
-from mule.pipeline.config import parse_assignments, resolve  # noqa: E402
 
 
 def metrics_of(result: dict, lp_only: bool) -> dict[str, float]:
@@ -86,7 +87,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", required=True)
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--preset", help="default: the dataset's (pipeline.config.default_preset)")
+    parser.add_argument("--preset", help="default: the dataset's (config.resolution.default_preset)")
     parser.add_argument("--lp-only", action="store_true")
     parser.add_argument(
         "--last-weights",

@@ -42,8 +42,8 @@ def free_port() -> int:
 
 
 def sentences(workdir: Path, n: int = 300) -> list[str]:
-    from mule.data_catalog.catalog import Catalog
-    from mule.data_catalog.workdir import Workdir
+    from mule.data_catalog.tables import Catalog
+    from mule.storage.workdir import Workdir
 
     rows = Catalog(Workdir.at(workdir)).query(
         "SELECT text FROM captions WHERE dataset = 'embedded' ORDER BY caption_id").column("text").to_pylist()  # fmt: skip

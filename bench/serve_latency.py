@@ -61,9 +61,9 @@ def paper_shaped(embedder):
     """The same vocabularies and image features in an untrained model of the paper's sizes."""
     import dataclasses
 
+    from mule.config.resolution import resolve
     from mule.mule_core.embedder import Embedder
     from mule.mule_core.model import MuleModel
-    from mule.pipeline.config import resolve
 
     meta = dict(embedder.meta)
     paper = resolve("paper", {})
@@ -108,7 +108,7 @@ def main() -> None:
 
     import torch
 
-    from mule.api.embedders import open_embedder
+    from mule.api.from_file import open_embedder
     from mule.serving.app import create_app
     from mule.serving.gallery import synthetic_gallery
 

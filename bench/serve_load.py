@@ -193,9 +193,9 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def catalog_samples(workdir: Path, seed: int) -> tuple[list[str], list[bytes]]:
-    from mule.data_catalog.catalog import Catalog
     from mule.data_catalog.queries import image_paths
-    from mule.data_catalog.workdir import Workdir
+    from mule.data_catalog.tables import Catalog
+    from mule.storage.workdir import Workdir
 
     catalog = Catalog(Workdir.at(workdir))
     rows = catalog.query("SELECT text FROM captions WHERE dataset = 'embedded' ORDER BY caption_id").column("text").to_pylist()

@@ -39,8 +39,9 @@ def measure(inputs: str, threads: int, steps: int, sets: list[str]) -> dict[str,
     import torch
     import train_on_workdir as tw
 
-    from mule.mule_core.training import Trainer
-    from mule.pipeline.config import PRESETS, resolve
+    from mule.config.presets import PRESETS
+    from mule.config.resolution import resolve
+    from mule.mule_core.trainer import Trainer
 
     torch.set_num_threads(threads)
     data, splits = tw.load_inputs(inputs)

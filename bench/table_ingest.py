@@ -87,8 +87,8 @@ CHILD = r"""
 import json, os, sys, time, types
 package = types.ModuleType("mule"); package.__path__ = [sys.argv[3]]; sys.modules["mule"] = package  # that checkout
 import psutil
-from mule.data_catalog.workdir import Workdir
-from mule.pipeline.config import resolve
+from mule.storage.workdir import Workdir
+from mule.config.resolution import resolve
 from mule.pipeline.runner import run_alone
 # A ten-row table first: every import the stage and its runner make (MLflow's tracker, the
 # tokenisers, Parquet's writer), so that the baseline is the process, not the table.

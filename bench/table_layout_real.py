@@ -25,10 +25,10 @@ from pathlib import Path
 
 from PIL import Image
 
-from mule.data_catalog.catalog import Catalog
-from mule.data_catalog.workdir import Workdir
-from mule.pipeline.config import resolve
+from mule.config.resolution import resolve
+from mule.data_catalog.tables import Catalog
 from mule.pipeline.runner import run_alone
+from mule.storage.workdir import Workdir
 
 
 def ingest(work: Path, overrides: dict) -> tuple[list[tuple], dict, float]:

@@ -35,7 +35,8 @@ from checkout import use_checkout  # noqa: E402
 
 use_checkout()  # run from anywhere, installed or not
 
-from mule.mule_core.dataset import SplitTensors  # noqa: E402
+from mule.config.overrides import parse_assignments  # noqa: E402
+from mule.config.resolution import resolve  # noqa: E402
 from mule.mule_core.metrics import (  # noqa: E402
     cross_lingual_recalls,
     mean_mr,
@@ -43,16 +44,16 @@ from mule.mule_core.metrics import (  # noqa: E402
     translation_pair_recalls,
 )
 from mule.mule_core.model import MuleModel  # noqa: E402
-from mule.mule_core.training import Trainer, encode_split, evaluate_split, resolve_device  # noqa: E402
-from mule.pipeline.config import parse_assignments, resolve  # noqa: E402
+from mule.mule_core.split_tensors import SplitTensors  # noqa: E402
+from mule.mule_core.trainer import Trainer, encode_split, evaluate_split, resolve_device  # noqa: E402
 
 
 # -- export: the catalog's inputs to one file -------------------------------------------
 def export(workdir: str, dataset: str, preset: str, overrides: dict, out: str, bits: int, text_only: bool) -> None:
-    from mule.data_catalog.catalog import Catalog
-    from mule.data_catalog.models import load_model
+    from mule.data_catalog.model_files import load_model
     from mule.data_catalog.splits import load_split, load_vocabulary
-    from mule.data_catalog.workdir import Workdir
+    from mule.data_catalog.tables import Catalog
+    from mule.storage.workdir import Workdir
 
     cfg = resolve(preset, {"data.dataset": dataset, **overrides})
     wd = Workdir.at(workdir)
@@ -291,10 +292,10 @@ def lp_variant(tag: str, cfg, data, splits, device, last_weights: bool = False) 
 def from_workdir(workdir: str, cfg):
     import functools
 
-    from mule.data_catalog.catalog import Catalog
-    from mule.data_catalog.models import load_model
+    from mule.data_catalog.model_files import load_model
     from mule.data_catalog.splits import load_split, load_vocabulary
-    from mule.data_catalog.workdir import Workdir
+    from mule.data_catalog.tables import Catalog
+    from mule.storage.workdir import Workdir
 
     wd = Workdir.at(workdir)
     catalog = Catalog(wd)
@@ -316,7 +317,7 @@ def main() -> None:
     parser.add_argument("--workdir")
     parser.add_argument("--inputs", help="a file written by --export, instead of --workdir")
     parser.add_argument("--dataset", default="embedded")
-    parser.add_argument("--preset", help="default: the dataset's (pipeline.config.default_preset)")
+    parser.add_argument("--preset", help="default: the dataset's (config.resolution.default_preset)")
     parser.add_argument("--set", dest="assignments", action="append", default=[])
     parser.add_argument("--variants", help="JSON file: {name: {option: value}}, each trained in turn")
     parser.add_argument("--only", action="append", help="train only this variant of --variants (repeatable)")

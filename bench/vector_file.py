@@ -21,7 +21,7 @@ import numpy as np
 
 READ = r"""
 import resource, sys, time
-from mule.data_catalog.vectors import VectorFile
+from mule.datasets.vector_files import VectorFile
 path, vocab, total = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 words = None if vocab == 0 else {f"w{i:07d}" for i in range(0, total, max(1, total // vocab))}
 started = time.perf_counter()

@@ -1,3 +1,3 @@
-from .main import entry
+from mule.commands.main import entry
 
 entry()

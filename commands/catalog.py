@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from .common import reading_workdir
+from mule.commands.options import reading_workdir
 
 
 def run(args: argparse.Namespace) -> int:
     from mule.data_catalog import queries
-    from mule.data_catalog.catalog import Catalog
-    from mule.data_catalog.locks import catalog_reading
+    from mule.data_catalog.tables import Catalog
+    from mule.storage.locks import catalog_reading
 
     workdir = reading_workdir(args.workdir, "catalog")
     catalog = Catalog(workdir, read_only=True)
@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
 def _rejects(catalog, workdir, dataset: str, limit: int) -> int:
     """The rejected rows themselves: where (file:line), what kind, why, and the line as read."""
     from mule.data_catalog import queries
-    from mule.data_catalog.locks import catalog_reading
+    from mule.storage.locks import catalog_reading
 
     with catalog_reading(workdir):
         rows, total = queries.rejected_rows(catalog, dataset or None, limit)

@@ -19,13 +19,14 @@ import json
 import os
 import sys
 
-from mule.mule_core.config import ConfigError
+from mule.commands import catalog, run, search, serve, ui
+from mule.commands.serve import SERVING_OPTIONS
+from mule.config.overrides import parse_assignments, to_dict
+from mule.config.presets import PRESETS
+from mule.config.resolution import resolve
 from mule.mule_core.errors import is_user_error
-from mule.pipeline.config import PRESETS, parse_assignments, resolve, to_dict
+from mule.mule_core.settings import ConfigError
 from mule.pipeline.declaration import ALL, REBUILD
-
-from . import catalog, run, search, serve, ui
-from .serve import SERVING_OPTIONS
 
 DEMO_DATASETS = {"multi30k": "embedded", "coco": "embedded-coco", "table": "embedded-table"}  # mule demo --dataset -> generated dataset
 READING = {"ui": ui.run, "catalog": catalog.run, "search": search.run, "serve": serve.run}  # read, never write
@@ -205,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
     if os.environ.get("MULE_CRASH_AT") or os.environ.get("MULE_BUG_AT"):  # tests that kill runs ask for it
-        from mule.data_catalog import faults
+        from mule.storage import faults
 
         faults.install()
     try:
@@ -228,14 +229,14 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         return READING[args.command](args)
     except KeyboardInterrupt as stop:
-        from mule.flows.interrupts import Interrupted, finish
+        from mule.process.interrupts import Interrupted, finish
 
         if isinstance(stop, Interrupted):
             return finish(stop.signum)  # the cleanups, the one line
         print("mule: interrupted; run the same command to resume", file=sys.stderr)
         return 130
     except Exception as error:  # noqa: BLE001 - one clear line for the errors users can fix
-        from mule.flows.interrupts import finish, stopping
+        from mule.process.interrupts import finish, stopping
 
         if (signum := stopping()) is not None:  # an error the stop caused while unwinding: the stop is the news
             return finish(signum)
@@ -260,15 +261,15 @@ def _crash_open_flow_runs() -> None:
     if open_runs is not None:
         import signal
 
-        from mule.flows import interrupts
+        from mule.process import interrupts
 
         open_runs.crash_open(f"mule was stopped by {interrupts.how(interrupts.stopping() or signal.SIGINT)}")
 
 
 def install_stop_handlers() -> None:
     """Ctrl-C and SIGTERM stop the command with one line, its MLflow and Prefect runs ended
-    (flows.interrupts)."""
-    from mule.flows import interrupts
+    (process.interrupts)."""
+    from mule.process import interrupts
 
     interrupts.install(lambda signum: f"mule: stopped by {interrupts.how(signum)}")
     interrupts.on_stop(_end_open_mlflow_runs)

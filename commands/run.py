@@ -9,11 +9,11 @@ import os
 import sys
 import time
 
-from mule.data_catalog.workdir import Workdir
-from mule.flows import interrupts
-from mule.mule_core.config import ConfigError
-from mule.pipeline.config import resolve
+from mule.config.resolution import resolve
+from mule.mule_core.settings import ConfigError
 from mule.pipeline.declaration import BY_NAME, REBUILD, in_pipeline_order
+from mule.process import interrupts
+from mule.storage.workdir import Workdir
 
 
 def run(args: argparse.Namespace, stages: list[str], overrides: dict) -> int:
@@ -28,7 +28,7 @@ def run(args: argparse.Namespace, stages: list[str], overrides: dict) -> int:
 
         locate(workdir, cfg.data)  # a missing --source fails here, in milliseconds
     started = time.perf_counter()
-    from mule.data_catalog.locks import workdir_lock
+    from mule.storage.locks import workdir_lock
 
     interrupts.install(_stopped_line(workdir, cfg, time.time()))
     # The lock before anything touches the workdir, Prefect's database included: a second
@@ -86,7 +86,7 @@ def _prefect_ready(workdir: Workdir) -> None:
 
 
 def _waiting_for(workdir: Workdir):
-    from mule.data_catalog.locks import describe
+    from mule.storage.locks import describe
 
     def waiting(holder: dict) -> None:
         print(f"waiting for the workdir {workdir.root}: in use by {describe(holder)} (Ctrl-C stops waiting)",
@@ -99,7 +99,7 @@ def _stopped_line(workdir: Workdir, cfg, began: float):
     """The one line printed when a signal stops the run: where it stopped, what it kept."""
 
     def line(signum: int) -> str:
-        from mule.data_catalog.locks import last_stage
+        from mule.storage.locks import last_stage
 
         how = interrupts.how
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from mule.mule_core.config import ConfigError
-
-from .common import reading_workdir
+from mule.commands.options import reading_workdir
+from mule.mule_core.settings import ConfigError
 
 
 def run(args: argparse.Namespace) -> int:
@@ -16,19 +15,19 @@ def run(args: argparse.Namespace) -> int:
                           "mule search --image photo.jpg")  # fmt: skip
     if args.k < 1:
         raise ConfigError(f"--k must be at least 1, got {args.k}")
-    from mule.data_catalog.locks import catalog_reading
     from mule.mule_core.devices import idle_threads_sleep
+    from mule.storage.locks import catalog_reading
 
     idle_threads_sleep()  # before the query's encoder imports torch
-    from mule.serving import search
+    from mule.serving import retrieval
 
     workdir = reading_workdir(args.workdir, "search")
     with catalog_reading(workdir):  # never a stage's outputs half-written
-        searcher = search.open_searcher(workdir, args.dataset, args.run, args.version)
+        searcher = retrieval.open_searcher(workdir, args.dataset, args.run, args.version)
         if args.text:
-            found = search.search_text(searcher, args.text, args.lang, args.k, args.split)
+            found = retrieval.search_text(searcher, args.text, args.lang, args.k, args.split)
         else:
-            found = search.search_image(searcher, Path(args.image), args.k, args.split)
+            found = retrieval.search_image(searcher, Path(args.image), args.k, args.split)
     if args.text:
         print(f"{found['model']}; query in {found['lang']} ({found['language']}); "
               f"{found['gallery']} images ({found['split']})")  # fmt: skip

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import time
 
-from mule.mule_core.config import ConfigError
+from mule.commands.options import browsable, reading_workdir
+from mule.config.overrides import parse_assignments
+from mule.config.resolution import resolve
 from mule.mule_core.devices import idle_threads_sleep
-from mule.pipeline.config import parse_assignments, resolve
-
-from .common import browsable, reading_workdir
+from mule.mule_core.settings import ConfigError
 
 # What `mule serve` reads of the config: given to it, never taken from the trained model's
 # stored config (a model trained before a change would keep the old value for ever).
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         serving.Reloader(request, live, source, args.reload).start()
     print(f"search page: http://{browsable(args.host)}:{args.port}/  (JSON API: /api/search?q=..., "
           f"POST /api/image; Ctrl-C stops)", flush=True)  # fmt: skip
-    from mule.flows import interrupts
+    from mule.process import interrupts
 
     interrupts.install(lambda signum: f"mule serve: stopped by {interrupts.how(signum)}; port {args.port} is free")
     # uvicorn takes Ctrl-C and SIGTERM while it serves and stops (answers in flight get a

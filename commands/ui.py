@@ -6,9 +6,8 @@ import argparse
 import os
 import sys
 
-from mule.mule_core.config import ConfigError
-
-from .common import answers, browsable, reading_workdir
+from mule.commands.options import answers, browsable, reading_workdir
+from mule.mule_core.settings import ConfigError
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     import subprocess
     import webbrowser
 
-    from mule.flows import interrupts
+    from mule.process import interrupts
 
     # Its own session, so that this process alone decides when it stops (MLflow's server
     # starts workers of its own): Ctrl-C and SIGTERM stop the whole group, and free the port.

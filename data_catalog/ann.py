@@ -1,5 +1,5 @@
 """Approximate nearest neighbours over a gallery's unit vectors (cosine = inner product),
-with FAISS: what the index stage builds and `mule serve` searches (data_catalog.indexes
+with FAISS: what the index stage builds and `mule serve` searches (data_catalog.index_files
 keeps its files). Two kinds, both storing a vector as one byte per dimension (8-bit
 scalar quantisation: a quarter of float32):
 
@@ -13,7 +13,7 @@ scalar quantisation: a quarter of float32):
   read memory-mapped.
 
 The search breadth (HNSW's efSearch, IVF's nprobe) is set at query time, without
-rebuilding. data_catalog.indexes keeps the files.
+rebuilding. data_catalog.index_files keeps the files.
 
     index = build(vectors)                      # (n, dim) float32, unit rows
     scores, rows = search(index, queries, k)    # best first; rows -1 when fewer than k

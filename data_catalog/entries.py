@@ -1,6 +1,6 @@
 """The catalog's named entries: what stages read and write (pipeline.declaration names
 them), where each one lives under a config, and what kind of content it is, which says
-how its digest is taken for the reuse keys (pipeline.reuse).
+how its digest is taken for the reuse keys (pipeline.decisions).
 
 Kinds: "table" (a Parquet file), "tables" (several, by table name and content, not by
 path: a moved workdir keeps its keys), "file", "files", "tree" (every file under a folder),
@@ -20,11 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import indexes
-from .atomic import write_json_atomic
-from .catalog import Catalog
-from .sources import locate
-from .workdir import Workdir
+from mule.data_catalog import index_files
+from mule.data_catalog.sources import locate
+from mule.data_catalog.tables import Catalog
+from mule.storage.atomic import write_json_atomic
+from mule.storage.workdir import Workdir
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ def weights_file(wd: Workdir, f) -> Path | None:
         return None
     if f.weights_file:
         return Path(f.weights_file).expanduser().resolve()
-    from . import weights
+    from mule.data_catalog import weights
 
     if f.arch in weights.LITE_WHEELS:
         import importlib
@@ -121,7 +121,7 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
     Entry("evaluation", "file",
           lambda wd, catalog, cfg: [wd.model_results_dir(cfg.data.dataset, cfg.train.model_name) / "evaluation.json"]),
     Entry("gallery index", "files",
-          lambda wd, catalog, cfg: indexes.index_files(wd, cfg.data.dataset, cfg.train.model_name)),
+          lambda wd, catalog, cfg: index_files.index_files(wd, cfg.data.dataset, cfg.train.model_name)),
     Entry("translated-query evaluation", "file",
           lambda wd, catalog, cfg: [wd.model_results_dir(cfg.data.dataset, cfg.train.model_name) / "translated_queries.json"]),
 )}  # fmt: skip

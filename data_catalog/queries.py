@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from .catalog import Catalog
+from mule.data_catalog.tables import Catalog
 
 # A caption is a machine translation when its source names the system: "mt:<backend>".
 MT_PREFIX = "mt:"

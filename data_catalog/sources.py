@@ -1,5 +1,5 @@
 """From a dataset name to where its raw files are: the embedded datasets are generated into
-the workdir (data_catalog.datasets writes them); any other dataset is read from the
+the workdir (datasets.generated writes them); any other dataset is read from the
 folder the user names. Kept apart from the generators: the stages that only read the raw
 files (ingest, translate) are not keyed by the generators' code."""
 
@@ -10,12 +10,11 @@ from pathlib import Path
 from typing import Protocol
 
 from mule.mule_core.errors import UserError
-
-from .workdir import Workdir
+from mule.storage.workdir import Workdir
 
 
 class DataConfig(Protocol):
-    """What locating a dataset reads of the pipeline's data section (pipeline.config.DataConfig)."""
+    """What locating a dataset reads of the pipeline's data section (config.sections.DataConfig)."""
 
     dataset: str
     source: str
@@ -26,7 +25,7 @@ EMBEDDED_COCO = "embedded-coco"  # COCO-style: en on every image, ja and zh on f
 EMBEDDED_TABLE = "embedded-table"  # the table layout: en and es captions in one CSV
 GENERATED = (EMBEDDED, EMBEDDED_COCO, EMBEDDED_TABLE)
 # The table layout's file when data.table names none, looked for in this order: Hugging
-# Face's imagefolder metadata first, then a captions table (data_catalog/readers/table.py)
+# Face's imagefolder metadata first, then a captions table (datasets/readers/table.py)
 TABLE_NAMES = ("metadata.jsonl", "metadata.csv", "metadata.parquet",
                "captions.csv", "captions.tsv", "captions.jsonl", "captions.parquet")  # fmt: skip
 

@@ -10,13 +10,12 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from mule.mule_core.config import ModelConfig
-from mule.mule_core.dataset import SplitTensors
+from mule.data_catalog import queries
+from mule.data_catalog.tables import Catalog
 from mule.mule_core.errors import InputError
-from mule.mule_core.text import Vocab, Vocabulary, pad_batch
-
-from . import queries
-from .catalog import Catalog
+from mule.mule_core.settings import ModelConfig
+from mule.mule_core.split_tensors import SplitTensors
+from mule.mule_core.vocabulary import Vocab, Vocabulary, pad_batch
 
 
 def load_vocabulary(catalog: Catalog, dataset: str, languages: list[str] | tuple[str, ...],
@@ -94,7 +93,7 @@ def load_split(
         keep = np.asarray([bool(f) and i in available for i, f in zip(image_col, rows["has_file"].to_pylist())])
         left_out = {i for i, k in zip(image_col, keep) if not k}
         if left_out:
-            logging.getLogger("mule.tasks").warning(
+            logging.getLogger("mule.stages").warning(
                 "%s: %d images have no features (no file, or a file that does not decode: see the rejects "
                 "table) and are left out with their %d captions", selector, len(left_out), int((~keep).sum()),
             )  # fmt: skip

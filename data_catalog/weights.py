@@ -29,7 +29,7 @@ from urllib.parse import urlparse
 from mule.mule_core.errors import UserError
 
 if TYPE_CHECKING:
-    from mule.mule_core.config import ExtractorConfig as FeaturesConfig
+    from mule.mule_core.settings import ExtractorConfig as FeaturesConfig
 
 
 class PretrainedUnavailable(UserError, RuntimeError):
@@ -158,8 +158,8 @@ _NETWORKS_LOCK = threading.Lock()
 
 def load_extractor(f: FeaturesConfig, device):
     """(the extractor's network for `device`, a description of its weights and engine): the
-    weights read here, the network built by mule_core.features.extractor_network."""
-    from mule.mule_core.features import engine_for, extractor_network
+    weights read here, the network built by mule_core.backbones.extractor_network."""
+    from mule.mule_core.backbones import engine_for, extractor_network
 
     engine = engine_for(f, device)
     key = (f.arch, f.weights, f.weights_file, f.seed, f.pool, f.input_size, str(device), engine)
@@ -189,14 +189,14 @@ def _weights(f: FeaturesConfig) -> tuple[Callable[[], dict | None], dict]:
 
 
 # What the exported model's bytes depend on besides the setting and the weights.
-ONNX_CODE = ("mule_core/features.py", "mule_core/onnx_engine.py")
+ONNX_CODE = ("mule_core/backbones.py", "mule_core/onnx_engine.py")
 ONNX_LIBRARIES = ("torch", "timm", "onnx")
 
 
 def onnx_cache_file(f: FeaturesConfig, weights_info: dict) -> Path:
     from importlib.metadata import PackageNotFoundError, version
 
-    from .code_digests import REPO, cache_dir
+    from mule.storage.code_digests import REPO, cache_dir
 
     def installed(name: str) -> str:
         try:
@@ -231,11 +231,11 @@ def _onnx_extractor(f: FeaturesConfig, load_state: Callable[[], dict | None], we
             return onnx_engine.OnnxExtractor.from_bytes(model, f.input_size, threads)
         except Exception:  # noqa: BLE001 - a damaged file in the cache: exported again below
             pass
-    from mule.mule_core.features import build_backbone
+    from mule.mule_core.backbones import build_backbone
 
     model = onnx_engine.export(build_backbone(f.arch, load_state(), f.seed, f.pool), f.input_size)
     if file is not None:
-        from .atomic import write_atomic
+        from mule.storage.atomic import write_atomic
 
         try:
             file.parent.mkdir(parents=True, exist_ok=True)

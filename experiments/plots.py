@@ -15,9 +15,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from mule.data_catalog.images import BadImage, load_rgb  # noqa: E402
-
-from .report import RECALL_COLUMNS, RECALL_HEADERS  # noqa: E402
+from mule.datasets.image_files import BadImage, load_rgb  # noqa: E402
+from mule.experiments.report import RECALL_COLUMNS, RECALL_HEADERS  # noqa: E402
 
 # Japanese and Chinese captions in figure titles need a CJK font after DejaVu Sans: the
 # first one matplotlib can find (a system Noto/Source Han/WenQuanYi/IPA font, or the Noto
@@ -54,7 +53,7 @@ def close(figure) -> None:
 
 def save(figure, path) -> None:
     """A PNG written atomically (a figure is an output like any other)."""
-    from mule.data_catalog.atomic import write_atomic
+    from mule.storage.atomic import write_atomic
 
     write_atomic(path, lambda tmp: figure.savefig(tmp, dpi=110, format="png", pil_kwargs={"compress_level": 1}))
 

@@ -22,11 +22,10 @@ from urllib.parse import urlparse
 
 from mlflow.exceptions import MlflowException
 
-from mule.data_catalog.content import ids_digest
-from mule.data_catalog.workdir import Workdir
+from mule.experiments import tracking
 from mule.mule_core.errors import UserError
-
-from . import tracking
+from mule.storage.content_digests import ids_digest
+from mule.storage.workdir import Workdir
 
 CHAMPION = "champion"
 SETTLED = "mule.champion_settled"  # the version's champion decision is carried out
@@ -181,7 +180,7 @@ def tag_test_results(workdir: Workdir, dataset: str, train: dict | None, split: 
 def resolve_model_file(
     workdir: Workdir, dataset: str, run_id: str | None = None, version: str | None = None
 ) -> tuple[Path, str]:
-    """The weights-only model file (data_catalog.models format) of a train run: the champion's
+    """The weights-only model file (data_catalog.model_files format) of a train run: the champion's
     unless a run id or version is given. Returns (path, what it is, for messages)."""
     if not tracking.store_exists(workdir):
         raise RegistryError(f"no trained model in {workdir.root} (no MLflow store yet): train a model first "

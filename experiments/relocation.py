@@ -12,11 +12,10 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from mule.data_catalog.catalog import Catalog
-from mule.data_catalog.content import restamp_outputs
-from mule.data_catalog.workdir import Workdir
-
-from . import tracking
+from mule.data_catalog.tables import Catalog
+from mule.experiments import tracking
+from mule.storage.content_digests import restamp_outputs
+from mule.storage.workdir import Workdir
 
 log = logging.getLogger("mule.relocation")
 

@@ -27,9 +27,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mule.data_catalog.workdir import Workdir
-from mule.mule_core.config import flatten
 from mule.mule_core.errors import UserError, is_user_error
+from mule.mule_core.settings import flatten
+from mule.storage.workdir import Workdir
 
 if TYPE_CHECKING:  # MLflow is imported when a run is tracked, not by checking the store (seconds)
     from mlflow.tracking import MlflowClient
@@ -62,7 +62,7 @@ class _CachedPackages:
 
     @staticmethod
     def packages_distributions() -> dict[str, list[str]]:
-        from mule.data_catalog.code_digests import installed_packages
+        from mule.storage.code_digests import installed_packages
 
         return installed_packages()
 
@@ -72,7 +72,7 @@ def mlflow_knows_installed_packages() -> None:
     what is installed: MLflow first maps every installed module to its distribution by
     reading every distribution's RECORD (importlib_metadata.packages_distributions(),
     1.4-2 s in each process). It gets the map mule keeps in its cache for as long as the
-    same distributions are installed (data_catalog.code_digests) instead. MLflow's map is a
+    same distributions are installed (storage.code_digests) instead. MLflow's map is a
     private global of mlflow.utils.requirements_utils: where it is not (another MLflow),
     MLflow builds its own as before."""
     from mlflow.utils import requirements_utils
@@ -144,11 +144,11 @@ def _store(workdir: Workdir) -> Path:
 
 def seed_store(workdir: Workdir) -> bool:
     """A new workdir's MLflow store copied from the template for this MLflow version
-    (data_catalog/store_templates.py), instead of migrated from nothing; its Default
+    (storage/store_templates.py), instead of migrated from nothing; its Default
     experiment's artifact location is made this workdir's. False when the store existed."""
     from importlib.metadata import version
 
-    from mule.data_catalog.store_templates import from_template
+    from mule.storage.store_templates import from_template
 
     def make(path: Path) -> None:
         import shutil
@@ -218,7 +218,7 @@ def relocate_store(workdir: Workdir, old_root: Path) -> int:
 
 def check_store(workdir: Workdir) -> None:
     """Refuses to run on an MLflow store that cannot be read: mule cannot repair it."""
-    from mule.data_catalog.workdir import sqlite_problem
+    from mule.storage.workdir import sqlite_problem
 
     problem = sqlite_problem(_store(workdir))
     if problem:
@@ -428,7 +428,7 @@ def run(workdir: Workdir, cfg, stage: str, parent_run_id: str | None = None,
         yield run_id
         status = "FINISHED"
     except BaseException as error:
-        if _is_stop(error):  # Ctrl-C or SIGTERM (flows.interrupts): stopped, not failed
+        if _is_stop(error):  # Ctrl-C or SIGTERM (process.interrupts): stopped, not failed
             status = "KILLED"
             c.set_tag(run_id, "mule.error_kind", "interrupted")
             raise
@@ -461,9 +461,9 @@ def _is_stop(error: BaseException) -> bool:
 
 
 def _stop_signalled() -> bool:
-    """Whether the command's signal handling (flows.interrupts, above this package: looked
+    """Whether the command's signal handling (process.interrupts, above this package: looked
     up, never imported) has seen Ctrl-C or SIGTERM in this process."""
-    interrupts = sys.modules.get("mule.flows.interrupts")
+    interrupts = sys.modules.get("mule.process.interrupts")
     return interrupts is not None and interrupts.stopping() is not None
 
 
@@ -472,7 +472,7 @@ _open_runs: dict[str, Workdir] = {}  # run id -> workdir, for the runs this proc
 
 def end_open_runs(status: str = "KILLED") -> list[str]:
     """Ends the runs this process still has open (a signal stops it while the main thread
-    cannot unwind: flows.interrupts), newest first; returns their ids."""
+    cannot unwind: process.interrupts), newest first; returns their ids."""
     ended = []
     for run_id, workdir in reversed(list(_open_runs.items())):
         _open_runs.pop(run_id, None)

@@ -1,6 +1,6 @@
 """The Prefect flow runs this process is in, so that a stop marks them crashed even when
 the main thread cannot unwind in time (a fastText epoch or one long batch in C): the
-watchdog of flows.interrupts then ends the process, and without this their state would
+watchdog of process.interrupts then ends the process, and without this their state would
 stay Running in Prefect's UI for good (mule's flows run without heartbeats)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def inside(body: Callable[[], T]) -> T:
     recorded: Prefect marks it crashed as the stop unwinds, or crash_open() does."""
     from prefect.context import FlowRunContext
 
-    from .interrupts import stopping
+    from mule.process.interrupts import stopping
 
     context = FlowRunContext.get()
     flow_run_id = str(context.flow_run.id) if context is not None and context.flow_run is not None else None
@@ -37,7 +37,7 @@ def inside(body: Callable[[], T]) -> T:
 
 def crash_open(message: str) -> list[str]:
     """Marks Crashed the recorded flow runs that are still Running, innermost first (a stop's
-    cleanup: flows.interrupts.on_stop); returns their ids."""
+    cleanup: process.interrupts.on_stop); returns their ids."""
     with _lock:
         ids = list(reversed(_open))
         _open.clear()

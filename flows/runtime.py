@@ -37,7 +37,7 @@ def check_prefect_database() -> None:
     dies at start with a traceback that does not say why."""
     if os.environ.get("PREFECT_API_URL") or not os.environ.get("PREFECT_HOME"):
         return  # the user's server, or Prefect's own home: not ours to judge
-    from mule.data_catalog.workdir import sqlite_problem
+    from mule.storage.workdir import sqlite_problem
 
     home = Path(os.environ["PREFECT_HOME"])
     problem = sqlite_problem(home / "prefect.db")
@@ -50,7 +50,7 @@ def check_prefect_database() -> None:
 
 def seed_prefect_home() -> bool:
     """The workdir's Prefect database, when it has none yet, copied from the template for
-    this Prefect version (data_catalog/store_templates.py): the temporary server then
+    this Prefect version (storage/store_templates.py): the temporary server then
     starts without migrating a database from nothing (about 4 s on 2 cores)."""
     database_settings = ("PREFECT_API_DATABASE_", "PREFECT_SERVER_DATABASE_")
     if os.environ.get("PREFECT_API_URL") or not os.environ.get("PREFECT_HOME") or \
@@ -58,7 +58,7 @@ def seed_prefect_home() -> bool:
         return False  # the user's server or database, or Prefect's own home: not ours to make
     from importlib.metadata import version
 
-    from mule.data_catalog.store_templates import copy_database, from_template
+    from mule.storage.store_templates import copy_database, from_template
 
     def make(path: Path) -> None:
         import shutil
@@ -97,7 +97,7 @@ class _NoCrashLinesForSignals(logging.Filter):
     """Prefect reports a run stopped by Ctrl-C or SIGTERM as crashed ("Execution was aborted
     by an interrupt signal"), or as failed with whatever the signal's exception became (a
     DuckDB query's "Query interrupted"), sometimes before mule's handler has seen the
-    signal: mule's one line (flows.interrupts) says it; the flow run's state still does in
+    signal: mule's one line (process.interrupts) says it; the flow run's state still does in
     Prefect. A failure logged with its exception waits up to 0.1 s to learn whether a stop
     caused it (only in a command, where the handlers are installed)."""
 
@@ -105,7 +105,7 @@ class _NoCrashLinesForSignals(logging.Filter):
         if "Execution was aborted by a" in record.getMessage():
             return False
         if record.levelno >= logging.ERROR and record.exc_info:
-            from . import interrupts
+            from mule.process import interrupts
 
             return not interrupts.stopping_soon()
         return True
@@ -124,7 +124,7 @@ def yield_to_serving() -> int:
     if not hasattr(os, "getpriority"):  # not a POSIX system: nothing to set
         return 0
     if value:
-        from mule.mule_core.config import ConfigError
+        from mule.mule_core.settings import ConfigError
 
         wanted = int(value) if value.lstrip("-").isdigit() else None
         if wanted is None or not 0 <= wanted <= 19:
@@ -219,7 +219,7 @@ class TemporaryPrefectServer:
         env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
         # Its own session: a terminal's Ctrl-C goes to mule's process group, and the server
         # must outlive mule's handling of it (the flow runs are reported crashed to it), so
-        # mule stops it last (flows.interrupts). It dies with mule all the same, even by kill -9.
+        # mule stops it last (process.interrupts). It dies with mule all the same, even by kill -9.
         self.process = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect_dir.parent), "--factory",
              "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
@@ -230,7 +230,7 @@ class TemporaryPrefectServer:
         os.environ["MULE_PREFECT_TEMPORARY"] = "1"  # no flow-run links to a server that is gone after the run
         import atexit
 
-        from . import interrupts
+        from mule.process import interrupts
 
         atexit.register(self.stop)
         interrupts.on_stop(lambda: self.stop(drain=False), last=True, abandon=self.process.kill)

@@ -23,16 +23,18 @@ from prefect import flow, task, unmapped
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Failed
 
-from mule.data_catalog.locks import holds_lock, workdir_lock
-from mule.data_catalog.workdir import Workdir
+from mule.config.overrides import from_dict
+from mule.config.resolution import resolve
+from mule.config.sections import MuleConfig
 from mule.flows.runtime import dask_task_runner, quiet_user_errors, yield_to_serving
-from mule.mule_core.config import ConfigError
 from mule.mule_core.errors import is_user_error
-from mule.pipeline import rebuild, reuse, reused
-from mule.pipeline.config import MuleConfig, from_dict, resolve
+from mule.mule_core.settings import ConfigError
+from mule.pipeline import decisions, rebuild, reused_stages
 from mule.pipeline.declaration import ALL, REBUILD, STAGES, Stage, in_pipeline_order
 from mule.pipeline.runner import Runner
 from mule.pipeline.sweeps import run_sweep
+from mule.storage.locks import holds_lock, workdir_lock
+from mule.storage.workdir import Workdir
 
 
 def _workdir(workdir: str | None) -> Workdir:
@@ -72,14 +74,14 @@ def _working(workdir: str | None, preset: str | None, overrides: dict[str, Any] 
 def _failing_quietly(body):
     """Runs body(); a user error ends the flow run Failed with exactly its message (and no
     traceback in the log: flows.runtime.quiet_user_errors), then reaches the caller."""
-    from . import open_runs
+    from mule.flows import open_runs
 
     quiet_user_errors()
     try:
         yield_to_serving()
         return open_runs.inside(body)
     except Exception as error:
-        from .interrupts import Interrupted, stopping
+        from mule.process.interrupts import Interrupted, stopping
 
         if (
             signum := stopping()
@@ -94,7 +96,7 @@ def _features_on_dask(ctx) -> dict:
     """The features stage with features.runner=dask: its shards mapped over Dask workers."""
     from dataclasses import asdict
 
-    from mule.tasks.features import compute, extract_shard, finish_features, plan_features
+    from mule.stages.features import compute, extract_shard, finish_features, plan_features
 
     if ctx.cfg.features.runner != "dask":
         return compute(ctx)
@@ -122,7 +124,7 @@ def _computes(stage: Stage):
 
 # A reused stage: no flow run of its own, a task run in the rebuild's (or the sweep's).
 reuse_stage = task(name="reuse-stage", task_run_name="{decision.stage}: reused", cache_policy=NO_CACHE)(
-    reused.reuse_stage
+    reused_stages.reuse_stage
 )
 
 
@@ -133,13 +135,13 @@ def runner(wd: Workdir) -> Runner:
 def run_stage(stage: Stage, workdir: str | None, preset: str | None, overrides: dict[str, Any] | None,
               parent_run_id: str | None, force: bool = False, decided: dict | None = None,
               config: Any = None) -> dict:  # fmt: skip
-    """One stage under the workdir's lock, run only when its key changed (pipeline.reuse)
+    """One stage under the workdir's lock, run only when its key changed (pipeline.decisions)
     or when forced. `decided`: the rebuild's decision."""
     with _working(workdir, preset, overrides, stage.name, config) as (wd, cfg):
         decision = None
         if decided is not None:
-            decision = reuse.Decision(**decided)
-            decision.record = reuse.previous_record(wd, cfg, decision)
+            decision = decisions.Decision(**decided)
+            decision.record = decisions.previous_record(wd, cfg, decision)
         return runner(wd).run(cfg, stage.name, parent_run_id, force, decision)
 
 

@@ -8,7 +8,7 @@ never guessed); an image is a file or its bytes, run through the model's extract
 architecture, weights and crops named in its config).
 
 Pure model code: whoever makes an Embedder hands it how to open an image and how to load
-the extractor's network (mule.api.load does both, from files: api/embedders.py).
+the extractor's network (mule.api.load does both, from files: api/from_file.py).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import UserError
-from .model import MuleModel, TextBatch
-from .text import detect_language, pad_batch, tokenize
-from .tokenizers import drift, tokenizer_names
+from mule.mule_core.errors import UserError
+from mule.mule_core.model import MuleModel, TextBatch
+from mule.mule_core.tokenizers import drift, tokenizer_names
+from mule.mule_core.vocabulary import detect_language, pad_batch, tokenize
 
 MAX_QUERY_CHARS = 1000  # a caption is a sentence; longer text is a mistake, not a query
 # A query image's pixel budget, checked from its header before anything is decoded: a
@@ -54,7 +54,7 @@ class TextVector:
 @dataclass
 class Embedder:
     model: MuleModel
-    meta: dict  # data_catalog.models.load_model's: vocabulary, cfg, extractor, ...
+    meta: dict  # data_catalog.model_files.load_model's: vocabulary, cfg, extractor, ...
     label: str  # which model, for people
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     # device -> (the image extractor's network, a description of its weights)
@@ -153,7 +153,7 @@ class Embedder:
     def image_features(self, source: Path | bytes, max_pixels: int = MAX_QUERY_PIXELS) -> torch.Tensor:
         """The CNN features of an image file or its bytes, from the model's extractor: (1, dim).
         An image of more than max_pixels (from its header) is refused before decoding."""
-        from .features import crop_transform, extract
+        from mule.mule_core.backbones import crop_transform, extract
 
         if not self.has_images:
             raise EmbedError(f"{self.label} was trained without images (a text-only dataset)", "no images")
@@ -203,7 +203,7 @@ class Embedder:
     def preprocess(self, image: Any) -> torch.Tensor:
         """A PIL image as the extractor sees it (open_clip's `preprocess`): (crops, 3, size,
         size) uint8, the crops and size the model was trained with (the network normalises)."""
-        from .features import crop_transform
+        from mule.mule_core.backbones import crop_transform
 
         f = self.meta["cfg"].features
         return crop_transform(f.input_size, f.resize, f.crops)(image.convert("RGB"))
@@ -220,7 +220,7 @@ class Embedder:
         return self.images_from_features(torch.cat(features))
 
     def _features_of(self, crops: torch.Tensor) -> torch.Tensor:
-        from .features import extract
+        from mule.mule_core.backbones import extract
 
         if not self.has_images or self.load_network is None:
             raise EmbedError(f"{self.label} was trained without images (a text-only dataset)", "no images")

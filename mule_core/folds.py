@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .dataset import SplitTensors
-from .metrics import chance_table
+from mule.mule_core.metrics import chance_table
+from mule.mule_core.split_tensors import SplitTensors
 
 
 def fold_of_images(image_ids: Sequence[str], k: int, seed: int = 0) -> np.ndarray:

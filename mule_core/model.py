@@ -23,11 +23,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 
-from .subwords import SubwordVectors, gather_rows
+from mule.mule_core.subwords import SubwordVectors, gather_rows
 
 if TYPE_CHECKING:  # annotations only: a model is code of its own, not of the config's module
-    from .config import ModelConfig
-    from .text import Vocabulary
+    from mule.mule_core.settings import ModelConfig
+    from mule.mule_core.vocabulary import Vocabulary
 
 
 class _GradientReversal(torch.autograd.Function):
@@ -143,7 +143,7 @@ class LanguageBranch(nn.Module):
         return [self.embed.weight] + ([self.subwords.vectors.weight] if self.subwords is not None else [])
 
     def word_vectors(self, tokens: torch.Tensor, unseen: torch.Tensor | None = None) -> torch.Tensor:
-        """Vectors of word ids (mule_core.text.Vocabulary.encode's): vocabulary rows, and from
+        """Vectors of word ids (mule_core.vocabulary.Vocabulary.encode's): vocabulary rows, and from
         the vocabulary's size on, words outside it composed from their n-grams (`unseen`)."""
         return self.embed(tokens) if self.subwords is None else self.subwords.compose(self.embed, tokens, unseen)
 
@@ -176,7 +176,7 @@ class TextBatch:
     lengths: torch.Tensor  # N, CPU
     groups: list[tuple[str, int, int]]
     # lang -> n-gram ids of the words outside its vocabulary that `tokens` name (ids from
-    # the vocabulary's size on: mule_core.text.Vocabulary.encode); None: every word is in it
+    # the vocabulary's size on: mule_core.vocabulary.Vocabulary.encode); None: every word is in it
     unseen: dict[str, torch.Tensor] | None = None
 
     def to(self, device: torch.device) -> TextBatch:

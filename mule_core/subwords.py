@@ -92,7 +92,7 @@ _TABLES_LOCK = threading.Lock()
 
 def ngram_table(words: Sequence[str], lengths: Sequence[int]) -> NgramTable:
     """NgramTable(words, lengths), built once per vocabulary while it is in use: the model's
-    layers and the sentence encoding that feeds them (mule_core.text.Vocabulary) read the
+    layers and the sentence encoding that feeds them (mule_core.vocabulary.Vocabulary) read the
     same table."""
     key = (tuple(words), tuple(lengths))
     with _TABLES_LOCK:

@@ -16,7 +16,7 @@ import unicodedata
 from collections.abc import Mapping, Sequence
 from functools import cache
 
-from .languages import base, tokenizer_name
+from mule.mule_core.languages import base, tokenizer_name
 
 _INVISIBLE = re.compile("[\u200b\u200c\u200d\u2060\ufeff]")
 

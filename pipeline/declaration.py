@@ -4,7 +4,7 @@ it reads, and which of those options only change how fast or where it runs.
 
 Everything else is derived from this list: the CLI's stage names, the rebuild's order,
 the Prefect flows (flows/stages.py) and prefect.yaml's test, the reuse keys
-(pipeline.reuse: the code from the computing module's imports, the config from
+(pipeline.decisions: the code from the computing module's imports, the config from
 `config`, the inputs from `reads`, the outputs from `writes`), what a sweep needs to
 have run before it, the stage a missing table's error names, and the README's stage
 table (`python -m mule.pipeline.declaration`).
@@ -50,7 +50,7 @@ class Read:
 class Stage:
     name: str
     summary: str  # one line: the README's table, the flow's and the deployment's description
-    # "module:compute(ctx: tasks.support.context.StageContext) -> dict": what the stage computes; its
+    # "module:compute(ctx: stages.shared.context.StageContext) -> dict": what the stage computes; its
     # module's import closure is the code part of the stage's key. None for a sweep.
     task: str | None
     # "module:function(workdir, config, result, run_id) -> dict": the figures, reports, MLflow
@@ -81,12 +81,12 @@ class Stage:
 
     @property
     def module(self) -> str:
-        """The module whose import closure is the stage's code (data_catalog.code_digests)."""
+        """The module whose import closure is the stage's code (storage.code_digests)."""
         return (self.task or "").partition(":")[0]
 
     @property
     def sections(self) -> frozenset[str]:
-        """The config sections its computation is handed (pipeline.config.declared_sections)."""
+        """The config sections its computation is handed (config.stage_view.declared_sections)."""
         return frozenset(option.split(".", 1)[0] for option in self.config)
 
     @property
@@ -141,45 +141,45 @@ _PUBLISH = "mule.pipeline.publish:"
 
 STAGES: tuple[Stage, ...] = (
     Stage("ingest", "Raw dataset files -> images, captions, rejects (generating the embedded dataset if needed).",
-          task="mule.tasks.ingest:compute", publish=_PUBLISH + "ingest", prepare="mule.tasks.support.prepare:generated_dataset",
+          task="mule.stages.ingest:compute", publish=_PUBLISH + "ingest", prepare="mule.stages.shared.preparation:generated_dataset",
           reads=("raw files",), writes=("images", "captions", "rejects"),
           config=("data.", "text.tokenizers"), operational=frozenset({"data.source", "data.images", "data.dictionaries"}),
           ignores=frozenset({"data.captions"})),
     Stage("translate", "Human captions -> machine-translated captions (translate.backend; cached, resumable).",
-          task="mule.tasks.translate:compute", publish=_PUBLISH + "translate",
+          task="mule.stages.translate:compute", publish=_PUBLISH + "translate",
           reads=("captions", Read("lexicons", _lexicon_backend, "translate.backend=lexicon")),
           writes=("mt captions", "translations"),
           config=("translate.", "data.dataset", "data.languages", "data.format", "data.captions", "text.tokenizers",
                   *_WHERE),
           operational=frozenset({"translate.concurrency", "translate.timeout_s", "translate.retries"}) | frozenset(_WHERE), resumes="the sentences translated so far"),
     Stage("features", "Image files -> CNN features, stored under what made them (extractor, weights, code).",
-          task="mule.tasks.features:compute", publish=_PUBLISH + "features",
-          prepare="mule.tasks.support.prepare:extractor_weights", reads=("images", "extractor weights"), writes=("features", "image rejects"),
+          task="mule.stages.features:compute", publish=_PUBLISH + "features",
+          prepare="mule.stages.shared.preparation:extractor_weights", reads=("images", "extractor weights"), writes=("features", "image rejects"),
           config=("features.", "data.strict", "data.dataset", "data.source"),
           # engine and device are where it runs; the arithmetic they imply is in the vectors'
-          # identity (mule_core.features.numerics)
+          # identity (mule_core.backbones.numerics)
           operational=frozenset({"features.runner", "features.dask_address", "features.dask_workers",
                                  "features.batch_size", "features.loader_workers", "features.shard_images",
                                  "features.engine", "features.device", "data.source"}), resumes="the images extracted so far"),
     Stage("text", "Captions -> vocabulary and word vectors per language (fastText, or multilingual-e5: text.init).",
-          task="mule.tasks.text:compute", publish=_PUBLISH + "text",
+          task="mule.stages.text:compute", publish=_PUBLISH + "text",
           reads=("captions", _MT, "vector files"), writes=("word vectors",),
           # model.subwords / ngram_lengths: which n-grams get the word-vector model's vectors
           config=("text.", "data.dataset", "data.languages", "data.captions", "data.seed", "model.subwords",
                   "model.ngram_lengths")),
     Stage("pretrain", "LP: the MULE layers on sentences of the same image across languages.",
-          task="mule.tasks.pretrain:compute", publish=_PUBLISH + "pretrain",
+          task="mule.stages.pretrain:compute", publish=_PUBLISH + "pretrain",
           reads=("captions", _MT, "word vectors"), writes=("LP model",), slot="LP model",
           config=(*_TRAINING, "data.dataset", "data.languages", "data.captions", "text.max_tokens", "text.tokenizers"),
           operational=_PLACEMENT, ignores=_NOT_LP, threaded=True, resumes="its checkpoint of the last finished epoch"),
     Stage("train", "Joint training (triplet + NC + LC), best epoch on validation mR; registers the champion.",
-          task="mule.tasks.train:compute", publish=_PUBLISH + "train",
+          task="mule.stages.train:compute", publish=_PUBLISH + "train",
           reads=("captions", _MT, "word vectors", "images", "features", _LP), writes=("model",), slot="model",
           config=(*_TRAINING, "data.dataset", "data.languages", "data.captions", "text.max_tokens", "text.tokenizers", "eval.ks",
                   *_FEATURE_IDENTITY),
           operational=_PLACEMENT, ignores=frozenset({"train.add_language", "train.base_model"}), threaded=True, resumes="its checkpoint of the last finished epoch"),
     Stage("evaluate", "Recall table per language on the test split, cross-lingual retrieval, figures.",
-          task="mule.tasks.evaluate:compute", publish=_PUBLISH + "evaluate",
+          task="mule.stages.evaluate:compute", publish=_PUBLISH + "evaluate",
           # the LP model is what a dataset without images is evaluated with
           reads=("captions", "images", "features", "model", _LP),
           writes=("evaluation",), slot="model",
@@ -187,18 +187,18 @@ STAGES: tuple[Stage, ...] = (
                   "data.test_images", "data.seed", "data.image_size", "data.source", "train.device"),
           operational=frozenset({"train.device"}), presence=frozenset({"data.source"})),
     Stage("index", "The gallery's approximate index (FAISS HNSW or IVF, 8-bit) over the model's image vectors, for mule serve.",
-          task="mule.tasks.index:compute", publish=_PUBLISH + "index",
+          task="mule.stages.index:compute", publish=_PUBLISH + "index",
           reads=("images", "features", "model"), writes=("gallery index",), slot="model",
           config=("index.kind", "index.cells", "data.dataset", "train.model_name")),
     Stage("extend", "Trains a new language's branch onto a frozen trained model (add-language's step).",
-          task="mule.tasks.extend:compute", publish=_PUBLISH + "extend", kind="step",
+          task="mule.stages.extend:compute", publish=_PUBLISH + "extend", kind="step",
           reads=("captions", _MT, "word vectors", "images", "features", "base model"), writes=("model",),
           slot="model",
           config=(*_TRAINING, "data.dataset", "data.languages", "data.captions", "text.tokenizers", "eval.ks", "eval.split",
                   *_FEATURE_IDENTITY),
           operational=_PLACEMENT, threaded=True),
     Stage("query-translation", "An English model searched with other languages' queries translated word by word.",
-          task="mule.tasks.query_translation:compute", publish=_PUBLISH + "query_translation",
+          task="mule.stages.query_translation:compute", publish=_PUBLISH + "query_translation",
           kind="step", reads=("captions", "word vectors", "images", "features", "model", "lexicons"),
           writes=("translated-query evaluation",), slot="model",
           config=("eval.", "data.dataset", "data.languages", "train.model_name", "train.device", *_WHERE),
@@ -281,7 +281,7 @@ def markdown_table() -> str:
 def keys_table() -> str:
     """What each keyed stage's key holds (docs/architecture.md): its inputs, its config,
     the repository files its computing module reaches and the libraries they import."""
-    from mule.data_catalog.code_digests import closure, libraries
+    from mule.storage.code_digests import closure, libraries
 
     lines = ["| stage | inputs | config (less operational) | code: files reached | libraries |", "|---|---|---|---|---|"]
     for s in STAGES:

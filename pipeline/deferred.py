@@ -25,27 +25,27 @@ import uuid
 from dataclasses import fields
 from pathlib import Path
 
-from mule.data_catalog.atomic import write_json_atomic
-from mule.data_catalog.workdir import Workdir
-from mule.pipeline.config import MuleConfig, from_dict, to_dict
-
-from . import reuse
+from mule.config.overrides import from_dict, to_dict
+from mule.config.sections import MuleConfig
+from mule.pipeline import decisions
+from mule.storage.atomic import write_json_atomic
+from mule.storage.workdir import Workdir
 
 
 def folder(workdir: Workdir) -> Path:
     return workdir.state_dir / "unrecorded"
 
 
-def defer(workdir: Workdir, cfg: MuleConfig, name: str, decided: dict[str, reuse.Decision], results: dict) -> Path:
+def defer(workdir: Workdir, cfg: MuleConfig, name: str, decided: dict[str, decisions.Decision], results: dict) -> Path:
     """Writes what the no-change rebuild is to record; returns the file."""
     path = folder(workdir) / f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}.json"
-    decisions = []
+    entries = []
     for decision in decided.values():
-        entry = reuse.as_dict(decision)
+        entry = decisions.as_dict(decision)
         entry["record_run_id"] = (decision.record or {}).get("run_id")
-        decisions.append(entry)
+        entries.append(entry)
     kept = {k: v for k, v in results.items() if k in ("evaluate", "ablation")}
-    write_json_atomic({"name": name, "config": to_dict(cfg), "decisions": decisions, "results": kept,
+    write_json_atomic({"name": name, "config": to_dict(cfg), "decisions": entries, "results": kept,
                        "when": time.time()}, path)  # fmt: skip
     return path
 
@@ -74,7 +74,7 @@ def record_unrecorded(workdir: Workdir, patience: float = 120.0) -> int:
     (state/unrecorded/set-aside/, with why) with one warning, and the run goes on."""
     if not list(folder(workdir).glob("*.json")):
         return 0
-    from mule.data_catalog.locks import WorkdirBusyError, workdir_lock
+    from mule.storage.locks import WorkdirBusyError, workdir_lock
 
     try:
         with workdir_lock(workdir, RECORDING, patience=patience, brief=True):
@@ -121,8 +121,7 @@ def _record(workdir: Workdir, deferred: dict, marker: str) -> None:
     recorder that crashed after writing them (before deleting the file) is not repeated,
     and one that crashed half-way has its runs replaced."""
     from mule.experiments import tracking
-
-    from .publish import publish_rebuild
+    from mule.pipeline.publish import publish_rebuild
 
     cfg = from_dict(deferred["config"])
     written = tracking.find_runs(workdir, cfg.data.dataset, f"tags.`{MARK}` = '{marker}'")
@@ -132,16 +131,16 @@ def _record(workdir: Workdir, deferred: dict, marker: str) -> None:
     for run in written:  # cut by a crash: written again whole
         client.delete_run(run.info.run_id)
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(deferred["when"]))
-    names = {f.name for f in fields(reuse.Decision)}
+    names = {f.name for f in fields(decisions.Decision)}
     describes = {}
     with tracking.run(workdir, cfg, deferred["name"], tags={MARK: marker}) as run_id:
         tracking.Tracker(workdir, run_id).tags({"mule.recorded_later": f"the rebuild of {when}, which had nothing to "
                                                                       "run, recorded after it returned"})  # fmt: skip
         for entry in deferred["decisions"]:
-            decision = reuse.Decision(**{k: v for k, v in entry.items() if k in names})
+            decision = decisions.Decision(**{k: v for k, v in entry.items() if k in names})
             decision.record = {"run_id": entry.get("record_run_id")}
             with tracking.run(workdir, cfg, decision.stage, run_id, tags={MARK: marker}) as child:
-                tracking.Tracker(workdir, child).tags(reuse.tags(decision))
+                tracking.Tracker(workdir, child).tags(decisions.tags(decision))
             describes[decision.stage] = decision.describe()
         publish_rebuild(workdir, cfg, deferred["results"], describes, run_id)
 

@@ -4,7 +4,7 @@ kedro-mlflow draw the same line: a node computes, the hooks around it track.
 
 Each publisher takes (workdir, config, result, run id) after the stage returned, and
 returns what it adds to the result (a registered version). Publishing is outside every
-stage's key (pipeline.reuse keys the computing module's import closure, and no computing
+stage's key (pipeline.decisions keys the computing module's import closure, and no computing
 module imports this one), so restyling a figure or upgrading MLflow retrains nothing; the
 next stage that runs draws with the new code. A run id of None (a stage run alone, in a
 test or a bench script) still writes the reports to the workdir; nothing goes to MLflow.
@@ -17,13 +17,13 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from mule.data_catalog.atomic import write_text_atomic
-from mule.data_catalog.catalog import Catalog
-from mule.data_catalog.workdir import Workdir
+from mule.config.sections import MuleConfig
+from mule.data_catalog.tables import Catalog
 from mule.experiments import plots, registry
 from mule.experiments.report import ablation_markdown, cross_lingual_markdown, recall_markdown, recall_rows, to_csv
 from mule.experiments.tracking import Tracker
-from mule.pipeline.config import MuleConfig
+from mule.storage.atomic import write_text_atomic
+from mule.storage.workdir import Workdir
 
 
 def _numbers(values: dict) -> dict[str, float]:
@@ -109,15 +109,15 @@ def train(wd: Workdir, cfg: MuleConfig, result: dict, run_id: str | None) -> dic
     tracker.figure(figure, "training_curves.png")
     plots.close(figure)
     path = Path(result["path"])
-    tracker.artifact(path)  # weights + vocabularies, loadable without pickle (data_catalog.models.load_model)
+    tracker.artifact(path)  # weights + vocabularies, loadable without pickle (data_catalog.model_files.load_model)
     if not run_id or cfg.train.model_name != "model":  # the ablation's and add-language's variants are not registered
         return {}
-    from mule.pipeline import reuse
+    from mule.pipeline import decisions
     from mule.serving import mlflow_model
 
     dataset, f = cfg.data.dataset, cfg.features
     # One version per trained model, whoever publishes it: a stopped run and the next
-    identity = registry.model_identity(reuse.read_record(wd, cfg, "train"))
+    identity = registry.model_identity(decisions.read_record(wd, cfg, "train"))
     registered = registry.registered_for(wd, dataset, identity)
     if registered is not None:
         tracker.tags({"mule.registered_version": str(registered["version"]),
@@ -213,12 +213,12 @@ def evaluate(wd: Workdir, cfg: MuleConfig, result: dict, run_id: str | None) -> 
     tracker.metrics(metrics)
     if not result["table"] or cfg.train.model_name != "model":
         return {}
-    from mule.pipeline import reuse
+    from mule.pipeline import decisions
 
     # the train stage's record names the model's key and runs, whether this rebuild trained it or reused it
     return {
         "registered_version": registry.tag_test_results(
-            wd, dataset, reuse.read_record(wd, cfg, "train"), headline, result["mean_mR"], result["table"]
+            wd, dataset, decisions.read_record(wd, cfg, "train"), headline, result["mean_mR"], result["table"]
         )
     }
 
@@ -307,17 +307,17 @@ def add_language_report(wd: Workdir, cfg: MuleConfig, lang: str, rows: dict, run
 
 def publish(stage: str, wd: Workdir, cfg: MuleConfig, result: Any, run_id: str | None) -> dict:
     """The stage's publisher, as declared (pipeline.declaration), on its result."""
-    from .declaration import BY_NAME
+    from mule.pipeline.declaration import BY_NAME
 
     publisher = BY_NAME[stage].load_publish()
     return (publisher(wd, cfg, result, run_id) or {}) if publisher and isinstance(result, dict) else {}
 
 
-def publish_rebuild(wd: Workdir, cfg: MuleConfig, results: dict, decisions: dict[str, str], run_id: str | None) -> None:
+def publish_rebuild(wd: Workdir, cfg: MuleConfig, results: dict, described: dict[str, str], run_id: str | None) -> None:
     """The rebuild's own MLflow run: each stage's decision, the test recalls, the tables."""
-    from mule.pipeline import reuse
+    from mule.pipeline import decisions
 
-    reuse.report_decisions(wd, cfg, decisions, run_id)
+    decisions.report_decisions(wd, cfg, described, run_id)
     tracker = Tracker(wd, run_id)
     if "ablation" in results:
         tracker.artifact(Path(results["ablation"]["results_dir"]) / "ablation.md")

@@ -13,18 +13,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from mule.data_catalog.workdir import Workdir
-from mule.pipeline.config import MuleConfig
-
-from . import reuse, reused
-from .declaration import BY_NAME, REBUILD
-from .runner import prepare
+from mule.config.sections import MuleConfig
+from mule.pipeline import decisions, reused_stages
+from mule.pipeline.declaration import BY_NAME, REBUILD
+from mule.pipeline.runner import prepare
+from mule.storage.workdir import Workdir
 
 # (stage, decision as a dict or None for a sweep, the rebuild's MLflow run) -> the stage's
 # result, run as a flow of its own
 RunStage = Callable[[str, dict | None, str | None], dict]
 # (workdir, config, decision, parent run id) -> the recorded result
-ReuseStage = Callable[[Workdir, MuleConfig, reuse.Decision, str | None], dict]
+ReuseStage = Callable[[Workdir, MuleConfig, decisions.Decision, str | None], dict]
 
 
 def run(wd: Workdir, cfg: MuleConfig, named: list[str], forced: set[str] | None = None,
@@ -37,10 +36,10 @@ def run(wd: Workdir, cfg: MuleConfig, named: list[str], forced: set[str] | None 
     stage has to run."""
     import os
 
-    from . import deferred
+    from mule.pipeline import deferred
 
     forced = set(forced or ())
-    reuse_stage = reuse_stage or reused.reuse_stage
+    reuse_stage = reuse_stage or reused_stages.reuse_stage
     name = run_name(named)
     stages = plan(wd, cfg, named)
     decided = None
@@ -48,10 +47,10 @@ def run(wd: Workdir, cfg: MuleConfig, named: list[str], forced: set[str] | None 
         decided = up_to_date(wd, cfg, stages, forced)
         if decided is None:
             return None
-        later = not any(reuse.publish_pending(d) for d in decided.values()) and all(
+        later = not any(decisions.publish_pending(d) for d in decided.values()) and all(
             BY_NAME[s].kind != "sweep" for s in stages)  # fmt: skip
         if later and os.environ.get("MULE_RECORD_LATER") != "0":
-            results = {stage: reuse.reused_result(d, wd) for stage, d in decided.items()}
+            results = {stage: decisions.reused_result(d, wd) for stage, d in decided.items()}
             deferred.defer(wd, cfg, name, decided, results)
             deferred.start_recorder(wd)
             return results | {"mlflow_run_id": None, "stages": {s: d.describe() for s, d in decided.items()}}
@@ -59,11 +58,11 @@ def run(wd: Workdir, cfg: MuleConfig, named: list[str], forced: set[str] | None 
 
     deferred.record_unrecorded(wd)  # what a no-change rebuild left to record, first
     with tracking.run(wd, cfg, name) as run_id:
-        results, decisions = run_stages(wd, cfg, stages, forced, run_id, run_stage, reuse_stage, decided)
-        from .publish import publish_rebuild
+        results, described = run_stages(wd, cfg, stages, forced, run_id, run_stage, reuse_stage, decided)
+        from mule.pipeline.publish import publish_rebuild
 
-        publish_rebuild(wd, cfg, results, decisions, run_id)
-    return results | {"mlflow_run_id": run_id, "stages": decisions}
+        publish_rebuild(wd, cfg, results, described, run_id)
+    return results | {"mlflow_run_id": run_id, "stages": described}
 
 
 def run_name(stages: list[str]) -> str:
@@ -76,15 +75,15 @@ def plan(wd: Workdir, cfg: MuleConfig, named: list[str]) -> list[str]:
     (it runs again first, so that no stage reads a damaged file)."""
     import logging
 
-    from .declaration import in_pipeline_order, with_upstream
+    from mule.pipeline.declaration import in_pipeline_order, with_upstream
 
     stages = with_upstream(named, cfg)
-    damaged = reuse.damaged_upstream(wd, cfg, stages)
+    damaged = decisions.damaged_upstream(wd, cfg, stages)
     for stage, why in damaged.items():
         logging.getLogger("mule.pipeline").warning("%s runs again first: %s", stage, why)
     retokenise = _tokenizers_changed(wd, cfg, stages)
     if retokenise:  # the stored tokens are another tokeniser's: ingest and what follows from it first
-        from .declaration import writers_upstream
+        from mule.pipeline.declaration import writers_upstream
 
         upstream = [s for s in writers_upstream(stages, cfg) if s not in stages]
         logging.getLogger("mule.pipeline").warning("text.tokenizers changed since the captions were tokenised (%s): "
@@ -97,13 +96,13 @@ def plan(wd: Workdir, cfg: MuleConfig, named: list[str]) -> list[str]:
 def _tokenizers_changed(wd: Workdir, cfg: MuleConfig, stages: list[str]) -> str:
     """"en: moses -> unicode" when text.tokenizers names other tokenisers than those that made
     the stored captions' tokens, and a stage planned uses those tokens; "" otherwise."""
-    from .declaration import BY_NAME
+    from mule.pipeline.declaration import BY_NAME
 
     steps = [step for s in stages for step in (BY_NAME[s].steps or (s,))]
     if not any(_declares(BY_NAME[s], "text.tokenizers") for s in steps if s != "ingest"):
         return ""
-    from mule.data_catalog.catalog import Catalog
-    from mule.tasks.support.tokens import changed
+    from mule.data_catalog.tables import Catalog
+    from mule.stages.shared.token_identity import changed
 
     differ = changed(Catalog(wd), cfg.data.dataset, cfg.data.languages, cfg.text.tokenizers)
     return ", ".join(f"{lang}: {old} -> {new}" for lang, (old, new) in differ.items())
@@ -113,7 +112,7 @@ def _declares(stage, option: str) -> bool:
     return any(option == c or (c.endswith(".") and option.startswith(c)) for c in stage.config)
 
 
-def up_to_date(wd: Workdir, cfg: MuleConfig, stages: list[str], forced: set[str]) -> dict[str, reuse.Decision] | None:
+def up_to_date(wd: Workdir, cfg: MuleConfig, stages: list[str], forced: set[str]) -> dict[str, decisions.Decision] | None:
     """Every stage's decision when none of them has to run (a sweep: every step of every
     variant); None as soon as one does (then the rebuild decides again, stage by stage,
     as the stages before it write)."""
@@ -122,14 +121,14 @@ def up_to_date(wd: Workdir, cfg: MuleConfig, stages: list[str], forced: set[str]
     decided = {}
     for stage in stages:
         if BY_NAME[stage].kind == "sweep":
-            from . import sweeps  # its variants' reports: imported only for a sweep
+            from mule.pipeline import sweeps  # its variants' reports: imported only for a sweep
 
             if not sweeps.up_to_date(wd, cfg, stage):
                 return None
             continue
         if not prepare(wd, cfg, stage, act=False):
             return None
-        decision = reuse.decide(wd, cfg, stage)
+        decision = decisions.decide(wd, cfg, stage)
         if decision.run:
             return None
         decided[stage] = decision
@@ -138,32 +137,32 @@ def up_to_date(wd: Workdir, cfg: MuleConfig, stages: list[str], forced: set[str]
 
 def run_stages(wd: Workdir, cfg: MuleConfig, stages: list[str], forced: set[str], run_id: str | None,
                run_stage: RunStage | None, reuse_stage: ReuseStage,
-               decided: dict[str, reuse.Decision] | None = None) -> tuple[dict[str, Any], dict[str, str]]:  # fmt: skip
+               decided: dict[str, decisions.Decision] | None = None) -> tuple[dict[str, Any], dict[str, str]]:  # fmt: skip
     """Each stage in order: reused (an MLflow run saying so) or run by `run_stage`; a sweep
     by `run_stage` too (its steps decide variant by variant). `decided`: decisions already
     taken (by `up_to_date`). Returns (results, decisions)."""
     results: dict[str, Any] = {}
-    decisions: dict[str, str] = {}
+    described: dict[str, str] = {}
     for stage in stages:
         if BY_NAME[stage].kind == "sweep":  # in its own flow; here, when up_to_date said all is reused
             results[stage] = run_stage(stage, None, run_id) if run_stage else _sweep_here(wd, cfg, stage, run_id)
-            decisions[stage] = _sweep_decisions(results[stage])
+            described[stage] = _sweep_decisions(results[stage])
             continue
         decision = (decided or {}).get(stage)
         if decision is None:
             prepare(wd, cfg, stage)
-            decision = reuse.decide(wd, cfg, stage, stage in forced)
+            decision = decisions.decide(wd, cfg, stage, stage in forced)
         if decision.run:  # its own flow run (and MLflow run), handed the decision and the config
-            results[stage] = _must(run_stage)(stage, reuse.as_dict(decision), run_id)
+            results[stage] = _must(run_stage)(stage, decisions.as_dict(decision), run_id)
         else:
             results[stage] = reuse_stage(wd, cfg, decision, run_id)
-        decisions[stage] = decision.describe()
-    return results, decisions
+        described[stage] = decision.describe()
+    return results, described
 
 
 def _sweep_here(wd: Workdir, cfg: MuleConfig, stage: str, run_id: str | None) -> dict:
-    from .runner import Runner
-    from .sweeps import run_sweep
+    from mule.pipeline.runner import Runner
+    from mule.pipeline.sweeps import run_sweep
 
     return run_sweep(stage, Runner(wd), cfg, run_id)
 

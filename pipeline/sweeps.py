@@ -19,15 +19,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from mule.data_catalog.catalog import Catalog
-from mule.data_catalog.workdir import Workdir
+from mule.config.overrides import apply_overrides
+from mule.config.sections import MuleConfig
+from mule.data_catalog.tables import Catalog
 from mule.experiments import tracking
 from mule.experiments.seeds import Difference, paired_difference
-from mule.mule_core.config import ConfigError
-from mule.pipeline.config import MuleConfig, apply_overrides
-
-from . import publish, reuse
-from .runner import Runner
+from mule.mule_core.settings import ConfigError
+from mule.pipeline import decisions, publish
+from mule.pipeline.runner import Runner
+from mule.storage.workdir import Workdir
 
 ABLATION_DIR = "ablation"
 
@@ -244,7 +244,7 @@ def _ablation_report(wd: Workdir, cfg: MuleConfig, variants: list[Variant], resu
 def _add_language_variants(wd: Workdir, cfg: MuleConfig) -> list[Variant]:
     """A model trained without train.add_language, that language added to it (only its
     branch trains), and the model trained on every language from scratch; each evaluated."""
-    from mule.tasks.extend import added_model_name, base_model_name
+    from mule.stages.extend import added_model_name, base_model_name
 
     lang = cfg.train.add_language
     if not lang:
@@ -277,7 +277,7 @@ ADD_LANGUAGE = Sweep(lambda cfg: f"add-language {cfg.train.add_language}", _add_
 
 
 def _sweep(name: str) -> Sweep:
-    from .declaration import BY_NAME
+    from mule.pipeline.declaration import BY_NAME
 
     return BY_NAME[name].load_sweep()
 
@@ -285,7 +285,7 @@ def _sweep(name: str) -> Sweep:
 def up_to_date(wd: Workdir, cfg: MuleConfig, name: str) -> bool:
     """Every step of every variant reused (when all are, what one step writes and the next
     reads is unchanged, so deciding them all beforehand is deciding them in order)."""
-    return not any(reuse.decide(wd, v.cfg, step).run for v in _sweep(name).variants(wd, cfg) for step in v.steps)
+    return not any(decisions.decide(wd, v.cfg, step).run for v in _sweep(name).variants(wd, cfg) for step in v.steps)
 
 
 def run_sweep(name: str, runner: Runner, cfg: MuleConfig, parent_run_id: str | None) -> dict[str, Any]:

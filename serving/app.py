@@ -56,8 +56,7 @@ from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from mule.mule_core.embedder import MAX_QUERY_PIXELS, Embedder, EmbedError
-
-from .gallery import Gallery
+from mule.serving.gallery import Gallery
 
 MAX_K = 100
 LOOPBACK = ("127.0.0.1", "localhost", "::1")

@@ -15,12 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
-from mule.data_catalog import ann, indexes, queries
-from mule.data_catalog.content import sha256_file
+from mule.data_catalog import ann, index_files, queries
 from mule.mule_core.embedder import Embedder
-from mule.mule_core.training import encode_split
-
-from .search import Searcher
+from mule.mule_core.trainer import encode_split
+from mule.serving.retrieval import Searcher
+from mule.storage.content_digests import sha256_file
 
 
 @dataclass
@@ -85,10 +84,10 @@ def stored_index(searcher: Searcher, model_name: str = "model", breadth: int = 0
     """(the index stage's index of this model's gallery, or None; why not, or what it is).
     breadth: the search breadth (index.breadth, given to mule serve); 0: the kind's default."""
     wd = searcher.catalog.workdir
-    problem = indexes.index_problem(wd, searcher.dataset, model_name)
+    problem = index_files.index_problem(wd, searcher.dataset, model_name)
     if problem:
         return None, f"no usable gallery index ({problem}; mule run index builds it)"
-    found = indexes.read_index(wd, searcher.dataset, model_name)
+    found = index_files.read_index(wd, searcher.dataset, model_name)
     if found is None:
         return None, "no usable gallery index (mule run index builds it)"
     index, ids, info = found

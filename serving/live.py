@@ -1,7 +1,7 @@
 """What `mule serve` serves, loaded from a workdir a run may be writing, and kept current.
 
 `load` opens the model (the registry's champion, or a version or run given) and its
-gallery under the catalog's shared lock (data_catalog.locks.catalog_reading): never a
+gallery under the catalog's shared lock (storage.locks.catalog_reading): never a
 stage's outputs half-written, and nothing written to the workdir. `Reloader` looks every
 `period` seconds at what decides what is served (the champion's model file, the records
 of the stages that write the gallery: ingest, features, index) and, when it changed,
@@ -17,13 +17,12 @@ import threading
 import time
 from dataclasses import dataclass
 
-from mule.data_catalog.locks import catalog_reading
-from mule.data_catalog.workdir import Workdir
 from mule.experiments.registry import resolve_model_file
-
-from . import gallery as galleries
-from . import search
-from .app import Live, Served
+from mule.serving import gallery as galleries
+from mule.serving import retrieval
+from mule.serving.app import Live, Served
+from mule.storage.locks import catalog_reading
+from mule.storage.workdir import Workdir
 
 log = logging.getLogger("mule.serve")
 # The stages whose outputs make the gallery: a new record of one of them is a new gallery
@@ -68,10 +67,10 @@ def load(request: Request) -> tuple[Served, What, str]:
     """The model and its gallery, embedded; what they are; how images are searched."""
     with catalog_reading(request.workdir):
         source = what(request)
-        searcher = search.open_searcher(request.workdir, request.dataset, request.run, request.version)
+        opened = retrieval.open_searcher(request.workdir, request.dataset, request.run, request.version)
         index, how = None, "exact scan"
         if request.index != "off" and request.split == "all":
-            index, why = galleries.stored_index(searcher, breadth=request.breadth)
+            index, why = galleries.stored_index(opened, breadth=request.breadth)
             enough = index is not None and len(index[1]) >= request.min_images
             if index is not None and (enough or request.index == "on"):
                 how = why
@@ -79,9 +78,9 @@ def load(request: Request) -> tuple[Served, What, str]:
                 if request.index == "on":
                     log.warning("mule serve: %s: scanning every image exactly", why)
                 index = None
-        gallery = galleries.load_gallery(searcher, request.split, index)
-    embedder = search.embedder(searcher)
-    note = f"{searcher.label}, loaded {time.strftime('%Y-%m-%d %H:%M:%S')}"
+        gallery = galleries.load_gallery(opened, request.split, index)
+    embedder = retrieval.embedder(opened)
+    note = f"{opened.label}, loaded {time.strftime('%Y-%m-%d %H:%M:%S')}"
     return Served(embedder, gallery, note), source, (gallery.index_kind if index is not None else how)
 
 

@@ -56,7 +56,7 @@ SIGNATURE = ModelSignature(inputs=INPUTS, outputs=OUTPUTS)
 
 
 # What the model runs: the file MLflow loads it from and the code that opens a model file.
-ENTRY_MODULES = ("mule.serving.mlflow_model_entry", "mule.api", "mule.api.embedders")
+ENTRY_MODULES = ("mule.serving.mlflow_model_entry", "mule.api", "mule.api.from_file")
 NO_PATHS = ("image_path is read only by a model loaded in-process with an allowed folder "
             "(mlflow.pyfunc.load_model(uri, model_config={'image_root': DIR})); send the image's bytes in `image` "
             "(base64 in JSON)")  # fmt: skip
@@ -135,7 +135,7 @@ def model_code(folder: Path) -> Path:
     """mule's code that the model runs (the import closure of ENTRY_MODULES, read from the
     source as the stage keys are), copied to folder/mule/<folder>/...: the code_paths
     entry, so the model imports it as `mule.serving...` wherever it is loaded."""
-    from mule.data_catalog.code_digests import REPO, closure
+    from mule.storage.code_digests import REPO, closure
 
     modules, _ = closure(ENTRY_MODULES)
     for path in modules.values():
@@ -148,7 +148,7 @@ def model_code(folder: Path) -> Path:
 def model_requirements() -> list[str]:
     """Pins for every library that code imports (its import closure's), at the versions
     installed here, and MLflow; never `mule` itself (it travels as code)."""
-    from mule.data_catalog.code_digests import closure, libraries
+    from mule.storage.code_digests import closure, libraries
 
     _, outside = closure(ENTRY_MODULES)
     pins = libraries(outside) | {"mlflow": version("mlflow")}  # libraries() leaves out the runners

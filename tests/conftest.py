@@ -7,6 +7,7 @@ import gzip
 import os
 import shutil
 import tempfile
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -39,8 +40,8 @@ atexit.register(_remove_scratch)  # registered first, so it runs last: after Pre
 # Prefect logs "Stopping temporary server" at exit, after pytest has closed its capture.
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
-from mule.data_catalog.code_digests import REPO, code_parts  # noqa: E402
 from mule.flows.runtime import prepare_environment, seed_prefect_home  # noqa: E402
+from mule.storage.code_digests import REPO, code_parts  # noqa: E402
 
 prepare_environment(_PREFECT_HOME)
 seed_prefect_home()  # the worker's Prefect database from the template, as `mule` makes a workdir's
@@ -189,8 +190,8 @@ SHARED_WORKER = {"test_serving": "test_rebuild_flow", "test_stage_keys": "test_r
 def rebuilt(tmp_path_factory):
     """(workdir, results) of the whole pipeline on a tiny generated dataset. Tests that
     change it copy it first, or run after those that only read it."""
-    from mule.data_catalog.workdir import Workdir
     from mule.flows.stages import rebuild_flow
+    from mule.storage.workdir import Workdir
 
     workdir = tmp_path_factory.mktemp("rebuild")
     results = rebuild_flow(workdir=str(workdir), preset="demo", overrides=REBUILT_TINY)
@@ -202,8 +203,8 @@ def rebuilt(tmp_path_factory):
 def rebuilt_as_built(rebuilt):
     """A copy of `rebuilt`'s workdir taken right after it was built (the tests in
     test_rebuild_flow.py change the original in place)."""
-    from mule.data_catalog.workdir import Workdir
     from mule.experiments.relocation import adopt
+    from mule.storage.workdir import Workdir
 
     copy = Workdir.at(rebuilt[0].root.with_name(rebuilt[0].root.name + "-as-built"))
     adopt(copy)  # its own image paths and MLflow artifacts, as `mule` makes a copied workdir
@@ -246,7 +247,7 @@ def pytest_xdist_make_scheduler(config, log):
 
 # A copy of the repository's packages, for the tests of code keys (an edit there must
 # rerun exactly the stages whose imports reach it).
-PACKAGES = ("commands", "flows", "pipeline", "tasks", "experiments", "api", "serving", "clients", "data_catalog", "mule_core")
+PACKAGES = tuple(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values())
 
 
 def copy_of_the_repository(copy: Path) -> Path:

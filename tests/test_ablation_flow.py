@@ -7,11 +7,12 @@ import csv
 import pytest
 from mlflow.tracking import MlflowClient
 
-from mule.data_catalog.workdir import Workdir
+from mule.config.overrides import apply_overrides
+from mule.config.resolution import resolve
 from mule.experiments.report import ablation_markdown
-from mule.pipeline.config import apply_overrides, resolve
 from mule.mule_core.metrics import chance_recalls
 from mule.pipeline.sweeps import CHANCE, RowResult, compare, english_models, grid, row_result
+from mule.storage.workdir import Workdir
 
 TINY = {
     "data.train_images": 32,
@@ -178,12 +179,12 @@ def test_ablation_end_to_end(tmp_path, repo_copy):
     assert len(newest) == sum(1 for step in summary["steps"] if step.endswith(": train"))
     assert all(r.data.tags["mule.stage_status"] == "reused" for r in newest)  # nothing trains twice
     # each model's key covers its code: an edit the training reaches retrains it
-    from mule.pipeline import reuse
+    from mule.pipeline import decisions
     from tests.conftest import edit
 
     (model,) = [m for row in grid(["en", "de", "fr", "cs"]) for m in row.models if m.slug == "mule-full"]
     variant = apply_overrides(resolve("demo", TINY), model.overrides)
-    assert not reuse.decide(wd, variant, "train", repo=repo_copy).run
+    assert not decisions.decide(wd, variant, "train", repo=repo_copy).run
     edit(repo_copy / "mule_core" / "losses.py")
-    decision = reuse.decide(wd, variant, "train", repo=repo_copy)
+    decision = decisions.decide(wd, variant, "train", repo=repo_copy)
     assert decision.run and decision.reason == "code mule_core/losses.py changed", decision.reason

@@ -7,7 +7,7 @@ import torch
 from PIL import Image
 
 from mule.data_catalog.weights import PretrainedUnavailable, imagenet_weights, weights_from_file
-from mule.mule_core.features import (
+from mule.mule_core.backbones import (
     build_backbone,
     build_classifier,
     crop_transform,
@@ -73,7 +73,7 @@ def test_pooled_features_and_their_sizes():
 
 @pytest.mark.parametrize("size", [(7, 7), (4, 6), (1, 1)])
 def test_quadrant_means_are_adaptive_average_pooling_to_two_by_two(size):
-    from mule.mule_core.features import quadrant_means
+    from mule.mule_core.backbones import quadrant_means
 
     fmap = torch.randn(2, 3, *size)
     torch.testing.assert_close(quadrant_means(fmap), torch.nn.functional.adaptive_avg_pool2d(fmap, 2).flatten(1))
@@ -168,9 +168,9 @@ def test_a_served_query_image_is_extracted_on_its_gallery_s_numeric_path(made_in
     import dataclasses
     import io
 
-    from mule.api.embedders import _network_loader, open_query_image
-    from mule.mule_core.config import ExtractorConfig, ModelSettings
+    from mule.api.from_file import _network_loader, open_query_image
     from mule.mule_core.embedder import Embedder
+    from mule.mule_core.settings import ExtractorConfig, ModelSettings
 
     if engine == "onnxruntime":
         pytest.importorskip("onnxruntime")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from mule.data_catalog.readers.multi30k import Multi30kError, ReadOptions, read_multi30k
+from mule.datasets.readers.multi30k import Multi30kError, ReadOptions, read_multi30k
 from mule.mule_core.errors import is_user_error
 from tests.conftest import write_gz, write_text
 
@@ -132,7 +132,7 @@ def test_invalid_utf8_empty_whitespace_and_control_characters_are_rejected(tiny_
 def test_a_control_character_is_any_of_unicode_s_category_cc_but_the_tab():
     import unicodedata
 
-    from mule.data_catalog.readers.common import CONTROL, clean_caption
+    from mule.datasets.readers.base import CONTROL, clean_caption
 
     for code in range(0x3000):  # Cc lies below U+00A0; the rest of the BMP's first plane, for good measure
         char = chr(code)

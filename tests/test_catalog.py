@@ -4,10 +4,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-import mule.data_catalog.catalog as catalog_module
-from mule.data_catalog.catalog import Catalog, CatalogError
+import mule.data_catalog.tables as catalog_module
 from mule.data_catalog.schemas import REJECTS
-from mule.data_catalog.workdir import Workdir
+from mule.data_catalog.tables import Catalog, CatalogError
+from mule.storage.workdir import Workdir
 
 
 def rejects(n: int, dataset: str = "d") -> pa.Table:
@@ -42,8 +42,8 @@ def test_queries_from_threads_and_a_forked_child_each_see_their_own_views(tmp_pa
     assert counts == [2] * 40
     child = f"""
 import os, sys
-from mule.data_catalog.catalog import Catalog
-from mule.data_catalog.workdir import Workdir
+from mule.data_catalog.tables import Catalog
+from mule.storage.workdir import Workdir
 catalog = Catalog(Workdir.at({str(tmp_path)!r}))
 assert catalog.query("SELECT count(*) AS n FROM rejects")["n"][0].as_py() == 2
 pid = os.fork()
@@ -75,7 +75,7 @@ def test_a_crash_while_writing_leaves_the_old_table(tmp_path, monkeypatch):
 
 
 def test_missing_tables_say_which_stage_to_run(tmp_path):
-    import mule.pipeline.reuse  # noqa: F401 - registers the stage that writes each table (from the declarations)
+    import mule.pipeline.decisions  # noqa: F401 - registers the stage that writes each table (from the declarations)
 
     catalog = Catalog(Workdir.at(tmp_path))
     with pytest.raises(CatalogError, match=r"no captions table for dataset 'nope' yet: run the ingest stage first"):
@@ -169,7 +169,7 @@ def test_a_write_is_synced_before_and_after_its_rename(tmp_path, monkeypatch):
     file's bytes reach the disk before it takes the name, and the folder's entry after."""
     import os
 
-    from mule.data_catalog import atomic
+    from mule.storage import atomic
 
     order = []
     real_fsync, real_replace = os.fsync, os.replace
@@ -192,7 +192,7 @@ def test_another_machine_s_temporary_is_left_to_its_writer_and_this_one_s_dead_o
     import sys
     import time
 
-    from mule.data_catalog import atomic
+    from mule.storage import atomic
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True).stdout.strip()  # fmt: skip

@@ -93,8 +93,8 @@ def test_ui_serves_the_workdir_store_and_lands_on_the_runs(tmp_path):
     experiment address opens). MLflow's job runner (eight more processes) is not started."""
     from mlflow.tracking import MlflowClient
 
-    from mule.data_catalog.workdir import Workdir
     from mule.experiments.tracking import EXPERIMENT_KIND
+    from mule.storage.workdir import Workdir
     from tests import browser
 
     wd = Workdir.at(tmp_path)
@@ -160,7 +160,7 @@ def test_a_user_error_is_one_line_exit_2_and_the_failed_runs_say_the_same(tmp_pa
     from mlflow.tracking import MlflowClient
     from prefect.client.orchestration import get_client
 
-    from mule.data_catalog.workdir import Workdir
+    from mule.storage.workdir import Workdir
     from tests.conftest import write_gz, write_tiny_multi30k
 
     source = write_tiny_multi30k(tmp_path / "multi30k")
@@ -209,7 +209,7 @@ def test_a_bug_keeps_its_traceback_exits_1_and_is_tagged_a_bug(tmp_path, forker)
     from mlflow.tracking import MlflowClient
     from prefect.client.orchestration import get_client
 
-    from mule.data_catalog.workdir import Workdir
+    from mule.storage.workdir import Workdir
     from tests.conftest import write_tiny_multi30k
 
     source = write_tiny_multi30k(tmp_path / "multi30k")
@@ -220,7 +220,7 @@ def test_a_bug_keeps_its_traceback_exits_1_and_is_tagged_a_bug(tmp_path, forker)
     output = run.stderr() + run.output()
     assert run.returncode == 1, output[-3000:]
     assert "mule: error:" not in output
-    assert run.stderr().rstrip().splitlines()[-1].startswith("mule.data_catalog.faults.InjectedBug: [Errno 2]")
+    assert run.stderr().rstrip().splitlines()[-1].startswith("mule.storage.faults.InjectedBug: [Errno 2]")
     assert "in crash_point" in run.stderr()  # the frames that lead to the bug are there
     # Prefect's log of the failed task and flow run keeps the traceback too (besides the console's)
     assert output.count("Traceback (most recent call last)") >= 2, output[-3000:]

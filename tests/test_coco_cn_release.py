@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from mule.data_catalog.readers.coco import CocoOptions, read_coco
-from mule.data_catalog.readers.common import ReadOptions
+from mule.datasets.readers.base import ReadOptions
+from mule.datasets.readers.coco import CocoOptions, read_coco
 
 ZH = ReadOptions(("zh",))
 APPLE_DOUBLE = b"\x00\x05\x16\x07\x00\x02\x00\x00Mac OS X        \x00\x02\x00\x00\x00\t\x00\x00\x002\x00\x00\x00\x9a"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from mule.data_catalog.readers.coco import CocoError, CocoOptions, read_coco
-from mule.data_catalog.readers.common import ReadOptions
+from mule.datasets.readers.base import ReadOptions
+from mule.datasets.readers.coco import CocoError, CocoOptions, read_coco
 
 TRI = ReadOptions(("en", "ja", "zh"))
 

@@ -3,8 +3,8 @@ a hand list. Edits are made in a copy of the repository."""
 
 from pathlib import Path
 
-from mule.data_catalog.code_digests import REPO, closure, code_digest, code_parts
 from mule.pipeline.declaration import BY_NAME, REBUILD
+from mule.storage.code_digests import REPO, closure, code_digest, code_parts
 from tests.conftest import edit
 
 
@@ -14,14 +14,14 @@ def reached(module: str, repo: Path = REPO) -> set[str]:
 
 def test_train_reaches_what_it_imports_indirectly_and_not_the_rest():
     files = reached(BY_NAME["train"].module)
-    # tasks/train.py -> data_catalog/splits.py -> mule_core/text.py (Vocab, pad_batch); the
-    # config through data_catalog/models.py: both missing from the old hand list.
-    assert {"tasks/train.py", "data_catalog/splits.py", "mule_core/text.py", "mule_core/config.py"} <= files
-    assert {"tasks/__init__.py", "mule_core/__init__.py"} <= files  # packages run their __init__ first
-    assert not files & {"tasks/translate.py", "clients/googletrans.py", "serving/search.py", "flows/stages.py"}
+    # stages/train.py -> data_catalog/splits.py -> mule_core/vocabulary.py (Vocab, pad_batch); the
+    # config through data_catalog/model_files.py: both missing from the old hand list.
+    assert {"stages/train.py", "data_catalog/splits.py", "mule_core/vocabulary.py", "mule_core/settings.py"} <= files
+    assert {"stages/__init__.py", "mule_core/__init__.py"} <= files  # packages run their __init__ first
+    assert not files & {"stages/translate.py", "clients/googletrans.py", "serving/retrieval.py", "flows/stages.py"}
     # nor what turns images into vectors (the features stage's business), nor the model as a
     # function (serving's)
-    assert not files & {"tasks/support/extraction.py", "mule_core/features.py", "mule_core/embedder.py"}
+    assert not files & {"stages/shared/extraction.py", "mule_core/backbones.py", "mule_core/embedder.py"}
 
 
 def test_no_stage_s_code_reaches_publishing_tracking_or_orchestration():
@@ -32,7 +32,8 @@ def test_no_stage_s_code_reaches_publishing_tracking_or_orchestration():
             continue
         modules, outside = closure(stage.module)
         packages = {name.split(".")[1] for name in modules if name != "mule"}
-        assert packages <= {"tasks", "data_catalog", "mule_core", "clients"}, (stage.name, packages)
+        assert packages <= {"stages", "config", "clients", "datasets", "data_catalog", "embedded", "storage", "mule_core"}, (
+            stage.name, packages)
         assert not outside & {"prefect", "mlflow", "matplotlib", "pandas", "fastapi", "uvicorn"}, (stage.name, outside)
 
 
@@ -58,11 +59,11 @@ def test_relative_and_lazy_imports_count(tmp_path):
 def test_an_edit_reruns_the_stages_that_reach_it_and_no_other(repo_copy):
     before = {stage: code_digest(BY_NAME[stage].module, repo_copy) for stage in REBUILD}
     code_parts.cache_clear()
-    edit(repo_copy / "mule_core" / "text.py")  # train reaches it only through tasks/model_io.py
+    edit(repo_copy / "mule_core" / "vocabulary.py")  # train reaches it through the model files
     after = {stage: code_digest(BY_NAME[stage].module, repo_copy) for stage in REBUILD}
     changed = {stage for stage in REBUILD if before[stage] != after[stage]}
     assert "train" in changed and "evaluate" in changed and "pretrain" in changed
-    assert "features" not in changed  # tasks/features.py never imports the tokenisers
+    assert "features" not in changed  # stages/features.py never imports the tokenisers
 
     code_parts.cache_clear()
     edit(repo_copy / "clients" / "googletrans.py")  # the translate stage's network client

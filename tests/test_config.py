@@ -2,8 +2,10 @@
 
 import pytest
 
-from mule.mule_core.config import ConfigError
-from mule.pipeline.config import flatten, from_dict, option_names, parse_assignments, resolve, to_dict
+from mule.config.overrides import from_dict, option_names, parse_assignments, to_dict
+from mule.config.resolution import resolve
+from mule.config.sections import flatten
+from mule.mule_core.settings import ConfigError
 
 
 def test_presets_differ_where_the_paper_does():

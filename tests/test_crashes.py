@@ -23,8 +23,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from mule.data_catalog.catalog import Catalog
-from mule.data_catalog.workdir import Workdir
+from mule.data_catalog.tables import Catalog
+from mule.storage.workdir import Workdir
 
 SIZES = ["--train-images", "32", "--val-images", "16", "--test-images", "16"]
 TINY = ["data.image_size=48", "features.input_size=32", "features.shard_images=16", "text.fasttext_epochs=2", "text.word_dim=64",
@@ -159,13 +159,13 @@ def test_killed_stages_resume_and_end_as_if_never_interrupted(tmp_path, forker, 
 
 
 def test_a_second_process_on_the_same_workdir_is_refused_naming_the_first(tmp_path):
-    from mule.data_catalog.locks import holder, workdir_lock
+    from mule.storage.locks import holder, workdir_lock
 
     workdir = Workdir.at(tmp_path / "work")
     script = (
         "import sys, time\n"
-        "from mule.data_catalog.locks import workdir_lock\n"
-        "from mule.data_catalog.workdir import Workdir\n"
+        "from mule.storage.locks import workdir_lock\n"
+        "from mule.storage.workdir import Workdir\n"
         f"with workdir_lock(Workdir.at({str(workdir.root)!r}), 'train'):\n"
         "    print('holding', flush=True)\n"
         "    time.sleep(60)\n"
@@ -174,7 +174,7 @@ def test_a_second_process_on_the_same_workdir_is_refused_naming_the_first(tmp_pa
                              cwd=Path(__file__).resolve().parents[1])  # fmt: skip
     try:
         assert first.stdout.readline().strip() == "holding"
-        from mule.data_catalog.locks import WorkdirBusyError
+        from mule.storage.locks import WorkdirBusyError
 
         with pytest.raises(WorkdirBusyError) as error, workdir_lock(workdir, "ingest"):
             pass
@@ -197,14 +197,14 @@ def test_a_second_process_on_the_same_workdir_is_refused_naming_the_first(tmp_pa
 
 
 def test_a_normal_run_has_no_fault_injection_in_its_write_path():
-    """Fault injection is a test seam: a write passes data_catalog.atomic's point, where
+    """Fault injection is a test seam: a write passes storage.atomic's point, where
     nothing listens unless MULE_CRASH_AT or MULE_BUG_AT asked faults.install() to."""
-    code = ("import mule.commands.main, sys; from mule.data_catalog import atomic; "
-            "print(len(atomic.POINTS), 'mule.data_catalog.faults' in sys.modules)")  # fmt: skip
+    code = ("import mule.commands.main, sys; from mule.storage import atomic; "
+            "print(len(atomic.POINTS), 'mule.storage.faults' in sys.modules)")  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k not in ("MULE_CRASH_AT", "MULE_BUG_AT")}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert done.stdout.split() == ["0", "False"], done.stdout + done.stderr
-    from mule.data_catalog import atomic, faults
+    from mule.storage import atomic, faults
 
     try:
         faults.install()

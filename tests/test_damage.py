@@ -22,13 +22,13 @@ from pathlib import Path
 
 import pytest
 
-from mule.data_catalog.catalog import Catalog
-from mule.data_catalog.workdir import Workdir
+from mule.config.resolution import resolve
+from mule.data_catalog.tables import Catalog
 from mule.mule_core.errors import is_user_error
-from mule.pipeline import rebuild, reuse
-from mule.pipeline.config import resolve
+from mule.pipeline import decisions, rebuild
 from mule.pipeline.declaration import REBUILD
 from mule.pipeline.runner import Runner
+from mule.storage.workdir import Workdir
 
 TINY = {"data.train_images": 24, "data.val_images": 8, "data.test_images": 8, "data.image_size": 48,
         "features.input_size": 32, "features.shard_images": 16, "text.fasttext_epochs": 2, "text.word_dim": 64, "pretrain.epochs": 1,
@@ -69,18 +69,18 @@ def one(root: Path, pattern: str) -> Path:
     return found[0]
 
 
-def next_run(wd: Workdir, cfg, stages=REBUILD) -> dict[str, reuse.Decision]:
+def next_run(wd: Workdir, cfg, stages=REBUILD) -> dict[str, decisions.Decision]:
     """What the next run does, stage by stage (as the rebuild flow does, without Prefect): decisions."""
-    runner, decisions = Runner(wd), {}
+    runner, decided = Runner(wd), {}
     for name in rebuild.plan(wd, cfg, list(stages)):
-        decisions[name] = runner.decide(cfg, name)
-        runner.run(cfg, name, decision=decisions[name], track=False)
-    return decisions
+        decided[name] = runner.decide(cfg, name)
+        runner.run(cfg, name, decision=decided[name], track=False)
+    return decided
 
 
 def outputs(wd: Workdir, cfg) -> dict[str, dict]:
     """Every stage's recorded output digests."""
-    return {s: reuse.read_record(wd, cfg, s)["outputs"] for s in REBUILD}
+    return {s: decisions.read_record(wd, cfg, s)["outputs"] for s in REBUILD}
 
 
 def recalls(wd: Workdir) -> dict:
@@ -224,15 +224,15 @@ def test_a_run_stopped_after_writing_its_output_and_before_its_record_is_finishe
     """Ctrl-C the moment training is done: model.pt is rewritten, the record is not. The
     next run says it finishes that run (from its checkpoint), not that a file was damaged."""
     wd, cfg, _ = copy
-    real_record = reuse.record
+    real_record = decisions.record
 
     def stopped(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(reuse, "record", stopped)
+    monkeypatch.setattr(decisions, "record", stopped)
     with pytest.raises(KeyboardInterrupt):
         Runner(wd).run(cfg, "train", force=True, track=False)
-    monkeypatch.setattr(reuse, "record", real_record)
+    monkeypatch.setattr(decisions, "record", real_record)
     decision = Runner(wd).decide(cfg, "train")
     assert decision.run and decision.reason.startswith("finishing its run of "), decision.reason
     assert "stopped before it was recorded; it resumes its checkpoint" in decision.reason

@@ -13,16 +13,16 @@ import time
 
 import pytest
 
-from mule.data_catalog.locks import workdir_lock
-from mule.data_catalog.workdir import Workdir
+from mule.config.resolution import resolve
 from mule.experiments import tracking
-from mule.pipeline import deferred, reuse
-from mule.pipeline.config import resolve
+from mule.pipeline import decisions, deferred
+from mule.storage.locks import workdir_lock
+from mule.storage.workdir import Workdir
 
 
 def _defer(wd: Workdir) -> str:
     cfg = resolve("demo")
-    decision = reuse.Decision("ingest", "k" * 24, {}, False, "key kkkkkkkkkkkk", record={"run_id": None})
+    decision = decisions.Decision("ingest", "k" * 24, {}, False, "key kkkkkkkkkkkk", record={"run_id": None})
     return deferred.defer(wd, cfg, "rebuild", {"ingest": decision}, {}).stem
 
 
@@ -78,7 +78,7 @@ def test_a_record_is_written_once_whatever_point_a_crash_cut_it_at(tmp_path):
 
 def _hold(wd: Workdir, seconds: float, brief: bool) -> subprocess.Popen:
     """Another process holding the workdir's lock for `seconds`."""
-    script = (f"import time; from mule.data_catalog.locks import workdir_lock; from mule.data_catalog.workdir import "
+    script = (f"import time; from mule.storage.locks import workdir_lock; from mule.storage.workdir import "
               f"Workdir\nwith workdir_lock(Workdir.at({str(wd.root)!r}), 'train', brief={brief}):\n"
               f"    print('held', flush=True); time.sleep({seconds})")  # fmt: skip
     holder = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
@@ -87,7 +87,7 @@ def _hold(wd: Workdir, seconds: float, brief: bool) -> subprocess.Popen:
 
 
 def test_the_recorder_writes_under_the_workdir_lock_and_a_run_waits_for_it_rather_than_refusing(tmp_path):
-    from mule.data_catalog.locks import WorkdirBusyError
+    from mule.storage.locks import WorkdirBusyError
 
     wd = Workdir.at(tmp_path)
     marker = _defer(wd)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-from mule.data_catalog.embedded.coco_layout import CocoSpec, generate_coco
-from mule.data_catalog.readers.coco import CocoOptions, read_coco
-from mule.data_catalog.readers.common import ReadOptions
+from mule.datasets.readers.base import ReadOptions
+from mule.datasets.readers.coco import CocoOptions, read_coco
+from mule.embedded.coco_layout import CocoSpec, generate_coco
 
 SPEC = CocoSpec(images=600, val_images=20, test_images=30)
 

@@ -11,8 +11,8 @@ from PIL import Image
 
 import mule.data_catalog.weights as pretrained
 from mule.data_catalog.weights import PretrainedUnavailable, imagenet_weights
+from mule.mule_core.backbones import build_resnet, crop_transform, extract
 from mule.mule_core.extractor_names import extractor_name
-from mule.mule_core.features import build_resnet, crop_transform, extract
 
 
 @pytest.mark.parametrize("crops", [1, 5, 10])
@@ -64,8 +64,8 @@ def test_cropping_imports_no_torchvision():
     """torchvision costs about 2 s to import; a process that only crops and extracts with
     ONNX Runtime (the CPU's engine) or serves queries never pays it."""
     script = (
-        "import sys\nfrom PIL import Image\nfrom mule.tasks.support.extraction import ImageCrops\n"
-        "from mule.mule_core.features import crop_transform\n"
+        "import sys\nfrom PIL import Image\nfrom mule.stages.shared.extraction import ImageCrops\n"
+        "from mule.mule_core.backbones import crop_transform\n"
         "crop_transform(32, 0, 10)(Image.new('RGB', (50, 40)))\nprint('torchvision' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from mule.mule_core.dataset import SplitTensors
 from mule.mule_core.folds import FoldRun, cross_validate, fold_of_images, folds, summarize
+from mule.mule_core.split_tensors import SplitTensors
 
 
 def split(images: int) -> SplitTensors:

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 from PIL import Image, PngImagePlugin
 
-from mule.data_catalog.images import MAX_PIXELS, BadImage, load_rgb, probe
-from mule.data_catalog.readers.common import image_record
-from mule.mule_core.features import crop_transform
+from mule.datasets.image_files import MAX_PIXELS, BadImage, load_rgb, probe
+from mule.datasets.readers.base import image_record
+from mule.mule_core.backbones import crop_transform
 
 
 def png_claiming_size(width: int, height: int) -> bytes:
@@ -190,7 +190,7 @@ def test_a_large_jpeg_is_decoded_at_a_reduced_scale(tmp_path):
 def test_16_bit_and_float_images_come_to_8_bits_in_strips_as_one_stretch():
     """Strip by strip, the same stretch as the whole image's (min to max onto 0..255), and a
     float image's NaN and infinities read as its minimum."""
-    from mule.data_catalog.images import _to_8bit
+    from mule.datasets.image_files import _to_8bit
 
     values = (np.arange(300 * 40, dtype=np.uint16).reshape(300, 40) * 5) + 1000
     eight = np.asarray(_to_8bit(Image.fromarray(values), strip_rows=7))
@@ -207,7 +207,7 @@ def test_a_query_s_budget_counts_the_bytes_an_image_decodes_to(tmp_path):
     """Within the pixel budget, an RGBA or float image decodes to more bytes than an RGB
     photo of as many pixels: a query's byte budget (3 bytes a pixel) refuses it from its
     header, before anything is decoded; an RGB image of as many pixels passes."""
-    from mule.api.embedders import open_query_image
+    from mule.api.from_file import open_query_image
     from mule.mule_core.embedder import EmbedError
 
     rgba = _save(Image.new("RGBA", (100, 100)), "PNG")
@@ -224,7 +224,7 @@ DECODE = r"""
 import io, json, sys
 import numpy as np
 from PIL import Image
-from mule.api.embedders import open_query_image
+from mule.api.from_file import open_query_image
 
 
 def made(kind, side):

@@ -3,9 +3,9 @@
 import torch
 from torch.nn.utils.rnn import pack_padded_sequence
 
-from mule.mule_core.config import ModelConfig
+from mule.config.resolution import resolve
 from mule.mule_core.model import MuleModel, TextBatch, count_parameters, unrolled_lstm_last
-from mule.pipeline.config import resolve
+from mule.mule_core.settings import ModelConfig
 
 # One vector per word: the counts below are by hand (subword n-grams: test_subwords.py)
 CFG = ModelConfig(mule_dim=6, lstm_dim=5, joint_dim=4, image_hidden=7, subwords=False)

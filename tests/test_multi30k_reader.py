@@ -4,7 +4,7 @@ import gzip
 
 import pytest
 
-from mule.data_catalog.readers.multi30k import Multi30kError, read_multi30k
+from mule.datasets.readers.multi30k import Multi30kError, read_multi30k
 from tests.conftest import write_gz
 
 

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from mule.data_catalog.workdir import Workdir
-from mule.pipeline.config import resolve
+from mule.config.resolution import resolve
 from mule.pipeline.runner import run_alone
+from mule.storage.workdir import Workdir
 
 SPLITS = {"train": ("train", "train"), "val": ("val", "val"), "test_2016": ("test_2016_flickr", "test_2016")}
 
@@ -41,7 +41,7 @@ def expected_counts(root: Path) -> dict[tuple[str, str], int]:
 def test_ingest_of_the_real_multi30k_text(shared_multi30k, tmp_path):
     cfg = resolve(None, {"data.dataset": "multi30k", "data.source": str(shared_multi30k)})
     summary = run_alone(Workdir.at(tmp_path), cfg, "ingest")
-    from mule.data_catalog.catalog import Catalog
+    from mule.data_catalog.tables import Catalog
 
     catalog = Catalog(Workdir.at(tmp_path))
     images = {r["split"]: r for r in catalog.query(

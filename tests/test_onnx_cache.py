@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
+from mule.config.sections import FeaturesConfig
 from mule.data_catalog import weights
 from mule.mule_core import onnx_engine
-from mule.pipeline.config import FeaturesConfig
 
 pytestmark = pytest.mark.skipif(not onnx_engine.available(), reason="ONNX Runtime is not installed")
 
@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 CHILD = """
 import json, sys, numpy as np, torch
 from mule.data_catalog.weights import load_extractor
-from mule.pipeline.config import FeaturesConfig
+from mule.config.sections import FeaturesConfig
 network, info = load_extractor(FeaturesConfig(arch="efficientnet_lite0", weights="imagenet", input_size=32),
                                torch.device("cpu"))
 crops = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (4, 3, 32, 32), dtype=np.uint8))

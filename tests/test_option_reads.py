@@ -21,13 +21,14 @@ import sys
 
 import pytest
 
-from mule.pipeline.config import SECTIONS, MuleConfig, resolve
+from mule.config.resolution import resolve
+from mule.config.sections import SECTIONS, MuleConfig
 from mule.pipeline.declaration import BY_NAME, REBUILD
 from tests.conftest import REBUILT_TINY
 
 _NOT_DECIDING = {dataclasses.__file__, "<string>"}  # dataclasses' functions, and the methods they generate
 # Who may turn a whole section into a dict without deciding anything by it: they store it.
-STORING = {("models.py", "save_model"), ("config.py", "flatten"), ("config.py", "to_dict"),
+STORING = {("model_files.py", "save_model"), ("settings.py", "flatten"), ("overrides.py", "to_dict"),
            ("tracking.py", "run")}  # fmt: skip
 LOCATING = ("data.source", "data.images", "data.dictionaries")
 KEY_CONTENT = {"ingest", "translate", "features", "query-translation"}  # they read, and key, what is there
@@ -104,7 +105,7 @@ def undeclared(stage_name: str, options: set[str]) -> list[str]:
 def run_recorded(wd, stage_name: str, overrides: dict | None = None) -> set[str]:
     """The options the stage's computation read, run on `wd` under the tiny config."""
     from mule.pipeline.runner import prepare
-    from mule.tasks.support.context import StageContext
+    from mule.stages.shared.context import StageContext
 
     reads = Reads()
     cfg = recording(resolve("demo", {**REBUILT_TINY, **(overrides or {})}), reads)
@@ -123,8 +124,8 @@ def run_recorded(wd, stage_name: str, overrides: dict | None = None) -> set[str]
 
 @pytest.fixture(scope="module")
 def workdir(rebuilt_as_built, tmp_path_factory):
-    from mule.data_catalog.workdir import Workdir
     from mule.experiments.relocation import adopt
+    from mule.storage.workdir import Workdir
 
     copy = tmp_path_factory.mktemp("options") / "work"
     shutil.copytree(rebuilt_as_built[0].root, copy)
@@ -134,7 +135,7 @@ def workdir(rebuilt_as_built, tmp_path_factory):
 
 
 def test_the_recorder_sees_reads_and_not_copies():
-    from mule.mule_core.config import flatten
+    from mule.mule_core.settings import flatten
 
     reads = Reads()
     cfg = recording(resolve("demo"), reads)
@@ -180,7 +181,7 @@ def test_the_sweeps_steps_read_only_options_they_declare(workdir):
 def test_a_stage_is_handed_only_the_sections_it_declares():
     import copy
 
-    from mule.pipeline.config import UndeclaredSectionError, declared_sections
+    from mule.config.stage_view import UndeclaredSectionError, declared_sections
 
     index = BY_NAME["index"]
     assert index.sections == {"index", "data", "train"}
@@ -204,7 +205,7 @@ def test_the_stages_read_only_declared_options_on_their_other_paths(variant, wor
     overrides, stages = VARIANTS[variant]
     copy = tmp_path / "work"
     shutil.copytree(workdir.root, copy)
-    from mule.data_catalog.workdir import Workdir
+    from mule.storage.workdir import Workdir
 
     wd = Workdir.at(copy)
     for name in stages:
@@ -215,7 +216,7 @@ def test_the_stages_read_only_declared_options_on_their_other_paths(variant, wor
 @pytest.mark.slow
 @pytest.mark.parametrize("dataset", ["embedded-table", "embedded-coco"])
 def test_ingest_reads_only_declared_options_of_the_table_and_coco_layouts(dataset, tmp_path):
-    from mule.data_catalog.workdir import Workdir
+    from mule.storage.workdir import Workdir
 
     tiny = {"data.dataset": dataset, "data.train_images": 24, "data.val_images": 8, "data.test_images": 8,
             "data.image_size": 32}  # fmt: skip

@@ -41,7 +41,7 @@ def test_a_deployment_made_without_mule_home_refuses_to_run(tmp_path):
     import pytest
 
     from mule.flows.stages import _workdir
-    from mule.mule_core.config import ConfigError
+    from mule.mule_core.settings import ConfigError
 
     for unset in ("", "{{ $MULE_HOME }}"):
         with pytest.raises(ConfigError, match="made without MULE_HOME set"):

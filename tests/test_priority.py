@@ -45,7 +45,7 @@ def test_mule_nice_makes_the_process_its_threads_and_its_children_nicer():
 
 def test_a_bad_mule_nice_is_a_user_error_naming_it(monkeypatch):
     from mule.flows.runtime import yield_to_serving
-    from mule.mule_core.config import ConfigError
+    from mule.mule_core.settings import ConfigError
 
     for value, said in (("high", "got 'high'"), ("25", "got 25"), ("-5", "got -5")):
         monkeypatch.setenv("MULE_NICE", value)

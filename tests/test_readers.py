@@ -35,8 +35,8 @@ def _mule(*args: str, env: dict, forker=None, log: Path | None = None) -> tuple[
 
 @pytest.mark.slow
 def test_readers_never_break_a_run_that_writes_and_never_write(rebuilt_as_built, tmp_path, prefect_api_url, forker):
-    from mule.data_catalog.workdir import Workdir
     from mule.experiments.relocation import adopt
+    from mule.storage.workdir import Workdir
 
     shutil.copytree(rebuilt_as_built[0].root, tmp_path / "work")
     wd = Workdir.at(tmp_path / "work")

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from mule.data_catalog.workdir import Workdir
-from mule.pipeline.config import resolve
+from mule.config.resolution import resolve
 from mule.pipeline.runner import run_alone
+from mule.storage.workdir import Workdir
 
 from .conftest import SHARED_MULTI30K, write_gz
 
@@ -85,16 +85,16 @@ def photo_folder(root: Path, photos: Path, names: list[str]) -> dict[str, str]:
 
 @pytest.mark.slow
 def test_a_slice_of_real_multi30k_with_its_real_photos_runs_from_ingest_to_evaluation(photos, tmp_path, caplog):
-    from mule.data_catalog.catalog import Catalog
-    from mule.mule_core.features import CropTransform
-    from mule.tasks.support.extraction import ImageCrops
+    from mule.data_catalog.tables import Catalog
+    from mule.mule_core.backbones import CropTransform
+    from mule.stages.shared.extraction import ImageCrops
 
     kept = real_slice(tmp_path / "multi30k", photos)
     every = [name for names in kept.values() for name in names]
     rewritten = photo_folder(tmp_path / "photos", photos, every)
     assert Image.open(tmp_path / "photos" / rewritten["progressive"]).info.get("progressive")
 
-    # the image path on these files, as the features stage reads them (tasks/support/extraction)
+    # the image path on these files, as the features stage reads them (stages/shared/extraction)
     cfg = resolve(None, {**SETTINGS, "data.source": str(tmp_path / "multi30k"), "data.images": str(tmp_path / "photos")})
     crops = ImageCrops([str(tmp_path / "photos" / rewritten[k]) for k in ("progressive", "exif")] +
                        [str(photos / rewritten[k]) for k in ("progressive", "exif")], cfg.features)  # fmt: skip

@@ -11,10 +11,10 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from mule.data_catalog.catalog import Catalog
-from mule.data_catalog.workdir import Workdir
-from mule.pipeline.config import resolve
+from mule.config.resolution import resolve
+from mule.data_catalog.tables import Catalog
 from mule.pipeline.declaration import REBUILD
+from mule.storage.workdir import Workdir
 from tests.conftest import REBUILT_TINY as TINY
 
 STAGES = list(REBUILD)  # every declared stage of the rebuild, in order
@@ -51,10 +51,10 @@ OVER_CHANCE = 8.0
 
 @pytest.mark.slow
 def test_the_model_beats_chance_and_a_model_with_shuffled_features_does_not(rebuilt):
-    from mule.data_catalog.models import load_model
+    from mule.data_catalog.model_files import load_model
     from mule.data_catalog.splits import load_split
     from mule.mule_core.metrics import chance_recalls, mean_mr
-    from mule.mule_core.training import evaluate_split
+    from mule.mule_core.trainer import evaluate_split
 
     wd, results = rebuilt
     model, meta = load_model(wd.models_dir("embedded") / "model.pt")
@@ -202,22 +202,22 @@ def test_the_command_with_nothing_to_run_records_the_reuse_without_starting_pref
 
 def test_a_code_edit_reruns_the_stages_whose_imports_reach_it(rebuilt, repo_copy):
     """The rebuilt workdir against a copy of the repository: unchanged, every stage is
-    reused; mule_core/text.py edited (train reaches it only through tasks/model_io.py),
+    reused; mule_core/vocabulary.py edited (train reaches it through the model files),
     train runs again and says why; the googletrans client edited, train is reused."""
-    from mule.data_catalog import code_digests as code_keys
-    from mule.pipeline import reuse
+    from mule.pipeline import decisions
+    from mule.storage import code_digests
     from tests.conftest import edit
 
     wd, _ = rebuilt
     cfg, repo = resolve("demo", TINY), repo_copy
-    assert not reuse.decide(wd, cfg, "train", repo=repo).run
-    edit(repo / "mule_core" / "text.py")
-    decision = reuse.decide(wd, cfg, "train", repo=repo)
-    assert decision.run and decision.reason == "code mule_core/text.py changed", decision.reason
-    shutil.copy(code_keys.REPO / "mule_core" / "text.py", repo / "mule_core" / "text.py")
+    assert not decisions.decide(wd, cfg, "train", repo=repo).run
+    edit(repo / "mule_core" / "vocabulary.py")
+    decision = decisions.decide(wd, cfg, "train", repo=repo)
+    assert decision.run and decision.reason == "code mule_core/vocabulary.py changed", decision.reason
+    shutil.copy(code_digests.REPO / "mule_core" / "vocabulary.py", repo / "mule_core" / "vocabulary.py")
     edit(repo / "clients" / "googletrans.py")
-    assert not reuse.decide(wd, cfg, "train", repo=repo).run
-    assert reuse.decide(wd, cfg, "translate", repo=repo).reason == "code clients/googletrans.py changed"
+    assert not decisions.decide(wd, cfg, "train", repo=repo).run
+    assert decisions.decide(wd, cfg, "translate", repo=repo).reason == "code clients/googletrans.py changed"
 
 
 @pytest.mark.slow
@@ -335,9 +335,9 @@ def test_new_weights_make_new_vectors_and_the_records_name_them(rebuilt, tmp_pat
     assert (
         run.data.params["features.weights_sha256"] == sha and run.data.params["features.extractor"] == now["extractor"]
     )
-    from mule.pipeline import reuse
+    from mule.pipeline import decisions
 
-    train = reuse.decide(Workdir.at(copy), resolve("demo", {**TINY, "features.weights_file": str(mine)}), "train")
+    train = decisions.decide(Workdir.at(copy), resolve("demo", {**TINY, "features.weights_file": str(mine)}), "train")
     assert train.run and "features changed" in train.reason
     back = rebuild_flow(workdir=str(copy), overrides=TINY, stages=["features"])["features"]
     assert back["extractor"] == before and back["extracted_now"] == 0  # found, not extracted again
@@ -348,9 +348,9 @@ def test_search_finds_test_captions_images_and_an_image_s_captions(rebuilt, caps
     import numpy as np
 
     from mule.commands.main import main
-    from mule.data_catalog.models import load_model
+    from mule.data_catalog.model_files import load_model
     from mule.data_catalog.splits import load_split
-    from mule.mule_core.training import encode_split
+    from mule.mule_core.trainer import encode_split
 
     wd, _ = rebuilt
     catalog = Catalog(wd)
@@ -454,7 +454,7 @@ def test_an_interrupted_extraction_redoes_only_the_missing_part(rebuilt):
 
 @pytest.mark.slow
 def test_an_interrupted_training_resumes_from_its_checkpoint(rebuilt, monkeypatch):
-    from mule.mule_core.training import Trainer
+    from mule.mule_core.trainer import Trainer
     from mule.pipeline.runner import run_alone
 
     wd, _ = rebuilt
@@ -487,7 +487,7 @@ def test_an_interrupted_training_resumes_from_its_checkpoint(rebuilt, monkeypatc
 @pytest.mark.slow
 def test_an_interrupted_lp_resumes_from_its_checkpoint(rebuilt, monkeypatch):
     """LP checkpoints every epoch too, and a rerun of the same key resumes there."""
-    from mule.mule_core.training import Trainer
+    from mule.mule_core.trainer import Trainer
     from mule.pipeline.runner import run_alone
 
     wd, _ = rebuilt

@@ -3,8 +3,8 @@ after any stop in publishing (real MLflow, SQLite in a temp dir)."""
 
 import pytest
 
-from mule.data_catalog.workdir import Workdir
 from mule.experiments import registry, tracking
+from mule.storage.workdir import Workdir
 
 
 def test_the_champion_moves_only_when_a_comparable_model_is_better_and_test_results_are_tagged(tmp_path):

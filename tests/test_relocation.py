@@ -5,9 +5,9 @@ import shutil
 import pytest
 from mlflow.tracking import MlflowClient
 
-from mule.data_catalog.workdir import Workdir
 from mule.experiments import tracking
 from mule.experiments.relocation import adopt
+from mule.storage.workdir import Workdir
 
 
 def a_workdir_with_a_run(root) -> tuple[Workdir, str]:

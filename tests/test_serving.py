@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from mule.data_catalog import queries
-from mule.data_catalog.catalog import Catalog
+from mule.data_catalog.tables import Catalog
 from tests import browser
 
 MODEL_URI = "models:/mule-embedded@champion"
@@ -43,13 +43,13 @@ def served(rebuilt_as_built):
     """The searcher, gallery and app of the champion, and a caption of the test split
     drawn by a seed (never chosen by the model's own ranking)."""
     from mule.serving import gallery as galleries
-    from mule.serving import search
+    from mule.serving import retrieval
     from mule.serving.app import create_app
 
     wd, results = rebuilt_as_built
-    searcher = search.open_searcher(wd, "embedded")
+    searcher = retrieval.open_searcher(wd, "embedded")
     gallery = galleries.load_gallery(searcher)
-    embedder = search.embedder(searcher)
+    embedder = retrieval.embedder(searcher)
     english = gallery.captions["en"]
     split = dict(zip(gallery.image_ids, gallery.splits))
     test_rows = [i for i in range(len(english.ids)) if split[english.image_ids[i]].startswith("test")]
@@ -94,7 +94,7 @@ def captions_outside_the_vocabulary(served) -> tuple[list[tuple[str, str]], list
     import torch
 
     from mule.data_catalog.splits import load_split
-    from mule.mule_core.training import encode_split
+    from mule.mule_core.trainer import encode_split
 
     wd, searcher = served["wd"], served["searcher"]
     vocabulary, catalog = searcher.meta["vocabulary"], Catalog(wd)
@@ -381,7 +381,7 @@ def test_the_search_breadth_is_given_to_mule_serve_not_read_from_the_model(serve
     stored index, whatever config the model was trained under; other options are refused."""
     from mule.commands.serve import serving_options
     from mule.data_catalog import ann
-    from mule.mule_core.config import ConfigError
+    from mule.mule_core.settings import ConfigError
     from mule.serving import gallery as galleries
 
     options = serving_options(["index.breadth=256", "index.min_images=10"])
@@ -405,9 +405,9 @@ def test_the_server_answers_only_to_its_own_names(served):
         refused = client(served["app"], host).get("/api/search", params={"q": "a dog"})
         assert refused.status_code == 421 and "does not answer to the host" in refused.json()["error"], host
     proxied = create_app(served["embedder"], served["gallery"],
-                         allowed_hosts=allowed_hosts_for("127.0.0.1", ("search.example.org",)))  # fmt: skip
-    assert client(proxied, "search.example.org").get("/api/info").status_code == 200
-    assert "search.example.org" not in allowed_hosts_for("127.0.0.1")
+                         allowed_hosts=allowed_hosts_for("127.0.0.1", ("searcher.example.org",)))  # fmt: skip
+    assert client(proxied, "searcher.example.org").get("/api/info").status_code == 200
+    assert "searcher.example.org" not in allowed_hosts_for("127.0.0.1")
 
 
 def test_images_go_out_as_what_their_bytes_are_and_never_sniffed(served, tmp_path):
@@ -756,10 +756,10 @@ def test_mule_serve_serves_a_new_champion_and_new_gallery_without_a_restart(serv
 
     from mlflow.tracking import MlflowClient
 
-    from mule.data_catalog.workdir import Workdir
     from mule.experiments.relocation import adopt
     from mule.serving import live as serving
     from mule.serving.app import Live
+    from mule.storage.workdir import Workdir
 
     shutil.copytree(served["wd"].root, tmp_path / "work")
     wd = Workdir.at(tmp_path / "work")

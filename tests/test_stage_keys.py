@@ -20,12 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from mule.data_catalog import code_digests
-from mule.data_catalog.code_digests import closure
-from mule.mule_core.config import ConfigError
-from mule.pipeline import reuse
-from mule.pipeline.config import apply_overrides, flatten, resolve
+from mule.config.overrides import apply_overrides
+from mule.config.resolution import resolve
+from mule.config.sections import flatten
+from mule.mule_core.settings import ConfigError
+from mule.pipeline import decisions
 from mule.pipeline.declaration import BY_NAME, REBUILD
+from mule.storage import code_digests
+from mule.storage.code_digests import closure
 from tests.conftest import REBUILT_TINY
 
 PUBLISHING = ("pipeline/publish.py", "experiments/plots.py", "experiments/registry.py", "experiments/report.py",
@@ -35,8 +37,8 @@ PUBLISHING = ("pipeline/publish.py", "experiments/plots.py", "experiments/regist
 @pytest.fixture(scope="module")
 def workdir(rebuilt_as_built, tmp_path_factory):
     """A copy of the rebuilt workdir (deciding keeps a cache of file digests in it)."""
-    from mule.data_catalog.workdir import Workdir
     from mule.experiments.relocation import adopt
+    from mule.storage.workdir import Workdir
 
     copy = tmp_path_factory.mktemp("keys") / "work"
     shutil.copytree(rebuilt_as_built[0].root, copy)
@@ -122,8 +124,8 @@ def _repo_file(module: str) -> str:
 def test_what_reruns_a_stage_and_what_does_not(name, workdir, repo_copy, monkeypatch):
     stage, cfg = BY_NAME[name], resolve("demo", REBUILT_TINY)
 
-    def decide(config=cfg) -> reuse.Decision:
-        return reuse.decide(workdir, config, name, repo=repo_copy)
+    def decide(config=cfg) -> decisions.Decision:
+        return decisions.decide(workdir, config, name, repo=repo_copy)
 
     assert not decide().run, decide().reason  # as built: reused
 
@@ -149,7 +151,7 @@ def test_what_reruns_a_stage_and_what_does_not(name, workdir, repo_copy, monkeyp
         assert not decide(apply_overrides(cfg, {key: value})).run, key
 
     # A library its code imports, upgraded; Prefect and MLflow upgraded.
-    parts = reuse.code_parts(stage, repo_copy)
+    parts = decisions.code_parts(stage, repo_copy)
     libraries = sorted(k.removeprefix("code library ") for k in parts if k.startswith("code library "))
     library = "torch" if "torch" in libraries else libraries[0]
     with upgraded(monkeypatch, library.lower()):
@@ -174,14 +176,14 @@ def test_the_features_identity_is_the_extraction_code_not_the_stage_s(workdir, r
     """An edit to how the features stage plans and records its work reruns the stage; only
     an edit to the code that turns an image into a vector (or new weights, or a library)
     makes other vectors, under another identity."""
-    from mule.tasks.support import extraction
+    from mule.stages.shared import extraction
 
     identity = code_digests.code_digest(extraction.__name__, repo_copy)
-    with edited(repo_copy, "tasks/features.py"):
+    with edited(repo_copy, "stages/features.py"):
         assert code_digests.code_digest(extraction.__name__, repo_copy) == identity
-    with edited(repo_copy, "mule_core/features.py"):
+    with edited(repo_copy, "mule_core/backbones.py"):
         assert code_digests.code_digest(extraction.__name__, repo_copy) != identity
-    with edited(repo_copy, "data_catalog/atomic.py"):  # how tables are written: not how vectors are made
+    with edited(repo_copy, "storage/atomic.py"):  # how tables are written: not how vectors are made
         assert code_digests.code_digest(extraction.__name__, repo_copy) == identity
     # the identity's name changes with the setting, the weights and the code
     from mule.mule_core.extractor_names import identity_name
@@ -195,8 +197,8 @@ def test_the_features_identity_is_the_extraction_code_not_the_stage_s(workdir, r
     # Runtime on the CPU (within 1e-4 of each other, tests/test_backbones.py: not the same)
     import torch
 
-    from mule.mule_core.features import numerics
-    from mule.tasks.features import extractor_identity
+    from mule.mule_core.backbones import numerics
+    from mule.stages.features import extractor_identity
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     made_in = [numerics(cpu, "torch"), numerics(cpu, "onnxruntime"), numerics(cuda, "torch")]
@@ -215,17 +217,17 @@ def test_keys_name_the_device_and_arithmetic_a_model_trains_in_not_the_machine_s
     used = cpu_threads(0)
     monkeypatch.setenv("OMP_NUM_THREADS", str(used + 1))
     for name in ("pretrain", "train", "text", "evaluate"):
-        assert not reuse.decide(workdir, cfg, name).run, name
-    assert not reuse.decide(workdir, apply_overrides(cfg, {"train.threads": used + 2}), "train").run
-    assert reuse.read_record(workdir, cfg, "train")["cpu_threads"] == used  # recorded, not keyed
+        assert not decisions.decide(workdir, cfg, name).run, name
+    assert not decisions.decide(workdir, apply_overrides(cfg, {"train.threads": used + 2}), "train").run
+    assert decisions.read_record(workdir, cfg, "train")["cpu_threads"] == used  # recorded, not keyed
     on_gpu = apply_overrides(cfg, {"train.device": "cuda"})
     for name in ("pretrain", "train"):
-        assert reuse.decide(workdir, on_gpu, name).reason == "runtime arithmetic cpu float32 -> cuda float16-autocast"
-    assert reuse.decide(workdir, apply_overrides(on_gpu, {"train.amp": False}), "train").reason.endswith(
+        assert decisions.decide(workdir, on_gpu, name).reason == "runtime arithmetic cpu float32 -> cuda float16-autocast"
+    assert decisions.decide(workdir, apply_overrides(on_gpu, {"train.amp": False}), "train").reason.endswith(
         "-> cuda float32")  # fmt: skip
-    assert not reuse.decide(workdir, on_gpu, "evaluate").run  # evaluating on a GPU measures the same model
+    assert not decisions.decide(workdir, on_gpu, "evaluate").run  # evaluating on a GPU measures the same model
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # auto, with no GPU to see: the CPU, as before
-    assert not reuse.decide(workdir, apply_overrides(cfg, {"train.device": "auto"}), "train").run
+    assert not decisions.decide(workdir, apply_overrides(cfg, {"train.device": "auto"}), "train").run
 
 
 def test_one_and_two_threads_train_the_same_model_within_rounding(workdir, tmp_path):
@@ -236,9 +238,9 @@ def test_one_and_two_threads_train_the_same_model_within_rounding(workdir, tmp_p
     (docs/operations.md has the measured figures)."""
     import shutil
 
-    from mule.data_catalog.models import load_model
-    from mule.data_catalog.workdir import Workdir
+    from mule.data_catalog.model_files import load_model
     from mule.pipeline.runner import run_alone
+    from mule.storage.workdir import Workdir
 
     trained = {}
     for label, settings in (("1 thread", {"train.threads": 1}), ("2 threads", {"train.threads": 2}),

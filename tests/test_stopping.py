@@ -25,7 +25,7 @@ import pytest
 from tests.test_crashes import SIZES, TINY
 
 REPO = Path(__file__).resolve().parents[1]
-LIMIT_S = 3.0  # flows.interrupts stops within 2 s; a loaded 2-core CI machine gets a second more
+LIMIT_S = 3.0  # process.interrupts stops within 2 s; a loaded 2-core CI machine gets a second more
 PROGRESS = re.compile(r"\d\d:\d\d:\d\d\.\d+ \| INFO +\| mule\.")  # a progress line of mule's own loggers
 
 
@@ -170,7 +170,7 @@ def test_a_signal_while_c_code_runs_still_stops_within_the_grace(tmp_path):
     exception would be raised: the watchdog ends the process all the same."""
     script = (
         "import random, sys, fasttext\n"
-        "from mule.flows import interrupts\n"
+        "from mule.process import interrupts\n"
         "interrupts.install(lambda signum: 'mule: stopped by ' + interrupts.how(signum))\n"
         + training_in_c(tmp_path / "corpus.txt") +
         "print('training', flush=True)\n"
@@ -218,7 +218,7 @@ def test_a_failure_a_signal_causes_before_the_watchdog_knows_is_not_logged():
     out: the one line says what happened."""
     script = (
         "import logging, os, signal, sys, time\n"
-        "from mule.flows import interrupts\n"
+        "from mule.process import interrupts\n"
         "from mule.flows.runtime import quiet_user_errors\n"
         "interrupts.install(lambda signum: 'mule: stopped by ' + interrupts.how(signum))\n"
         "logging.basicConfig(stream=sys.stdout, level=logging.INFO)\n"
@@ -249,7 +249,7 @@ def test_a_signal_that_lands_in_a_finaliser_stops_the_command_with_its_one_line(
     watchdog stops the process, and the traceback is not shown."""
     script = (
         "import time\n"
-        "from mule.flows import interrupts\n"
+        "from mule.process import interrupts\n"
         "interrupts.install(lambda signum: 'mule: stopped by ' + interrupts.how(signum))\n"
         "class Slow:\n"
         "    def __del__(self):\n"
@@ -269,7 +269,7 @@ def test_a_cleanup_that_hangs_does_not_keep_a_stopped_command_alive():
     process holds): the cleanups get CLEANUP_S in all, the one line comes out, the process ends."""
     script = (
         "import time\n"
-        "from mule.flows import interrupts\n"
+        "from mule.process import interrupts\n"
         "interrupts.install(lambda signum: 'mule: stopped by ' + interrupts.how(signum))\n"
         "interrupts.on_stop(lambda: time.sleep(600))\n"
         "try:\n"  # before 'working': the signal may land the moment the line is out
@@ -279,7 +279,7 @@ def test_a_cleanup_that_hangs_does_not_keep_a_stopped_command_alive():
         "except interrupts.Interrupted as stop:\n"  # as the command does (commands/main.py: entry)
         "    raise SystemExit(interrupts.finish(stop.signum))\n"
     )
-    from mule.flows.interrupts import CLEANUP_S
+    from mule.process.interrupts import CLEANUP_S
 
     first, took, code, rest = signalled(script, signal.SIGTERM)
     assert first == "working"
@@ -346,14 +346,14 @@ def test_a_signal_while_prefect_is_still_making_a_task_run_stops_as_any_other(tm
 
 def test_an_error_the_stop_causes_ends_the_stage_s_mlflow_run_killed_not_failed(tmp_path, monkeypatch):
     """DuckDB turns a Ctrl-C that lands mid-query into RuntimeError('Query interrupted'),
-    without the KeyboardInterrupt: once a stop signal came (flows.interrupts armed), the
+    without the KeyboardInterrupt: once a stop signal came (process.interrupts armed), the
     stage's run ends KILLED all the same (a stop in train's first query left it FAILED)."""
     import duckdb
 
-    from mule.data_catalog.workdir import Workdir
+    from mule.config.resolution import resolve
     from mule.experiments import tracking
-    from mule.flows import interrupts
-    from mule.pipeline.config import resolve
+    from mule.process import interrupts
+    from mule.storage.workdir import Workdir
 
     wd = Workdir.at(tmp_path)
     monkeypatch.setattr(interrupts._state, "armed", signal.SIGINT)  # what interrupts' handler does first

@@ -1,11 +1,11 @@
 """A new workdir's MLflow and Prefect databases are copies of templates made once
-(data_catalog/store_templates.py): each copy is its own, a damaged template is made
+(storage/store_templates.py): each copy is its own, a damaged template is made
 again, and without a writable cache the library makes its database as before."""
 
 import sqlite3
 
-from mule.data_catalog.store_templates import from_template
-from mule.data_catalog.workdir import Workdir
+from mule.storage.store_templates import from_template
+from mule.storage.workdir import Workdir
 
 
 def make_table(calls: list):

@@ -8,14 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from mule.data_catalog.models import load_model, save_model
-from mule.mule_core.config import LossConfig, ModelConfig, PretrainConfig, TrainConfig
-from mule.mule_core.dataset import SplitTensors
+from mule.config.overrides import from_dict, to_dict
+from mule.config.resolution import resolve
+from mule.data_catalog.model_files import load_model, save_model
 from mule.mule_core.model import MuleModel, TextBatch, count_parameters
+from mule.mule_core.settings import LossConfig, ModelConfig, PretrainConfig, TrainConfig
+from mule.mule_core.split_tensors import SplitTensors
 from mule.mule_core.subwords import char_ngrams, ngram_index
-from mule.mule_core.text import Vocab, Vocabulary, pad_batch
-from mule.mule_core.training import Trainer
-from mule.pipeline.config import from_dict, resolve, to_dict
+from mule.mule_core.trainer import Trainer
+from mule.mule_core.vocabulary import Vocab, Vocabulary, pad_batch
 
 WORDS = ["<pad>", "<unk>", "dog", "dogs", "cat"]
 CFG = ModelConfig(mule_dim=6, lstm_dim=5, joint_dim=4, image_hidden=7, ngram_lengths=(3,))
@@ -96,7 +97,7 @@ def test_the_ngrams_start_at_the_word_vector_model_s_and_every_word_at_its_given
 def test_fasttext_ngram_rows_are_the_ones_it_averages_into_a_word(tmp_path):
     """The text stage's n-gram vectors are fastText's own input rows: averaged with the
     word's row they give fastText's vector of a word, and alone its vector of an unseen one.
-    fastText runs in a fresh process, as the text stage runs it (tasks/support/fasttext_worker.py):
+    fastText runs in a fresh process, as the text stage runs it (stages/shared/fasttext_worker.py):
     in a pytest worker that had run other tests, a fit once ended in "Encountered NaN"
     (tests/test_word_vectors.py says why)."""
     import subprocess
@@ -106,7 +107,7 @@ def test_fasttext_ngram_rows_are_the_ones_it_averages_into_a_word(tmp_path):
     check = f"""
 import numpy as np
 from pathlib import Path
-from mule.tasks.support import fasttext_worker
+from mule.stages.shared import fasttext_worker
 model = fasttext_worker.fit(Path({str(tmp_path / "corpus.txt")!r}), dim=8, model="skipgram", epochs=2, min_count=1,
                             threads=1)
 for word in ("dogs", "doggy"):  # in fastText's vocabulary, and not
@@ -210,7 +211,7 @@ def test_each_language_s_table_is_built_once_whatever_the_number_of_languages(mo
     import gc
 
     from mule.mule_core import subwords
-    from mule.mule_core.text import Vocab, Vocabulary
+    from mule.mule_core.vocabulary import Vocab, Vocabulary
 
     built = []
     real = subwords.NgramTable.__init__

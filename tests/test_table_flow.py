@@ -57,8 +57,8 @@ def test_spanish_through_every_stage_add_language_and_mule_serve(tmp_path):
     assert added["existing_languages_max_change"] == 0.0
 
     # mule serve: a Spanish test caption finds images, its language detected from the vocabularies
-    from mule.data_catalog.catalog import Catalog
-    from mule.data_catalog.workdir import Workdir
+    from mule.data_catalog.tables import Catalog
+    from mule.storage.workdir import Workdir
 
     wd = Workdir.at(tmp_path)
     captions = Catalog(wd, read_only=True).read_table("captions", "embedded-table").to_pylist()
@@ -94,9 +94,9 @@ def test_spanish_through_every_stage_add_language_and_mule_serve(tmp_path):
 def test_rows_appended_to_a_users_table_extract_only_the_new_images(tmp_path):
     from PIL import Image
 
-    from mule.data_catalog.workdir import Workdir
-    from mule.pipeline.config import resolve
+    from mule.config.resolution import resolve
     from mule.pipeline.runner import run_alone
+    from mule.storage.workdir import Workdir
 
     photos = tmp_path / "my-photos"
     (photos / "shoes").mkdir(parents=True)
@@ -121,9 +121,9 @@ def test_mule_catalog_lists_the_rejected_rows_with_file_line_and_reason(tmp_path
     from PIL import Image
 
     from mule.commands.main import main
-    from mule.data_catalog.workdir import Workdir
-    from mule.pipeline.config import resolve
+    from mule.config.resolution import resolve
     from mule.pipeline.runner import run_alone
+    from mule.storage.workdir import Workdir
 
     photos = tmp_path / "my-photos"
     photos.mkdir()

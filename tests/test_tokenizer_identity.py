@@ -12,13 +12,13 @@ import pytest
 import torch
 from PIL import Image
 
-from mule.data_catalog.catalog import Catalog
-from mule.data_catalog.workdir import Workdir
+from mule.config.resolution import resolve
+from mule.data_catalog.tables import Catalog
 from mule.mule_core.embedder import Embedder
-from mule.mule_core.text import Vocab, Vocabulary
+from mule.mule_core.vocabulary import Vocab, Vocabulary
 from mule.pipeline import rebuild
-from mule.pipeline.config import resolve
 from mule.pipeline.runner import run_alone
+from mule.storage.workdir import Workdir
 
 # One caption per language, with what splits words differently: clitics and contractions
 # (Moses), no spaces (janome, jieba, Thai's graphemes), mixed scripts and full-width digits.
@@ -78,7 +78,7 @@ def test_a_served_caption_has_the_tokens_it_was_stored_with_in_every_language_an
 
 
 def test_a_changed_tokenizer_runs_ingest_again_before_the_stages_that_use_the_tokens(tmp_path):
-    from mule.tasks.support.tokens import TokenizerChangedError
+    from mule.stages.shared.token_identity import TokenizerChangedError
 
     source = _dataset(tmp_path / "data")
     wd = Workdir.at(tmp_path / "work")

@@ -8,12 +8,12 @@ import httpx
 import pytest
 
 from mule.clients.googletrans import GoogleOptions, GoogleTranslateBackend, TranslationServiceError
-from mule.data_catalog.catalog import Catalog
+from mule.config.resolution import resolve
 from mule.data_catalog.splits import load_split
-from mule.data_catalog.workdir import Workdir
-from mule.pipeline.config import resolve
+from mule.data_catalog.tables import Catalog
 from mule.pipeline.runner import run_alone
-from mule.tasks import translate as stage
+from mule.stages import translate as stage
+from mule.storage.workdir import Workdir
 from tests.test_googletrans_backend import FakeService
 
 
@@ -140,7 +140,7 @@ def test_training_data_selection(ingested):
     write_lexicons(source)
     run(workdir, config(source), "translate")
     catalog = Catalog(Workdir.at(workdir))
-    from mule.mule_core.text import Vocab, Vocabulary
+    from mule.mule_core.vocabulary import Vocab, Vocabulary
 
     vocabulary = Vocabulary(["en", "fr"], {"en": Vocab(["<pad>", "<unk>"]), "fr": Vocab(["<pad>", "<unk>"])})
 

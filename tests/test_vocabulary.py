@@ -1,14 +1,14 @@
 """A model's vocabulary is what training sees: the validation and test captions teach it
 nothing, and their words outside it are read the same way wherever a sentence is embedded
-(mule_core.text.Vocabulary.encode)."""
+(mule_core.vocabulary.Vocabulary.encode)."""
 
 import gzip
 import shutil
 
-from mule.data_catalog.catalog import Catalog
-from mule.data_catalog.workdir import Workdir
-from mule.pipeline.config import resolve
+from mule.config.resolution import resolve
+from mule.data_catalog.tables import Catalog
 from mule.pipeline.runner import run_alone
+from mule.storage.workdir import Workdir
 from tests.conftest import STEMS, write_gz
 
 OTHER_WORDS = "zebras graze quietly beside seventeen lighthouses"

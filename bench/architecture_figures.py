@@ -1,0 +1,102 @@
+"""The package's shape in figures: rooms (top-level folders) and their share, imports that
+point up a floor (type-only and in-function imports counted), the largest modules, and
+module names used twice. Reads source only (never imports mule), so it measures any
+checkout, an old commit's included:
+
+    python bench/architecture_figures.py               # this checkout
+    git worktree add /tmp/before <commit> && python bench/architecture_figures.py /tmp/before
+
+The floors are the checkout's own: the FLOORS dict of its tests/test_layout.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+from collections import Counter, defaultdict
+from pathlib import Path
+
+
+def floors_of(repo: Path) -> dict[str, set[str]]:
+    """The module's top-level assignments run in order up to FLOORS (plain data: sets of names)."""
+    tree = ast.parse((repo / "tests" / "test_layout.py").read_text())
+    namespace: dict = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) for t in node.targets):
+            exec(compile(ast.Module([node], []), "test_layout.py", "exec"), namespace)  # noqa: S102 - our own literals
+            if "FLOORS" in namespace:
+                return namespace["FLOORS"]
+    raise SystemExit(f"{repo}/tests/test_layout.py has no FLOORS")
+
+
+def modules(repo: Path, rooms) -> dict[Path, str]:
+    found = {}
+    for room in rooms:
+        for path in sorted((repo / room).rglob("*.py")):
+            name = ".".join(("mule", *path.relative_to(repo).with_suffix("").parts)).removesuffix(".__init__")
+            found[path] = name
+    return found
+
+
+def imports(path: Path, name: str) -> set[str]:
+    """Every module name an import statement in the file names: at the top, in functions,
+    and under `if TYPE_CHECKING:` alike."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    names = set()
+    for node in ast.walk(ast.parse(path.read_bytes())):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1])
+                source = f"{base}.{node.module}" if node.module else base
+            else:
+                source = node.module or ""
+            names.add(source)
+    return names
+
+
+def room_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "mule" and len(parts) > 1 else ""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("repo", nargs="?", default=str(Path(__file__).resolve().parents[1]))
+    repo = Path(parser.parse_args().repo)
+    floors = floors_of(repo)
+    found = modules(repo, floors)
+    lines = {p: len(p.read_text().splitlines()) for p in found}
+    total = sum(lines.values())
+    print(f"{repo}: {len(found)} modules, {total} lines in {len(floors)} rooms\n")
+    print("| room | files | lines | share |\n|---|---|---|---|")
+    per_room = defaultdict(list)
+    for path, name in found.items():
+        per_room[room_of(name)].append(path)
+    for room, paths in sorted(per_room.items(), key=lambda kv: -sum(lines[p] for p in kv[1])):
+        n = sum(lines[p] for p in paths)
+        print(f"| {room} | {len(paths)} | {n} | {100 * n / total:.0f}% |")
+    upward = []
+    for path, name in found.items():
+        room = room_of(name)
+        for imported in imports(path, name):
+            other = room_of(imported)
+            if other in floors and other != room and other not in floors[room]:
+                upward.append(f"{path.relative_to(repo)} -> {imported}")
+    print(f"\nimports pointing up a floor (type-only and in-function counted): {len(upward)}")
+    for line in sorted(upward):
+        print(f"  {line}")
+    print("\nlargest modules:")
+    for path in sorted(lines, key=lambda p: -lines[p])[:6]:
+        print(f"  {lines[path]:>4}  {path.relative_to(repo)}")
+    stems = Counter(p.stem for p in found if p.name != "__init__.py")
+    twins = sorted(s for s, n in stems.items() if n > 1 and s not in ("__main__",))
+    print(f"\nmodule names used more than once: {len(twins)}")
+    for stem in twins:
+        print(f"  {stem}: " + ", ".join(str(p.relative_to(repo)) for p in found if p.stem == stem))
+
+
+if __name__ == "__main__":
+    main()

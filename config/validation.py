@@ -1,0 +1,124 @@
+"""Whether a resolved config makes sense: every option in its range, names that exist."""
+
+from __future__ import annotations
+
+from mule.config.sections import MuleConfig
+from mule.datasets.formats import FORMATS
+from mule.mule_core.languages import language_code, tokenizer_name
+from mule.mule_core.settings import ConfigError
+
+
+def validate(cfg: MuleConfig) -> None:
+    if cfg.index.kind not in ("hnsw-sq8", "ivf-sq8", "flat"):
+        raise ConfigError(f"index.kind must be 'hnsw-sq8', 'ivf-sq8' or 'flat', got {cfg.index.kind!r}")
+    if min(cfg.index.cells, cfg.index.breadth, cfg.index.min_images) < 0:
+        raise ConfigError("index.cells, index.breadth and index.min_images must not be negative")
+    f = cfg.features
+    if f.weights not in ("imagenet", "random"):
+        raise ConfigError(f"features.weights must be 'imagenet' or 'random', got {f.weights!r}")
+    if f.crops not in (1, 5, 10):
+        raise ConfigError(f"features.crops must be 1, 5 or 10, got {f.crops}")
+    backbones = [f"resnet{d}" for d in (18, 34, 50, 101, 152)] + [f"efficientnet_lite{v}" for v in (0, 1, 2)]
+    if f.arch not in backbones:
+        raise ConfigError(f"features.arch must be one of {', '.join(backbones)}, got {f.arch!r}")
+    if f.engine not in ("auto", "torch", "onnxruntime"):
+        raise ConfigError(f"features.engine must be 'auto', 'torch' or 'onnxruntime', got {f.engine!r}")
+    if f.runner not in ("inprocess", "dask"):
+        raise ConfigError(f"features.runner must be 'inprocess' or 'dask', got {f.runner!r}")
+    if f.pool not in ("avg", "avg+grid"):
+        raise ConfigError(f"features.pool must be 'avg' or 'avg+grid', got {f.pool!r}")
+    if f.resize and f.resize < f.input_size:
+        raise ConfigError(f"features.resize ({f.resize}) must be at least features.input_size ({f.input_size})")
+    if cfg.text.init not in ("fasttext", "multilingual-e5"):
+        raise ConfigError(f"text.init must be 'fasttext' or 'multilingual-e5', got {cfg.text.init!r}")
+    if cfg.model.subwords and (not cfg.model.ngram_lengths or min(cfg.model.ngram_lengths) < 1):
+        raise ConfigError(f"model.ngram_lengths must be positive lengths (e.g. 3,4,5), got {cfg.model.ngram_lengths}")
+    if cfg.model.sharing not in ("mule", "parallel"):
+        raise ConfigError(f"model.sharing must be 'mule' or 'parallel', got {cfg.model.sharing!r}")
+    d = cfg.data
+    if d.format not in FORMATS:
+        raise ConfigError(f"data.format must be one of {', '.join(FORMATS)} (datasets/formats.py), got {d.format!r}")
+    if d.val_share < 0 or d.test_share < 0 or d.val_share + d.test_share >= 1:
+        raise ConfigError(f"data.val_share and data.test_share must be shares that leave images to train, "
+                          f"got {d.val_share} and {d.test_share}")  # fmt: skip
+    import codecs
+
+    try:
+        codecs.lookup(d.encoding)
+    except LookupError:
+        raise ConfigError(f"data.encoding: {d.encoding!r} is not a text encoding Python knows (e.g. utf-8, cp1252, latin-1)") from None
+    if not d.languages:
+        raise ConfigError("data.languages must name at least one language")
+    for lang in d.languages:
+        try:
+            code = language_code(lang)
+        except ValueError as error:
+            raise ConfigError(f"data.languages: {error}") from None
+        if code != lang:
+            raise ConfigError(f"data.languages: write {lang!r} as {code!r}")
+    for lang in cfg.text.tokenizers:
+        try:
+            tokenizer_name(lang, cfg.text.tokenizers)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+    if d.coco_split not in ("trilingual", "coco-cn", "karpathy"):
+        raise ConfigError(f"data.coco_split must be 'trilingual', 'coco-cn' or 'karpathy', got {d.coco_split!r}")
+    if d.japanese not in ("all", "yj", "stair"):
+        raise ConfigError(f"data.japanese must be 'all', 'yj' or 'stair', got {d.japanese!r}")
+    if cfg.data.captions not in ("human", "human+mt", "mt"):
+        raise ConfigError(f"data.captions must be 'human', 'human+mt' or 'mt', got {cfg.data.captions!r}")
+    t = cfg.translate
+    if t.backend not in ("lexicon", "induced", "googletrans", "argos"):
+        raise ConfigError(f"translate.backend must be lexicon, induced, googletrans or argos, got {t.backend!r}")
+    for pair in t.pairs:
+        if pair.count("-") != 1 or pair.split("-")[0] == pair.split("-")[1]:
+            raise ConfigError(f"translate.pairs: {pair!r} is not 'src-dest' (e.g. en-de)")
+    if any(s.startswith("test") for s in t.splits):
+        raise ConfigError("translate.splits: test captions are never translated into training data")
+    for key, value in (
+        ("loss.top_k", cfg.loss.top_k),
+        ("train.epochs", cfg.train.epochs),
+        ("train.batch_images", cfg.train.batch_images),
+        ("text.word_dim", cfg.text.word_dim),
+        ("ablation.seeds", cfg.ablation.seeds),
+    ):
+        if value < 1:
+            raise ConfigError(f"{key} must be at least 1, got {value}")
+    if cfg.train.add_language and cfg.train.add_language not in cfg.data.languages:
+        raise ConfigError(
+            f"train.add_language={cfg.train.add_language!r} is not in data.languages {list(cfg.data.languages)}"
+        )
+    if cfg.train.add_language and cfg.model.sharing != "mule":
+        raise ConfigError(
+            "train.add_language needs model.sharing=mule: a language is added through its own MULE branch"
+        )
+    tr = cfg.train
+    if tr.divergence not in ("rollback", "stop", "warn", "off"):
+        raise ConfigError(f"train.divergence must be rollback, stop, warn or off, got {tr.divergence!r}")
+    if not 0 < tr.divergence_drop < 1:
+        raise ConfigError(f"train.divergence_drop must be between 0 and 1, got {tr.divergence_drop}")
+    for key, value in (("train.ema", tr.ema), ("pretrain.ema", cfg.pretrain.ema)):
+        if not 0 <= value < 1:
+            raise ConfigError(f"{key} must be in [0, 1), got {value}")
+    for key, value in (("train.lr_decay", tr.lr_decay), ("pretrain.lr_decay", cfg.pretrain.lr_decay)):
+        if not 0 < value <= 1:
+            raise ConfigError(f"{key} must be in (0, 1], got {value}")
+    if not 0 < tr.divergence_lr_factor <= 1:
+        raise ConfigError(f"train.divergence_lr_factor must be in (0, 1], got {tr.divergence_lr_factor}")
+    for key, value in (("train.warmup_steps", tr.warmup_steps), ("train.decay_steps", tr.decay_steps),
+                       ("loss.mining_warmup_steps", cfg.loss.mining_warmup_steps),
+                       ("pretrain.mining_warmup_steps", cfg.pretrain.mining_warmup_steps),
+                       ("train.divergence_retries", tr.divergence_retries), ("train.threads", tr.threads),
+                       ("loss.lc_ramp_steps", cfg.loss.lc_ramp_steps)):  # fmt: skip
+        if value < 0:
+            raise ConfigError(f"{key} must be at least 0, got {value}")
+    for key, value in (("loss.margin", cfg.loss.margin), ("pretrain.margin", cfg.pretrain.margin)):
+        if not 0 < value < 2:  # cosine similarities: a margin of 2 or more is never met
+            raise ConfigError(f"{key} must be in (0, 2), got {value}")
+    for key, value in (("train.sentences_per_image_many", tr.sentences_per_image_many),
+                       ("pretrain.sentences_per_image_many", cfg.pretrain.sentences_per_image_many)):  # fmt: skip
+        if value < 1:
+            raise ConfigError(f"{key} must be at least 1, got {value}")
+    for lang, n in cfg.train.sentences_per_image.items():
+        if n < 1:
+            raise ConfigError(f"train.sentences_per_image.{lang} must be at least 1, got {n}")

@@ -1,0 +1,87 @@
+"""Model files: a trained (or LP) model's weights with everything needed to use it on its
+own: the config, the languages, each language's vocabulary, the image extractor's name.
+
+    save_model(path, model, cfg, vocabulary, kind="joint", ...)
+    model, meta = load_model(path)          # meta["cfg"], meta["vocabulary"], meta["extractor"], ...
+
+A file keeps the whole config the model was trained under ("config": the pipeline's, as a
+dict); `meta["cfg"]` is what using the model needs of it (mule_core.settings.ModelSettings:
+the model, the text's length, the image extractor's setting).
+
+Files are written atomically and read without pickle (torch's weights_only loader).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mule.mule_core.errors import InputError, MissingInputError
+from mule.mule_core.model import MuleModel
+from mule.mule_core.settings import settings_from_dict
+from mule.mule_core.vocabulary import Vocab, Vocabulary
+from mule.storage.atomic import write_atomic
+
+MODEL_FORMAT = "mule-model-1"
+
+
+def save_atomic(obj: Any, path: Path) -> None:
+    write_atomic(path, lambda tmp: torch.save(obj, tmp))
+
+
+def save_model(path: Path, model: MuleModel, cfg: Any, vocabulary: Vocabulary, **meta: Any) -> None:
+    """`cfg`: the config it was trained under (the pipeline's MuleConfig): every section the
+    training stage was given (its declared ones)."""
+    save_atomic(
+        {
+            "format": MODEL_FORMAT,
+            "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+            "config": {f.name: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v
+                       for f in dataclasses.fields(cfg) if dataclasses.is_dataclass(v := getattr(cfg, f.name))
+                       or isinstance(v, (str, int, float))},  # fmt: skip
+            "languages": vocabulary.languages,
+            "vocab": vocabulary.words,
+            "word_dim": vocabulary.dim,
+            "image_dim": model.image_mean.numel() if model.image_branch is not None else None,
+            "created": time.time(),
+            **meta,
+        },
+        path,
+    )
+
+
+def load_model(path: Path) -> tuple[MuleModel, dict]:
+    path = Path(path)
+    if not path.exists():
+        raise MissingInputError(f"no trained model at {path}: run the train stage first (mule run train)")
+    data = torch.load(path, map_location="cpu", weights_only=True)
+    if data.get("format") != MODEL_FORMAT:
+        raise InputError(f"{path} is not a mule model file (format {data.get('format')!r})")
+    cfg = settings_from_dict(data["config"])
+    lengths = tuple(cfg.model.ngram_lengths) if cfg.model.subwords else ()
+    vocabulary = Vocabulary(list(data["languages"]), {lang: Vocab(tokens) for lang, tokens in data["vocab"].items()},
+                            ngram_lengths=lengths)  # fmt: skip
+    model = MuleModel(data["languages"], vocabulary.sizes, data["word_dim"], data["image_dim"], cfg.model,
+                      vocabulary.words)  # fmt: skip
+    model.load_state_dict(data["state_dict"])
+    data["vocabulary"] = vocabulary
+    data["cfg"] = cfg
+    return model.eval(), data
+
+
+def model_digest(path: Path) -> str | None:
+    """The content of a saved model (weights and vocabularies), not its file: two runs that
+    trained the same weights agree, whenever they saved them."""
+    if not Path(path).exists():
+        return None
+    data = torch.load(path, map_location="cpu", weights_only=True)
+    digest = hashlib.sha256(repr(sorted(data["vocab"].items())).encode())
+    for name, tensor in sorted(data["state_dict"].items()):
+        digest.update(name.encode())
+        digest.update(tensor.contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]

@@ -1,0 +1,688 @@
+"""Reader for the table layout: a folder of images and one captions table.
+
+    <source>/metadata.jsonl | metadata.csv | metadata.parquet     Hugging Face's imagefolder
+    <source>/captions.csv | .tsv | .jsonl | .parquet               or any file named by data.table
+    <source>/<image paths the table names>                         or under data.images
+
+Long form, one row per caption:       file_name,caption,lang[,split]
+Wide form, one caption column a language:  file_name,caption_es,caption_pl[,split]
+
+Columns are found by their usual names (ROLES; `caption_<lang>`, `text_<lang>` or
+`sentence_<lang>` for the wide form); data.columns names others (`image=photo`,
+`caption_es=beschreibung`). A long table without a language column is in the one language
+of data.languages. Image paths are relative to the table's folder or to the images folder
+(data.images), or absolute under one of them; linked folders are followed. A path that
+leads out of both (`../x.png`, `/home/x.png`) is a reject (outside_dataset): a dataset's
+files stay inside it. An image is identified by its path relative to where it was found.
+
+Splits: a split column (train, val/valid/validation/dev, test or test_<name>) is used as
+given; without one, each image is drawn into val or test by a hash of (data.split_seed,
+its id) with data.val_share and data.test_share: an image keeps its split when rows are
+added, and its captions never span splits.
+
+Bad input: a row with a missing or unreadable image, an empty caption, a language code
+that is not one, a split that is none, a duplicate of an earlier row, or (CSV) a wrong
+number of fields goes to the rejects table with the file, its line and the reason. A
+table that cannot be read at all (not in data.encoding, malformed CSV quoting, not a
+Parquet file, no image or caption column, a column data.columns names that is not
+there) is one error naming the file and the line.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import os
+import re
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from mule.data_catalog.schemas import CAPTIONS, IMAGES, REJECTS
+from mule.data_catalog.sources import TABLE_NAMES, table_in
+from mule.datasets.image_files import BadImage, probe
+from mule.datasets.readers.base import (
+    DatasetReadError,
+    ReadOptions,
+    ReadResult,
+    Rejects,
+    Rows,
+    SeenKeys,
+    SpooledTable,
+    TooLong,
+    clean_caption,
+    image_record,
+)
+from mule.mule_core.languages import LanguageCodeError, language_code
+
+CAPTION_COLUMNS = CAPTIONS.remove(CAPTIONS.get_field_index("tokens"))  # what ingest adds the tokens to
+
+ROLES = {
+    "image": ("file_name", "image", "image_path", "image_file", "filename", "file", "path", "img"),
+    "caption": ("caption", "text", "sentence", "description", "captions", "sentences"),
+    "lang": ("lang", "language", "locale", "lang_code"),
+    "split": ("split", "set", "subset", "fold", "partition"),
+}
+WIDE = re.compile(r"^(?:caption|text|sentence)[_-](?P<lang>[A-Za-z]{2,3}(?:[_-][A-Za-z0-9]+)*)$")
+_LINE_BREAK = re.compile(r"[ \t]*(?:\r\n|[\r\n\x85\u2028\u2029])[ \t]*")  # inside a quoted cell
+SPLITS = {"train": "train", "training": "train", "val": "val", "valid": "val", "validation": "val", "dev": "val",
+          "test": "test", "testing": "test"}  # fmt: skip
+
+
+class TableError(DatasetReadError):
+    pass
+
+
+@dataclass(frozen=True)
+class TableOptions:
+    table: str = ""  # the file, relative to the source folder; "": found (sources.TABLE_NAMES)
+    columns: dict[str, str] = field(default_factory=dict)  # role -> column, beside the usual names
+    encoding: str = "utf-8"
+    val_share: float = 0.1
+    test_share: float = 0.1
+    split_seed: int = 0
+
+
+@dataclass
+class Layout:
+    """Which column plays which role."""
+
+    image: str
+    split: str | None
+    caption: str | None = None  # long form
+    lang: str | None = None  # long form; None: every caption is in `single`
+    single: str | None = None
+    wide: dict[str, str] = field(default_factory=dict)  # lang -> column (wide form)
+    ignored: list[str] = field(default_factory=list)
+
+    def describe(self) -> dict:
+        """What the ingest's summary (and MLflow) records of the table's columns."""
+        form = {"form": "wide", "captions": self.wide} if self.wide else {"form": "long", "caption": self.caption,
+                                                                          "lang": self.lang or f"(all {self.single})"}  # fmt: skip
+        return {**form, "image": self.image, "split": self.split or "(drawn by data.split_seed)", "ignored": self.ignored}
+
+
+def find_table(root: Path, name: str) -> Path:
+    if name and (Path(name).is_absolute() or ".." in Path(name).parts):
+        raise TableError(f"data.table={name}: the captions table must be inside the dataset folder {root} "
+                         "(name it relative to that folder, or point --source at the folder that holds it)")  # fmt: skip
+    path = table_in(root, name)
+    if path is None:
+        if name:
+            raise TableError(f"{root / name}: no such file (data.table)")
+        raise TableError(f"{root}: no captions table: expected one of {', '.join(TABLE_NAMES)}, or name it with data.table")
+    return path
+
+
+# A cell longer than this is no caption (data.max_caption_bytes rejects far less): the row
+# is rejected as soon as the cell passes it, without reading the cell into memory whole.
+CELL_LIMIT = 1 << 20
+DELIMITERS = (",", ";", "\t", "|")  # what spreadsheets and databases write
+SNIFF_BYTES = 1 << 16
+
+
+def _records(path: Path, where: str, encoding: str) -> tuple[list[str], Iterator[tuple[int, dict[str, Any], bytes]],
+                                                              str | None]:  # fmt: skip
+    """The table's columns, its records as (line, {column: value}, raw bytes of the record)
+    read as they come (memory holds a record, or a batch of Parquet's, never the file), and
+    the delimiter found (CSV: sniffed among , ; tab |)."""
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        return _parquet(path, where)
+    if suffix == ".jsonl":
+        return _jsonl(path, where, encoding)
+    return _csv(path, where, encoding, "\t" if suffix == ".tsv" else ",")
+
+
+class _Lines:
+    """A text file's lines as csv counts them ("\n", "\r\n" or "\r" ends one; U+2028 does
+    not), decoded as they are read, numbered, with the lines of the record in hand kept for
+    its raw text. A byte that is not in the encoding stops it, naming the line and column."""
+
+    def __init__(self, path: Path, where: str, encoding: str):
+        self.path, self.where, self.encoding = path, where, encoding
+        codec = "utf-8-sig" if encoding.replace("_", "-").lower() in ("utf-8", "utf8") else encoding
+        self.handle = io.TextIOWrapper(open(path, "rb"), encoding=codec, newline="")
+        self.number = 0  # lines read so far
+        self.taken: list[str] = []  # the lines since mark()
+        self.ahead: list[str] = []  # read for sniffing, not yet handed out
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> str:
+        if self.ahead:
+            line = self.ahead.pop(0)
+        else:
+            line = self._read()
+            if not line:
+                raise StopIteration
+        self.number += 1
+        self.taken.append(line)
+        return line
+
+    def _read(self) -> str:
+        try:
+            return self.handle.readline()
+        except UnicodeDecodeError:
+            raise self._decode_error() from None
+
+    def sample(self, size: int) -> tuple[list[str], bool]:
+        """The first lines (about `size` characters) without consuming them; whether they are the whole file."""
+        held = sum(map(len, self.ahead))
+        while held < size:
+            line = self._read()
+            if not line:
+                return list(self.ahead), True
+            self.ahead.append(line)
+            held += len(line)
+        return list(self.ahead), False
+
+    def mark(self) -> int:
+        """A record starts: its first line's number."""
+        self.taken = []
+        return self.number + 1
+
+    def raw(self) -> bytes:
+        return "".join(self.taken).rstrip("\r\n").encode()
+
+    def skip_to_end_of_cell(self, quotechar: str = '"') -> None:
+        """After a cell too long to keep: the lines up to where its quotes close (an odd
+        count of quote characters so far means a quoted cell still open)."""
+        quotes = sum(line.count(quotechar) for line in self.taken)
+        while quotes % 2:
+            try:
+                quotes += next(self).count(quotechar)
+            except StopIteration:
+                return
+
+    def close(self) -> None:
+        self.handle.close()
+
+    def _decode_error(self) -> TableError:
+        """Where the first byte that is not in the encoding is: its line and column."""
+        with open(self.path, "rb") as handle:
+            for number, data in enumerate(handle, start=1):
+                try:
+                    data.decode(self.encoding)
+                except UnicodeDecodeError as error:
+                    return TableError(f"{self.where}:{number}: not {self.encoding} text (byte 0x{data[error.start]:02x} "
+                                      f"at column {error.start + 1}); save the table as UTF-8, or name its encoding "
+                                      "with data.encoding (e.g. cp1252)")  # fmt: skip
+        return TableError(f"{self.where}: not {self.encoding} text; name its encoding with data.encoding")
+
+
+def sniff_delimiter(lines: list[str], whole: bool, preferred: str) -> str:
+    """The delimiter that splits the header into known columns and every sampled record into
+    as many cells: `preferred` (the file's suffix's) unless another fits clearly better."""
+
+    def fit(delimiter: str) -> tuple:
+        records = list(csv.reader(lines if whole else lines[:-1], delimiter=delimiter))
+        records = [r for r in records if any(c.strip() for c in r)]
+        if not records:
+            return (False, 0.0, 0)
+        header = [h.strip().lower() for h in records[0]]
+        known = any(h in names for names in ROLES.values() for h in header) or any(WIDE.match(h) for h in header)
+        rest = records[1:]
+        agree = sum(len(r) == len(header) for r in rest) / len(rest) if rest else 1.0
+        return (len(header) > 1 and known, agree, len(header) > 1)
+
+    scores = {d: fit(d) for d in dict.fromkeys((preferred, *DELIMITERS))}
+    best = max(scores, key=lambda d: (scores[d], d == preferred))
+    return best if scores[best] > scores[preferred] else preferred
+
+
+def _csv(path: Path, where: str, encoding: str, preferred: str):
+    lines = _Lines(path, where, encoding)
+    sample, whole = lines.sample(SNIFF_BYTES)
+    delimiter = sniff_delimiter(sample, whole, preferred)
+    reader = csv.reader(lines, delimiter=delimiter, strict=True)
+    limit = csv.field_size_limit()
+    csv.field_size_limit(CELL_LIMIT)
+    try:
+        header = next(reader, None)
+    except csv.Error as error:
+        lines.close()
+        raise TableError(f"{where}:1: not a readable header ({error})") from None
+    finally:
+        csv.field_size_limit(limit)
+    if not header or not any(h.strip() for h in header):
+        lines.close()
+        raise TableError(f"{where}:1: no header row (the first line names the columns)")
+    header = [h.strip() for h in header]
+    repeated = [h for h, n in Counter(header).items() if n > 1]
+    if repeated:
+        lines.close()
+        raise TableError(f"{where}:1: column {repeated[0]!r} appears {header.count(repeated[0])} times in the header")
+
+    def records():
+        limit = csv.field_size_limit(CELL_LIMIT)
+        try:
+            while True:
+                line = lines.mark()
+                try:
+                    row = next(reader)
+                except StopIteration:
+                    return
+                except csv.Error as error:
+                    if "field larger than field limit" not in str(error):
+                        raise TableError(f"{where}:{line}: malformed CSV ({error}); a quoted cell must end with a "
+                                         "quote") from None  # fmt: skip
+                    raw = lines.raw()[:4096]
+                    lines.skip_to_end_of_cell()
+                    yield line, {"__too_long__": CELL_LIMIT}, raw
+                    continue
+                if not row or not any(cell.strip() for cell in row):
+                    continue  # a blank line
+                if len(row) != len(header):
+                    yield line, {"__fields__": len(row), "__header__": len(header)}, lines.raw()
+                else:
+                    yield line, dict(zip(header, row)), lines.raw()
+        finally:
+            csv.field_size_limit(limit)
+            lines.close()
+
+    return header, records(), delimiter
+
+
+def _jsonl(path: Path, where: str, encoding: str):
+    """One JSON object a "\n"-ended line (not split at U+2028, which JSON allows inside a
+    string). Two passes: the columns are every key any record has."""
+
+    def lines():
+        with open(path, "rb") as handle:
+            codec = "utf-8-sig" if encoding.replace("_", "-").lower() in ("utf-8", "utf8") else encoding
+            for number, data in enumerate(handle, start=1):
+                if len(data) > CELL_LIMIT:
+                    yield number, None, data[:4096]
+                    continue
+                try:
+                    text = data.decode(codec if number == 1 else codec.removesuffix("-sig"))
+                except UnicodeDecodeError as error:
+                    raise TableError(f"{where}:{number}: not {encoding} text (byte 0x{data[error.start]:02x} at "
+                                     f"column {error.start + 1}); save the table as UTF-8, or name its encoding "
+                                     "with data.encoding") from None  # fmt: skip
+                yield number, text.rstrip("\n").removesuffix("\r"), None
+
+    columns: dict[str, None] = {}
+    records = 0
+    for _, text, _ in lines():
+        if text is None or not text.strip():
+            continue
+        records += 1
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict):
+            columns.update(dict.fromkeys(record))
+    if not records:
+        raise TableError(f"{where}: no records (one JSON object a line)")
+
+    def parsed():
+        for number, text, cut in lines():
+            if text is None:
+                yield number, {"__too_long__": CELL_LIMIT}, cut
+                continue
+            if not text.strip():
+                continue
+            raw = text.encode()
+            try:
+                record = json.loads(text)
+            except json.JSONDecodeError as error:
+                yield number, {"__json__": f"not valid JSON at column {error.colno} ({error.msg})"}, raw
+                continue
+            if not isinstance(record, dict):
+                yield number, {"__json__": f"a JSON {type(record).__name__}, not an object"}, raw
+                continue
+            yield number, record, raw
+
+    return list(columns), parsed(), None
+
+
+def _parquet(path: Path, where: str):
+    import pyarrow.parquet as pq
+
+    try:
+        file = pq.ParquetFile(path)
+    except Exception as error:  # noqa: BLE001 - pyarrow raises several kinds for a damaged file
+        raise TableError(f"{where}: not a readable Parquet file ({error})") from None
+
+    def rows():
+        number = 0
+        try:
+            for batch in file.iter_batches(batch_size=4096):
+                for row in batch.to_pylist():
+                    number += 1
+                    yield number, row, json.dumps(row, ensure_ascii=False, default=str).encode()
+        except Exception as error:  # noqa: BLE001 - a damaged row group
+            raise TableError(f"{where}: not a readable Parquet file (row {number + 1}: {error})") from None
+
+    return file.schema_arrow.names, rows(), None
+def layout(columns: list[str], where: str, options: TableOptions, languages: tuple[str, ...] | None) -> Layout:
+    """Which column is which, from data.columns and the usual names; an error naming the
+    columns there are when a role cannot be filled."""
+    chosen: dict[str, str] = {}
+    for role, column in options.columns.items():
+        if column not in columns:
+            raise TableError(f"{where}: data.columns names {role}={column}, but the table's columns are {', '.join(columns)}")
+        if role not in ROLES and not WIDE.match(role):
+            raise TableError(f"data.columns: {role!r} is no role; roles are {', '.join(ROLES)} and caption_<lang>")
+        chosen[role] = column
+    lowered = {c.lower(): c for c in columns}
+    for role, names in ROLES.items():
+        if role not in chosen:
+            found = next((lowered[n] for n in names if n in lowered and lowered[n] not in chosen.values()), None)
+            if found:
+                chosen[role] = found
+    wide: dict[str, str] = {}
+    for role, column in chosen.items():  # caption_<lang> named by data.columns
+        if match := WIDE.match(role):
+            wide[_code(match["lang"], where)] = column
+    if "caption" not in chosen:  # the wide form, found by its columns' names; in a long table
+        for column in columns:  # caption_id or text_len are other columns, not Indonesian captions
+            match = WIDE.match(column) if column not in chosen.values() else None
+            code = _language_or_none(match["lang"]) if match else None
+            if code:  # caption_xyz, xyz no language: listed with the ignored columns
+                wide.setdefault(code, column)
+    if "image" not in chosen:
+        raise TableError(f"{where}: no image column: expected one of {', '.join(ROLES['image'])} "
+                         f"(or data.columns=image=NAME); the columns are {', '.join(columns)}")  # fmt: skip
+    if "caption" in chosen and wide:
+        raise TableError(f"{where}: both a caption column ({chosen['caption']}) and caption_<lang> columns "
+                         f"({', '.join(wide.values())}); keep one form, or name the columns with data.columns")  # fmt: skip
+    if "caption" not in chosen and not wide:
+        raise TableError(f"{where}: no caption column: expected caption (long form, with a lang column) or "
+                         f"caption_<lang> columns (wide form); the columns are {', '.join(columns)}")  # fmt: skip
+    used = {chosen.get("image"), chosen.get("split"), *wide.values()}
+    if wide:
+        return Layout(chosen["image"], chosen.get("split"), wide=wide,
+                      ignored=[c for c in columns if c not in used and c != chosen.get("lang")])  # fmt: skip
+    single = None
+    if "lang" not in chosen:
+        if not languages or len(languages) != 1:
+            raise TableError(f"{where}: no language column ({', '.join(ROLES['lang'])}): name it with data.columns=lang=NAME, "
+                             f"or set data.languages to the one language of every caption")  # fmt: skip
+        single = languages[0]
+    used |= {chosen["caption"], chosen.get("lang")}
+    return Layout(chosen["image"], chosen.get("split"), chosen["caption"], chosen.get("lang"), single,
+                  ignored=[c for c in columns if c not in used])  # fmt: skip
+
+
+def _language_or_none(value: str) -> str | None:
+    try:
+        return language_code(value)
+    except LanguageCodeError:
+        return None
+
+
+def _code(value: str, where: str) -> str:
+    try:
+        return language_code(value)
+    except LanguageCodeError as error:
+        raise TableError(f"{where}: a caption column's language: {error}") from None
+
+
+def seeded_role(image_id: str, options: TableOptions) -> str:
+    """val, test or train for an image without a given split: by a hash of the seed and its
+    id alone, so an image keeps its split whatever rows are added."""
+    digest = hashlib.sha256(f"{options.split_seed}:{image_id}".encode()).digest()
+    share = int.from_bytes(digest[:8], "big") / 2**64
+    if share < options.val_share:
+        return "val"
+    return "test" if share < options.val_share + options.test_share else "train"
+
+
+def split_role(value: str) -> tuple[str, str] | None:
+    """A split cell -> (split name, role), or None when it names no split."""
+    name = str(value).strip().lower()
+    if name in SPLITS:
+        return SPLITS[name], SPLITS[name]
+    if re.fullmatch(r"test[_-][a-z0-9_-]+", name):
+        return name.replace("-", "_"), "test"
+    return None
+
+
+@dataclass(slots=True)
+class _Image:
+    image_id: str
+    path: str
+    split: str
+    role: str
+    line: int
+
+
+def read_table(root: Path, dataset: str, images_dir: Path | None, hash_images,
+               progress: Callable[[str], None] | None, options: ReadOptions, table: TableOptions) -> ReadResult:  # fmt: skip
+    root = Path(root)
+    if not root.is_dir():
+        raise TableError(f"dataset folder {root} does not exist")
+    say = progress or (lambda _message: None)
+    path = find_table(root, table.table)
+    where = os.path.relpath(path, root) if path.is_relative_to(root) else str(path)
+    columns, records, delimiter = _records(path, where, table.encoding)
+    roles = layout(columns, where, table, options.languages)
+    named = {",": "commas", ";": "semicolons", "\t": "tabs", "|": "bars"}
+    say(f"{where}: {'wide' if roles.wide else 'long'} form"
+        + (f", cells separated by {named[delimiter]}" if delimiter else "") + f"; image column {roles.image!r}"
+        + (f", split column {roles.split!r}" if roles.split else ", splits drawn by data.split_seed")
+        + (f"; ignored columns: {', '.join(roles.ignored)}" if roles.ignored else ""))  # fmt: skip
+    extra = Path(images_dir) if images_dir else None
+    bases = [path.parent] + ([extra] if extra and extra != path.parent and extra.is_dir() else [])
+    rows = _Rows(dataset, where, roles, table, options, bases, Rejects(dataset, options.strict, error=TableError))
+    try:
+        for line, record, raw in records:
+            rows.read(line, record, raw)
+        rows.seen = rows.located = rows.bad_images = None  # read: what only reading needs goes first
+        return _result(rows, dataset, hash_images, say, options, roles, delimiter)
+    except BaseException:
+        rows.captions.close()
+        raise
+
+
+class _Rows:
+    """The table's records read one by one into images and captions; what is wrong with a
+    record goes to the rejects with its line."""
+
+    def __init__(self, dataset: str, where: str, roles: Layout, table: TableOptions, options: ReadOptions,
+                 bases: list[Path], rejects: Rejects):  # fmt: skip
+        self.dataset, self.where, self.roles, self.table, self.options = dataset, where, roles, table, options
+        self.bases, self.rejects = bases, rejects
+        self.images: dict[str, _Image] = {}
+        self.bad_images: dict[str, tuple[str, str]] = {}  # the image as named -> (kind, reason), decided once
+        self.located: dict[str, str] = {}  # the image as named -> its id: a file looked up once
+        self.seen = SeenKeys()  # (image, lang, caption) -> its line
+        self.captions = SpooledTable(CAPTION_COLUMNS)  # on disk as they come: a table of millions of rows
+        self.counts: Counter = Counter()  # (split, lang) -> captions kept
+        self.captioned: set[str] = set()  # images with a caption kept
+        self.other_languages: Counter = Counter()
+        self.wanted = set(options.languages) if options.languages else None
+
+    def reject(self, line: int, kind: str, reason: str, raw: bytes) -> None:
+        self.rejects.add(self.where, line, kind, reason, raw)
+
+    def read(self, line: int, record: dict, raw: bytes) -> None:
+        if "__json__" in record:
+            return self.reject(line, "bad_record", record["__json__"], raw)
+        if "__fields__" in record:
+            reason = f"{record['__fields__']} fields, the header has {record['__header__']} (a comma in an unquoted cell?)"
+            return self.reject(line, "bad_record", reason, raw)
+        if "__too_long__" in record:
+            reason = f"a cell of more than {record['__too_long__']:,} characters: no caption is that long (the row is skipped)"
+            return self.reject(line, "too_long", reason, raw)
+        found = self.image(line, record.get(self.roles.image), raw)
+        if found is None:
+            return None
+        image_id, file = found
+        named = self.split(line, record, image_id, raw)
+        if named is None:
+            return None
+        if image_id not in self.images:
+            self.images[image_id] = _Image(image_id, file, named[0], named[1], line)
+        cells = self.roles.wide.items() if self.roles.wide else [(None, self.roles.caption)]
+        for wide_lang, column in cells:
+            self.caption(line, record, image_id, wide_lang, column, raw)
+        return None
+
+    def image(self, line: int, value, raw: bytes) -> tuple[str, str] | None:
+        """(image id, file) of the row's image, or None with the row rejected."""
+        if value is None or not str(value).strip():
+            self.reject(line, "no_image", f"no image named in column {self.roles.image!r}", raw)
+            return None
+        value = str(value).strip()
+        image_id = self.located.get(value)
+        if image_id is not None and image_id in self.images:  # the common case: an image already read
+            return image_id, self.images[image_id].path
+        if value not in self.bad_images:
+            found = self.find(value)
+            if found is not None:
+                self.located[value] = found[0]
+                return found
+        self.reject(line, *self.bad_images[value], raw)
+        return None
+
+    def find(self, value: str) -> tuple[str, str] | None:
+        """(image id, file) of an image as named, looked up once; None with the reason in bad_images."""
+        try:
+            found = _locate(value, self.bases)
+        except _Outside:
+            self.bad_images[value] = ("outside_dataset", f"image path {value!r} leads outside the dataset (only "
+                                      f"files under {' or '.join(map(str, self.bases))} are read)")  # fmt: skip
+            return None
+        if found is None:
+            looked = ", ".join(map(str, self.bases))
+            self.bad_images[value] = ("no_image", f"image file {value!r} not found (looked in {looked})")
+        elif found[0] not in self.images:
+            try:
+                probe(found[1])
+            except BadImage as error:
+                self.bad_images[value] = ("bad_image", f"image {value!r} cannot be read: {error}")
+                return None
+        return found
+
+    def split(self, line: int, record: dict, image_id: str, raw: bytes) -> tuple[str, str] | None:
+        """(split, role) of the row's image: given, else drawn; None with the row rejected."""
+        given = record.get(self.roles.split) if self.roles.split else None
+        if given is not None and str(given).strip():
+            named = split_role(given)
+            if named is None:
+                self.reject(line, "bad_split", f"split {given!r} is none of train, val, test, test_<name>", raw)
+                return None
+        else:
+            role = seeded_role(image_id, self.table)
+            named = (role, role)
+        known = self.images.get(image_id)
+        if known and (known.split, known.role) != named:
+            self.reject(line, "split_conflict",
+                        f"image {image_id!r} is in split {known.split} on line {known.line}, here {named[0]}", raw)  # fmt: skip
+            return None
+        return named
+
+    def caption(self, line: int, record: dict, image_id: str, wide_lang: str | None, column: str, raw: bytes) -> None:
+        cell = record.get(column)
+        if wide_lang is not None and (cell is None or not str(cell).strip()):
+            return  # a wide table's empty cell: no caption in that language
+        lang = wide_lang
+        if lang is None:
+            value = self.roles.single if self.roles.lang is None else record.get(self.roles.lang)
+            try:
+                lang = language_code(str(value if value is not None else ""))
+            except LanguageCodeError as error:
+                return self.reject(line, "bad_language", f"column {self.roles.lang!r}: {error}", raw)
+        many = isinstance(cell, (list, tuple))  # JSONL or Parquet: a list of captions in one cell
+        if self.wanted is not None and lang not in self.wanted:
+            self.other_languages[lang] += len(cell) if many else 1
+            return
+        for k, one in enumerate(cell if many else [cell]):
+            self.one_caption(line, image_id, lang, column, one, f":{k}" if many else "", raw)
+
+    def one_caption(self, line: int, image_id: str, lang: str, column: str, cell, part: str, raw: bytes) -> None:
+        # a line break inside a quoted cell is layout, not part of the sentence
+        text = _LINE_BREAK.sub(" ", str(cell)) if cell is not None else ""
+        data, cap = text.encode(), self.options.max_caption_bytes
+        text, kind, reason = clean_caption(data if len(data) <= cap else TooLong(data[:cap], len(data)), cap)
+        if text is None:
+            return self.reject(line, kind, f"column {column!r}{part and f' item {part[1:]}'}: {reason}", raw)
+        first = self.seen.first_line(SeenKeys.digest(image_id, lang, text), line)
+        if first is not None:
+            return self.reject(line, "duplicate", f"the same {lang} caption of {image_id!r} as line {first}", raw)
+        image = self.images[image_id]
+        self.counts[image.split, lang] += 1
+        self.captioned.add(image_id)
+        self.captions.add(caption_id=f"{self.where}:{line}" + (f":{lang}" if self.roles.wide else "") + part,
+                          dataset=self.dataset, image_id=image_id, split=image.split, role=image.role, lang=lang,
+                          text=text, source="table", source_file=self.where, line=line, origin_caption_id=None,
+                          also_in=None, source_version=None)  # fmt: skip
+
+
+class _Outside(Exception):
+    """An image path that leads out of the dataset's folders."""
+
+
+def _locate(value: str, bases: list[Path]) -> tuple[str, str] | None:
+    """(image id, file) of an image path as the table names it, relative to the table's
+    folder or the images folder (the first where it is a file), or absolute under one of
+    them; None when it is in neither. A path that leads out of both (`../x.png`, `/etc/x`)
+    raises _Outside: a dataset's files stay inside it (its key covers only them, and mule
+    serve serves only them). Links inside the folders are followed. Strings, not Paths:
+    a table of 100,000 images kept 50 MB of Path objects."""
+    named = os.path.normpath(value.replace("\\", "/"))
+    if os.path.isabs(named):
+        for base in map(str, bases):
+            for root in dict.fromkeys((os.path.normpath(base), os.path.realpath(base))):
+                if named.startswith(root.rstrip("/") + "/"):
+                    relative = os.path.relpath(named, root)
+                    file = os.path.join(base, relative)
+                    return (relative, file) if os.path.isfile(file) else None
+        raise _Outside()
+    if named == ".." or named.startswith("../"):
+        raise _Outside()
+    for base in map(str, bases):
+        file = os.path.join(base, named)
+        if os.path.isfile(file):  # follows links, to files and through linked folders
+            return named, file
+    return None
+
+
+def _result(rows_read: _Rows, dataset: str, hash_images, say, options: ReadOptions, roles: Layout,
+            delimiter: str | None) -> ReadResult:  # fmt: skip
+    images, captions, other_languages = rows_read.images, rows_read.captions.finish(), rows_read.other_languages
+    counts = Counter()
+    for (_, lang), n in rows_read.counts.items():
+        counts[lang] += n
+    for lang in options.languages or ():
+        if not counts.get(lang):
+            found = sorted(set(counts) | set(other_languages))
+            raise TableError(f"no usable {lang} captions in the table (its languages: {', '.join(found) or 'none'}); "
+                             f"set data.languages to the languages to train on")  # fmt: skip
+    if other_languages:
+        say("captions in languages outside data.languages, left out: "
+            + ", ".join(f"{n} {lang}" for lang, n in other_languages.most_common()))  # fmt: skip
+    stats: dict[str, dict[str, int]] = {}
+    chunks, rows = [], Rows()
+    for image_id in sorted(images):
+        image = images.pop(image_id)  # each image's row replaces its object: one copy at a time
+        if image.image_id not in rows_read.captioned:
+            continue  # every caption of it was rejected or in another language
+        exists, sha, width, height = image_record(Path(image.path), hash_images)
+        rows.add(dataset=dataset, image_id=image.image_id, file_name=os.path.basename(image.path), path=image.path,
+                 split=image.split, role=image.role, exists=exists, sha256=sha, width=width, height=height)  # fmt: skip
+        stats.setdefault(image.split, {"images": 0})["images"] += 1
+        if len(rows.columns["image_id"]) >= 10_000:
+            chunks.append(rows.table(IMAGES))
+            rows = Rows()
+    chunks.append(rows.table(IMAGES))
+    for (split, lang), n in sorted(rows_read.counts.items()):
+        stats[split][lang] = n
+    for name, figures in sorted(stats.items()):
+        say(f"{name}: {figures}")
+    described = roles.describe() | ({"delimiter": delimiter} if delimiter else {})
+    notes = {"table": described, "left_out_languages": dict(other_languages)}
+    return ReadResult(images=pa.concat_tables(chunks), captions=captions, rejects=rows_read.rejects.rows.table(REJECTS),
+                      stats=stats, notes=notes)

@@ -1,0 +1,236 @@
+"""Ctrl-C and SIGTERM: a command stops within two seconds, says what it kept, exits 130 / 143.
+
+The first signal raises `Interrupted` (a KeyboardInterrupt) in the main thread, so the
+stage in hand unwinds as Python code does: Prefect marks its task and flow runs crashed,
+MLflow runs end KILLED (experiments.tracking), the workdir's lock is released, and the
+command prints one line. Code that does not come back to the interpreter (a fastText
+epoch, one long batch in C) cannot see that exception, and while a flow runs Prefect's
+own SIGTERM handler stands in front of ours: so the signal also arms a watchdog, through
+the interpreter's wakeup fd, which the C-level handler writes whatever Python handler is
+installed. GRACE_S after the signal the watchdog ends the process, after the same
+cleanups, whatever the main thread is doing. A batch in flight is dropped then, never
+half-written: every table, model and record is written to a temporary file and renamed
+(storage.atomic), so a stopped run leaves exactly what it finished, and the same
+command resumes. A second signal ends the process at once.
+
+Prefect's crash reports and the reconnection warnings of its clients are not shown once
+a signal arrived: the one line says what happened.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+GRACE_S = 1.5
+# What the cleanups (ending MLflow runs in SQLite, stopping Prefect's server) may take in
+# all: one that hangs (a store locked by another process) is left, and the line comes out.
+CLEANUP_S = 2.0
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupted(KeyboardInterrupt):
+    """What the first Ctrl-C (SIGINT) or SIGTERM raises in the main thread."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def how(signum: int) -> str:
+    return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+
+
+def exit_code(signum: int) -> int:
+    return 128 + signum
+
+
+class _State:
+    def __init__(self) -> None:
+        self.installed = False
+        self.armed: int | None = None  # the first signal, once the watchdog knows of it
+        self.raised = False  # Interrupted was raised in the main thread
+        self.arming = threading.Lock()
+        self.finishing = threading.Lock()
+        self.finished = False
+        self.said = False  # the one line is out
+        self.saying = threading.Lock()
+        self.cleanups: list[Callable[[], None]] = []  # in order, before the line is printed
+        self.last: list[Callable[[], None]] = []  # after it (the Prefect server, stopped last)
+        self.abandon: list[Callable[[], None]] = []  # when the cleanups cannot run (a second signal)
+        self.message: Callable[[int], str] = lambda signum: f"mule: stopped ({how(signum)})"
+
+
+_state = _State()
+
+
+def install(message: Callable[[int], str]) -> None:
+    """Handlers for SIGINT and SIGTERM in this (the command's) process; `message(signum)`
+    is the one line printed when a signal stops it. Also when the shell started the
+    command with SIGINT ignored (a background job): `mule` is asked to stop, not the shell."""
+    _state.message = message
+    if _state.installed:
+        return
+    for signum in SIGNALS:
+        signal.signal(signum, _handler)
+    sys.unraisablehook = _unraisable(sys.unraisablehook)
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    threading.Thread(target=_watch, args=(read,), name="mule-interrupts", daemon=True).start()
+    _state.installed = True
+
+
+def _unraisable(shown: Callable) -> Callable:
+    """A signal that lands in a finaliser or a weakref callback raises its exception
+    (ours, or Prefect's TerminationSignal) where Python cannot raise: it prints it as
+    "Exception ignored" and goes on. The watchdog ends the process all the same, so the
+    traceback is not shown; other unraisable errors are, as before."""
+
+    def hook(unraisable) -> None:
+        if isinstance(unraisable.exc_value, BaseException) and not isinstance(unraisable.exc_value, Exception):
+            return  # KeyboardInterrupt, TerminationSignal, SystemExit: a stop on its way
+        shown(unraisable)
+
+    return hook
+
+
+def on_stop(cleanup: Callable[[], None], last: bool = False, abandon: Callable[[], None] | None = None) -> None:
+    """`cleanup` runs when a signal stops the command (before its line is printed, or after
+    it with last=True); `abandon` instead of it when there is no time (a second signal)."""
+    (_state.last if last else _state.cleanups).append(cleanup)
+    if abandon is not None:
+        _state.abandon.append(abandon)
+
+
+def stopping() -> int | None:
+    """The signal that is stopping this process, if one is."""
+    return _state.armed
+
+
+def stopping_soon(wait: float = 0.1) -> bool:
+    """Whether a signal is stopping this process, waiting up to `wait` seconds for the
+    watchdog to learn of one: while a flow runs, Prefect's SIGTERM handler raises in the
+    main thread before the watchdog's thread has had the GIL (and DuckDB turns that into
+    RuntimeError('Query interrupted')). Without handlers installed: whether one is now."""
+    deadline = time.monotonic() + wait
+    while _state.armed is None and _state.installed and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return _state.armed is not None
+
+
+def _watch(read: int) -> None:
+    while True:
+        try:
+            data = os.read(read, 64)
+        except OSError:
+            return
+        for signum in data:
+            if signum in SIGNALS:
+                _arm(signum)
+
+
+def _arm(signum: int) -> None:
+    with _state.arming:
+        if _state.armed is not None:
+            return
+        _state.armed = signum
+    _debug("armed")
+    logging.disable(logging.CRITICAL)  # Prefect's crash lines and its clients' retries: the line says it
+    threading.Thread(target=_deadline, name="mule-deadline", daemon=True).start()
+
+
+def _deadline() -> None:
+    time.sleep(GRACE_S)
+    _debug("deadline: the main thread did not unwind in time")
+    _exit_now(_state.armed or signal.SIGINT, wait=0.3)
+
+
+def _handler(signum: int, frame) -> None:
+    if _state.raised:  # the second signal: no more waiting
+        _exit_now(_state.armed or signum, wait=0)
+    _state.raised = True
+    _arm(signum)
+    raise Interrupted(_state.armed or signum)
+
+
+def finish(signum: int) -> int:
+    """The cleanups and the one line (once, whoever calls first); returns the exit code."""
+    if not _state.finishing.acquire(timeout=GRACE_S):
+        return exit_code(signum)
+    try:
+        if not _state.finished:
+            _state.finished = True
+            deadline = time.monotonic() + CLEANUP_S
+            _run(_state.cleanups, deadline)
+            _say(signum)
+            _run(_state.last, deadline + CLEANUP_S / 2)
+    finally:
+        _state.finishing.release()
+    return exit_code(signum)
+
+
+def _exit_now(signum: int, wait: float) -> None:
+    if _state.finishing.acquire(timeout=wait) if wait else _state.finishing.acquire(blocking=False):
+        _state.finishing.release()
+        if not _state.finished:
+            finish(signum)
+    else:  # the main thread is in the cleanups: leave them, say the line all the same
+        _run(_state.abandon)
+        _say(signum)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed pipe must not keep the process alive
+            pass
+    os._exit(exit_code(signum))
+
+
+def _run(actions: list[Callable[[], None]], deadline: float | None = None) -> None:
+    """Each action in turn; with a deadline, each on a thread of its own, waited for only
+    until the deadline: one that hangs is left behind (the process is about to end)."""
+    for action in actions:
+        if deadline is None:
+            _quietly(action)
+            continue
+        left = deadline - time.monotonic()
+        if left <= 0:
+            _debug(f"no time left for {getattr(action, '__name__', action)}")
+            continue
+        worker = threading.Thread(target=_quietly, args=(action,), name="mule-cleanup", daemon=True)
+        worker.start()
+        worker.join(left)
+        if worker.is_alive():
+            _debug(f"{getattr(action, '__name__', action)} did not finish in time: left behind")
+
+
+def _quietly(action: Callable[[], None]) -> None:
+    try:
+        action()
+    except Exception:  # noqa: BLE001 - a cleanup that fails must not keep the others from running
+        pass
+
+
+def _say(signum: int) -> None:
+    with _state.saying:
+        if _state.said:
+            return
+        _state.said = True
+    print(_safe_message(signum), file=sys.stderr, flush=True)
+
+
+def _safe_message(signum: int) -> str:
+    try:
+        return _state.message(signum)
+    except Exception:  # noqa: BLE001 - the line must come out whatever the workdir looks like
+        return f"mule: stopped ({how(signum)}); run the same command to resume"
+
+
+def _debug(what: str) -> None:
+    if os.environ.get("MULE_INTERRUPT_DEBUG"):  # bench/interrupts.py: which path ended the process
+        print(f"[interrupts {time.monotonic():.3f}] {what}", file=sys.stderr, flush=True)

@@ -1,0 +1,155 @@
+"""Querying a trained model: sentence -> images, image -> sentences per language.
+
+The model is the registry's champion for the dataset (or a train run named by id); the
+gallery is the catalog's images that have features from the model's extractor (or the
+captions, for an image query), of every split unless one is named.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mule import api
+from mule.data_catalog import queries
+from mule.data_catalog.splits import load_split
+from mule.data_catalog.tables import Catalog
+from mule.datasets.image_files import MAX_PIXELS
+from mule.mule_core.embedder import Embedder, EmbedError
+from mule.mule_core.errors import InputError, UserError
+from mule.mule_core.model import MuleModel
+from mule.mule_core.split_tensors import SplitTensors
+from mule.mule_core.trainer import encode_split
+from mule.storage.content_digests import sha256_file
+from mule.storage.workdir import Workdir
+
+
+class SearchError(UserError, ValueError):
+    pass
+
+
+@dataclass
+class Searcher:
+    embedder: Embedder  # the model as a function
+    dataset: str
+    catalog: Catalog
+    model_file: Path | None = None  # the file it was read from (the gallery index names the model by its sha256)
+
+    @property
+    def model(self) -> MuleModel:
+        return self.embedder.model
+
+    @property
+    def meta(self) -> dict:
+        return self.embedder.meta
+
+    @property
+    def label(self) -> str:
+        return self.embedder.label
+
+    @property
+    def device(self) -> torch.device:
+        return self.embedder.device
+
+    @property
+    def languages(self) -> list[str]:
+        return list(self.meta["vocabulary"].languages)
+
+    def split(self, selector: str, with_features: bool) -> SplitTensors:
+        try:
+            return load_split(self.catalog, self.dataset, selector, self.meta["vocabulary"],
+                              self.meta["cfg"].text.max_tokens, self.meta["extractor"] if with_features else None)  # fmt: skip
+        except InputError as error:
+            raise SearchError(str(error)) from None
+
+
+def open_searcher(workdir: Workdir, dataset: str, run_id: str | None = None, version: str | None = None) -> Searcher:
+    embedder = api.load(workdir.root, dataset=dataset, run=run_id, version=version)
+    if embedder.model.image_branch is None:
+        raise SearchError(f"{embedder.label} was trained without images (a text-only dataset): it cannot search images")
+    return Searcher(embedder, dataset, Catalog(workdir, read_only=True), embedder.meta["file"])
+
+
+def embedder(searcher: Searcher) -> Embedder:
+    return searcher.embedder
+
+
+def _encode_text(searcher: Searcher, text: str, lang: str | None):
+    try:
+        return embedder(searcher).text(text, lang)
+    except EmbedError as error:
+        raise SearchError(str(error)) from None
+
+
+def search_text(searcher: Searcher, text: str, lang: str | None = None, k: int = 5, split: str = "all") -> dict:
+    """The k images closest to the sentence, best first."""
+    found = _encode_text(searcher, text, lang)
+    query = torch.from_numpy(found.vector)
+    data = searcher.split(split, with_features=True)
+    with torch.no_grad():
+        images = torch.cat([searcher.model.encode_image(data.features[s : s + 1024])
+                            for s in range(0, len(data.features), 1024)])  # fmt: skip
+    scores = images @ query
+    top = torch.topk(scores, min(k, len(scores)))
+    ids = [data.image_ids[i] for i in top.indices.tolist()]
+    info = _image_info(searcher, ids)
+    results = [{"rank": r + 1, "image_id": i, "score": float(s), **info[i]}
+               for r, (i, s) in enumerate(zip(ids, top.values.tolist()))]  # fmt: skip
+    return {"query": text, "lang": found.lang, "language": found.language, "unknown_words": found.unknown_words,
+            "composed_words": found.composed_words, "model": searcher.label,
+            "split": split, "gallery": len(data.image_ids), "results": results}  # fmt: skip
+
+
+def _image_info(searcher: Searcher, image_ids: list[str]) -> dict[str, dict]:
+    rows = queries.image_rows(searcher.catalog, searcher.dataset, image_ids)
+    return {r["image_id"]: {"path": r["path"], "split": r["split"]} for r in rows}
+
+
+def image_features(searcher: Searcher, path: Path) -> tuple[torch.Tensor, str]:
+    """The image's CNN features: the catalog's when it holds these very bytes, else the
+    model's extractor run on the file. Returns (features, where they came from)."""
+    if not path.is_file():
+        raise SearchError(f"{path}: no such image file")
+    sha = sha256_file(path)
+    found = queries.image_with_bytes(searcher.catalog, searcher.dataset, sha)
+    match = [found] if found else []
+    extracted = searcher.catalog.extracted_images(searcher.dataset, searcher.meta["extractor"])
+    if match and extracted.get(match[0]) == sha:  # the catalog has this image's features from this extractor
+        vector = searcher.catalog.read_features(searcher.dataset, searcher.meta["extractor"], match)
+        return torch.from_numpy(np.ascontiguousarray(vector, np.float32)), f"catalog image {match[0]}"
+    try:
+        # the user's own file, on their own machine: Pillow's limit, not a shared server's budget
+        return embedder(searcher).image_features(path, MAX_PIXELS), f"extracted with {searcher.meta['extractor']}"
+    except EmbedError as error:
+        raise SearchError(str(error)) from None
+
+
+def search_image(searcher: Searcher, path: Path, k: int = 5, split: str = "all") -> dict:
+    """The k sentences closest to the image, per language, best first."""
+    features, origin = image_features(searcher, Path(path))
+    with torch.no_grad():
+        query = searcher.model.encode_image(features)[0]
+    data = searcher.split(split, with_features=False)
+    captions = encode_split(searcher.model, data, searcher.device)["caption_joint"]
+    scores = captions @ query
+    texts = _caption_texts(searcher, data.caption_ids)
+    per_language = {}
+    for index, lang in enumerate(data.languages):
+        rows = np.nonzero(data.caption_lang == index)[0]
+        if len(rows) == 0:
+            continue
+        top = torch.topk(scores[rows], min(k, len(rows)))
+        per_language[lang] = [
+            {"rank": r + 1, "score": float(s), "caption_id": data.caption_ids[rows[i]],
+             "image_id": data.image_ids[data.caption_image[rows[i]]], "text": texts[data.caption_ids[rows[i]]]}
+            for r, (i, s) in enumerate(zip(top.indices.tolist(), top.values.tolist()))
+        ]  # fmt: skip
+    return {"image": str(path), "features": origin, "model": searcher.label, "split": split,
+            "results": per_language}  # fmt: skip
+
+
+def _caption_texts(searcher: Searcher, caption_ids: list[str]) -> dict[str, str]:
+    return queries.caption_texts(searcher.catalog, searcher.dataset, caption_ids)

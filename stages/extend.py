@@ -1,0 +1,123 @@
+"""Adding a language to a trained model (MULE's design allows it: a language owns only
+its word vectors and one FC into MULE): the `extend` step of the add-language sweep.
+
+The base model (trained without the language) is copied and frozen; the new language's
+branch is trained alone: LP first (NC at the MULE layer toward the base languages'
+sentences of the same images), then NC at both layers plus the image-sentence loss, on
+the training images that have captions in the new language. LC stays off (its
+classifier would need the new language's row trained). Afterwards the base languages'
+sentence and image embeddings are compared with the base model's on the test split:
+they must be bit-identical.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from mule.data_catalog.model_files import load_model, save_model
+from mule.data_catalog.splits import load_split, load_vocabulary
+from mule.mule_core.devices import use_cpu_threads
+from mule.mule_core.errors import UserError
+from mule.mule_core.metrics import mean_r1
+from mule.mule_core.model import count_parameters, with_added_language
+from mule.mule_core.trainer import Trainer, cross_lingual, encode_split, evaluate_split, resolve_device
+from mule.stages.shared.checkpoints import history_records
+from mule.stages.shared.context import StageContext, logger
+from mule.stages.shared.token_identity import caption_tokenizers
+
+
+class AddLanguageError(UserError, ValueError):
+    pass
+
+
+def base_model_name(lang: str, configured: str = "") -> str:
+    return configured or f"without-{lang}"
+
+
+def added_model_name(lang: str, configured_base: str = "") -> str:
+    return f"{base_model_name(lang, configured_base)}+{lang}"
+
+
+def compute(ctx: StageContext) -> dict[str, Any]:
+    wd, catalog, cfg = ctx.workdir, ctx.catalog, ctx.cfg
+    log, dataset = logger(), cfg.data.dataset
+    lang = cfg.train.add_language
+    if not lang:
+        raise AddLanguageError("no language to add: set train.add_language (mule run add-language --lang ja)")
+    base_path = wd.model_path(dataset, base_model_name(lang, cfg.train.base_model))
+    if not base_path.exists():
+        raise AddLanguageError(f"no base model at {base_path}: train one without {lang} first "
+                               f"(mule run add-language trains it, or train.model_name={base_path.stem})")  # fmt: skip
+    base, meta = load_model(base_path)
+    if lang in base.languages:
+        raise AddLanguageError(f"{base_path} already reads {lang}")
+    vocabulary = load_vocabulary(catalog, dataset, [*base.languages, lang], meta["cfg"].model)
+    if lang not in vocabulary.languages:
+        raise AddLanguageError(
+            f"no {lang} word vectors in dataset {dataset!r}: run the text stage with {lang} in data.languages"
+        )
+    for other in base.languages:
+        if meta["vocabulary"].vocabs[other].tokens != vocabulary.vocabs[other].tokens:
+            raise AddLanguageError(f"the {other} word vectors changed since {base_path} was trained; retrain it")
+    base_cfg, extractor = meta["cfg"], meta["extractor"]
+    max_tokens = base_cfg.text.max_tokens
+    tokenizers = caption_tokenizers(catalog, dataset, vocabulary.languages, cfg.text.tokenizers, "extend")
+    all_train = load_split(catalog, dataset, "train", vocabulary, max_tokens, extractor, cfg.data.captions)
+    train = all_train.images_with(lang)  # the others' images teach the new branch nothing
+    val = load_split(catalog, dataset, "val", vocabulary, max_tokens, extractor)
+    device = resolve_device(cfg.train.device)
+    use_cpu_threads(cfg.train.threads)  # in the key: the count changes the weights
+    torch.manual_seed(cfg.train.seed)
+    model = with_added_language(base, base_cfg.model, lang, vocabulary.sizes[lang], vocabulary.vectors[lang],
+                                vocabulary.vocabs[lang].tokens, (vocabulary.ngram_vectors or {}).get(lang))  # fmt: skip
+    counts = count_parameters(model)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    log.info("adding %s to %s: %d training images with %s captions (of %d), %s trainable parameters of %s",
+             lang, base_path.name, train.n_images, lang, all_train.n_images, f"{trainable:,}", f"{counts['total']:,}")  # fmt: skip
+
+    started = time.perf_counter()
+    loss = replace(cfg.loss, lc=False, nc=True)
+    if cfg.pretrain.enabled and cfg.pretrain.epochs > 0:
+
+        def validate_lp(m):
+            table = cross_lingual(m, val, device, "mule")
+            toward = {pair: row for pair, row in table.items() if lang in pair.split("->")}
+            return mean_r1(toward), toward
+
+        lp = Trainer(model, train, loss, cfg.train, device, mode="lp", validate=validate_lp, pretrain=cfg.pretrain)
+        lp.fit(lambda r: ctx.report.metrics({"add.lp.val_r1": r.score}, step=r.epoch))
+        log.info("LP of the %s branch: best epoch %d, val cross-lingual R@1 %.1f (pairs with %s)",
+                 lang, lp.best_epoch, lp.best_score, lang)  # fmt: skip
+
+    def validate(m):
+        table = evaluate_split(m, val, device, cfg.eval.ks)
+        return table[lang]["mR"], table
+
+    trainer = Trainer(model, train, loss, cfg.train, device, mode="joint", validate=validate)
+    history = trainer.fit(lambda r: ctx.report.metrics({"add.train.match": r.losses.get("match", 0.0),
+                                                        f"add.val.{lang}.mR": r.score}, step=r.epoch))  # fmt: skip
+    unchanged = _max_change(base, model, catalog, dataset, cfg, meta, extractor, device)
+    log.info("base languages after adding %s: largest change of any sentence or image embedding on %s = %g",
+             lang, cfg.eval.split, unchanged)  # fmt: skip
+    if unchanged != 0.0:  # frozen weights cannot move anything: if they did, that is a bug
+        raise RuntimeError(f"adding {lang} changed the base languages' embeddings (max |diff| {unchanged})")
+    path = wd.model_path(dataset, cfg.train.model_name)
+    save_model(path, model, replace(cfg, model=base_cfg.model, text=replace(cfg.text, word_dim=base_cfg.text.word_dim, max_tokens=max_tokens)), vocabulary, kind="joint",
+               dataset=dataset, extractor=extractor, best_epoch=trainer.best_epoch, val_score=trainer.best_score,
+               parameters=counts, base_model=str(base_path), added_language=lang, unchanged=unchanged,
+               tokenizers=tokenizers)  # fmt: skip
+    return {"path": str(path), "language": lang, "best_epoch": trainer.best_epoch, "val_mR": trainer.best_score,
+            "trainable_parameters": trainable, "parameters": counts, "existing_languages_max_change": unchanged,
+            "seconds": round(time.perf_counter() - started, 1), "history": history_records(history)}  # fmt: skip
+
+
+def _max_change(base, model, catalog, dataset, cfg, meta, extractor, device) -> float:
+    """Largest |difference| between the base model's and the new model's embeddings of
+    the base languages' test sentences (MULE and multimodal layers) and of the images."""
+    data = load_split(catalog, dataset, cfg.eval.split, meta["vocabulary"], meta["cfg"].text.max_tokens, extractor)
+    before, after = encode_split(base, data, device), encode_split(model, data, device)
+    return max(float((before[k] - after[k]).abs().max()) for k in before)

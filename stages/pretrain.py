@@ -1,0 +1,71 @@
+"""LP: pretrain the MULE layers (word embeddings + per-language FC) on sentences of the
+same image across languages, before joint training."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from mule.data_catalog.model_files import save_model
+from mule.data_catalog.splits import load_split, load_vocabulary
+from mule.mule_core.devices import use_cpu_threads
+from mule.mule_core.metrics import mean_r1
+from mule.mule_core.model import build_model
+from mule.mule_core.trainer import Trainer, cross_lingual, resolve_device
+from mule.stages.shared.checkpoints import Checkpoints, divergence_tags, history_records, phase_seconds
+from mule.stages.shared.context import StageContext, logger
+from mule.stages.shared.token_identity import caption_tokenizers
+
+
+def compute(ctx: StageContext) -> dict[str, Any]:
+    catalog, cfg = ctx.catalog, ctx.cfg
+    log, dataset = logger(), cfg.data.dataset
+    if not cfg.pretrain.enabled:
+        log.info("LP is switched off (pretrain.enabled=false); joint training will start from the word vectors")
+        return {"skipped": "pretrain.enabled=false"}
+    vocabulary = load_vocabulary(catalog, dataset, cfg.data.languages, cfg.model)
+    if len(vocabulary.languages) < 2:
+        log.info("LP needs two languages or more; dataset %s has %s: skipped", dataset, vocabulary.languages)
+        return {"skipped": f"one language ({', '.join(vocabulary.languages)})"}
+    tokenizers = caption_tokenizers(catalog, dataset, vocabulary.languages, cfg.text.tokenizers, "pretrain")
+    train = load_split(catalog, dataset, "train", vocabulary, cfg.text.max_tokens, captions=cfg.data.captions)
+    val = load_split(catalog, dataset, "val", vocabulary, cfg.text.max_tokens)
+    device = resolve_device(cfg.train.device)
+    threads = use_cpu_threads(cfg.train.threads)  # in the key: the count changes the weights
+    torch.manual_seed(cfg.train.seed)  # the same initial weights on every run
+    model = build_model(cfg.model, vocabulary, image_dim=None)
+
+    def validate(m):
+        table = cross_lingual(m, val, device, "mule")
+        return mean_r1(table), table
+
+    trainer = Trainer(model, train, cfg.loss, cfg.train, device, mode="lp", validate=validate, pretrain=cfg.pretrain)
+    log.info("LP on %d captions (%s) of %d images; sentences per image %s; device %s, %d CPU thread(s)",
+             len(train.caption_image), cfg.data.captions, train.n_images, trainer.sentences_per_image, device,
+             threads)  # fmt: skip
+
+    # LP checkpoints every epoch and resumes as joint training does
+    checkpoints = Checkpoints(ctx, catalog.lp_checkpoint_path(cfg))
+    checkpoints.resume(trainer)
+
+    def on_epoch(result) -> None:
+        metrics = {f"lp.{k}": v for k, v in result.losses.items()}
+        metrics["lp.val_cross_lingual_r1"] = result.score
+        metrics["lp.sentences_per_second"] = result.sentences_per_second
+        metrics |= {f"lp.val.{pair}.r1": row["r1"] for pair, row in (result.validation or {}).items()}
+        ctx.report.metrics(metrics, step=result.epoch)
+        ctx.report.tags(divergence_tags(trainer, result, "pretrain"))
+        checkpoints.save(trainer)
+
+    started = time.perf_counter()
+    history = trainer.fit(on_epoch)
+    path = catalog.lp_model_path(cfg)
+    save_model(path, model, cfg, vocabulary, kind="lp", best_epoch=trainer.best_epoch, val_score=trainer.best_score,
+               tokenizers=tokenizers)  # fmt: skip
+    checkpoints.remove_once_recorded()
+    log.info("LP done: best epoch %d, val cross-lingual R@1 %.1f (MULE layer)", trainer.best_epoch, trainer.best_score)
+    return {"path": str(path), "captions": len(train.caption_image), "best_epoch": trainer.best_epoch,
+            "val_cross_lingual_r1": trainer.best_score, "seconds": round(time.perf_counter() - started, 1),
+            "phases": phase_seconds(history), "history": history_records(history)}  # fmt: skip

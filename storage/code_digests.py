@@ -1,0 +1,303 @@
+"""What code made something: the repository files a module really imports, read from
+their source, and the versions of the libraries those files import.
+
+Three things are keyed by code: a stage (pipeline.decisions: the import closure of the
+module that computes it), the image features (the code that turns an image into a
+vector: stages/features.py) and the generated datasets and their ceiling
+(embedded). A hand list of "the code train depends on" drifts as soon as
+someone adds an import; the import closure cannot.
+
+Imports are found by parsing (never by importing), inside functions too, so a lazily
+imported module counts like any other; an import under `if TYPE_CHECKING:` never runs
+and does not count. The closure is deliberately generous: a module that is imported
+but does not change the output still reruns what reaches it when edited, which costs
+time; the other way round would cost a stale model.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import json
+import os
+import sys
+from importlib.metadata import PackageNotFoundError, distribution, distributions, packages_distributions, version
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Libraries that run and record a stage but do not compute what it writes: upgrading
+# Prefect or MLflow must not retrain a model. (The computing modules do not import them;
+# this keeps it so if one ever does.)
+RUNNERS = frozenset({"prefect", "prefect_dask", "mlflow", "dask", "distributed"})
+
+
+NAMESPACE = "mule"  # installed, the repository's folders are mule.<folder> (pyproject.toml)
+
+
+@functools.cache
+def module_path(module: str, repo: Path = REPO) -> Path | None:
+    """The file of a repository module (a package is its __init__.py); None when the
+    module is not in the repository (and for the `mule` namespace itself, which has no file)."""
+    parts = module.split(".")
+    if parts[0] != NAMESPACE or len(parts) == 1:
+        return None
+    base = repo.joinpath(*parts[1:])
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _stamp(path: Path) -> tuple[str, int, int]:
+    stat = path.stat()
+    return str(path), stat.st_mtime_ns, stat.st_size
+
+
+@functools.cache
+def _digest(stamp: tuple[str, int, int]) -> str:
+    """A file's digest, read once per content (stages share most files)."""
+    return hashlib.sha256(Path(stamp[0]).read_bytes()).hexdigest()[:16]
+
+
+@functools.cache
+def _parsed(stamp: tuple[str, int, int]) -> ast.AST:
+    return ast.parse(Path(stamp[0]).read_bytes(), filename=stamp[0])
+
+
+def cache_dir() -> Path:
+    """mule's folder in the user's cache (XDG_CACHE_HOME, else ~/.cache)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mule"
+
+
+class _ImportCache:
+    """File digest, module -> the names its imports load, kept in the user's cache: parsing
+    every file a stage reaches costs a second on a busy machine, and the answer depends
+    only on the file's content (and where it sits)."""
+
+    MAX = 5000
+
+    def __init__(self) -> None:
+        self.path = cache_dir() / "imports.json"
+        try:
+            self.entries: dict[str, list[str]] = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            self.entries = {}
+        self.changed = False
+
+    def save(self) -> None:
+        if not self.changed:
+            return
+        if len(self.entries) > self.MAX:  # old edits' entries: keep the newest
+            self.entries = dict(list(self.entries.items())[-self.MAX // 2 :])
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
+            tmp.write_text(json.dumps(self.entries))
+            os.replace(tmp, self.path)
+            self.changed = False
+        except OSError:  # no writable cache: parsed again next time
+            pass
+
+
+@functools.cache
+def _import_cache() -> _ImportCache:
+    return _ImportCache()
+
+
+def _imported_names(path: Path, module: str, is_package: bool) -> set[str]:
+    return _imports_in(_stamp(path), module, is_package)
+
+
+def _type_checking_only(node: ast.AST) -> bool:
+    """`if TYPE_CHECKING:` (or typing.TYPE_CHECKING): imported for annotations, never run."""
+    if not isinstance(node, ast.If):
+        return False
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _import_nodes(node: ast.AST):
+    for child in ast.iter_child_nodes(node):
+        if _type_checking_only(child):
+            for orelse in child.orelse:  # the else branch of `if TYPE_CHECKING:` does run
+                yield from _import_nodes_in(orelse)
+            continue
+        yield from _import_nodes_in(child)
+
+
+def _import_nodes_in(node: ast.AST):
+    if isinstance(node, ast.Import | ast.ImportFrom):
+        yield node
+    yield from _import_nodes(node)
+
+
+@functools.cache
+def _imports_in(stamp: tuple[str, int, int], module: str, is_package: bool) -> frozenset[str]:
+    """Every module name an import statement in the file may load (absolute names)."""
+    cache, key = _import_cache(), f"{_digest(stamp)}:{module}:{int(is_package)}"
+    if key in cache.entries:
+        return frozenset(cache.entries[key])
+    names = _parse_imports(stamp, module, is_package)
+    cache.entries[key] = sorted(names)
+    cache.changed = True
+    return names
+
+
+def _parse_imports(stamp: tuple[str, int, int], module: str, is_package: bool) -> frozenset[str]:
+    package = module if is_package else module.rpartition(".")[0]
+    names: set[str] = set()
+    for node in _import_nodes(_parsed(stamp)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        else:
+            if node.level:  # from . import x, from ..a import b
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1])
+                source = f"{base}.{node.module}" if node.module else base
+            else:
+                source = node.module or ""
+            names.add(source)
+            names.update(f"{source}.{alias.name}" for alias in node.names)  # `from pkg import submodule`
+    return frozenset(names)
+
+
+def _with_parents(module: str) -> list[str]:
+    """Importing a.b.c runs a/__init__.py and a/b/__init__.py first."""
+    parts = module.split(".")
+    return [".".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+def closure(module: str | tuple[str, ...], repo: Path = REPO) -> tuple[dict[str, Path], set[str]]:
+    """(repository modules reached from `module` (or from each of several), by name ->
+    file; top-level names of the other modules they import)."""
+    reached: dict[str, Path] = {}
+    outside: set[str] = set()
+    todo = [module] if isinstance(module, str) else list(module)
+    while todo:
+        name = todo.pop()
+        for candidate in _with_parents(name):
+            if candidate in reached:
+                continue
+            path = module_path(candidate, repo)
+            if path is None:
+                if candidate.split(".")[0] != NAMESPACE:
+                    outside.add(candidate.split(".")[0])
+                continue  # `from pkg import function`: pkg.function is not a module
+            reached[candidate] = path
+            todo.extend(_imported_names(path, candidate, path.name == "__init__.py"))
+    return reached, outside
+
+
+@functools.cache
+def _top_level_names() -> dict[str, tuple]:
+    """Import name -> distributions, from the distributions' top_level.txt (a few ms;
+    importlib's packages_distributions() also reads every RECORD: 2 s here)."""
+    found: dict[str, list] = {}
+    for dist in distributions():
+        for name in (dist.read_text("top_level.txt") or "").split():
+            found.setdefault(name, []).append(dist)
+    return {name: tuple(dists) for name, dists in found.items()}
+
+
+@functools.cache
+def _packages_distributions() -> dict[str, list[str]]:
+    """importlib's packages_distributions(), which reads every distribution's RECORD (2 s on
+    an idle machine, 5 beside a busy one), remembered in the user's cache for as long as
+    the same distributions are installed (their dist-info folders, listed in milliseconds)."""
+    signature = _installed_signature()
+    cache = cache_dir() / f"packages-{signature}.json"
+    try:
+        return json.loads(cache.read_text())
+    except (OSError, ValueError):
+        pass
+    found = packages_distributions()
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_name(f".{cache.name}.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(found))
+        os.replace(tmp, cache)
+    except OSError:  # no writable cache: computed again next time
+        pass
+    return found
+
+
+def installed_packages() -> dict[str, list[str]]:
+    """Import name -> the distributions that provide it (importlib's
+    packages_distributions()), from the user's cache while the installed distributions
+    stay the same."""
+    return {name: list(dists) for name, dists in _packages_distributions().items()}
+
+
+def _installed_signature() -> str:
+    """Which distributions are installed where (their metadata folders), as a digest."""
+    value = hashlib.sha256(sys.prefix.encode())
+    for entry in sorted({p for p in sys.path if p}):
+        try:
+            names = sorted(e.name for e in os.scandir(entry) if e.name.endswith((".dist-info", ".egg-info")))
+        except OSError:
+            continue
+        if names:  # a folder without distributions (the working directory) changes nothing
+            value.update(f"{entry}\0{chr(0).join(names)}\n".encode())
+    return value.hexdigest()[:16]
+
+
+@functools.cache
+def _distributions_of(name: str) -> tuple[str, ...]:
+    if name in _top_level_names():
+        return tuple(dist.metadata["Name"] for dist in _top_level_names()[name])
+    try:
+        return (distribution(name).metadata["Name"],)  # most import names are their distribution's
+    except PackageNotFoundError:
+        pass
+    # a wheel without top_level.txt whose import name is not its name (faiss: faiss-cpu):
+    # every RECORD read once (2 s), only when it comes to that
+    return tuple(_packages_distributions().get(name, ()))
+
+
+def installed_version(dist: str) -> str:
+    """An installed distribution's version (tests replace this to simulate an upgrade)."""
+    return version(dist)
+
+
+def libraries(top_level_names: set[str]) -> dict[str, str]:
+    """Installed distribution -> version for the third-party modules named (the standard
+    library and the runners left out)."""
+    found: dict[str, str] = {}
+    for name in sorted(top_level_names - set(sys.stdlib_module_names) - RUNNERS):
+        for dist in _distributions_of(name):
+            try:
+                found[dist] = installed_version(dist)
+            except PackageNotFoundError:
+                pass
+    return found
+
+
+@functools.cache
+def code_parts(module: str | tuple[str, ...], repo: Path = REPO) -> dict[str, str]:
+    """What a change of code means for what `module` (or several) computes: each reached
+    file's digest ("file stages/train.py"), each library's version ("library torch")."""
+    reached, outside = closure(module, repo)
+    parts = {f"file {path.relative_to(repo)}": _digest(_stamp(path)) for path in sorted(reached.values())}
+    parts |= {f"library {name}": v for name, v in libraries(outside).items()}
+    _import_cache().save()
+    return parts
+
+
+def digest(parts: dict[str, str]) -> str:
+    value = hashlib.sha256()
+    for name, part in sorted(parts.items()):
+        value.update(f"{name}={part}\n".encode())
+    return value.hexdigest()[:16]
+
+
+def code_digest(module: str | tuple[str, ...], repo: Path = REPO) -> str:
+    return digest(code_parts(module, repo))
+
+
+def forget() -> None:
+    """Forgets the keys read so far (after an edit, in tests and long-lived processes)."""
+    code_parts.cache_clear()

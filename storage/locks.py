@@ -1,0 +1,213 @@
+"""One mule process at a time per workdir, and readers that never see a stage half-written.
+
+Two `mule run` (or deployment) processes writing the same catalog could interleave their
+tables; the second one refuses with a message naming the holder instead. The lock is an
+flock on <workdir>/mule.lock, so the kernel releases it when its holder dies, even by
+kill -9: a stale lock never blocks the rerun. The file holds who has it (pid, host,
+stage, command, since when) for the refusal message. A process re-enters its own lock:
+`rebuild` holds it across its stages and each stage updates the holder's stage.
+
+Readers (`mule serve`, `mule search`, `mule catalog`) take no workdir lock: they read while
+a run writes. What they read is consistent: a stage that changes what readers see
+(Catalog's writes of tables, of the current features, of the gallery index) first takes
+catalog.lock exclusively (`committing`), and keeps it until its record is written
+(`end_commit`, by pipeline.runner), so its outputs appear all at once; a reader loads
+under the shared lock (`catalog_reading`), waiting the few seconds a stage takes to write
+them. A stage's computing (training for an hour) holds nothing readers wait for.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from mule.mule_core.errors import UserError
+from mule.storage.workdir import Workdir
+
+BRIEF_S = 60.0  # how long a brief holder is waited for
+_held: dict[str, int] = {}  # lock file -> descriptor, for the locks this process holds
+_runs: dict[str, str] = {}  # lock file -> this holding's token (what a remote worker checks)
+
+
+class WorkdirBusyError(UserError):
+    pass
+
+
+def _describe(info: dict) -> str:
+    since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(info.get("since", 0)))
+    return (f"pid {info.get('pid')} on {info.get('host')}, stage {info.get('stage')!r} of "
+            f"`{info.get('command')}`, since {since}")  # fmt: skip
+
+
+def _write_holder(fd: int, stage: str, since: float, run: str = "", brief: bool = False) -> None:
+    info = {"pid": os.getpid(), "host": socket.gethostname(), "stage": stage, "run": run, "brief": brief,
+            "command": " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv)), "since": since}  # fmt: skip
+    data = json.dumps(info).encode()
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, data, 0)
+
+
+def holder(workdir: Workdir) -> dict | None:
+    """Who holds the workdir's lock, as its file says (None when free or unreadable)."""
+    try:
+        return json.loads(workdir.lock_path.read_text() or "null")
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def run_token(workdir: Workdir) -> str | None:
+    """This process's holding of the workdir's lock, as a token (None when it holds none):
+    what work handed to other machines checks before it writes (still_running)."""
+    return _runs.get(str(workdir.lock_path))
+
+
+def still_running(workdir: Workdir, token: str) -> bool:
+    """The run whose token this is still holds the workdir: a Dask worker's shard, done
+    after that run stopped (its lock released) or while another run holds the workdir, is
+    not written. Asked from any process that sees the workdir."""
+    if _runs.get(str(workdir.lock_path)) == token:
+        return True
+    try:
+        fd = os.open(workdir.lock_path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return False  # nobody holds it: the run is over
+        except BlockingIOError:
+            return (holder(workdir) or {}).get("run") == token
+    finally:
+        os.close(fd)
+
+
+def holds_lock(workdir: Workdir) -> bool:
+    """This process holds the workdir's lock already (a stage run by rebuild)."""
+    return str(workdir.lock_path) in _held
+
+
+@contextmanager
+def workdir_lock(workdir: Workdir, stage: str, wait: bool = False,
+                 waiting: Callable[[dict], None] | None = None, patience: float = 0.0,
+                 brief: bool = False) -> Iterator[None]:  # fmt: skip
+    """The workdir for this process alone. Held already (a stage inside the rebuild): the
+    holder's stage is updated, and put back when the stage ends (not when it fails: the
+    stage a run stopped in is what `last_stage` tells). Held by another process: refused
+    (after `patience` seconds of trying), or with `wait` waited for, `waiting(holder)` told
+    each time the holder's stage changes. A `brief` holder (the recorder of deferred MLflow
+    runs: seconds) is waited for, up to BRIEF_S."""
+    global _last_stage
+    path = str(workdir.lock_path)
+    if path in _held:  # this process already holds it (a stage inside rebuild)
+        fd, outer = _held[path], _last_stage
+        _write_holder(fd, stage, time.time(), _runs[path])
+        _last_stage = stage
+        yield
+        _write_holder(fd, outer or stage, time.time(), _runs[path])
+        _last_stage = outer
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    told, started = None, time.monotonic()
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            info = holder(workdir) or {}
+            # a brief holder is waited for a minute at most (a recorder that hangs is refused);
+            # one that has not said who it is yet, or has just let go, a second
+            limit = max(patience, BRIEF_S) if info.get("brief") else max(patience, 1.0) if not info else patience
+            if not wait and time.monotonic() - started >= limit:
+                os.close(fd)
+                raise WorkdirBusyError(
+                    f"the workdir {workdir.root} is in use by another mule process ({_describe(info)}): wait for "
+                    "it to finish (or run with --wait), or stop it, then run this again"
+                ) from None
+            if waiting and info and info.get("stage") != told:
+                waiting(info)
+                told = info.get("stage")
+            time.sleep(0.2)
+    _held[path] = fd
+    _runs[path] = uuid.uuid4().hex
+    try:
+        _write_holder(fd, stage, time.time(), _runs[path], brief)
+        _last_stage = stage
+        yield
+    finally:
+        del _held[path], _runs[path]
+        os.ftruncate(fd, 0)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+_last_stage: str | None = None
+
+
+def last_stage() -> str | None:
+    """The stage this process's lock named last: the one in hand, or the one a run stopped in."""
+    return _last_stage
+
+
+def describe(info: dict) -> str:
+    return _describe(info)
+
+
+class CatalogBusyError(UserError):
+    pass
+
+
+_commits: dict[str, int] = {}  # catalog.lock -> descriptor, while this process writes what readers see
+
+
+def committing(workdir: Workdir) -> None:
+    """This process is about to change what readers see: readers wait until end_commit
+    (waits itself for the readers loading now, seconds at most)."""
+    path = str(workdir.catalog_lock_path)
+    if path in _commits:
+        return
+    workdir.catalog_lock_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    _commits[path] = fd
+
+
+def end_commit(workdir: Workdir) -> None:
+    """The stage is recorded: readers may read again."""
+    fd = _commits.pop(str(workdir.catalog_lock_path), None)
+    if fd is not None:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+@contextmanager
+def catalog_reading(workdir: Workdir, timeout: float = 120.0) -> Iterator[None]:
+    """For a reader: the catalog as the last stage left it, never half-way through a
+    stage's writes. Creates nothing (no lock file yet: no run has written since readers
+    took care). A run still writing after `timeout` seconds: CatalogBusyError saying so."""
+    try:
+        fd = os.open(workdir.catalog_lock_path, os.O_RDONLY)
+    except FileNotFoundError:
+        yield
+        return
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    info = holder(workdir) or {}
+                    raise CatalogBusyError(f"a mule run is writing the catalog of {workdir.root} ({_describe(info)}) "
+                                           f"for more than {timeout:.0f} s; try again when it is done") from None  # fmt: skip
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)  # releases the shared lock
