@@ -50,10 +50,10 @@ def load(source: str | os.PathLike, *, dataset: str | None = None, version: str 
 
 
 def _only_dataset(workdir) -> str:
-    from mule.experiments import tracking
+    from mule.experiments import mlflow_store, tracking
     from mule.experiments.registry import CHAMPION, RegistryError
 
-    if not tracking.store_exists(workdir):
+    if not mlflow_store.store_exists(workdir):
         raise RegistryError(f"no trained model in {workdir.root} (no MLflow store yet): run mule demo or mule run train")
     client = tracking.client(workdir)
     datasets = []

@@ -28,10 +28,11 @@ use_checkout()  # run from anywhere, installed or not
 from mule.config.resolution import resolve  # noqa: E402
 from mule.mule_core.backbones import extractor_network  # noqa: E402
 from mule.mule_core.devices import resolve_device  # noqa: E402
+from mule.mule_core.encoding import evaluate_split  # noqa: E402
 from mule.mule_core.metrics import mean_mr  # noqa: E402
 from mule.mule_core.model import MuleModel  # noqa: E402
 from mule.mule_core.split_tensors import SplitTensors  # noqa: E402
-from mule.mule_core.trainer import Trainer, evaluate_split  # noqa: E402
+from mule.mule_core.trainer import Trainer  # noqa: E402
 
 LANGS = ["en", "fr"]
 

@@ -37,7 +37,7 @@ from mule.config.overrides import parse_assignments  # noqa: E402
 from mule.config.resolution import resolve  # noqa: E402
 from mule.experiments.seeds import mean_spread  # noqa: E402
 from mule.mule_core.devices import resolve_device  # noqa: E402
-from mule.mule_core.trainer import encode_split  # noqa: E402
+from mule.mule_core.encoding import encode_split  # noqa: E402
 
 SOURCE = "en"
 

@@ -37,6 +37,7 @@ use_checkout()  # run from anywhere, installed or not
 
 from mule.config.overrides import parse_assignments  # noqa: E402
 from mule.config.resolution import resolve  # noqa: E402
+from mule.mule_core.encoding import encode_split, evaluate_split  # noqa: E402
 from mule.mule_core.metrics import (  # noqa: E402
     cross_lingual_recalls,
     mean_mr,
@@ -45,7 +46,7 @@ from mule.mule_core.metrics import (  # noqa: E402
 )
 from mule.mule_core.model import MuleModel  # noqa: E402
 from mule.mule_core.split_tensors import SplitTensors  # noqa: E402
-from mule.mule_core.trainer import Trainer, encode_split, evaluate_split, resolve_device  # noqa: E402
+from mule.mule_core.trainer import Trainer, resolve_device  # noqa: E402
 
 
 # -- export: the catalog's inputs to one file -------------------------------------------

@@ -12,12 +12,12 @@ def reading_workdir(path: str | None, command: str) -> Workdir:
     """The workdir for a reading command (serve, search, catalog, ui): it takes no lock and
     writes nothing there, while a run may be writing it. A workdir copied or moved since its
     last run is read where it is now; the next run points its stored paths here for good."""
-    from mule.experiments import tracking
+    from mule.experiments import mlflow_store
 
     workdir = Workdir.at(path, create=False)
     if not workdir.root.is_dir():
         raise ConfigError(f"mule {command}: there is no workdir at {workdir.root}: run `mule demo` (or `mule run`) first")
-    tracking.check_store(workdir)
+    mlflow_store.check_store(workdir)
     moved = workdir.moved_from()
     if moved is not None:
         print(f"mule {command}: {workdir.root} was copied or moved from {moved}; read where it is now (the next "

@@ -76,7 +76,7 @@ def _prefect_ready(workdir: Workdir) -> None:
     from mule.mule_core.devices import idle_threads_sleep
 
     idle_threads_sleep()  # stages will run: before anything imports torch, on a busy machine threads sleep, not spin
-    from mule.experiments.tracking import seed_store
+    from mule.experiments.mlflow_store import seed_store
     from mule.flows.runtime import check_prefect_database, prepare_environment, seed_prefect_home
 
     prepare_environment(workdir.root)

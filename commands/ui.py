@@ -16,10 +16,10 @@ def run(args: argparse.Namespace) -> int:
     takes from the address (workflowType), not from the experiment's tag."""
     if args.workers < 1:
         raise ConfigError(f"--workers must be at least 1, got {args.workers}")
-    from mule.experiments import tracking
+    from mule.experiments import mlflow_store, tracking
 
     workdir = reading_workdir(args.workdir, "ui")
-    if not tracking.store_exists(workdir):
+    if not mlflow_store.store_exists(workdir):
         print(f"no runs yet in {workdir.root}: run `mule demo` first", flush=True)
         return 1
     base = f"http://{browsable(args.host)}:{args.port}"

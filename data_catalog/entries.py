@@ -127,10 +127,6 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
 )}  # fmt: skip
 
 # Which catalog table each entry is, for the errors that name a missing table's stage.
-TABLE_ENTRIES = {"images": "images", "captions": "captions", "rejects": "rejects", "word_vectors": "word vectors",
-                 "subword_vectors": "word vectors",
-                 "translations": "translations", "features": "features"}  # fmt: skip
-
 
 def output_files(entry: Entry, paths: list[Path]) -> list[Path]:
     """The files a written entry consists of: a folder's parts, a file that exists."""

@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mule.data_catalog.tables import write_parquet_atomic
+from mule.data_catalog.table_access import write_parquet_atomic
 from mule.storage.atomic import write_atomic, write_json_atomic
 from mule.storage.content_digests import sha256_file
 from mule.storage.workdir import Workdir

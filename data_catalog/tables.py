@@ -10,9 +10,7 @@ from __future__ import annotations
 import glob
 import json
 import logging
-import os
 import re
-import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -22,110 +20,25 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from mule.data_catalog.schemas import TABLES, features_schema
-from mule.mule_core.errors import UserError
+from mule.data_catalog.table_access import (
+    MISSING_TABLE,
+    CatalogError,
+    damaged_table_error,
+    duckdb_readable,
+    import_compute,
+    import_duckdb,
+    in_memory_connection,
+    is_lock_conflict,
+    missing_table_error,
+    quoted,
+    readable_parquet,
+    write_parquet_atomic,
+)
 from mule.storage.atomic import atomic_path, write_atomic, write_json_atomic, write_text_atomic  # noqa: F401 - the catalog's writers
 from mule.storage.workdir import Workdir
 
 log = logging.getLogger("mule.catalog")
 VIEWS = ("images", "captions", "rejects", "word_vectors", "subword_vectors", "translations", "features")
-# Which stage writes each table, so a missing table's error says what to run, whatever
-# was imported first (the catalog cannot import the declaration above it; a test keeps
-# this equal to what pipeline/declaration.py declares).
-PRODUCED_BY: dict[str, str] = {"images": "ingest", "captions": "ingest", "rejects": "ingest",
-                               "translations": "translate", "features": "features",
-                               "word_vectors": "text", "subword_vectors": "text"}  # fmt: skip
-_MISSING_TABLE = re.compile(r"Table with name (\w+) does not exist", re.IGNORECASE)
-
-
-class CatalogError(UserError, RuntimeError):
-    pass
-
-
-def missing_table_error(table: str, workdir: Workdir, dataset: str | None = None) -> CatalogError:
-    stage = PRODUCED_BY.get(table)
-    where = f"for dataset {dataset!r} " if dataset else ""
-    run = f"run the {stage} stage first (mule run {stage})" if stage else "run the stages before this one first"
-    return CatalogError(f"the catalog in {workdir.root} has no {table} table {where}yet: {run}")
-
-
-def damaged_table_error(table: str, path: Path, error: Exception) -> CatalogError:
-    stage = PRODUCED_BY.get(table)
-    run = f"run `mule run {stage}` to write it again" if stage else "run the stage that writes it again"
-    return CatalogError(f"{path} cannot be read ({str(error).splitlines()[0][:160]}): the file is damaged; {run}")
-
-
-def readable_parquet(path: Path) -> bool:
-    """The file's footer and schema can be read (a cut or overwritten file cannot)."""
-    try:
-        pq.read_metadata(path)
-        return True
-    except (OSError, pa.ArrowException):
-        return False
-
-
-def _duckdb():
-    """DuckDB, imported when a query runs (a quarter of a second: deciding that nothing has
-    to run needs none)."""
-    import duckdb
-
-    return duckdb
-
-
-def _compute():
-    import pyarrow.compute
-
-    return pyarrow.compute
-
-
-def _lock_conflict(error: Exception) -> bool:
-    """DuckDB's answer when another process holds the database file: not damage."""
-    text = str(error).lower()
-    return "lock" in text and ("conflicting" in text or "could not set" in text)
-
-
-_memory: tuple[int, object] | None = None  # (pid, this process's in-memory DuckDB)
-_memory_lock = threading.Lock()
-
-
-def _in_memory():
-    """A connection of its own to this process's in-memory DuckDB, made on first use: a
-    new database costs 17 ms (its thread pool), a connection to one under 1 ms, and a
-    rebuild runs dozens of queries. Views made on it are TEMP, its own."""
-    global _memory
-    with _memory_lock:
-        if _memory is None or _memory[0] != os.getpid():  # a forked child never uses its parent's
-            _memory = (os.getpid(), _duckdb().connect())
-        return _memory[1].cursor()
-
-
-def _close_in_memory() -> None:
-    """Before a fork: the database's threads would not exist in the child (the next query
-    in the parent makes a new one)."""
-    global _memory
-    memory, _memory = _memory, None
-    if memory is not None and memory[0] == os.getpid():
-        memory[1].close()
-
-
-os.register_at_fork(before=_close_in_memory)
-
-
-def _duckdb_readable(path: Path) -> bool:
-    """The file opens as a DuckDB database (read-only: a lock conflict also proves it one)."""
-    try:
-        _duckdb().connect(str(path), read_only=True).close()
-        return True
-    except _duckdb().Error as error:
-        return _lock_conflict(error)
-
-
-def _quoted(text: str) -> str:
-    return text.replace("'", "''")
-
-
-def write_parquet_atomic(table: pa.Table, path: Path) -> Path:
-    return write_atomic(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
-
 
 class Catalog:
     """read_only: a reading command's catalog (mule serve, search, catalog): it writes
@@ -164,15 +77,15 @@ class Catalog:
             return
         path = self.workdir.duckdb_path
         try:
-            con = _duckdb().connect(str(path))
-        except _duckdb().Error as error:
-            if _lock_conflict(error):
+            con = import_duckdb().connect(str(path))
+        except import_duckdb().Error as error:
+            if is_lock_conflict(error):
                 log.warning("catalog: %s is open in another process (%s); its views are refreshed by the next run",
                             path, str(error).splitlines()[0][:200])  # fmt: skip
                 return
-            if path.exists() and not _duckdb_readable(path) and holds_lock(self.workdir):
+            if path.exists() and not duckdb_readable(path) and holds_lock(self.workdir):
                 self._rebuild_database()  # proven unreadable, and no other mule process writes here
-                con = _duckdb().connect(str(path))
+                con = import_duckdb().connect(str(path))
             else:
                 log.warning("catalog: %s cannot be opened (%s); its views are refreshed by the next run", path,
                             str(error).splitlines()[0][:200])  # fmt: skip
@@ -193,15 +106,15 @@ class Catalog:
         view = "TEMP VIEW" if temporary else "VIEW"
         try:
             con.execute(f"CREATE OR REPLACE {view} {name} AS SELECT {columns} FROM "
-                        f"read_parquet('{_quoted(pattern)}', union_by_name = true)")  # fmt: skip
+                        f"read_parquet('{quoted(pattern)}', union_by_name = true)")  # fmt: skip
             return True
-        except _duckdb().Error:
+        except import_duckdb().Error:
             readable = [f for f in files if readable_parquet(Path(f))]
             log.warning("catalog: left out of the %s view, unreadable (damaged?): %s", name,
                         ", ".join(f for f in files if f not in readable))  # fmt: skip
             if not readable:
                 return False
-            listed = ", ".join(f"'{_quoted(f)}'" for f in readable)
+            listed = ", ".join(f"'{quoted(f)}'" for f in readable)
             con.execute(f"CREATE OR REPLACE {view} {name} AS SELECT {columns} FROM "
                         f"read_parquet([{listed}], union_by_name = true)")  # fmt: skip
             return True
@@ -217,7 +130,7 @@ class Catalog:
         a run writing it, and never writes the workdir. In a workdir copied or moved since
         its last run, the images' paths inside it are read as they are now (the next run
         rewrites them for good)."""
-        con = _in_memory()
+        con = in_memory_connection()
         globs = self._globs()
         moved = self.workdir.moved_from()
         for name in VIEWS:
@@ -226,7 +139,7 @@ class Catalog:
             replace = ""
             if name == "images" and moved is not None:
                 old, new = str(moved).rstrip("/") + "/", str(self.workdir.root) + "/"
-                replace = (f"CASE WHEN starts_with(path, '{_quoted(old)}') THEN '{_quoted(new)}' || "
+                replace = (f"CASE WHEN starts_with(path, '{quoted(old)}') THEN '{quoted(new)}' || "
                            f"substr(path, {len(old) + 1}) ELSE path END AS path")  # fmt: skip
             self._create_view(con, name, globs[name], replace, temporary=True)
         return con
@@ -237,8 +150,8 @@ class Catalog:
                 relation = con.sql(sql, params=params or None)
                 # DuckDB 2 renamed arrow() to to_arrow_table().
                 return relation.to_arrow_table() if hasattr(relation, "to_arrow_table") else relation.arrow()
-            except _duckdb().CatalogException as error:
-                missing = _MISSING_TABLE.search(str(error))
+            except import_duckdb().CatalogException as error:
+                missing = MISSING_TABLE.search(str(error))
                 if missing is None or missing.group(1) not in VIEWS:  # a typo in mule's SQL is a bug
                     raise
                 raise missing_table_error(missing.group(1), self.workdir) from None
@@ -474,12 +387,12 @@ class Catalog:
             if part.name in keep:
                 continue
             table = pq.read_table(part)
-            stale = _compute().is_in(table.column("image_id"), pa.array(sorted(image_ids), pa.string()))
-            n = _compute().sum(stale).as_py() or 0
+            stale = import_compute().is_in(table.column("image_id"), pa.array(sorted(image_ids), pa.string()))
+            n = import_compute().sum(stale).as_py() or 0
             if n == table.num_rows:
                 part.unlink()
             elif n:
-                write_parquet_atomic(table.filter(_compute().invert(stale)), part)
+                write_parquet_atomic(table.filter(import_compute().invert(stale)), part)
             dropped += n
         return dropped
 

@@ -22,7 +22,7 @@ from urllib.parse import urlparse
 
 from mlflow.exceptions import MlflowException
 
-from mule.experiments import tracking
+from mule.experiments import mlflow_store, tracking
 from mule.mule_core.errors import UserError
 from mule.storage.content_digests import ids_digest
 from mule.storage.workdir import Workdir
@@ -182,7 +182,7 @@ def resolve_model_file(
 ) -> tuple[Path, str]:
     """The weights-only model file (data_catalog.model_files format) of a train run: the champion's
     unless a run id or version is given. Returns (path, what it is, for messages)."""
-    if not tracking.store_exists(workdir):
+    if not mlflow_store.store_exists(workdir):
         raise RegistryError(f"no trained model in {workdir.root} (no MLflow store yet): train a model first "
                             "(mule demo, or mule run train)")  # fmt: skip
     client, name = tracking.client(workdir), model_name(dataset)

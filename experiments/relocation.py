@@ -13,7 +13,7 @@ import logging
 from pathlib import Path
 
 from mule.data_catalog.tables import Catalog
-from mule.experiments import tracking
+from mule.experiments import mlflow_store
 from mule.storage.content_digests import restamp_outputs
 from mule.storage.workdir import Workdir
 
@@ -22,19 +22,19 @@ log = logging.getLogger("mule.relocation")
 
 def adopt(workdir: Workdir) -> Path | None:
     """Makes the workdir self-contained; returns the root it was moved or copied from, if any."""
-    tracking.check_store(workdir)
-    previous = workdir.recorded_root() or tracking.recorded_artifact_root(workdir)
+    mlflow_store.check_store(workdir)
+    previous = workdir.recorded_root() or mlflow_store.recorded_artifact_root(workdir)
     moved = previous is not None and previous != workdir.root
     if moved:
         tables = Catalog(workdir).relocate(previous)
         restamp_outputs(workdir, tables)  # new paths, same images: ingest need not run again
-        rows = tracking.relocate_store(workdir, previous)
+        rows = mlflow_store.relocate_store(workdir, previous)
         log.warning(
             "workdir %s was copied or moved from %s: pointed the image paths of %d tables and %d MLflow "
             "artifact locations at the new place, so nothing is written into the old one",
             workdir.root, previous, len(tables), rows,
         )  # fmt: skip
-    tracking.check_self_contained(workdir)
+    mlflow_store.check_self_contained(workdir)
     if moved or workdir.recorded_root() is None:
         workdir.record_root()
     return previous if moved else None

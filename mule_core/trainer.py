@@ -24,22 +24,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from mule.mule_core.batching import Batch, ImageBatchSampler, default_sentences_per_image, duplicate_ids
 from mule.mule_core.devices import resolve_device  # noqa: F401 - where the training stages find it
 from mule.mule_core.losses import image_sentence_loss, language_classifier_loss, neighborhood_loss
-from mule.mule_core.metrics import (
-    cross_lingual_recalls,
-    per_language_recalls,
-    perfect_translation_ceiling,
-    translation_pair_recalls,
-)
 from mule.mule_core.model import MuleModel
 from mule.mule_core.progress import Progress, format_seconds
 from mule.mule_core.split_tensors import SplitTensors
+from mule.mule_core.weight_average import BEST_IS_KEPT, cpu_copy, ema_weight, fused_adam
 
 if TYPE_CHECKING:
     from mule.mule_core.settings import LossConfig, PretrainConfig, TrainConfig
@@ -140,7 +134,7 @@ class Trainer:
                 {"params": [p for p in params if id(p) in words], "lr": self.lr * train.word_lr_scale},
             ],
             lr=self.lr,
-            fused=_fused_adam(device),
+            fused=fused_adam(device),
         )
         self.sampler = ImageBatchSampler(
             data.caption_image,
@@ -167,7 +161,7 @@ class Trainer:
         self.best_state: dict | None = None
         self.best_optimizer: dict | None = None
         # Where a rollback goes before any epoch was best: the weights training started from.
-        self.start_state = _cpu_copy(model.state_dict())
+        self.start_state = cpu_copy(model.state_dict())
         self.first_loss: float | None = None  # the total loss of training's first batch
         self.rollbacks = 0
         # The averaged model: validated, kept and saved in place of the raw weights when on.
@@ -303,8 +297,8 @@ class Trainer:
         if result.divergence is None and result.score is not None and result.score > self.best_score:
             result.is_best = True
             self.best_score, self.best_epoch = result.score, epoch
-            self.best_state = _cpu_copy(self.kept_model.state_dict())
-            self.best_optimizer = _cpu_copy(self.optimizer.state_dict())
+            self.best_state = cpu_copy(self.kept_model.state_dict())
+            self.best_optimizer = cpu_copy(self.optimizer.state_dict())
         self.epoch = epoch
         if result.divergence is not None:
             result.action = self._handle_divergence(result)
@@ -439,136 +433,8 @@ class Trainer:
         if self.ema is not None:
             self.ema.load_state_dict(state.get("ema") or state["model"])
         if isinstance(self.best_state, str):  # BEST_IS_KEPT: the epoch saved was the best
-            self.best_state = _cpu_copy(self.kept_model.state_dict())
+            self.best_state = cpu_copy(self.kept_model.state_dict())
         if isinstance(self.best_optimizer, str):
-            self.best_optimizer = _cpu_copy(self.optimizer.state_dict())
+            self.best_optimizer = cpu_copy(self.optimizer.state_dict())
 
 
-def _fused_adam(device: torch.device) -> bool | None:
-    """Adam's fused kernel where torch has one for the device: one pass over each tensor
-    instead of a dozen. The same update; with subword vectors (89 M parameters on
-    Multi30K, every one stepped every batch) the for-loop Adam was 30% of an LP step on
-    the CPU (0.49 s of 1.7), the fused one 0.05 s."""
-    return True if device.type in ("cpu", "cuda") else None
-
-
-BEST_IS_KEPT = "the kept weights and the optimizer's state"  # a checkpoint's best copies, when they are those
-
-
-def _cpu_copy(state):
-    """A detached CPU copy of a (nested) state dict: the kept best epoch must not move with training."""
-    if isinstance(state, torch.Tensor):
-        return state.detach().to("cpu", copy=True)
-    if isinstance(state, dict):
-        return {k: _cpu_copy(v) for k, v in state.items()}
-    if isinstance(state, list):
-        return [_cpu_copy(v) for v in state]
-    return copy.deepcopy(state)
-
-
-# -- encoding and evaluation ----------------------------------------------------------
-
-
-def ema_weight(decay: float, step: int) -> float:
-    """The weight of step `step`'s parameters (1-based) in the moving average: Adam's bias
-    correction, (1 - d) / (1 - d^t). The average is then exactly the d-weighted mean of every
-    step's parameters so far (weights d^(t-i), normalised): the first step's parameters
-    replace the random start, and the decay given is the decay used from the first step on
-    (the former warm-up, min(d, (1 + t) / (10 + t)), held every d >= 0.999 below d until step
-    8,990, so 0.999 and 0.9995 trained the same model)."""
-    if decay <= 0:
-        return 1.0
-    return (1.0 - decay) / (1.0 - decay ** max(1, step))
-
-
-@torch.no_grad()
-def encode_split(
-    model: MuleModel, data: SplitTensors, device: torch.device, batch_size: int = 1024, joint: bool = True
-) -> dict[str, torch.Tensor]:
-    """Embeddings of every caption (MULE and multimodal) and every image of a split."""
-    model.eval().to(device)
-    mule_parts, joint_parts, order = [], [], []
-    for index, lang in enumerate(data.languages):
-        rows = np.nonzero(data.caption_lang == index)[0]
-        for start in range(0, len(rows), batch_size):
-            chunk = torch.from_numpy(rows[start : start + batch_size])
-            encoded = model.encode_text(data.text_batch(chunk, [(lang, 0, len(chunk))]).to(device), joint=joint)
-            if encoded.mule is not None:  # models without a MULE layer have none
-                mule_parts.append(encoded.mule)
-            if joint:
-                joint_parts.append(encoded.joint)
-            order.append(chunk)
-    inverse = torch.argsort(torch.cat(order)).to(device)  # back to caption-row order
-    out = {"caption_mule": torch.cat(mule_parts)[inverse]} if mule_parts else {}
-    if joint:
-        out["caption_joint"] = torch.cat(joint_parts)[inverse]
-    if joint and data.features is not None and model.image_branch is not None:
-        feats = data.features
-        out["image"] = torch.cat(
-            [model.encode_image(feats[s : s + batch_size].to(device)) for s in range(0, len(feats), batch_size)]
-        )
-    return out
-
-
-def evaluate_split(model: MuleModel, data: SplitTensors, device: torch.device, ks=(1, 5, 10),
-                   encoded: dict[str, torch.Tensor] | None = None) -> dict:  # fmt: skip
-    """Per-language recall table (see metrics.per_language_recalls). `encoded`: the split's
-    encode_split, when the caller has it (the evaluate stage encodes a split once)."""
-    encoded = encoded if encoded is not None else encode_split(model, data, device)
-    return per_language_recalls(
-        encoded["image"],
-        encoded["caption_joint"],
-        torch.from_numpy(data.caption_image).to(device),
-        torch.from_numpy(data.caption_lang).to(device),
-        data.languages,
-        ks,
-    )
-
-
-def sentence_vectors(model: MuleModel, data: SplitTensors, device: torch.device, layer: str,
-                     encoded: dict[str, torch.Tensor] | None = None) -> torch.Tensor:  # fmt: skip
-    """Every caption's L2-normalised vector at the MULE ("mule") or multimodal ("joint") layer."""
-    if encoded is None:
-        encoded = encode_split(model, data, device, joint=layer == "joint")
-    return encoded["caption_joint"] if layer == "joint" else F.normalize(encoded["caption_mule"], dim=-1)
-
-
-def cross_lingual(model: MuleModel, data: SplitTensors, device: torch.device, layer: str,
-                  encoded: dict[str, torch.Tensor] | None = None) -> dict:  # fmt: skip
-    """Cross-lingual sentence retrieval at the MULE ("mule") or multimodal ("joint") layer,
-    image level (metrics.cross_lingual_recalls)."""
-    emb = sentence_vectors(model, data, device, layer, encoded)
-    return cross_lingual_recalls(emb, torch.from_numpy(data.caption_image).to(device),
-                                 torch.from_numpy(data.caption_lang).to(device), data.languages)  # fmt: skip
-
-
-def translation_pairs(model: MuleModel, data: SplitTensors, device: torch.device, layer: str,
-                      encoded: dict[str, torch.Tensor] | None = None) -> dict:  # fmt: skip
-    """Cross-lingual retrieval of each caption's own translation among the target language's
-    translated lines (metrics.translation_pair_recalls); {} when the split has none."""
-    if data.caption_group is None or not (data.caption_group >= 0).any():
-        return {}
-    emb = sentence_vectors(model, data, device, layer, encoded)
-    return translation_pair_recalls(emb, torch.from_numpy(data.caption_group).to(device),
-                                    torch.from_numpy(data.caption_lang).to(device), data.languages)  # fmt: skip
-
-
-def translation_ceilings(model: MuleModel, data: SplitTensors, device: torch.device, layer: str,
-                         encoded: dict[str, torch.Tensor] | None = None) -> dict:  # fmt: skip
-    """Per language with translated lines and other captions too (Multi30K's en and de):
-    its captions against its own translated lines, "en->en" (metrics.perfect_translation_ceiling).
-    What image-level en->x can reach for a language x that has only the translated lines
-    (fr, cs); {} when the split has no translated lines."""
-    if data.caption_group is None or not (data.caption_group >= 0).any():
-        return {}
-    emb = sentence_vectors(model, data, device, layer, encoded)
-    image, lang = torch.from_numpy(data.caption_image).to(device), torch.from_numpy(data.caption_lang).to(device)
-    group = torch.from_numpy(data.caption_group).to(device)
-    out = {}
-    for index, name in enumerate(data.languages):
-        mine = lang == index
-        if (mine & (group >= 0)).any() and (mine & (group < 0)).any():
-            row = perfect_translation_ceiling(emb, image, group, lang, index)
-            if row:
-                out[f"{name}->{name}"] = row
-    return out

@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from mule.data_catalog.writers import written_by
+
 
 def _uses_mt(cfg) -> bool:
     return cfg.data.captions != "human"
@@ -57,7 +59,6 @@ class Stage:
     # metrics and models made from what it computed, after it returns; outside the key
     publish: str | None = None
     reads: tuple[str | Read, ...] = ()
-    writes: tuple[str, ...] = ()
     config: tuple[str, ...] = ()  # option prefixes ("train.") and single options it reads
     operational: frozenset[str] = frozenset()  # read, but change how fast or where it runs, not its output
     ignores: frozenset[str] = frozenset()  # under a prefix it reads, but not its business
@@ -83,6 +84,11 @@ class Stage:
     def module(self) -> str:
         """The module whose import closure is the stage's code (storage.code_digests)."""
         return (self.task or "").partition(":")[0]
+
+    @property
+    def writes(self) -> tuple[str, ...]:
+        """The catalog entries it writes: data_catalog.writers, the one map of who writes what."""
+        return written_by(self.name)
 
     @property
     def sections(self) -> frozenset[str]:
@@ -142,19 +148,18 @@ _PUBLISH = "mule.pipeline.publish:"
 STAGES: tuple[Stage, ...] = (
     Stage("ingest", "Raw dataset files -> images, captions, rejects (generating the embedded dataset if needed).",
           task="mule.stages.ingest:compute", publish=_PUBLISH + "ingest", prepare="mule.stages.shared.preparation:generated_dataset",
-          reads=("raw files",), writes=("images", "captions", "rejects"),
+          reads=("raw files",),
           config=("data.", "text.tokenizers"), operational=frozenset({"data.source", "data.images", "data.dictionaries"}),
           ignores=frozenset({"data.captions"})),
     Stage("translate", "Human captions -> machine-translated captions (translate.backend; cached, resumable).",
           task="mule.stages.translate:compute", publish=_PUBLISH + "translate",
           reads=("captions", Read("lexicons", _lexicon_backend, "translate.backend=lexicon")),
-          writes=("mt captions", "translations"),
           config=("translate.", "data.dataset", "data.languages", "data.format", "data.captions", "text.tokenizers",
                   *_WHERE),
           operational=frozenset({"translate.concurrency", "translate.timeout_s", "translate.retries"}) | frozenset(_WHERE), resumes="the sentences translated so far"),
     Stage("features", "Image files -> CNN features, stored under what made them (extractor, weights, code).",
           task="mule.stages.features:compute", publish=_PUBLISH + "features",
-          prepare="mule.stages.shared.preparation:extractor_weights", reads=("images", "extractor weights"), writes=("features", "image rejects"),
+          prepare="mule.stages.shared.preparation:extractor_weights", reads=("images", "extractor weights"),
           config=("features.", "data.strict", "data.dataset", "data.source"),
           # engine and device are where it runs; the arithmetic they imply is in the vectors'
           # identity (mule_core.backbones.numerics)
@@ -163,44 +168,42 @@ STAGES: tuple[Stage, ...] = (
                                  "features.engine", "features.device", "data.source"}), resumes="the images extracted so far"),
     Stage("text", "Captions -> vocabulary and word vectors per language (fastText, or multilingual-e5: text.init).",
           task="mule.stages.text:compute", publish=_PUBLISH + "text",
-          reads=("captions", _MT, "vector files"), writes=("word vectors",),
+          reads=("captions", _MT, "vector files"),
           # model.subwords / ngram_lengths: which n-grams get the word-vector model's vectors
           config=("text.", "data.dataset", "data.languages", "data.captions", "data.seed", "model.subwords",
                   "model.ngram_lengths")),
     Stage("pretrain", "LP: the MULE layers on sentences of the same image across languages.",
           task="mule.stages.pretrain:compute", publish=_PUBLISH + "pretrain",
-          reads=("captions", _MT, "word vectors"), writes=("LP model",), slot="LP model",
+          reads=("captions", _MT, "word vectors"), slot="LP model",
           config=(*_TRAINING, "data.dataset", "data.languages", "data.captions", "text.max_tokens", "text.tokenizers"),
           operational=_PLACEMENT, ignores=_NOT_LP, threaded=True, resumes="its checkpoint of the last finished epoch"),
     Stage("train", "Joint training (triplet + NC + LC), best epoch on validation mR; registers the champion.",
           task="mule.stages.train:compute", publish=_PUBLISH + "train",
-          reads=("captions", _MT, "word vectors", "images", "features", _LP), writes=("model",), slot="model",
+          reads=("captions", _MT, "word vectors", "images", "features", _LP), slot="model",
           config=(*_TRAINING, "data.dataset", "data.languages", "data.captions", "text.max_tokens", "text.tokenizers", "eval.ks",
                   *_FEATURE_IDENTITY),
           operational=_PLACEMENT, ignores=frozenset({"train.add_language", "train.base_model"}), threaded=True, resumes="its checkpoint of the last finished epoch"),
     Stage("evaluate", "Recall table per language on the test split, cross-lingual retrieval, figures.",
           task="mule.stages.evaluate:compute", publish=_PUBLISH + "evaluate",
           # the LP model is what a dataset without images is evaluated with
-          reads=("captions", "images", "features", "model", _LP),
-          writes=("evaluation",), slot="model",
+          reads=("captions", "images", "features", "model", _LP), slot="model",
           config=("eval.", "data.dataset", "train.model_name", "data.train_images", "data.val_images",
                   "data.test_images", "data.seed", "data.image_size", "data.source", "train.device"),
           operational=frozenset({"train.device"}), presence=frozenset({"data.source"})),
     Stage("index", "The gallery's approximate index (FAISS HNSW or IVF, 8-bit) over the model's image vectors, for mule serve.",
           task="mule.stages.index:compute", publish=_PUBLISH + "index",
-          reads=("images", "features", "model"), writes=("gallery index",), slot="model",
+          reads=("images", "features", "model"), slot="model",
           config=("index.kind", "index.cells", "data.dataset", "train.model_name")),
     Stage("extend", "Trains a new language's branch onto a frozen trained model (add-language's step).",
           task="mule.stages.extend:compute", publish=_PUBLISH + "extend", kind="step",
-          reads=("captions", _MT, "word vectors", "images", "features", "base model"), writes=("model",),
+          reads=("captions", _MT, "word vectors", "images", "features", "base model"),
           slot="model",
           config=(*_TRAINING, "data.dataset", "data.languages", "data.captions", "text.tokenizers", "eval.ks", "eval.split",
                   *_FEATURE_IDENTITY),
           operational=_PLACEMENT, threaded=True),
     Stage("query-translation", "An English model searched with other languages' queries translated word by word.",
           task="mule.stages.query_translation:compute", publish=_PUBLISH + "query_translation",
-          kind="step", reads=("captions", "word vectors", "images", "features", "model", "lexicons"),
-          writes=("translated-query evaluation",), slot="model",
+          kind="step", reads=("captions", "word vectors", "images", "features", "model", "lexicons"), slot="model",
           config=("eval.", "data.dataset", "data.languages", "train.model_name", "train.device", *_WHERE),
           operational=frozenset({"train.device"}) | frozenset(_WHERE)),
     Stage("ablation", "Baselines and MULE's parts (the paper's Table 2), one child run per model.",

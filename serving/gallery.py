@@ -17,7 +17,7 @@ import numpy as np
 
 from mule.data_catalog import ann, index_files, queries
 from mule.mule_core.embedder import Embedder
-from mule.mule_core.trainer import encode_split
+from mule.mule_core.encoding import encode_split
 from mule.serving.retrieval import Searcher
 from mule.storage.content_digests import sha256_file
 

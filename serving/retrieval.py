@@ -19,10 +19,10 @@ from mule.data_catalog.splits import load_split
 from mule.data_catalog.tables import Catalog
 from mule.datasets.image_files import MAX_PIXELS
 from mule.mule_core.embedder import Embedder, EmbedError
+from mule.mule_core.encoding import encode_split
 from mule.mule_core.errors import InputError, UserError
 from mule.mule_core.model import MuleModel
 from mule.mule_core.split_tensors import SplitTensors
-from mule.mule_core.trainer import encode_split
 from mule.storage.content_digests import sha256_file
 from mule.storage.workdir import Workdir
 

@@ -20,17 +20,11 @@ from mule.data_catalog.model_files import load_model
 from mule.data_catalog.splits import load_split
 from mule.data_catalog.tables import write_json_atomic
 from mule.datasets.generated import embedded_ceiling
+from mule.mule_core.devices import resolve_device
+from mule.mule_core.encoding import cross_lingual, encode_split, evaluate_split, translation_ceilings, translation_pairs
 from mule.mule_core.errors import MissingInputError
 from mule.mule_core.metrics import chance_table, mean_mr
 from mule.mule_core.split_tensors import SplitTensors
-from mule.mule_core.trainer import (
-    cross_lingual,
-    encode_split,
-    evaluate_split,
-    resolve_device,
-    translation_ceilings,
-    translation_pairs,
-)
 from mule.stages.shared.context import StageContext, logger
 
 

@@ -21,10 +21,11 @@ import torch
 from mule.data_catalog.model_files import load_model, save_model
 from mule.data_catalog.splits import load_split, load_vocabulary
 from mule.mule_core.devices import use_cpu_threads
+from mule.mule_core.encoding import cross_lingual, encode_split, evaluate_split
 from mule.mule_core.errors import UserError
 from mule.mule_core.metrics import mean_r1
 from mule.mule_core.model import count_parameters, with_added_language
-from mule.mule_core.trainer import Trainer, cross_lingual, encode_split, evaluate_split, resolve_device
+from mule.mule_core.trainer import Trainer, resolve_device
 from mule.stages.shared.checkpoints import history_records
 from mule.stages.shared.context import StageContext, logger
 from mule.stages.shared.token_identity import caption_tokenizers

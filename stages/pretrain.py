@@ -11,9 +11,10 @@ import torch
 from mule.data_catalog.model_files import save_model
 from mule.data_catalog.splits import load_split, load_vocabulary
 from mule.mule_core.devices import use_cpu_threads
+from mule.mule_core.encoding import cross_lingual
 from mule.mule_core.metrics import mean_r1
 from mule.mule_core.model import build_model
-from mule.mule_core.trainer import Trainer, cross_lingual, resolve_device
+from mule.mule_core.trainer import Trainer, resolve_device
 from mule.stages.shared.checkpoints import Checkpoints, divergence_tags, history_records, phase_seconds
 from mule.stages.shared.context import StageContext, logger
 from mule.stages.shared.token_identity import caption_tokenizers

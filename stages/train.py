@@ -16,10 +16,11 @@ from mule.data_catalog import queries
 from mule.data_catalog.model_files import load_model, save_model
 from mule.data_catalog.splits import load_split, load_vocabulary
 from mule.mule_core.devices import use_cpu_threads
+from mule.mule_core.encoding import evaluate_split
 from mule.mule_core.errors import UserError
 from mule.mule_core.metrics import chance_table, mean_mr
 from mule.mule_core.model import build_model, count_parameters
-from mule.mule_core.trainer import Trainer, evaluate_split, resolve_device
+from mule.mule_core.trainer import Trainer, resolve_device
 from mule.stages.shared.checkpoints import Checkpoints, divergence_tags, history_records, phase_seconds
 from mule.stages.shared.context import StageContext, images_with_files, logger
 from mule.stages.shared.token_identity import caption_tokenizers

@@ -6,7 +6,8 @@ import pytest
 
 import mule.data_catalog.tables as catalog_module
 from mule.data_catalog.schemas import REJECTS
-from mule.data_catalog.tables import Catalog, CatalogError
+from mule.data_catalog.table_access import CatalogError
+from mule.data_catalog.tables import Catalog
 from mule.storage.workdir import Workdir
 
 

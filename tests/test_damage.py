@@ -184,7 +184,7 @@ def test_a_damaged_checkpoint_or_journal_is_left_behind(how, built, copy, caplog
 def test_what_mule_cannot_repair_is_one_line_naming_the_file(how, built, copy, monkeypatch):
     from mlflow.tracking import MlflowClient
 
-    from mule.experiments import tracking
+    from mule.experiments import mlflow_store
     from mule.flows.runtime import check_prefect_database
 
     wd, _, _ = copy
@@ -192,7 +192,7 @@ def test_what_mule_cannot_repair_is_one_line_naming_the_file(how, built, copy, m
     store = wd.root / "mlflow.db"
     damage(store, how)
     with pytest.raises(Exception) as error:
-        tracking.check_store(wd)
+        mlflow_store.check_store(wd)
     assert is_user_error(error.value) and str(store) in str(error.value) and "mv " in str(error.value)
 
     database = wd.root / "prefect" / "prefect.db"

@@ -4,8 +4,11 @@ lives in data_catalog, and the README's stage table is the declaration's."""
 import re
 import tomllib
 
+import pytest
+
 from mule.pipeline.declaration import keys_table, markdown_table
 from mule.storage.code_digests import REPO, _imports_in, _stamp
+from mule.storage.workdir import Workdir
 
 # Each room (a folder, installed as mule.<folder>), and the rooms it may import: those
 # below it. Type-only imports (under `if TYPE_CHECKING:`) count like any other.
@@ -150,13 +153,39 @@ def test_a_trained_model_is_used_through_the_front_door():
     assert loading == {"serving/retrieval.py", "serving/mlflow_model.py"}, loading
 
 
-def test_a_missing_table_names_the_stage_the_declaration_says_writes_it():
-    """The catalog's own map (it cannot import the declaration above it) is the declaration's."""
-    from mule.data_catalog.entries import TABLE_ENTRIES
-    from mule.data_catalog.tables import PRODUCED_BY
-    from mule.pipeline.declaration import writer_of
+def test_the_registries_and_the_declaration_hold_together():
+    """One map of who writes what (data_catalog.writers), read by the declaration and the
+    catalog's errors alike; every entry a stage reads or writes is declared where it
+    lives; every stage's computation, preparation and publisher can be found; every
+    dataset format has its reader, and the config accepts exactly those."""
+    from mule.config.resolution import resolve
+    from mule.data_catalog.entries import ENTRIES
+    from mule.data_catalog.table_access import missing_table_error
+    from mule.data_catalog.writers import TABLE_ENTRIES, WRITTEN_BY
+    from mule.datasets.formats import FORMATS
+    from mule.mule_core.settings import ConfigError
+    from mule.pipeline.declaration import STAGES, writer_of
 
-    assert PRODUCED_BY == {table: writer_of(entry) for table, entry in TABLE_ENTRIES.items() if writer_of(entry)}
+    names = {s.name for s in STAGES}
+    assert set(WRITTEN_BY) <= set(ENTRIES) and set(TABLE_ENTRIES.values()) <= set(WRITTEN_BY)
+    assert all(set(writers) <= names for writers in WRITTEN_BY.values())
+    inputs = set(ENTRIES) - set(WRITTEN_BY)
+    assert inputs == {"raw files", "lexicons", "extractor weights", "vector files", "base model"}, inputs
+    for stage in STAGES:
+        assert {r if isinstance(r, str) else r.entry for r in stage.reads} <= set(ENTRIES), stage.name
+        if stage.keyed:
+            assert callable(stage.load_task()) and stage.writes, stage.name
+            assert stage.publish is None or callable(stage.load_publish()), stage.name
+            assert stage.prepare is None or callable(stage.load_prepare()), stage.name
+        else:
+            assert set(stage.steps) <= names and stage.load_sweep(), stage.name
+    assert writer_of("model") == "train" and writer_of("features") == "features"
+    assert "mule run ingest" in str(missing_table_error("captions", Workdir.at("/tmp/w")))
+    for name, fmt in FORMATS.items():
+        assert fmt.name == name and callable(fmt.read)
+        assert resolve(None, {"data.dataset": "mine", "data.format": name}).data.format == name
+    with pytest.raises(ConfigError, match="data.format must be one of"):
+        resolve(None, {"data.dataset": "mine", "data.format": "mystery"})
 
 
 def test_no_two_modules_import_each_other():

@@ -53,8 +53,8 @@ OVER_CHANCE = 8.0
 def test_the_model_beats_chance_and_a_model_with_shuffled_features_does_not(rebuilt):
     from mule.data_catalog.model_files import load_model
     from mule.data_catalog.splits import load_split
+    from mule.mule_core.encoding import evaluate_split
     from mule.mule_core.metrics import chance_recalls, mean_mr
-    from mule.mule_core.trainer import evaluate_split
 
     wd, results = rebuilt
     model, meta = load_model(wd.models_dir("embedded") / "model.pt")
@@ -350,7 +350,7 @@ def test_search_finds_test_captions_images_and_an_image_s_captions(rebuilt, caps
     from mule.commands.main import main
     from mule.data_catalog.model_files import load_model
     from mule.data_catalog.splits import load_split
-    from mule.mule_core.trainer import encode_split
+    from mule.mule_core.encoding import encode_split
 
     wd, _ = rebuilt
     catalog = Catalog(wd)

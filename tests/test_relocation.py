@@ -5,7 +5,7 @@ import shutil
 import pytest
 from mlflow.tracking import MlflowClient
 
-from mule.experiments import tracking
+from mule.experiments import mlflow_store, tracking
 from mule.experiments.relocation import adopt
 from mule.storage.workdir import Workdir
 
@@ -44,7 +44,7 @@ def test_a_copy_points_mlflow_at_its_own_artifacts(tmp_path, marker):
 def test_a_store_pointing_somewhere_unknown_is_refused(tmp_path):
     wd = Workdir.at(tmp_path / "w")
     MlflowClient(wd.mlflow_uri).create_experiment("mule/d", artifact_location=(tmp_path / "elsewhere").as_uri())
-    with pytest.raises(tracking.WorkdirError, match="outside this workdir"):
+    with pytest.raises(mlflow_store.WorkdirError, match="outside this workdir"):
         adopt(wd)
 
 

@@ -94,7 +94,7 @@ def captions_outside_the_vocabulary(served) -> tuple[list[tuple[str, str]], list
     import torch
 
     from mule.data_catalog.splits import load_split
-    from mule.mule_core.trainer import encode_split
+    from mule.mule_core.encoding import encode_split
 
     wd, searcher = served["wd"], served["searcher"]
     vocabulary, catalog = searcher.meta["vocabulary"], Catalog(wd)

@@ -64,12 +64,12 @@ def test_no_template_leaves_the_database_to_its_library(tmp_path, monkeypatch):
 
 
 def test_mlflow_store_from_the_template_is_a_working_store_of_this_workdir(tmp_path, monkeypatch):
-    from mule.experiments import tracking
+    from mule.experiments import mlflow_store, tracking
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     first, second = Workdir.at(tmp_path / "w1"), Workdir.at(tmp_path / "w2")
-    assert tracking.seed_store(first) and tracking.seed_store(second)
-    assert not tracking.seed_store(first)
+    assert mlflow_store.seed_store(first) and mlflow_store.seed_store(second)
+    assert not mlflow_store.seed_store(first)
     experiment = tracking.experiment_id(first, "embedded")
     client = tracking.client(first)
     run = client.create_run(experiment)
@@ -78,8 +78,8 @@ def test_mlflow_store_from_the_template_is_a_working_store_of_this_workdir(tmp_p
     assert tracking.client(second).get_experiment_by_name("mule/embedded") is None
     default = tracking.client(second).get_experiment("0")
     assert default.name == "Default" and default.artifact_location == str(second.artifacts_dir / "0")
-    assert tracking.recorded_artifact_root(second) is None  # a new workdir, not a moved one
-    tracking.check_self_contained(first)
+    assert mlflow_store.recorded_artifact_root(second) is None  # a new workdir, not a moved one
+    mlflow_store.check_self_contained(first)
     from importlib.metadata import version  # one template per MLflow version
 
     assert (tmp_path / "cache" / "mule" / "templates" / f"mlflow-{version('mlflow')}.db").exists()
@@ -88,11 +88,11 @@ def test_mlflow_store_from_the_template_is_a_working_store_of_this_workdir(tmp_p
 def test_a_store_first_opened_by_a_flow_comes_from_the_template_too(tmp_path, monkeypatch):
     """A stage flow run in-process or by a Prefect worker never goes through `mule`'s
     set-up: the first MLflow client of a workdir copies the template all the same."""
-    from mule.experiments import tracking
+    from mule.experiments import mlflow_store, tracking
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     seeded, opened = Workdir.at(tmp_path / "seeded"), Workdir.at(tmp_path / "opened")
-    tracking.seed_store(seeded)
+    mlflow_store.seed_store(seeded)
     default = tracking.client(opened).get_experiment("0")  # no seed_store before it
     assert default.artifact_location == str(opened.artifacts_dir / "0")  # MLflow's own store says ./mlruns
     assert tables(opened.root / "mlflow.db") == tables(seeded.root / "mlflow.db")

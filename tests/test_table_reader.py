@@ -14,7 +14,8 @@ import pytest
 from PIL import Image
 
 from mule.datasets.readers.base import ReadOptions
-from mule.datasets.readers.table import TableError, TableOptions, read_table, seeded_role
+from mule.datasets.readers.table import TableOptions, read_table, seeded_role
+from mule.datasets.readers.table_files import TableError
 
 ROWS = [  # (image, caption, lang, split): long form
     ("photos/a.jpg", "Un círculo rojo, a la izquierda.", "es", "train"),

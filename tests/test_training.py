@@ -8,11 +8,13 @@ import numpy as np
 import pytest
 import torch
 
+from mule.mule_core.encoding import evaluate_split
 from mule.mule_core.losses import image_sentence_loss, neighborhood_loss
 from mule.mule_core.model import MuleModel
 from mule.mule_core.settings import LossConfig, ModelConfig, PretrainConfig, TrainConfig
 from mule.mule_core.split_tensors import SplitTensors
-from mule.mule_core.trainer import BEST_IS_KEPT, Trainer, evaluate_split
+from mule.mule_core.trainer import Trainer
+from mule.mule_core.weight_average import BEST_IS_KEPT
 
 LANGS = ["en", "fr"]
 
@@ -225,7 +227,7 @@ def test_adding_a_language_trains_it_and_leaves_the_others_bit_identical():
                            data.image_ids, data.features)  # fmt: skip
     Trainer(base, english, LOSS, replace(optim(15), sentences_per_image={"en": 2}), torch.device("cpu")).fit()
     before = evaluate_split(base, english, torch.device("cpu"))
-    from mule.mule_core.trainer import encode_split
+    from mule.mule_core.encoding import encode_split
 
     reference = encode_split(base, english, torch.device("cpu"))
 
@@ -410,7 +412,7 @@ def test_the_weight_average_uses_its_decay_from_the_first_step():
     d = 0.5 over weights 1, 2, 3: (0.25*1 + 0.5*2 + 1*3) / 1.75 = 2.4286. And two decays
     differ from the first steps on (the former warm-up held every d >= 0.999 at
     (1+t)/(10+t) until step 8,990: 0.999 and 0.9995 were one run)."""
-    from mule.mule_core.trainer import ema_weight
+    from mule.mule_core.weight_average import ema_weight
 
     assert [ema_weight(0.5, t) for t in (1, 2, 3)] == pytest.approx([1.0, 2 / 3, 4 / 7])
     average = 0.0
