@@ -1,5 +1,6 @@
 """`mule demo` and `mule run`: stages, under the workdir's lock, through the one rebuild body
-(pipeline.rebuild.run): without Prefect when nothing has to run, else in Prefect's flows."""
+(pipeline.rebuild): planned and decided here, answered without Prefect when nothing has to
+run, else handed (plan, decisions and all) to Prefect's rebuild flow."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import time
 
 from mule.config.resolution import resolve
 from mule.mule_core.settings import ConfigError
-from mule.pipeline.declaration import BY_NAME, REBUILD, in_pipeline_order
+from mule.pipeline.declaration import BY_NAME, REBUILD
 from mule.process import interrupts
 from mule.storage.workdir import Workdir
 
@@ -37,8 +38,13 @@ def run(args: argparse.Namespace, stages: list[str], overrides: dict) -> int:
         from mule.experiments import relocation
 
         relocation.adopt(workdir)  # a copied or moved workdir becomes its own before anything runs
-        results = _without_prefect(workdir, cfg, stages, args.force)
-        if results is not None:
+        from mule.pipeline import rebuild
+
+        planned = rebuild.plan(workdir, cfg, stages, set(args.force))
+        if os.environ.get("MULE_UP_TO_DATE_CHECK") != "0" and rebuild.decide_ahead(workdir, cfg, planned):
+            from mule.pipeline.hooks import tracked
+
+            results = rebuild.finish_unchanged(workdir, cfg, planned, tracked())
             print("every stage is up to date: nothing ran, and Prefect was not started (MLflow records the "
                   "reuse; --force STAGE runs one anyway)")  # fmt: skip
             print_results(results, workdir, started)
@@ -55,21 +61,12 @@ def run(args: argparse.Namespace, stages: list[str], overrides: dict) -> int:
         from mule.flows.runtime import local_flow_settings
 
         with local_flow_settings():
-            results = rebuild_flow(workdir=str(workdir.root), stages=stages, force=args.force or None, config=cfg)
+            results = rebuild_flow(workdir=str(workdir.root), stages=stages, force=args.force or None, config=cfg,
+                                   plan=planned)  # fmt: skip
         if server:
             server.stop()  # before the lock goes: the next run starts a server on the same database
     print_results(results, workdir, started)
     return 0
-
-
-def _without_prefect(workdir: Workdir, cfg, stages: list[str], force: list[str]) -> dict | None:
-    """The rebuild's body without an orchestrator: the results when nothing has to run
-    (no Prefect, no MLflow, no torch imported), None when a stage has to."""
-    if force or os.environ.get("MULE_UP_TO_DATE_CHECK") == "0":
-        return None
-    from mule.pipeline import rebuild
-
-    return rebuild.run(workdir, cfg, in_pipeline_order(stages))
 
 
 def _prefect_ready(workdir: Workdir) -> None:

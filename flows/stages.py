@@ -1,16 +1,16 @@
-"""The Prefect flows: one per stage of the rebuild declared in pipeline.declaration, one
-per sweep (ablation, add-language), and `rebuild`, which chains them.
+"""The Prefect flows: `rebuild`, one per stage of the rebuild declared in
+pipeline.declaration, and one per sweep (ablation, add-language): what deployments run.
 
-Flows only wire: a stage's flow takes the workdir's lock, resolves the config once (a
-dict crosses the flow's parameter boundary, a MuleConfig goes on from there) and hands
-the stage to the one runner (pipeline.runner), with Prefect's task around each
-computation. Stages talk only through the catalog and the workdir, so each flow runs
-alone: rerun `train` after changing a loss weight, or `features` after adding images.
-Every flow takes the same parameters: workdir, preset, overrides (dotted config
-options), and, when called by `rebuild`, the MLflow run to nest under, the rebuild's
-decision (the key is taken once) and the resolved config. A stage's computing module is
-imported when the stage runs: a rebuild that reuses everything never imports torch's
-training code.
+Flows only wire: a flow takes the workdir's lock, resolves the config once (a dict
+crosses the flow's parameter boundary, a MuleConfig goes on from there) and hands the
+stages to the rebuild's body (pipeline.rebuild) or the one runner (pipeline.runner) with
+the hooks of a tracked run and PrefectTasks, which makes each stage's computation a task
+run of the flow. Stages talk only through the catalog and the workdir, so each stage's
+flow runs alone: rerun `train` after changing a loss weight, or `features` after adding
+images. Every flow takes workdir, preset and overrides (dotted config options); `rebuild`
+also the config and the plan a command already made (each stage is decided once). A
+stage's computing module is imported when the stage runs: a rebuild that reuses
+everything never imports torch's training code.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ from mule.config.sections import MuleConfig
 from mule.flows.runtime import dask_task_runner, quiet_user_errors, yield_to_serving
 from mule.mule_core.errors import is_user_error
 from mule.mule_core.settings import ConfigError
-from mule.pipeline import decisions, rebuild, reused_stages
+from mule.pipeline import rebuild
 from mule.pipeline.declaration import ALL, REBUILD, STAGES, Stage, in_pipeline_order
+from mule.pipeline.hooks import tracked
 from mule.pipeline.runner import Runner
 from mule.pipeline.sweeps import run_sweep
 from mule.storage.locks import holds_lock, workdir_lock
@@ -116,43 +117,35 @@ def _features_on_dask(ctx) -> dict:
     return finish_features(ctx, plan, shards_flow())
 
 
-def _computes(stage: Stage):
-    """A stage's computation as a Prefect task (the features stage's own flow of shards on Dask)."""
-    work = _features_on_dask if stage.name == "features" else stage.load_task()
-    return task(name=stage.name, cache_policy=NO_CACHE)(work)
+class PrefectTasks:
+    """A hook (pipeline.hooks): each stage's computation a Prefect task run of the flow
+    that runs it (the rebuild's, a stage's, a sweep's); the features stage with
+    features.runner=dask, its own flow of shards on a Dask cluster."""
+
+    def around_compute(self, run, compute):
+        work = _features_on_dask if run.stage.name == "features" else compute
+        return task(name=run.stage.name, cache_policy=NO_CACHE)(work)
 
 
-# A reused stage: no flow run of its own, a task run in the rebuild's (or the sweep's).
-reuse_stage = task(name="reuse-stage", task_run_name="{decision.stage}: reused", cache_policy=NO_CACHE)(
-    reused_stages.reuse_stage
-)
-
-
-def runner(wd: Workdir) -> Runner:
-    return Runner(wd, computes=_computes, reuses=reuse_stage)
+def hooks() -> list:
+    """What a flow runs its stages with: MLflow, publishing, timing, and Prefect's tasks."""
+    return [*tracked(), PrefectTasks()]
 
 
 def run_stage(stage: Stage, workdir: str | None, preset: str | None, overrides: dict[str, Any] | None,
-              parent_run_id: str | None, force: bool = False, decided: dict | None = None,
-              config: Any = None) -> dict:  # fmt: skip
+              parent_run_id: str | None, force: bool = False, config: Any = None) -> dict:  # fmt: skip
     """One stage under the workdir's lock, run only when its key changed (pipeline.decisions)
-    or when forced. `decided`: the rebuild's decision."""
+    or when forced."""
     with _working(workdir, preset, overrides, stage.name, config) as (wd, cfg):
-        decision = None
-        if decided is not None:
-            decision = decisions.Decision(**decided)
-            decision.record = decisions.previous_record(wd, cfg, decision)
-        return runner(wd).run(cfg, stage.name, parent_run_id, force, decision)
+        return Runner(wd, hooks()).run(cfg, stage.name, parent_run_id, force)
 
 
 def _stage_flow(stage: Stage):
     """The Prefect flow of a content-addressed stage (they differ only in their declaration)."""
 
     def stage_flow(workdir: str | None = None, preset: str | None = None, overrides: dict[str, Any] | None = None,
-                   parent_run_id: str | None = None, force: bool = False, decided: dict | None = None,
-                   config: Any = None) -> dict:  # fmt: skip
-        return _failing_quietly(lambda: run_stage(stage, workdir, preset, overrides, parent_run_id, force, decided,
-                                                  config))  # fmt: skip
+                   parent_run_id: str | None = None, force: bool = False, config: Any = None) -> dict:  # fmt: skip
+        return _failing_quietly(lambda: run_stage(stage, workdir, preset, overrides, parent_run_id, force, config))
 
     stage_flow.__name__ = stage_flow.__qualname__ = f"{stage.name.replace('-', '_')}_flow"
     stage_flow.__doc__ = stage.summary
@@ -172,7 +165,7 @@ def _sweep_flow(stage: Stage):
                    parent_run_id: str | None = None, config: Any = None) -> dict:  # fmt: skip
         def body() -> dict:
             with _working(workdir, preset, overrides, stage.name, config) as (wd, cfg):
-                return run_sweep(stage.name, runner(wd), cfg, parent_run_id)
+                return run_sweep(stage.name, Runner(wd, hooks()), cfg, parent_run_id)
 
         return _failing_quietly(body)
 
@@ -196,26 +189,20 @@ def check_stages(stages: list[str] | None) -> list[str]:
 
 @flow(name="rebuild")
 def rebuild_flow(workdir: str | None = None, preset: str | None = None, overrides: dict[str, Any] | None = None,
-                 stages: list[str] | None = None, force: list[str] | None = None,
-                 config: Any = None) -> dict:  # fmt: skip
+                 stages: list[str] | None = None, force: list[str] | None = None, config: Any = None,
+                 plan: Any = None) -> dict:  # fmt: skip
     """The pipeline: every stage in order (or the ones named), under one parent MLflow run.
     A stage runs only when its key changed (its inputs' content, its config, its code) or
     when named in `force`; the others are reused, and the run says which and why.
-    `config`: the config already resolved from preset and overrides (by the command)."""
-    return _failing_quietly(lambda: _rebuild(workdir, preset, overrides, stages, force, config))
+    `config`: the config already resolved (by the command); `plan`: the run already
+    planned, with the decisions taken so far (by the command: each stage is decided once)."""
+    return _failing_quietly(lambda: _rebuild(workdir, preset, overrides, stages, force, config, plan))
 
 
 def _rebuild(workdir: str | None, preset: str, overrides: dict[str, Any] | None, stages: list[str] | None,
-             force: list[str] | None, resolved: dict | None = None) -> dict:  # fmt: skip
-    """pipeline.rebuild.run with each stage that has to run as a flow of its own."""
+             force: list[str] | None, resolved: Any, planned: rebuild.Plan | None) -> dict:  # fmt: skip
     named, forced = check_stages(stages), set(check_stages(force) if force else [])
-    with _working(workdir, preset, overrides, rebuild.run_name(named), resolved) as (wd, cfg):
-        root = str(wd.root)
-
-        def run_stage(stage: str, decided: dict | None, parent_run_id: str | None) -> dict:
-            arguments = {"workdir": root, "parent_run_id": parent_run_id, "config": cfg}  # the object: no round trip
-            if decided is not None:
-                arguments["decided"] = decided
-            return STAGE_FLOWS[stage](**arguments)
-
-        return rebuild.run(wd, cfg, named, forced, run_stage, reuse_stage)
+    label = planned.name if planned is not None else rebuild.run_name(named)
+    with _working(workdir, preset, overrides, label, resolved) as (wd, cfg):
+        planned = planned if planned is not None else rebuild.plan(wd, cfg, named, forced)
+        return rebuild.run(wd, cfg, planned, hooks())

@@ -377,7 +377,7 @@ def report_decisions(wd: Workdir, cfg: MuleConfig, decisions: dict[str, str], ru
     tracker.tags({"mule.stages_ran": ",".join(ran) or "none",
                   "mule.stages_reused": ",".join(s for s in decisions if s not in ran) or "none"})  # fmt: skip
     tracker.text(markdown, "stages.md")
-    if "prefect" not in sys.modules:  # recorded without Prefect (pipeline.rebuild.up_to_date)
+    if "prefect" not in sys.modules:  # recorded without Prefect (pipeline.rebuild.decide_ahead)
         return
     try:
         from prefect.artifacts import create_markdown_artifact

@@ -1,103 +1,89 @@
-"""The rebuild's one body (`run`): plan, decide each stage, run or reuse it, report.
+"""The rebuild's one body: plan once, decide each stage once, run or reuse it, report.
 
-Two callers, one body: `mule run` and `mule demo` call it first without an orchestrator
-(`run_stage=None`): when every stage's key is unchanged, nothing would run, so it returns
-the results at once, the way `make` says "nothing to be done", without Prefect, MLflow or
-torch (pipeline.deferred records the reuse in MLflow right after); else it returns None,
-and the command starts Prefect and the `rebuild` flow (flows/stages.py), which calls it
-again with each stage that must run as a flow of its own.
+    planned = rebuild.plan(wd, cfg, ["train"])          # the stages, in order, and what they need
+    if rebuild.decide_ahead(wd, cfg, planned):          # nothing has to run
+        results = rebuild.finish_unchanged(wd, cfg, planned)   # no Prefect, no MLflow, no torch
+    else:
+        results = rebuild.run(wd, cfg, planned, hooks)  # in Prefect's rebuild flow (flows/stages.py)
+
+Every stage is decided once per run. `decide_ahead` decides the stages in order until
+one has to run, and its decisions travel in the plan; `run` takes them and decides each
+later stage when the stages before it have written what it reads. `mule run` and `mule
+demo` call both; the rebuild flow (a deployment's run) plans when it is handed no plan.
+What happens around each stage (MLflow, publishing, Prefect's task) is the hooks'
+(pipeline.hooks); the runner (pipeline.runner) computes and records.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+import os
+from collections.abc import Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field
 from typing import Any
 
 from mule.config.sections import MuleConfig
-from mule.pipeline import decisions, reused_stages
-from mule.pipeline.declaration import BY_NAME, REBUILD
-from mule.pipeline.runner import prepare
+from mule.pipeline import decisions
+from mule.pipeline.declaration import BY_NAME, REBUILD, in_pipeline_order, with_upstream, writers_upstream
+from mule.pipeline.runner import Runner, prepare
 from mule.storage.workdir import Workdir
 
-# (stage, decision as a dict or None for a sweep, the rebuild's MLflow run) -> the stage's
-# result, run as a flow of its own
-RunStage = Callable[[str, dict | None, str | None], dict]
-# (workdir, config, decision, parent run id) -> the recorded result
-ReuseStage = Callable[[Workdir, MuleConfig, decisions.Decision, str | None], dict]
+
+@dataclass
+class Plan:
+    """What one run runs: the stages named, in pipeline order with what they need, and the
+    decisions taken so far (each stage's, once; a sweep's, every step of every variant)."""
+
+    named: list[str]
+    stages: list[str]
+    forced: set[str] = field(default_factory=set)
+    decided: dict[str, decisions.Decision] = field(default_factory=dict)
+    sweeps_decided: dict[str, dict[tuple[str, str], decisions.Decision]] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return run_name(self.named)
 
 
-def run(wd: Workdir, cfg: MuleConfig, named: list[str], forced: set[str] | None = None,
-        run_stage: RunStage | None = None, reuse_stage: ReuseStage | None = None) -> dict | None:  # fmt: skip
-    """The stages named (and what they need, and what was damaged) under one parent MLflow
-    run: each reused when its key is unchanged, else run by `run_stage` (a stage's flow).
-    The caller holds the workdir's lock and has adopted it. Without `run_stage`: the
-    results when nothing has to run (recorded in MLflow now only when a stage has something
-    to publish or a sweep is named; else right after, by pipeline.deferred), None when a
-    stage has to run."""
-    import os
+@dataclass
+class PipelineRun:
+    """What the hooks around a whole run see (Kedro's before/after_pipeline_run)."""
 
-    from mule.pipeline import deferred
-
-    forced = set(forced or ())
-    reuse_stage = reuse_stage or reused_stages.reuse_stage
-    name = run_name(named)
-    stages = plan(wd, cfg, named)
-    decided = None
-    if run_stage is None:
-        decided = up_to_date(wd, cfg, stages, forced)
-        if decided is None:
-            return None
-        later = not any(decisions.publish_pending(d) for d in decided.values()) and all(
-            BY_NAME[s].kind != "sweep" for s in stages)  # fmt: skip
-        if later and os.environ.get("MULE_RECORD_LATER") != "0":
-            results = {stage: decisions.reused_result(d, wd) for stage, d in decided.items()}
-            deferred.defer(wd, cfg, name, decided, results)
-            deferred.start_recorder(wd)
-            return results | {"mlflow_run_id": None, "stages": {s: d.describe() for s, d in decided.items()}}
-    from mule.experiments import tracking
-
-    deferred.record_unrecorded(wd)  # what a no-change rebuild left to record, first
-    with tracking.run(wd, cfg, name) as run_id:
-        results, described = run_stages(wd, cfg, stages, forced, run_id, run_stage, reuse_stage, decided)
-        from mule.pipeline.publish import publish_rebuild
-
-        publish_rebuild(wd, cfg, results, described, run_id)
-    return results | {"mlflow_run_id": run_id, "stages": described}
+    workdir: Workdir
+    cfg: MuleConfig
+    plan: Plan
+    run_id: str | None = None  # the run's own MLflow run, once a hook opened one
+    results: dict[str, Any] = field(default_factory=dict)
+    described: dict[str, str] = field(default_factory=dict)  # stage -> "ran (...)" | "reused (...)"
+    exits: ExitStack = field(default_factory=ExitStack)
 
 
 def run_name(stages: list[str]) -> str:
-    return "rebuild" if stages == list(REBUILD) else "run: " + " ".join(stages)
+    return "rebuild" if list(stages) == list(REBUILD) else "run: " + " ".join(stages)
 
 
-def plan(wd: Workdir, cfg: MuleConfig, named: list[str]) -> list[str]:
+def plan(wd: Workdir, cfg: MuleConfig, named: list[str], forced: set[str] | None = None) -> Plan:
     """The stages a run of `named` runs, in order: the named ones, what the sweeps among
     them need, and any stage upstream whose outputs were damaged since it wrote them
     (it runs again first, so that no stage reads a damaged file)."""
-    import logging
-
-    from mule.pipeline.declaration import in_pipeline_order, with_upstream
-
+    named = in_pipeline_order(named)
     stages = with_upstream(named, cfg)
     damaged = decisions.damaged_upstream(wd, cfg, stages)
     for stage, why in damaged.items():
-        logging.getLogger("mule.pipeline").warning("%s runs again first: %s", stage, why)
+        logger().warning("%s runs again first: %s", stage, why)
     retokenise = _tokenizers_changed(wd, cfg, stages)
     if retokenise:  # the stored tokens are another tokeniser's: ingest and what follows from it first
-        from mule.pipeline.declaration import writers_upstream
-
         upstream = [s for s in writers_upstream(stages, cfg) if s not in stages]
-        logging.getLogger("mule.pipeline").warning("text.tokenizers changed since the captions were tokenised (%s): "
-                                                   "%s run first, each reused where its key says so", retokenise,
-                                                   ", ".join(upstream) or "ingest")  # fmt: skip
+        logger().warning("text.tokenizers changed since the captions were tokenised (%s): %s run first, each reused "
+                         "where its key says so", retokenise, ", ".join(upstream) or "ingest")  # fmt: skip
         stages = [*stages, *upstream]
-    return in_pipeline_order([*stages, *damaged])
+    return Plan(named, in_pipeline_order([*stages, *damaged]), set(forced or ()))
 
 
 def _tokenizers_changed(wd: Workdir, cfg: MuleConfig, stages: list[str]) -> str:
     """"en: moses -> unicode" when text.tokenizers names other tokenisers than those that made
     the stored captions' tokens, and a stage planned uses those tokens; "" otherwise."""
-    from mule.pipeline.declaration import BY_NAME
-
     steps = [step for s in stages for step in (BY_NAME[s].steps or (s,))]
     if not any(_declares(BY_NAME[s], "text.tokenizers") for s in steps if s != "ingest"):
         return ""
@@ -112,62 +98,80 @@ def _declares(stage, option: str) -> bool:
     return any(option == c or (c.endswith(".") and option.startswith(c)) for c in stage.config)
 
 
-def up_to_date(wd: Workdir, cfg: MuleConfig, stages: list[str], forced: set[str]) -> dict[str, decisions.Decision] | None:
-    """Every stage's decision when none of them has to run (a sweep: every step of every
-    variant); None as soon as one does (then the rebuild decides again, stage by stage,
-    as the stages before it write)."""
-    if forced:
-        return None
-    decided = {}
-    for stage in stages:
+def decide_ahead(wd: Workdir, cfg: MuleConfig, planned: Plan) -> bool:
+    """Decides the plan's stages in order, keeping each decision in the plan, until one has
+    to run: True when none has (a sweep: every step of every variant reused). A stage that
+    must be prepared first (a dataset to generate) is left to decide when it runs."""
+    if planned.forced:
+        return False
+    for stage in planned.stages:
         if BY_NAME[stage].kind == "sweep":
             from mule.pipeline import sweeps  # its variants' reports: imported only for a sweep
 
-            if not sweeps.up_to_date(wd, cfg, stage):
-                return None
+            steps = sweeps.decide_steps(wd, cfg, stage)
+            if steps is None:
+                return False
+            planned.sweeps_decided[stage] = steps
             continue
         if not prepare(wd, cfg, stage, act=False):
-            return None
-        decision = decisions.decide(wd, cfg, stage)
-        if decision.run:
-            return None
-        decided[stage] = decision
-    return decided
+            return False
+        planned.decided[stage] = decisions.decide(wd, cfg, stage)
+        if planned.decided[stage].run:
+            return False
+    return True
 
 
-def run_stages(wd: Workdir, cfg: MuleConfig, stages: list[str], forced: set[str], run_id: str | None,
-               run_stage: RunStage | None, reuse_stage: ReuseStage,
-               decided: dict[str, decisions.Decision] | None = None) -> tuple[dict[str, Any], dict[str, str]]:  # fmt: skip
-    """Each stage in order: reused (an MLflow run saying so) or run by `run_stage`; a sweep
-    by `run_stage` too (its steps decide variant by variant). `decided`: decisions already
-    taken (by `up_to_date`). Returns (results, decisions)."""
-    results: dict[str, Any] = {}
-    described: dict[str, str] = {}
-    for stage in stages:
-        if BY_NAME[stage].kind == "sweep":  # in its own flow; here, when up_to_date said all is reused
-            results[stage] = run_stage(stage, None, run_id) if run_stage else _sweep_here(wd, cfg, stage, run_id)
-            described[stage] = _sweep_decisions(results[stage])
-            continue
-        decision = (decided or {}).get(stage)
-        if decision is None:
-            prepare(wd, cfg, stage)
-            decision = decisions.decide(wd, cfg, stage, stage in forced)
-        if decision.run:  # its own flow run (and MLflow run), handed the decision and the config
-            results[stage] = _must(run_stage)(stage, decisions.as_dict(decision), run_id)
-        else:
-            results[stage] = reuse_stage(wd, cfg, decision, run_id)
-        described[stage] = decision.describe()
-    return results, described
+def finish_unchanged(wd: Workdir, cfg: MuleConfig, planned: Plan, hooks: Sequence[Any]) -> dict:
+    """A run where every stage is reused (decide_ahead said so): the results the records
+    hold, at once, without Prefect, MLflow or torch; MLflow records the reuse right after,
+    in a process of its own (pipeline.deferred). When a stage has something left to
+    publish or a sweep is named, it is recorded now, here, with `hooks`."""
+    from mule.pipeline import deferred
+
+    later = not any(decisions.publish_pending(d) for d in planned.decided.values()) and all(
+        BY_NAME[s].kind != "sweep" for s in planned.stages)  # fmt: skip
+    if not later or os.environ.get("MULE_RECORD_LATER") == "0":
+        return run(wd, cfg, planned, hooks)
+    results = {stage: decisions.reused_result(d, wd) for stage, d in planned.decided.items()}
+    deferred.defer(wd, cfg, planned.name, planned.decided, results)
+    deferred.start_recorder(wd)
+    return results | {"mlflow_run_id": None, "stages": {s: d.describe() for s, d in planned.decided.items()}}
 
 
-def _sweep_here(wd: Workdir, cfg: MuleConfig, stage: str, run_id: str | None) -> dict:
-    from mule.pipeline.runner import Runner
-    from mule.pipeline.sweeps import run_sweep
+def run(wd: Workdir, cfg: MuleConfig, planned: Plan, hooks: Sequence[Any]) -> dict:
+    """The plan's stages in order under the hooks (the rebuild's MLflow run around them all):
+    each reused or computed by the runner with the decision the plan holds, or one taken
+    now, once. The caller holds the workdir's lock and has adopted it."""
+    from mule.pipeline import deferred
 
-    return run_sweep(stage, Runner(wd), cfg, run_id)
+    deferred.record_unrecorded(wd)  # what a no-change run left to record, first
+    runner = Runner(wd, hooks)
+    whole = PipelineRun(wd, cfg, planned)
+    with whole.exits:
+        _call(hooks, "before_pipeline_run", whole)
+        for stage in planned.stages:
+            if BY_NAME[stage].kind == "sweep":
+                from mule.pipeline import sweeps
+
+                whole.results[stage] = sweeps.run_sweep(stage, runner, cfg, whole.run_id,
+                                                        planned.sweeps_decided.get(stage))  # fmt: skip
+                whole.described[stage] = _sweep_line(whole.results[stage])
+                continue
+            decision = planned.decided.get(stage) or runner.decide(cfg, stage, stage in planned.forced)
+            whole.results[stage] = runner.run(cfg, stage, whole.run_id, decision=decision)
+            whole.described[stage] = decision.describe()
+        _call(hooks, "after_pipeline_run", whole)
+    return whole.results | {"mlflow_run_id": whole.run_id, "stages": whole.described}
 
 
-def _sweep_decisions(result: dict) -> str:
+def _call(hooks: Sequence[Any], point: str, whole: PipelineRun) -> None:
+    for hook in hooks:
+        method = getattr(hook, point, None)
+        if method is not None:
+            method(whole)
+
+
+def _sweep_line(result: dict) -> str:
     """A sweep's line: how many of its steps ran and how many were reused."""
     steps = result.get("steps", {}) if isinstance(result, dict) else {}
     ran = sum(1 for d in steps.values() if d.startswith("ran"))
@@ -176,7 +180,5 @@ def _sweep_decisions(result: dict) -> str:
     )
 
 
-def _must(run_stage: RunStage | None) -> RunStage:
-    if run_stage is None:
-        raise RuntimeError("a stage has to run, and no runner was given")  # up_to_date said none would
-    return run_stage
+def logger() -> logging.Logger:
+    return logging.getLogger("mule.pipeline")

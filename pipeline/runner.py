@@ -1,37 +1,31 @@
-"""Running one decided stage: its MLflow run, its computation, its publication, its record.
+"""Running one stage: decided once, then reused or computed and recorded, with hooks around it.
 
-    runner = Runner(workdir)                      # or with Prefect's task around each computation
-    result = runner.run(cfg, "train", parent_run_id)
+    result = Runner(workdir, hooks=tracked()).run(cfg, "train", parent_run_id)
 
-`run` decides (pipeline.decisions) and either reuses the stage (an MLflow run that says so,
-and the result it recorded) or runs it: computes (tasks.*: the catalog in, the catalog
-out, a summary back), publishes (pipeline.publish: figures, MLflow, the registry), then
-records the key, the outputs' digests and the summary. The rebuild's stages and the
-sweeps' steps all run here, so there is one way a stage runs and one way it is reused.
+`run` takes the stage's decision (pipeline.decisions; one the caller already took, or
+takes it now) and either reuses the stage (the result its record holds) or computes it
+(stages.*: the catalog in, the catalog out, a summary back) and records the key, the
+outputs' digests and the summary. Everything else (MLflow, publishing, Prefect's task
+around the computation, timing lines) is a hook (pipeline.hooks) the caller hands in.
+The rebuild's stages and the sweeps' steps all run here: one way a stage runs and one
+way it is reused.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from mule.config.sections import MuleConfig
 from mule.config.stage_view import declared_sections
-from mule.pipeline import decisions, reused_stages
-from mule.pipeline.declaration import BY_NAME, Stage
-from mule.storage.locks import end_commit
+from mule.pipeline import decisions
+from mule.pipeline.declaration import BY_NAME
+from mule.pipeline.hooks import Publishing, StageRun, Timing
+from mule.stages.shared.context import Silent, StageContext
+from mule.storage.locks import end_commit, holds_lock, workdir_lock
 from mule.storage.workdir import Workdir
-
-# (stage) -> the function that computes it; Prefect's flows wrap it in a task
-Computes = Callable[[Stage], Callable[[Any], dict]]
-# (workdir, config, decision, parent run id) -> the recorded result of a reused stage
-Reuses = Callable[[Workdir, MuleConfig, decisions.Decision, str | None], dict]
-
-
-def _load(stage: Stage) -> Callable[[Any], dict]:
-    return stage.load_task()
 
 
 def prepare(wd: Workdir, cfg: MuleConfig, name: str, act: bool = True) -> bool:
@@ -44,62 +38,71 @@ def prepare(wd: Workdir, cfg: MuleConfig, name: str, act: bool = True) -> bool:
 @dataclass
 class Runner:
     workdir: Workdir
-    computes: Computes = _load
-    reuses: Reuses = reused_stages.reuse_stage
-    report: Any = field(default=None)  # a reporter for stages run without MLflow (tests); None: MLflow's
+    hooks: Sequence[Any] = field(default_factory=list)
 
     def decide(self, cfg: MuleConfig, name: str, force: bool = False) -> decisions.Decision:
         prepare(self.workdir, cfg, name)
         return decisions.decide(self.workdir, cfg, name, force)
 
     def run(self, cfg: MuleConfig, name: str, parent_run_id: str | None = None, force: bool = False,
-            decision: decisions.Decision | None = None, track: bool = True) -> dict:  # fmt: skip
-        """Stage `name` under `cfg`: reused when its key is unchanged, else run. `decision`:
-        one already taken (by the rebuild); `track=False`: no MLflow run (tests, benches)."""
-        decision = decision or self.decide(cfg, name, force)
-        if not decision.run:
-            if not track:
-                return decisions.reused_result(decision, self.workdir)
-            return self.reuses(self.workdir, cfg, decision, parent_run_id)
-        if not track:
-            return self._execute(cfg, decision, None)
-        from mule.experiments import tracking
+            decision: decisions.Decision | None = None) -> dict:  # fmt: skip
+        """Stage `name` under `cfg`: reused when its key is unchanged, else computed.
+        `decision`: one already taken (by the rebuild's plan), not taken again."""
+        run = StageRun(self.workdir, cfg, BY_NAME[name], decision or self.decide(cfg, name, force), parent_run_id)
+        with run.exits:
+            if not run.decision.run:
+                run.result = decisions.reused_result(run.decision, self.workdir)
+                self._call("on_stage_reused", run)
+                return run.result
+            if holds_lock(self.workdir):  # the lock names the stage in hand: who waits, and a stop, say which
+                run.exits.enter_context(workdir_lock(self.workdir, name))
+            try:
+                self._call("before_stage_run", run)
+                self._compute(run)
+            except BaseException as error:
+                self._call("on_stage_error", run, error)
+                raise
+            self._call("after_stage_run", run)
+            return run.result
 
-        with tracking.run(self.workdir, cfg, name, parent_run_id) as run_id:
-            return self._execute(cfg, decision, run_id)
-
-    def _execute(self, cfg: MuleConfig, decision: decisions.Decision, run_id: str | None) -> dict:
-        from mule.experiments.tracking import Tracker
-        from mule.stages.shared.context import Silent, StageContext
-
-        stage = BY_NAME[decision.stage]
-        report = Tracker(self.workdir, run_id) if run_id else (self.report or Silent())
-        report.tags(decisions.tags(decision) | {f"mule.{k}": str(v) for k, v in decisions.runtime_record(cfg, stage).items()})
-        decisions.logger().info("%s: %s", stage.name, decision.describe())
+    def _compute(self, run: StageRun) -> None:
+        stage, decision = run.stage, run.decision
         # the computation is handed only the sections its declaration names (the rest fail loudly)
-        ctx = StageContext(self.workdir, declared_sections(cfg, stage.name, stage.sections), key=decision.key,
-                           force=decision.forced, report=report)  # fmt: skip
+        ctx = StageContext(self.workdir, declared_sections(run.cfg, stage.name, stage.sections), key=decision.key,
+                           force=decision.forced, report=run.report or Silent())  # fmt: skip
+        compute: Callable[[StageContext], dict] = stage.load_task()
+        for hook in self.hooks:
+            if hasattr(hook, "around_compute"):
+                compute = hook.around_compute(run, compute)
         started = time.perf_counter()
-        decisions.mark_running(self.workdir, cfg, decision)  # a stop before the record: the next run says so
+        decisions.mark_running(self.workdir, run.cfg, decision)  # a stop before the record: the next run says so
         try:
-            result = self.computes(stage)(ctx)
-            # Recorded before publishing: a stop or an MLflow error while publishing (seconds,
-            # for a registered model) keeps the work; the next run publishes it (reused_stages.reuse_stage).
-            decisions.record(self.workdir, cfg, decision, result, run_id, time.perf_counter() - started)
+            run.result = compute(ctx)
+            run.seconds = time.perf_counter() - started
+            # Recorded before any hook publishes: a stop or an MLflow error while publishing
+            # (seconds, for a registered model) keeps the work; the next run publishes it.
+            decisions.record(self.workdir, run.cfg, decision, run.result, run.run_id, run.seconds)
         finally:
             end_commit(self.workdir)  # readers (mule serve, search) may read what it wrote
         for cleanup in ctx.after_record:  # what only a recorded result may let go (a checkpoint)
             cleanup()
-        from mule.pipeline.publish import publish  # MLflow, figures: imported when something is published
 
-        started = time.perf_counter()
-        result = result | publish(stage.name, self.workdir, cfg, result, run_id)
-        if run_id or not stage.publish:  # without MLflow (track=False) the rest stays to publish
-            decisions.mark_published(self.workdir, cfg, decision, result, run_id, time.perf_counter() - started)
-        return result
+    def _call(self, point: str, run: StageRun, *args) -> None:
+        for hook in self.hooks:
+            method = getattr(hook, point, None)
+            if method is not None:
+                method(run, *args)
+
+
+def untracked(report=None) -> list:
+    """The hooks of a run without MLflow (tests, benches): published to the workdir only
+    (what needs MLflow stays marked unpublished), live metrics to `report`."""
+    from mule.pipeline.hooks import LiveReport
+
+    return [LiveReport(report or Silent()), Publishing(), Timing()]
 
 
 def run_alone(wd: Workdir, cfg: MuleConfig, name: str, force: bool = True, report=None) -> dict:
     """A stage computed here and now (forced by default), published to the workdir only and
     recorded: what tests and bench scripts call instead of a Prefect flow."""
-    return Runner(wd, report=report).run(cfg, name, force=force, track=False)
+    return Runner(wd, hooks=untracked(report)).run(cfg, name, force=force)

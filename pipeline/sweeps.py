@@ -5,7 +5,7 @@ order (`Variant`), and a report made from their results. `run_sweep` runs every 
 stages through the one runner (pipeline.runner), so every ablation model and every added
 language is decided by the stage's key for its config, one record per model name, exactly
 as the rebuild's own train stage is: a rerun with nothing changed trains nothing, and
-(`up_to_date`) does not even start Prefect. Rows of the ablation are data too (`grid`).
+(`decide_steps`) does not even start Prefect. Rows of the ablation are data too (`grid`).
 
 What the sweeps need from the rebuild (captions, features, word vectors) comes from the
 rebuild itself: `mule run ablation` runs the stages that write it first
@@ -282,15 +282,25 @@ def _sweep(name: str) -> Sweep:
     return BY_NAME[name].load_sweep()
 
 
-def up_to_date(wd: Workdir, cfg: MuleConfig, name: str) -> bool:
-    """Every step of every variant reused (when all are, what one step writes and the next
-    reads is unchanged, so deciding them all beforehand is deciding them in order)."""
-    return not any(decisions.decide(wd, v.cfg, step).run for v in _sweep(name).variants(wd, cfg) for step in v.steps)
+def decide_steps(wd: Workdir, cfg: MuleConfig, name: str) -> dict[tuple[str, str], decisions.Decision] | None:
+    """Every step of every variant decided, by (variant, step), when all are reused (then
+    what one step writes and the next reads is unchanged, so deciding them all beforehand
+    is deciding them in order); None as soon as one has to run."""
+    decided = {}
+    for v in _sweep(name).variants(wd, cfg):
+        for step in v.steps:
+            decision = decisions.decide(wd, v.cfg, step)
+            if decision.run:
+                return None
+            decided[(v.label, step)] = decision
+    return decided
 
 
-def run_sweep(name: str, runner: Runner, cfg: MuleConfig, parent_run_id: str | None) -> dict[str, Any]:
-    """Every variant's steps, each decided by its key (an MLflow run per variant, a run per
-    step inside it), then the sweep's report."""
+def run_sweep(name: str, runner: Runner, cfg: MuleConfig, parent_run_id: str | None,
+              decided: dict[tuple[str, str], decisions.Decision] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Every variant's steps, each decided once by its key (`decided`: decide_steps' when
+    it found them all reused; an MLflow run per variant, a run per step inside it), then
+    the sweep's report."""
     sweep, wd = _sweep(name), runner.workdir
     variants = sweep.variants(wd, cfg)
     results: dict[str, dict[str, dict]] = {}
@@ -298,7 +308,8 @@ def run_sweep(name: str, runner: Runner, cfg: MuleConfig, parent_run_id: str | N
     with tracking.run(wd, cfg, sweep.title(cfg), parent_run_id) as run_id:
         for v in variants:
             with tracking.run(wd, v.cfg, f"{name}: {v.label}", run_id) as child:
-                results[v.label] = {step: runner.run(v.cfg, step, child) for step in v.steps}
+                results[v.label] = {step: runner.run(v.cfg, step, child, decision=(decided or {}).get((v.label, step)))
+                                    for step in v.steps}  # fmt: skip
             steps |= {
                 f"{v.label}: {step}": "reused" if r.get("reused") else "ran" for step, r in results[v.label].items()
             }

@@ -27,7 +27,7 @@ from mule.data_catalog.tables import Catalog
 from mule.mule_core.errors import is_user_error
 from mule.pipeline import decisions, rebuild
 from mule.pipeline.declaration import REBUILD
-from mule.pipeline.runner import Runner
+from mule.pipeline.runner import Runner, untracked
 from mule.storage.workdir import Workdir
 
 TINY = {"data.train_images": 24, "data.val_images": 8, "data.test_images": 8, "data.image_size": 48,
@@ -71,10 +71,10 @@ def one(root: Path, pattern: str) -> Path:
 
 def next_run(wd: Workdir, cfg, stages=REBUILD) -> dict[str, decisions.Decision]:
     """What the next run does, stage by stage (as the rebuild flow does, without Prefect): decisions."""
-    runner, decided = Runner(wd), {}
-    for name in rebuild.plan(wd, cfg, list(stages)):
+    runner, decided = Runner(wd, untracked()), {}
+    for name in rebuild.plan(wd, cfg, list(stages)).stages:
         decided[name] = runner.decide(cfg, name)
-        runner.run(cfg, name, decision=decided[name], track=False)
+        runner.run(cfg, name, decision=decided[name])
     return decided
 
 
@@ -173,9 +173,9 @@ def test_a_damaged_checkpoint_or_journal_is_left_behind(how, built, copy, caplog
     damage(checkpoint, how)
     journal = wd.table_path("translations", "embedded").with_name("embedded.journal.jsonl")
     journal.write_bytes(b'{"backend": "lexicon"}\n[1, 2]\n' + os.urandom(64) + b"\n")
-    runner = Runner(wd)
-    runner.run(cfg, "translate", force=True, track=False)
-    runner.run(cfg, "train", force=True, track=False)
+    runner = Runner(wd, untracked())
+    runner.run(cfg, "translate", force=True)
+    runner.run(cfg, "train", force=True)
     assert "training starts from epoch 1" in caplog.text
     assert recalls(wd) == recalls(built[0])
 
@@ -231,11 +231,11 @@ def test_a_run_stopped_after_writing_its_output_and_before_its_record_is_finishe
 
     monkeypatch.setattr(decisions, "record", stopped)
     with pytest.raises(KeyboardInterrupt):
-        Runner(wd).run(cfg, "train", force=True, track=False)
+        Runner(wd, untracked()).run(cfg, "train", force=True)
     monkeypatch.setattr(decisions, "record", real_record)
     decision = Runner(wd).decide(cfg, "train")
     assert decision.run and decision.reason.startswith("finishing its run of "), decision.reason
     assert "stopped before it was recorded; it resumes its checkpoint" in decision.reason
     assert "damaged" not in decision.reason
-    Runner(wd).run(cfg, "train", decision=decision, track=False)
+    Runner(wd, untracked()).run(cfg, "train", decision=decision)
     assert not Runner(wd).decide(cfg, "train").run  # recorded now: the marker is gone

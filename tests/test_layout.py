@@ -130,16 +130,20 @@ def test_installed_mule_is_one_namespace():
     assert not bare, bare
 
 
-def test_one_rebuild_body():
-    """The command (without Prefect when nothing has to run) and the rebuild flow both call
-    pipeline.rebuild.run; no other module walks the stages and decides what to reuse."""
+def test_one_rebuild_body_and_a_runner_that_knows_no_hook_by_name():
+    """The command and the rebuild flow both go through pipeline.rebuild; only it, the
+    runner and the sweeps decide; the runner names no tracking, publishing or Prefect."""
     callers = {str(p.relative_to(REPO)) for package in FLOORS for p, _ in _modules(package)
-               if re.search(r"\brebuild\.run\(", p.read_text())}  # fmt: skip
-    assert callers == {"commands/run.py", "flows/stages.py"}, callers
+               if re.search(r"\brebuild\.(run|plan)\(", p.read_text())}  # fmt: skip
+    assert callers - {"pipeline/rebuild.py"} == {"commands/run.py", "flows/stages.py"}, callers  # (its own docstring)
     deciders = {str(p.relative_to(REPO)) for package in FLOORS for p, _ in _modules(package)
                 if re.search(r"\bdecisions\.decide\(", p.read_text())}  # fmt: skip
-    # the rebuild's body, a single stage's runner, and the sweeps' per-model steps
+    # the rebuild's body (ahead of the flow), a single stage's runner, and the sweeps' per-model steps
     assert deciders == {"pipeline/rebuild.py", "pipeline/runner.py", "pipeline/sweeps.py"}, deciders
+    runner = (REPO / "pipeline" / "runner.py").read_text()
+    code = runner.split("def untracked", 1)[0]  # the helper below it picks the untracked hooks
+    for name in ("tracking", "mlflow", "publish", "prefect", "Tracker", "flows"):
+        assert not re.search(rf"\b{name}\b", code.split('"""', 2)[2]), name
 
 
 def test_a_trained_model_is_used_through_the_front_door():

@@ -97,7 +97,13 @@ def test_mlflow_runs(rebuilt):
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     assert sorted(r.info.run_name for r in children) == sorted(STAGES)
     flow_runs = {r.data.tags["prefect.flow_run_id"] for r in [parent, *children]}
-    assert len(flow_runs) == len(STAGES) + 1  # one Prefect flow run per stage, plus rebuild
+    assert len(flow_runs) == 1  # the rebuild's flow run: each stage's computation is a task run in it
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as prefect:
+        tasks = prefect.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=list(flow_runs))))
+    assert sorted(t.name.rsplit("-", 1)[0] for t in tasks) == sorted(STAGES), [t.name for t in tasks]
     for run in [parent, *children]:
         assert run.info.status == "FINISHED"
         tags = run.data.tags
@@ -568,3 +574,25 @@ def test_a_diverging_training_says_so_in_the_log_and_in_mlflow(rebuilt, tmp_path
     assert tags["mule.train.stopped"].startswith("diverged at epoch")
     model = torch.load(results["train"]["path"], map_location="cpu", weights_only=True)
     assert all(torch.isfinite(t).all() for t in model["state_dict"].values() if t.is_floating_point())
+
+
+@pytest.mark.slow
+def test_a_run_decides_each_stage_once_whoever_runs_it(rebuilt, tmp_path, monkeypatch):
+    """`mule run` plans and decides ahead, without Prefect; when a stage has to run, the
+    rebuild flow goes on with that plan and its decisions: no stage is decided twice."""
+    from mule.commands.main import main
+    from mule.pipeline import decisions
+
+    copy = _copy_of(rebuilt, tmp_path)
+    taken, real = [], decisions.decide
+
+    def counted(wd, cfg, stage, *args, **kwargs):
+        taken.append(stage)
+        return real(wd, cfg, stage, *args, **kwargs)
+
+    monkeypatch.setattr(decisions, "decide", counted)
+    sets = [a for k, v in {**TINY, "eval.examples": 2}.items() for a in ("--set", f"{k}={v}")]
+    assert main(["run", "train", "evaluate", "--workdir", str(copy), *sets]) == 0
+    assert taken == ["train", "evaluate"]  # train reused, evaluate ran: each decided once, ahead or in the flow
+    record = json.loads((Workdir.at(copy).state_dir / "stages" / "embedded" / "evaluate.json").read_text())
+    assert record["parts"]["config eval.examples"] == "2"

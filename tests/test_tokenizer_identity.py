@@ -85,9 +85,9 @@ def test_a_changed_tokenizer_runs_ingest_again_before_the_stages_that_use_the_to
     settings = {"data.dataset": "mine", "data.source": str(source), "data.languages": "en,de"}
     cfg = resolve(None, settings)
     run_alone(wd, cfg, "ingest")
-    assert rebuild.plan(wd, cfg, ["train"]) == ["train"]
+    assert rebuild.plan(wd, cfg, ["train"]).stages == ["train"]
     changed = replace(cfg, text=replace(cfg.text, tokenizers={"en": "unicode"}))
-    planned = rebuild.plan(wd, changed, ["train"])
+    planned = rebuild.plan(wd, changed, ["train"]).stages
     assert planned[0] == "ingest" and {"text", "pretrain", "train"} <= set(planned)
     with pytest.raises(TokenizerChangedError, match=r"en: moses -> unicode"):
         run_alone(wd, changed, "text")  # run alone, a stage refuses the other tokeniser's tokens

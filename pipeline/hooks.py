@@ -1,0 +1,147 @@
+"""What happens around a stage, in the shape Kedro gives it: hooks the runner calls at
+fixed points, in the order they are given. The runner knows none of them by name; the
+one who runs stages picks them:
+
+    Runner(workdir)                                            # computes and records, nothing else
+    Runner(workdir, hooks=tracked())                           # MLflow, publishing, timing
+    Runner(workdir, hooks=[*tracked(), PrefectTasks()])        # and each computation a Prefect task (flows/)
+
+A hook implements any of these (Kedro's before/after_pipeline_run, before/after_node_run and
+on_node_error; around_compute and on_stage_reused are mule's):
+
+    before_pipeline_run(whole)       a run of several stages starts (the rebuild's MLflow run)
+    after_pipeline_run(whole)        every stage done (the run's tables and recalls published)
+    before_stage_run(run)            the stage will compute: its MLflow run opens here
+    around_compute(run, compute)     -> the computation as it will be called (Prefect's task)
+    after_stage_run(run)             computed and recorded: publish, log
+    on_stage_error(run, error)       the computation or a hook before it raised
+    on_stage_reused(run)             the key was unchanged: nothing computed
+
+`run` is a StageRun: what is known about this stage's run (its config, decision, MLflow
+run id once a hook opened one, the result once computed). A hook that must close
+something whatever happens enters it on `run.exits`, which the runner closes last, with
+the exception if one is raised (MLflow's run ends FAILED or KILLED then).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Any
+
+from mule.config.sections import MuleConfig
+from mule.pipeline import decisions
+from mule.pipeline.declaration import Stage
+from mule.storage.workdir import Workdir
+
+
+@dataclass
+class StageRun:
+    workdir: Workdir
+    cfg: MuleConfig
+    stage: Stage
+    decision: decisions.Decision
+    parent_run_id: str | None = None
+    run_id: str | None = None  # the stage's MLflow run, once a hook opened one
+    report: Any = None  # where live metrics go (MLflow's Tracker); None: nowhere
+    result: dict | None = None
+    seconds: float = 0.0  # the computation's, once it returned
+    exits: ExitStack = field(default_factory=ExitStack)
+
+
+class MlflowTracking:
+    """A run of several stages is an MLflow run, and each stage a run under it (or under
+    the sweep's): its params, the tags that say why it ran or was reused, live metrics
+    while it computes."""
+
+    def before_pipeline_run(self, whole) -> None:
+        from mule.experiments import tracking
+
+        whole.run_id = whole.exits.enter_context(tracking.run(whole.workdir, whole.cfg, whole.plan.name))
+
+    def before_stage_run(self, run: StageRun) -> None:
+        from mule.experiments import tracking
+
+        run.run_id = run.exits.enter_context(tracking.run(run.workdir, run.cfg, run.stage.name, run.parent_run_id))
+        run.report = tracking.Tracker(run.workdir, run.run_id)
+        runtime = {f"mule.{k}": str(v) for k, v in decisions.runtime_record(run.cfg, run.stage).items()}
+        run.report.tags(decisions.tags(run.decision) | runtime)
+
+    def on_stage_reused(self, run: StageRun) -> None:
+        from mule.experiments import tracking
+
+        run.run_id = run.exits.enter_context(tracking.run(run.workdir, run.cfg, run.stage.name, run.parent_run_id))
+        run.report = tracking.Tracker(run.workdir, run.run_id)
+        run.report.tags(decisions.tags(run.decision))
+
+
+class Publishing:
+    """After a stage computed: its figures, reports, MLflow metrics and artifacts, and for
+    the train stage the registered model (pipeline.publish). A reused stage whose run
+    stopped before publishing is published now. Without MLflow (no run id) a stage that
+    has something to publish stays marked unpublished: the next tracked run publishes it."""
+
+    def after_pipeline_run(self, whole) -> None:
+        """The run's own MLflow run: each stage's decision, the test recalls, the tables."""
+        from mule.pipeline.publish import publish_rebuild
+
+        publish_rebuild(whole.workdir, whole.cfg, whole.results, whole.described, whole.run_id)
+
+    def after_stage_run(self, run: StageRun) -> None:
+        from mule.pipeline.publish import publish
+
+        started = time.perf_counter()
+        run.result = run.result | publish(run.stage.name, run.workdir, run.cfg, run.result, run.run_id)
+        if run.run_id or not run.stage.publish:
+            decisions.mark_published(run.workdir, run.cfg, run.decision, run.result, run.run_id,
+                                     time.perf_counter() - started)  # fmt: skip
+
+    def on_stage_reused(self, run: StageRun) -> None:
+        if not (run.run_id and decisions.publish_pending(run.decision)):
+            return
+        from mule.pipeline.publish import publish
+
+        decision = run.decision
+        decisions.logger().warning("%s: reused (key %s); the run that computed it (MLflow %s) stopped before "
+                                   "publishing it: publishing it now", decision.stage, decision.key[:12],
+                                   decision.record.get("run_id"))  # fmt: skip
+        run.result = run.result | publish(decision.stage, run.workdir, run.cfg, run.result, run.run_id)
+        run.report.tags({"mule.published_here": f"for run {decision.record.get('run_id')}, which stopped before "
+                                                "publishing"})  # fmt: skip
+        decisions.mark_published(run.workdir, run.cfg, decision, {k: v for k, v in run.result.items()
+                                 if k not in ("reused", "stage_key", "reused_from_run")}, run.run_id)  # fmt: skip
+
+
+class Timing:
+    """One line per stage: what it did and how long it took."""
+
+    def before_stage_run(self, run: StageRun) -> None:
+        decisions.logger().info("%s: %s", run.stage.name, run.decision.describe())
+
+    def after_stage_run(self, run: StageRun) -> None:
+        decisions.logger().info("%s: computed in %.1f s", run.stage.name, run.seconds)
+
+    def on_stage_reused(self, run: StageRun) -> None:
+        decisions.logger().info("%s: %s, from MLflow run %s", run.stage.name, run.decision.describe(),
+                                run.decision.record.get("run_id"))  # fmt: skip
+
+
+class LiveReport:
+    """Live metrics to a reporter of one's own (tests, benches), where no MLflow run is."""
+
+    def __init__(self, report) -> None:
+        self.report = report
+
+    def before_stage_run(self, run: StageRun) -> None:
+        run.report = run.report or self.report
+
+
+def tracked() -> list:
+    """The hooks of a tracked run: MLflow first (publishing logs into its run), then publishing, then timing."""
+    return [MlflowTracking(), Publishing(), Timing()]
+
+
+def logger() -> logging.Logger:
+    return logging.getLogger("mule.pipeline")
