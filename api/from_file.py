@@ -4,7 +4,7 @@ weights read when the first image comes (data_catalog.weights). mule.api.load's 
 step, so what `mule search`, `mule serve` and the registered MLflow model use; no stage does.
 
     embedder = open_embedder(path)
-    embedder.text("ein roter Kreis").vector, embedder.image(Path("photo.jpg"))
+    embedder.encode_text("ein roter Kreis"), embedder.encode_image(Path("photo.jpg"))
 """
 
 from __future__ import annotations

@@ -84,8 +84,8 @@ def expected(model: Path, request: dict) -> list[list[float]]:
     embedder = open_embedder(model / artifacts["model"]["path"],
                              weights_file=str(model / artifacts["extractor_weights"]["path"])
                              if "extractor_weights" in artifacts else None)  # fmt: skip
-    texts = [v.vector for v in embedder.texts(request["text"], request["lang"])]
-    return [*texts, embedder.image(base64.b64decode(request["image"]))]
+    texts = list(embedder.encode_text(request["text"], request["lang"]))
+    return [*texts, embedder.encode_image(base64.b64decode(request["image"]))[0]]
 
 
 def free_port() -> int:

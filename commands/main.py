@@ -167,9 +167,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="a serving option: " + ", ".join(SERVING_OPTIONS) + " (e.g. --set index.breadth=256)",
     )
 
-    config = sub.add_parser("config", help="print the resolved config")
+    config = sub.add_parser("config", help="print the resolved config (--list: the presets)")
     _common(config)
     _data_options(config)
+    config.add_argument("--list", action="store_true", help="list the presets (config/presets/*.toml) and stop")
 
     search = sub.add_parser("search", help="query a trained model: sentence -> images, or --image PATH -> sentences")
     search.add_argument("text", nargs="?", help="the sentence to search images for")
@@ -225,6 +226,14 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError(f"unknown stage(s) {', '.join(unknown)}; stages are: {names}, all")
             return run.run(args, stages, overrides_from(args))
         if args.command == "config":
+            if args.list:
+                from mule.config.presets import FOLDER, PRESETS, SUMMARIES
+
+                width = max(map(len, PRESETS))
+                for name in PRESETS:
+                    print(f"{name:<{width}}  {SUMMARIES[name]} ({len(PRESETS[name])} options set)")
+                print(f"(files: {FOLDER}; a run that names none: demo on the generated dataset, default on any other)")
+                return 0
             print(json.dumps(to_dict(resolve(args.preset, overrides_from(args))), indent=2))
             return 0
         return READING[args.command](args)

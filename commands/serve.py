@@ -6,8 +6,7 @@ import argparse
 import time
 
 from mule.commands.options import browsable, reading_workdir
-from mule.config.overrides import parse_assignments
-from mule.config.resolution import resolve
+from mule.config.overrides import index_section, parse_assignments
 from mule.mule_core.devices import idle_threads_sleep
 from mule.mule_core.settings import ConfigError
 
@@ -23,7 +22,7 @@ def serving_options(assignments: list[str]):
     if other:
         raise ConfigError(f"mule serve: {', '.join(other)} is not a serving option; serving options are "
                           f"{', '.join(SERVING_OPTIONS)} (the model's own settings come with the model)")  # fmt: skip
-    return resolve("demo", overrides).index
+    return index_section(overrides)
 
 
 def run(args: argparse.Namespace) -> int:

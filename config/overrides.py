@@ -8,8 +8,8 @@ import dataclasses
 import typing
 from typing import Any
 
-from mule.config.sections import SECTIONS, MuleConfig
-from mule.config.validation import validate
+from mule.config.sections import SECTIONS, IndexConfig, MuleConfig
+from mule.config.validation import validate, validate_index
 from mule.mule_core import settings as model_settings
 from mule.mule_core.settings import ConfigError
 
@@ -63,6 +63,20 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
 
 def option_names() -> list[str]:
     return [f"{s}.{name}" for s in SECTIONS for name in _field_types(type(getattr(MuleConfig(), s)))]
+
+
+def index_section(overrides: dict[str, Any]) -> IndexConfig:
+    """The index section's defaults with these of its options ('index.breadth': '256'),
+    converted and checked as in a whole config, without resolving one (`mule serve`)."""
+    index, types_ = IndexConfig(), _field_types(IndexConfig)
+    for key, value in overrides.items():
+        section, _, name = key.partition(".")
+        if section != "index" or name not in types_:
+            raise ConfigError(f"unknown index option {key!r}; index options are: "
+                              f"{', '.join('index.' + n for n in types_)}")  # fmt: skip
+        setattr(index, name, _coerce(value, types_[name], key))
+    validate_index(index)
+    return index
 
 
 def apply_overrides(cfg: MuleConfig, overrides: dict[str, Any] | None) -> MuleConfig:

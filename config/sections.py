@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from mule.mule_core import settings as model_settings
-from mule.mule_core.settings import ConfigError, LossConfig, ModelConfig, PretrainConfig, TrainConfig, flatten  # noqa: F401 - the pipeline's names
+from mule.mule_core.settings import ConfigError, LossConfig, ModelConfig, PretrainConfig, flatten  # noqa: F401 - the pipeline's names
 
 
 @dataclass
@@ -90,6 +90,19 @@ class TextConfig(model_settings.TextConfig):
     # 1 keeps trained vectors reproducible; on several threads fastText trains other vectors on
     # every run (its updates race), so the count is part of the text stage's key
     fasttext_threads: int = 1
+
+
+@dataclass
+class TrainConfig(model_settings.TrainConfig):
+    """Training's settings are the model library's; which model file a run trains, and
+    which language it adds to which model, are the pipeline's."""
+
+    model_name: str = "model"  # models/<dataset>/<model_name>.pt; the ablation trains several
+    # Add this language to the trained model train.base_model (default: without-<lang>): only
+    # its word embeddings and MULE FC train (LP, then NC + the image-sentence loss), the
+    # shared model and the other languages stay bit-identical
+    add_language: str = ""
+    base_model: str = ""
 
 
 @dataclass

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from mule.config.sections import MuleConfig
+from mule.config.sections import IndexConfig, MuleConfig
 from mule.datasets.formats import FORMATS
 from mule.mule_core.languages import language_code, tokenizer_name
 from mule.mule_core.settings import ConfigError
 
 
 def validate(cfg: MuleConfig) -> None:
-    if cfg.index.kind not in ("hnsw-sq8", "ivf-sq8", "flat"):
-        raise ConfigError(f"index.kind must be 'hnsw-sq8', 'ivf-sq8' or 'flat', got {cfg.index.kind!r}")
-    if min(cfg.index.cells, cfg.index.breadth, cfg.index.min_images) < 0:
-        raise ConfigError("index.cells, index.breadth and index.min_images must not be negative")
+    validate_index(cfg.index)
     f = cfg.features
     if f.weights not in ("imagenet", "random"):
         raise ConfigError(f"features.weights must be 'imagenet' or 'random', got {f.weights!r}")
@@ -122,3 +119,11 @@ def validate(cfg: MuleConfig) -> None:
     for lang, n in cfg.train.sentences_per_image.items():
         if n < 1:
             raise ConfigError(f"train.sentences_per_image.{lang} must be at least 1, got {n}")
+
+
+def validate_index(index: IndexConfig) -> None:
+    """The index section alone (what `mule serve` is given, without a whole config)."""
+    if index.kind not in ("hnsw-sq8", "ivf-sq8", "flat"):
+        raise ConfigError(f"index.kind must be 'hnsw-sq8', 'ivf-sq8' or 'flat', got {index.kind!r}")
+    if min(index.cells, index.breadth, index.min_images) < 0:
+        raise ConfigError("index.cells, index.breadth and index.min_images must not be negative")

@@ -101,10 +101,7 @@ class Embedder:
                              f"({', '.join(vocabs)}); give its language if you know it (--lang, or lang=)", "unknown words")  # fmt: skip
         return guess.lang, f"detected: {guess.describe()} words known"
 
-    def text(self, text: str, lang: str | None = None) -> TextVector:
-        return self.texts([text], [lang])[0]
-
-    def texts(self, texts: list[str], langs: list[str | None] | None = None, batch: int = 512) -> list[TextVector]:
+    def _texts(self, texts: list[str], langs: list[str | None] | None = None, batch: int = 512) -> list[TextVector]:
         """Many sentences at once: each checked and its language chosen, then encoded in
         batches of one language (the pyfunc model embeds a table of captions this way).
         Words become ids as everywhere else (Vocabulary.encode: the evaluate stage's too),
@@ -180,7 +177,7 @@ class Embedder:
         for lang, vocab in self.meta["vocabulary"].vocabs.items():
             known = next((t for t in vocab.tokens[2:] if t.strip()), None)
             if known:
-                self.text(known, lang)
+                self.encode_text(known, lang)
         if not self.has_images or self.load_network is None:
             return ""
         _, info = self.load_network(self.device)
@@ -188,17 +185,21 @@ class Embedder:
 
     # The front door's three calls (mule.api.load returns an Embedder): arrays in, arrays out.
 
-    def encode_text(self, sentences: str | list[str], lang: str | list[str | None] | None = None) -> np.ndarray:
+    def encode_text(self, sentences: str | list[str], lang: str | list[str | None] | None = None,
+                    details: bool = False) -> np.ndarray | list[TextVector]:  # fmt: skip
         """(n, model.joint_dim) float32 unit rows, one per sentence, as the evaluate stage and `mule
         serve` embed them. `lang`: one language for all, one per sentence, or None to
-        detect each from the model's vocabularies."""
+        detect each from the model's vocabularies. `details`: a TextVector per sentence
+        instead (its vector, the language used and how it was chosen, the words outside
+        the vocabulary), what `mule serve` shows."""
         sentences = [sentences] if isinstance(sentences, str) else list(sentences)
         langs = lang if isinstance(lang, list | tuple) else [lang] * len(sentences)
         if len(langs) != len(sentences):
             raise EmbedError(f"{len(sentences)} sentences but {len(langs)} languages")
         if not sentences:
-            return np.zeros((0, self.meta["cfg"].model.joint_dim), np.float32)
-        return np.stack([v.vector for v in self.texts(sentences, langs)])
+            return [] if details else np.zeros((0, self.meta["cfg"].model.joint_dim), np.float32)
+        found = self._texts(sentences, langs)
+        return found if details else np.stack([v.vector for v in found])
 
     def preprocess(self, image: Any) -> torch.Tensor:
         """A PIL image as the extractor sees it (open_clip's `preprocess`): (crops, 3, size,
@@ -208,15 +209,17 @@ class Embedder:
         f = self.meta["cfg"].features
         return crop_transform(f.input_size, f.resize, f.crops)(image.convert("RGB"))
 
-    def encode_image(self, images: Path | str | bytes | torch.Tensor | list) -> np.ndarray:
-        """(n, model.joint_dim) float32 unit rows: image files, their bytes (opened within the query
-        pixel budget), or a batch of `preprocess`'s tensors stacked (n, crops, 3, size, size)."""
+    def encode_image(self, images: Path | str | bytes | torch.Tensor | list,
+                     max_pixels: int = MAX_QUERY_PIXELS) -> np.ndarray:  # fmt: skip
+        """(n, model.joint_dim) float32 unit rows: image files, their bytes (opened within the
+        pixel budget `max_pixels`), or a batch of `preprocess`'s tensors stacked (n, crops,
+        3, size, size)."""
         if isinstance(images, torch.Tensor):
             return self.images_from_features(self._features_of(images))
         images = [images] if isinstance(images, str | bytes | Path) else list(images)
         if not images:
             return self.images_from_features(np.zeros((0, 0), np.float32))
-        features = [self.image_features(Path(i) if isinstance(i, str) else i) for i in images]
+        features = [self.image_features(Path(i) if isinstance(i, str) else i, max_pixels) for i in images]
         return self.images_from_features(torch.cat(features))
 
     def _features_of(self, crops: torch.Tensor) -> torch.Tensor:
@@ -229,9 +232,6 @@ class Embedder:
         network, _ = self.load_network(self.device)
         with torch.no_grad(), self._gallery_arithmetic():
             return extract(network, crops.to(self.device)).float().cpu()
-
-    def image(self, source: Path | bytes, max_pixels: int = MAX_QUERY_PIXELS) -> np.ndarray:
-        return self.images_from_features(self.image_features(source, max_pixels))[0]
 
     def images_from_features(self, features: torch.Tensor | np.ndarray, batch: int = 4096) -> np.ndarray:
         """Image vectors from CNN features (n, dim) of this model's extractor: (n, model.joint_dim) float32."""

@@ -27,7 +27,7 @@ from mule.mule_core.subwords import SubwordVectors, gather_rows
 
 if TYPE_CHECKING:  # annotations only: a model is code of its own, not of the config's module
     from mule.mule_core.settings import ModelConfig
-    from mule.mule_core.vocabulary import Vocabulary
+    from mule.mule_core.vocabulary import Vocab, Vocabulary
 
 
 class _GradientReversal(torch.autograd.Function):
@@ -380,3 +380,14 @@ def build_model(cfg: ModelConfig, vocabulary: Vocabulary, image_dim: int | None)
     for lang, vectors in vocabulary.vectors.items():
         model.branches[lang].init_vectors(vectors, (vocabulary.ngram_vectors or {}).get(lang))
     return model
+
+
+def create_model(settings: ModelConfig, vocabularies: dict[str, Vocab], image_dim: int | None = 2048,
+                 word_dim: int = 300) -> MuleModel:  # fmt: skip
+    """An untrained model for these languages, from the model library alone (no catalog,
+    no files): `vocabularies` are each language's words (mule_core.vocabulary.Vocab,
+    e.g. Vocab.build(tokenised sentences)), word vectors start random, and `image_dim` is
+    the image features' size (2048: ResNet-152's; None: a text-only model)."""
+    words = {lang: vocab.tokens for lang, vocab in vocabularies.items()}
+    return MuleModel(list(vocabularies), {lang: len(v) for lang, v in vocabularies.items()}, word_dim, image_dim,
+                     settings, words)  # fmt: skip

@@ -132,12 +132,6 @@ class TrainConfig:
     threads: int = 0
     amp: bool = True  # mixed precision (float16 autocast + gradient scaling) on CUDA; ignored on CPU
     compile: bool = False  # torch.compile the loss functions (pays on GPU; compile time dominates on CPU)
-    model_name: str = "model"  # models/<dataset>/<model_name>.pt; the ablation trains several
-    # Add this language to the trained model train.base_model (default: without-<lang>): only
-    # its word embeddings and MULE FC train (LP, then NC + the image-sentence loss), the
-    # shared model and the other languages stay bit-identical
-    add_language: str = ""
-    base_model: str = ""
 
 
 @dataclass

@@ -157,7 +157,7 @@ def create_app(embedder: Embedder, gallery: Gallery, max_upload_bytes: int = 10 
                                     for lang, (t, i) in embedder.tokenizer_drift().items()}}  # fmt: skip
 
     def text_search(served: Served, q: str, lang: str | None, k: int) -> tuple:
-        found = served.embedder.text(q, lang or None)
+        found = served.embedder.encode_text(q, lang or None, details=True)[0]
         return found, served.gallery.top_images(found.vector, k)
 
     @app.get("/api/search")
@@ -175,7 +175,7 @@ def create_app(embedder: Embedder, gallery: Gallery, max_upload_bytes: int = 10 
 
     @app.get("/api/embed")
     async def embed(q: str = "", lang: str | None = None) -> dict:
-        found = await on_cpu(live.current.embedder.text, q, lang or None)
+        found = await on_cpu(lambda: live.current.embedder.encode_text(q, lang or None, details=True)[0])
         return {"query": q, "lang": found.lang, "language": found.language, "unknown_words": found.unknown_words,
                 "composed_words": found.composed_words, "vector": found.vector.tolist()}  # fmt: skip
 
@@ -184,7 +184,7 @@ def create_app(embedder: Embedder, gallery: Gallery, max_upload_bytes: int = 10 
         started, served = time.perf_counter(), live.current
         _check_k(k)
         body = await _body(request, max_upload_bytes, body_timeout)
-        results = await on_cpu(lambda: served.gallery.top_captions(served.embedder.image(body, max_pixels), k),
+        results = await on_cpu(lambda: served.gallery.top_captions(served.embedder.encode_image(body, max_pixels)[0], k),
                                limiter=upload_cpu)  # fmt: skip
         return {"bytes": len(body), "results": results, "ms": round(1000 * (time.perf_counter() - started), 2)}
 

@@ -92,13 +92,13 @@ class MuleEmbeddings(PythonModel):
                 if text is not None:
                     sentences.append((number, str(text), _given(row.get("lang"))))
                 else:
-                    vector = self.embedder.image(bytes(image) if image is not None else self._allowed(str(path)))
+                    vector = self.embedder.encode_image(bytes(image) if image is not None else self._allowed(str(path)))[0]
                     rows[number] = {"input": "image", "lang": "", "language": "", "unknown_words": [],
                                     "composed_words": [], "embedding": vector.tolist()}  # fmt: skip
             except EmbedError as error:
                 raise _bad_row(number, error) from None
         try:
-            found = self.embedder.texts([t for _, t, _ in sentences], [lang for _, _, lang in sentences])
+            found = self.embedder.encode_text([t for _, t, _ in sentences], [lang for _, _, lang in sentences], details=True)
         except EmbedError as error:
             raise _bad_row(sentences[error.row][0] if error.row is not None else 0, error) from None
         for (number, _, _), vector in zip(sentences, found):

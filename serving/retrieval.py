@@ -79,7 +79,7 @@ def embedder(searcher: Searcher) -> Embedder:
 
 def _encode_text(searcher: Searcher, text: str, lang: str | None):
     try:
-        return embedder(searcher).text(text, lang)
+        return embedder(searcher).encode_text(text, lang, details=True)[0]
     except EmbedError as error:
         raise SearchError(str(error)) from None
 

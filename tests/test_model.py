@@ -130,3 +130,20 @@ def test_unrolled_lstm_matches_pytorchs_lstm_in_values_and_gradients():
     torch.testing.assert_close(unrolled[1], reference[1])
     for got, want in zip(unrolled[2], reference[2], strict=True):
         torch.testing.assert_close(got, want)
+
+
+def test_an_untrained_model_needs_the_model_library_alone():
+    """create_model builds a model from settings and vocabularies, with nothing of mule
+    outside mule_core imported (open_clip's model code needs nothing of its training app)."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import sys, json, torch; from mule.mule_core import ModelConfig, Vocab, create_model; "
+            "m = create_model(ModelConfig(), {'en': Vocab.build([['a', 'dog']]), 'de': Vocab.build([['ein', 'hund']])}, "
+            "image_dim=16, word_dim=8); "
+            "print(json.dumps([m.languages, sorted({k.split('.')[1] for k in sys.modules if k.startswith('mule.')})]))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    languages, rooms = json.loads(done.stdout.strip().splitlines()[-1])
+    assert languages == ["en", "de"] and rooms == ["mule_core"], rooms

@@ -165,8 +165,8 @@ def test_the_registered_model_embeds_sentences_and_images_in_a_fresh_process(ser
     assert np.allclose(vectors[2], vectors[3], atol=1e-6)  # bytes or path: the same image
     # the same vectors as mule's own code gives, and the caption is closest to its image
     embedder = served["embedder"]
-    assert np.allclose(vectors[0], embedder.text(caption["text"]).vector, atol=1e-5)
-    assert np.allclose(vectors[2], embedder.image(fresh_process["image"]), atol=1e-5)
+    assert np.allclose(vectors[0], embedder.encode_text(caption["text"])[0], atol=1e-5)
+    assert np.allclose(vectors[2], embedder.encode_image(fresh_process["image"])[0], atol=1e-5)
 
 
 @pytest.mark.slow
@@ -198,7 +198,7 @@ def test_the_pyfunc_model_embeds_a_table_in_batches_and_names_a_bad_row(served):
     texts = captions["en"].texts[:3] + captions["de"].texts[:3] + captions["cs"].texts[:2]
     out = model.predict(None, pd.DataFrame({"text": texts}))
     assert list(out["lang"]) == ["en"] * 3 + ["de"] * 3 + ["cs"] * 2  # each detected
-    alone = np.stack([served["embedder"].text(t).vector for t in texts])
+    alone = np.stack([served["embedder"].encode_text(t)[0] for t in texts])
     assert np.allclose(np.stack(out["embedding"].map(np.asarray)), alone, atol=1e-5)  # batched = one by one
     with pytest.raises(MlflowException, match="row 3: the sentence is empty"):
         model.predict(None, pd.DataFrame({"text": [texts[0], texts[1], "  "]}))
@@ -276,7 +276,7 @@ def test_mlflow_models_serve_answers_sentences_on_loopback(served, tmp_path):
             predictions = answer["predictions"]
             assert [p["lang"] for p in predictions] == ["en", "de"]
             vector = np.array(predictions[0]["embedding"], dtype=np.float32)
-            assert np.allclose(vector, served["embedder"].text(caption["text"]).vector, atol=1e-5)
+            assert np.allclose(vector, served["embedder"].encode_text(caption["text"])[0], atol=1e-5)
             status, answer = _post_json(f"http://127.0.0.1:{port}/invocations",
                                         {"dataframe_split": {"columns": ["text"], "data": [["xyzzy qwrtp"]]}})  # fmt: skip
             assert status == 400 and "row 1" in json.dumps(answer), answer
@@ -290,7 +290,7 @@ def test_the_search_api_answers_and_says_what_is_wrong_with_a_bad_request(served
     caption, gallery, embedder = served["caption"], served["gallery"], served["embedder"]
     found = api.get("/api/search", params={"q": caption["text"], "k": 3}).json()
     assert found["lang"] == "en" and found["language"].startswith("detected: en")
-    expected = [r["image_id"] for r in gallery.top_images(embedder.text(caption["text"], "en").vector, 3)]
+    expected = [r["image_id"] for r in gallery.top_images(embedder.encode_text(caption["text"], "en")[0], 3)]
     assert [r["image_id"] for r in found["results"]] == expected  # the exact ranking, whatever the model's quality
     first = found["results"][0]
     assert first["url"] == f"/images/{first['image_id']}"
@@ -449,10 +449,10 @@ def _slow_embedder(served, began, release):
     """The served model whose image encoder calls `began()`, then waits for `release`."""
 
     class SlowEmbedder(type(served["embedder"])):
-        def image(self, source, max_pixels=0):
+        def encode_image(self, images, max_pixels=0):
             began()
             release.wait(20)
-            return super().image(source, max_pixels)
+            return super().encode_image(images, max_pixels)
 
     return SlowEmbedder(**{f: getattr(served["embedder"], f) for f in served["embedder"].__dataclass_fields__})
 
@@ -560,7 +560,7 @@ def test_the_search_page_in_a_real_browser(served, tmp_path):
     """`mule serve` as a user starts it; headless Chromium types the drawn test caption and sees the ten images the model
     ranks first, in order, then gives it an image and gets sentences per language."""
     wd, caption = served["wd"], served["caption"]
-    ranked = [r["image_id"] for r in served["gallery"].top_images(served["embedder"].text(caption["text"], "en").vector, 10)]
+    ranked = [r["image_id"] for r in served["gallery"].top_images(served["embedder"].encode_text(caption["text"], "en")[0], 10)]
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "mule.commands", "serve", "--workdir", str(wd.root), "--port",
                                str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
@@ -815,8 +815,8 @@ def test_the_readme_s_front_door_runs_as_written(served, tmp_path, monkeypatch):
     dim = served["embedder"].meta["cfg"].model.joint_dim  # 128 by default, 512 in the paper preset
     assert texts.shape == (2, dim) and images.shape == (2, dim) and names["best"].shape == (2,)
     embedder = served["embedder"]
-    assert np.allclose(texts[1], embedder.text("ein blaues Quadrat").vector, atol=1e-6)
-    assert np.allclose(images[0], embedder.image(tmp_path / "photo-1.png"), atol=1e-6)
+    assert np.allclose(texts[1], embedder.encode_text("ein blaues Quadrat")[0], atol=1e-6)
+    assert np.allclose(images[0], embedder.encode_image(tmp_path / "photo-1.png")[0], atol=1e-6)
     # a model file, and the registered model in MLflow, are the same model
     previous = mlflow.get_tracking_uri()
     try:
@@ -889,3 +889,18 @@ def test_a_client_that_stops_reading_an_answer_is_dropped_and_gives_its_slot_bac
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+def test_a_model_file_opens_with_the_model_library_and_its_file_format_alone(served):
+    """api.load of a model file reads it with mule_core and data_catalog's model format:
+    no registry, MLflow, Prefect or pipeline is imported (a workdir or an MLflow URI goes
+    through the registry, and only then)."""
+    code = ("import sys, json; from mule import api; e = api.load(sys.argv[1]); e.encode_text('a red circle'); "
+            "print(json.dumps(sorted({m.split('.')[0] if not m.startswith('mule.') else '.'.join(m.split('.')[:2]) "
+            "for m in sys.modules if m.startswith(('mule.', 'mlflow', 'prefect'))})))")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code, str(served["searcher"].model_file)], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    rooms = set(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert not rooms & {"mlflow", "prefect", "mule.experiments", "mule.pipeline", "mule.flows", "mule.serving"}, rooms
+    assert {"mule.mule_core", "mule.data_catalog", "mule.api"} <= rooms, rooms
