@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 from prefect import flow, task, unmapped
@@ -196,7 +197,7 @@ def rebuild_flow(workdir: str | None = None, preset: str | None = None, override
     when named in `force`; the others are reused, and the run says which and why.
     `config`: the config already resolved (by the command); `plan`: the run already
     planned, with the decisions taken so far (by the command: each stage is decided once)."""
-    return _failing_quietly(lambda: _rebuild(workdir, preset, overrides, stages, force, config, plan))
+    return _failing_quietly(partial(_rebuild, workdir, preset, overrides, stages, force, config, plan))
 
 
 def _rebuild(workdir: str | None, preset: str, overrides: dict[str, Any] | None, stages: list[str] | None,
