@@ -33,21 +33,27 @@ def _in(values) -> str:
 def _in_split(names_sql: str) -> str:
     """Captions (c) of the splits named: a name that is one of the dataset's splits selects
     that split alone (`test` is not `test_shoes`, though both play the test role); a name
-    that is no split selects its role (Multi30K's `test` is test_2016)."""
+    that is no split selects its role (Multi30K's `test` is test_2016). The splits are the
+    captions' own (each caption carries its image's split), so a stage that reads captions
+    reads no other table to select them (data_catalog.declared)."""
     return (f"(c.split IN ({names_sql}) OR (c.role IN ({names_sql}) AND c.role NOT IN "
-            f"(SELECT DISTINCT s.split FROM images s WHERE s.dataset = c.dataset)))")
+            f"(SELECT DISTINCT s.split FROM captions s WHERE s.dataset = c.dataset)))")
 
 
 # -- captions -------------------------------------------------------------------------
-def caption_selection(catalog: Catalog, dataset: str, selector: str, languages, captions: str) -> pa.Table:
+def caption_selection(catalog: Catalog, dataset: str, selector: str, languages, captions: str,
+                      with_files: bool = True) -> pa.Table:  # fmt: skip
     """The captions of a split (name, role or "all") in `languages` under a training-caption
-    selection, with whether their image has a file and their translation key (the caption
-    a translation was made from, else the caption itself: Multi30K task1's parallel lines
+    selection, with whether their image has a file (`with_files`: from the images table;
+    else all true, and that table is not read) and their translation key (the caption a
+    translation was made from, else the caption itself: Multi30K task1's parallel lines
     share one); ordered by image, language, caption."""
+    has_file, images = ('i."exists"', "JOIN images i ON i.dataset = c.dataset AND i.image_id = c.image_id") \
+        if with_files else ("TRUE", "")  # fmt: skip
     return catalog.query(
-        f"""SELECT c.caption_id, c.image_id, c.lang, c.tokens, i."exists" AS has_file,
+        f"""SELECT c.caption_id, c.image_id, c.lang, c.tokens, {has_file} AS has_file,
                    COALESCE(c.origin_caption_id, c.caption_id) AS translation_key
-            FROM captions c JOIN images i ON i.dataset = c.dataset AND i.image_id = c.image_id
+            FROM captions c {images}
             WHERE c.dataset = ? AND (? = 'all' OR {_in_split("?")})
               AND c.lang IN ({_in(languages)}) AND {CAPTION_SELECTIONS[captions]}
             ORDER BY c.image_id, c.lang, c.caption_id""",

@@ -82,7 +82,7 @@ def load_split(
     word by word into English).
     """
     languages = vocabulary.languages
-    rows = queries.caption_selection(catalog, dataset, selector, languages, captions)
+    rows = queries.caption_selection(catalog, dataset, selector, languages, captions, with_files=extractor is not None)
     if rows.num_rows == 0:
         raise InputError(f"dataset {dataset!r} has no captions in split {selector!r} for languages {languages}")
     image_col = rows["image_id"].to_pylist()

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,7 +28,6 @@ from typing import Any
 from mule.config.sections import MuleConfig, flatten
 from mule.data_catalog.entries import ENTRIES, output_files
 from mule.data_catalog.tables import Catalog, write_json_atomic
-from mule.experiments import tracking
 from mule.mule_core.errors import is_user_error
 from mule.pipeline.declaration import BY_NAME, Stage
 from mule.storage import code_digests
@@ -361,32 +359,3 @@ def tags(decision: Decision) -> dict[str, str]:
     if not decision.run and decision.record and decision.record.get("run_id"):
         values["mule.reused_from_run"] = decision.record["run_id"]
     return values
-
-
-def decisions_markdown(decisions: dict[str, str]) -> str:
-    return "| stage | decision |\n|---|---|\n" + "\n".join(f"| {s} | {d} |" for s, d in decisions.items()) + "\n"
-
-
-def report_decisions(wd: Workdir, cfg: MuleConfig, decisions: dict[str, str], run_id: str | None) -> None:
-    """Ran or reused, stage by stage: in the log, on the parent MLflow run (a tag and
-    stages.md) and, inside a Prefect flow run, as its artifact."""
-    markdown = decisions_markdown(decisions)
-    ran = [s for s, d in decisions.items() if d.startswith("ran")]
-    logger().info("stages: %s ran, %d reused\n%s", ", ".join(ran) or "none", len(decisions) - len(ran), markdown)
-    tracker = tracking.Tracker(wd, run_id)
-    tracker.tags({"mule.stages_ran": ",".join(ran) or "none",
-                  "mule.stages_reused": ",".join(s for s in decisions if s not in ran) or "none"})  # fmt: skip
-    tracker.text(markdown, "stages.md")
-    if "prefect" not in sys.modules:  # recorded without Prefect (pipeline.rebuild.decide_ahead)
-        return
-    try:
-        from prefect.artifacts import create_markdown_artifact
-
-        create_markdown_artifact(markdown=markdown, key=f"stages-{_artifact_key(cfg.data.dataset)}",
-                                 description="What this rebuild ran, and what it reused")  # fmt: skip
-    except Exception as error:  # noqa: BLE001 - the log and MLflow already say it
-        logger().debug("no Prefect artifact: %s", error)
-
-
-def _artifact_key(name: str) -> str:
-    return "".join(c if c.isalnum() else "-" for c in name.lower())

@@ -13,6 +13,7 @@ test or a bench script) still writes the reports to the workdir; nothing goes to
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -315,9 +316,7 @@ def publish(stage: str, wd: Workdir, cfg: MuleConfig, result: Any, run_id: str |
 
 def publish_rebuild(wd: Workdir, cfg: MuleConfig, results: dict, described: dict[str, str], run_id: str | None) -> None:
     """The rebuild's own MLflow run: each stage's decision, the test recalls, the tables."""
-    from mule.pipeline import decisions
-
-    decisions.report_decisions(wd, cfg, described, run_id)
+    report_decisions(wd, cfg, described, run_id)
     tracker = Tracker(wd, run_id)
     if "ablation" in results:
         tracker.artifact(Path(results["ablation"]["results_dir"]) / "ablation.md")
@@ -329,3 +328,32 @@ def publish_rebuild(wd: Workdir, cfg: MuleConfig, results: dict, described: dict
             path = wd.results_dir(cfg.data.dataset) / name
             if path.exists():
                 tracker.artifact(path)
+
+
+def decisions_markdown(decisions: dict[str, str]) -> str:
+    return "| stage | decision |\n|---|---|\n" + "\n".join(f"| {s} | {d} |" for s, d in decisions.items()) + "\n"
+
+
+def report_decisions(wd: Workdir, cfg: MuleConfig, decisions: dict[str, str], run_id: str | None) -> None:
+    """Ran or reused, stage by stage: in the log, on the parent MLflow run (a tag and
+    stages.md) and, inside a Prefect flow run, as its artifact."""
+    markdown = decisions_markdown(decisions)
+    ran = [s for s, d in decisions.items() if d.startswith("ran")]
+    logging.getLogger("mule.pipeline").info("stages: %s ran, %d reused\n%s", ", ".join(ran) or "none", len(decisions) - len(ran), markdown)
+    tracker = Tracker(wd, run_id)
+    tracker.tags({"mule.stages_ran": ",".join(ran) or "none",
+                  "mule.stages_reused": ",".join(s for s in decisions if s not in ran) or "none"})  # fmt: skip
+    tracker.text(markdown, "stages.md")
+    if "prefect" not in sys.modules:  # recorded without Prefect (pipeline.rebuild.decide_ahead)
+        return
+    try:
+        from prefect.artifacts import create_markdown_artifact
+
+        create_markdown_artifact(markdown=markdown, key=f"stages-{_artifact_key(cfg.data.dataset)}",
+                                 description="What this rebuild ran, and what it reused")  # fmt: skip
+    except Exception as error:  # noqa: BLE001 - the log and MLflow already say it
+        logging.getLogger("mule.pipeline").debug("no Prefect artifact: %s", error)
+
+
+def _artifact_key(name: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in name.lower())

@@ -67,9 +67,10 @@ class Runner:
 
     def _compute(self, run: StageRun) -> None:
         stage, decision = run.stage, run.decision
-        # the computation is handed only the sections its declaration names (the rest fail loudly)
+        # it is handed only the config sections and catalog entries its declaration names (the rest fail loudly)
         ctx = StageContext(self.workdir, declared_sections(run.cfg, stage.name, stage.sections), key=decision.key,
-                           force=decision.forced, report=run.report or Silent())  # fmt: skip
+                           force=decision.forced, report=run.report or Silent(), stage=stage.name,
+                           entries=frozenset(stage.entries_read(run.cfg)) | frozenset(stage.writes))  # fmt: skip
         compute: Callable[[StageContext], dict] = stage.load_task()
         for hook in self.hooks:
             if hasattr(hook, "around_compute"):

@@ -69,10 +69,10 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     model = build_model(cfg.model, vocabulary, image_dim=train.features.shape[1])
     model.set_image_normalization(train.features)
 
-    lp_file = catalog.lp_model_path(cfg)
     if cfg.pretrain.enabled and len(vocabulary.languages) < 2:
         log.info("LP needs two languages or more (the pretrain stage skipped it): the MULE layers start from the word vectors")
-    elif cfg.pretrain.enabled:
+    elif cfg.pretrain.enabled:  # the LP model is an entry it reads only then (its declaration: _LP)
+        lp_file = catalog.lp_model_path(cfg)
         if not lp_file.exists():
             raise MissingPretrainError(
                 f"LP is on (pretrain.enabled=true) but {lp_file} does not exist: run the pretrain stage first, "

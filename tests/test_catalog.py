@@ -210,3 +210,25 @@ def test_another_machine_s_temporary_is_left_to_its_writer_and_this_one_s_dead_o
     atomic.write_json_atomic({"k": 1}, tmp_path / "x.json")
     left = sorted(p.name for p in tmp_path.iterdir())
     assert left == sorted([mine_alive.name, theirs.name, "x.json"])
+
+
+def test_a_stage_s_catalog_reaches_only_the_entries_it_declares(tmp_path):
+    """What a stage's computation is handed (data_catalog.declared): its declared entries'
+    tables, by query or by name; any other is an error naming the stage and the entry."""
+    import pyarrow as pa
+
+    from mule.data_catalog.declared import DeclaredCatalog, UndeclaredEntryError, table_entry
+    from mule.data_catalog.schemas import TABLES
+
+    wd = Workdir.at(tmp_path / "w")
+    catalog = Catalog(wd)
+    catalog.write_table("rejects", "d", pa.Table.from_pylist([], schema=TABLES["rejects"]))
+    seen = DeclaredCatalog(catalog, "evaluate", {"rejects", "images"})
+    assert seen.read_table("rejects", "d").num_rows == 0 and seen.query("SELECT count(*) AS n FROM rejects")
+    with pytest.raises(UndeclaredEntryError, match="stage evaluate reached the catalog entry 'word vectors'"):
+        seen.query("SELECT word FROM word_vectors")
+    with pytest.raises(UndeclaredEntryError, match="'features'"):
+        seen.feature_parts("d", "x")
+    with pytest.raises(UndeclaredEntryError, match="'mt captions'"):
+        seen.write_table("captions", "d.mt", pa.table({}))
+    assert table_entry("rejects", "d.images") == "image rejects" and seen.has_table("rejects", "d")

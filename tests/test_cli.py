@@ -243,3 +243,21 @@ def test_serve_listens_on_this_machine_only_unless_told(capsys, tmp_path):
     err = capsys.readouterr().err
     assert "--port must be between 1 and 65535" in err
     assert "no trained model in" in err
+
+
+def test_mule_config_lists_the_presets_from_their_files(capsys):
+    """The presets are data files (config/presets/*.toml); `mule config --list` names each
+    with its summary, and a preset's file is what resolving it applies."""
+    import tomllib
+
+    from mule.commands.main import main
+    from mule.config.presets import FOLDER, PRESETS
+    from mule.config.resolution import resolve
+
+    assert main(["config", "--list"]) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()[:-1]]
+    assert listed == sorted(p.stem for p in FOLDER.glob("*.toml")) == list(PRESETS)
+    assert {"default", "demo", "few-photos", "paper"} <= set(listed)
+    paper = tomllib.loads((FOLDER / "paper.toml").read_text())["set"]
+    cfg = resolve("paper")
+    assert cfg.model.mule_dim == paper["model.mule_dim"] == 512 and cfg.features.arch == paper["features.arch"]

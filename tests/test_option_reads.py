@@ -113,7 +113,9 @@ def run_recorded(wd, stage_name: str, overrides: dict | None = None) -> set[str]
     import uuid
 
     # a key of its own: a checkpoint another config's run left is not resumed
-    ctx = StageContext(wd, cfg, key=f"options-{stage_name}-{uuid.uuid4().hex}", force=True)
+    stage = BY_NAME[stage_name]  # the catalog it is handed reaches only its declared entries, as in a run
+    ctx = StageContext(wd, cfg, key=f"options-{stage_name}-{uuid.uuid4().hex}", force=True, stage=stage_name,
+                       entries=frozenset(stage.entries_read(cfg)) | frozenset(stage.writes))  # fmt: skip
     reads.on = True
     try:
         BY_NAME[stage_name].load_task()(ctx)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from mule.data_catalog import queries
+from mule.data_catalog.declared import DeclaredCatalog
 from mule.data_catalog.tables import Catalog
 from mule.mule_core.errors import UserError
 
@@ -52,10 +53,16 @@ class StageContext:
     # What to do once the result is recorded (pipeline.runner): e.g. remove a checkpoint,
     # which must outlive the computation until its result cannot be lost
     after_record: list = field(default_factory=list)
+    # The stage and the catalog entries it declares (what it reads and writes): the catalog
+    # it is handed reaches those alone (data_catalog.declared). None: the whole catalog.
+    stage: str = ""
+    entries: frozenset[str] | None = None
 
     @functools.cached_property
     def catalog(self) -> Catalog:
-        return Catalog(self.workdir)
+        if self.entries is None:
+            return Catalog(self.workdir)
+        return DeclaredCatalog(Catalog(self.workdir), self.stage, self.entries)  # type: ignore[return-value]
 
     @property
     def dataset(self) -> str:
