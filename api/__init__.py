@@ -8,7 +8,8 @@
     scores = texts @ images.T                       # cosine similarities: rows are unit vectors
 
 `load` takes a workdir (its champion, or `version=`/`run=`), a model file (`model.pt`, what
-the train stage writes), or an MLflow model URI (`models:/mule-embedded@champion`, with the
+the train stage writes), a folder `mule export` wrote (no workdir, MLflow or network
+needed), or an MLflow model URI (`models:/mule-embedded@champion`, with the
 tracking URI of the store that has it). What it returns is the one object that `mule search`,
 `mule serve` and the registered pyfunc model embed with (mule_core.embedder.Embedder): a
 sentence's words become ids as in the evaluate stage (unseen words composed from their
@@ -37,7 +38,9 @@ def load(source: str | os.PathLike, *, dataset: str | None = None, version: str 
     if "://" in text or text.startswith(("models:/", "runs:/")):
         return _from_mlflow(text, tracking_uri)
     path = Path(text).expanduser()
-    if path.is_file():
+    from mule.data_catalog.exported_models import is_model_folder
+
+    if path.is_file() or is_model_folder(path):
         return open_embedder(path, label, extractor_weights, resolve_device(device))
     if path.is_dir():
         from mule.experiments.registry import resolve_model_file

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from mule.data_catalog.exported_models import is_model_folder, read_model_folder
 from mule.data_catalog.model_files import load_model
 from mule.datasets.image_files import BadImage, TooManyPixels, load_rgb
 from mule.mule_core.embedder import Embedder, EmbedError
@@ -27,7 +28,11 @@ def open_embedder(path: Path, label: str | None = None, weights_file: str | None
     needs wired in: images opened safely (datasets.image_files) and the image extractor's
     weights read when the first image comes (data_catalog.weights). `weights_file`: where
     the extractor's weights are now (a registered model carries its own copy)."""
-    model, meta = load_model(Path(path))
+    if is_model_folder(Path(path)):  # an exported folder (mule export): its own copy of the extractor's weights
+        model, meta = read_model_folder(Path(path))
+        weights_file = weights_file or meta.get("extractor_weights_file")
+    else:
+        model, meta = load_model(Path(path))
     meta["file"] = Path(path)  # what it was read from (a gallery index names its model by the file's sha256)
     if weights_file:
         cfg = meta["cfg"]

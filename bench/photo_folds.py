@@ -297,7 +297,7 @@ def run_test(rows: dict, args, device) -> dict:
         runs, timed = [], with_progress(fit, name, len(seeds))
         for seed in seeds:
             tables: list = []
-            timed(pool, seed, lambda model, tables=tables: tables.append(measure(model, test)))
+            timed(pool, seed, lambda model, tables=tables, measure=measure, test=test: tables.append(measure(model, test)))
             chance = chance_table(torch.from_numpy(test.caption_image), torch.from_numpy(test.caption_lang),
                                   test.languages)  # fmt: skip
             runs.append(FoldRun(0, seed, tables, chance, test.n_images))

@@ -19,7 +19,7 @@ import json
 import os
 import sys
 
-from mule.commands import catalog, run, search, serve, ui
+from mule.commands import catalog, export, run, search, serve, ui
 from mule.commands.serve import SERVING_OPTIONS
 from mule.config.overrides import parse_assignments, to_dict
 from mule.config.presets import PRESETS
@@ -29,7 +29,8 @@ from mule.mule_core.settings import ConfigError
 from mule.pipeline.declaration import ALL, REBUILD
 
 DEMO_DATASETS = {"multi30k": "embedded", "coco": "embedded-coco", "table": "embedded-table"}  # mule demo --dataset -> generated dataset
-READING = {"ui": ui.run, "catalog": catalog.run, "search": search.run, "serve": serve.run}  # read, never write
+READING = {"ui": ui.run, "catalog": catalog.run, "search": search.run, "serve": serve.run,
+           "export": export.run}  # read the workdir, never write it
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -183,6 +184,14 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--split", default="all", help="search this split (name or role) only (default: all)")
     search.add_argument("--out", help="also write a contact sheet of the results (PNG)")
     search.add_argument("--workdir")
+
+    export = sub.add_parser("export", help="write a trained model as a folder that loads anywhere, with its model card")
+    export.add_argument("--out", required=True, help="the folder to write (replaced if it exists)")
+    export.add_argument("--dataset", default="embedded", help="the dataset whose champion to export")
+    export.add_argument("--run", help="a train run id to export instead of the registry's champion")
+    export.add_argument("--version", help="a registered version to export instead of the champion")
+    export.add_argument("--model-file", help="a model file (model.pt) to export, without a workdir")
+    export.add_argument("--workdir")
 
     catalog = sub.add_parser("catalog", help="list the catalog's datasets and tables")
     catalog.add_argument("--workdir")

@@ -59,7 +59,7 @@ def test_a_folds_photos_never_reach_training_and_every_photo_is_measured_once_pe
 
     runs = cross_validate(data, 5, [0, 1], fit, measure)
     assert [(r.seed, r.fold) for r in runs] == [(s, f) for s in (0, 1) for f in range(5)]
-    for index, ((seed, train_images), run) in enumerate(zip(trained, runs)):
+    for index, ((_seed, train_images), run) in enumerate(zip(trained, runs)):
         held_images = measured[2 * index]
         assert measured[2 * index + 1] == held_images  # both epochs measured on the same fold
         assert not train_images & held_images  # the fold's photos never trained on
