@@ -19,7 +19,7 @@ import json
 import os
 import sys
 
-from mule.commands import catalog, export, run, search, serve, ui
+from mule.commands import catalog, embed, export, run, search, serve, ui
 from mule.commands.serve import SERVING_OPTIONS
 from mule.config.overrides import parse_assignments, to_dict
 from mule.config.presets import PRESETS
@@ -30,7 +30,7 @@ from mule.pipeline.declaration import ALL, REBUILD
 
 DEMO_DATASETS = {"multi30k": "embedded", "coco": "embedded-coco", "table": "embedded-table"}  # mule demo --dataset -> generated dataset
 READING = {"ui": ui.run, "catalog": catalog.run, "search": search.run, "serve": serve.run,
-           "export": export.run}  # read the workdir, never write it
+           "export": export.run, "embed": embed.run}  # read the workdir, never write it
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -192,6 +192,15 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--version", help="a registered version to export instead of the champion")
     export.add_argument("--model-file", help="a model file (model.pt) to export, without a workdir")
     export.add_argument("--workdir")
+
+    embed = sub.add_parser("embed", help="a folder of images or a table of sentences to vectors (Parquet parts)")
+    embed.add_argument("--images", help="a folder of image files (searched below it)")
+    embed.add_argument("--sentences", help="a table of sentences: CSV, TSV, JSONL or Parquet with a text column")
+    embed.add_argument("--lang", help="the sentences' language where a row names none (default: detected)")
+    embed.add_argument("--out", required=True, help="the folder of vectors (a rerun adds what it lacks)")
+    embed.add_argument("--model", help="a model file, an exported folder or an MLflow URI (default: the champion)")
+    embed.add_argument("--dataset", default="embedded", help="whose champion, when --model names none")
+    embed.add_argument("--workdir")
 
     catalog = sub.add_parser("catalog", help="list the catalog's datasets and tables")
     catalog.add_argument("--workdir")

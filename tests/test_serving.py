@@ -954,3 +954,53 @@ print(json.dumps({{"vectors": vectors, "modules": sorted(m for m in sys.modules 
     (broken / "vocab" / "fr.txt").unlink()
     with pytest.raises(MissingInputError, match=r"vocab/fr\.txt: missing"):
         api.load(broken)
+
+
+def test_mule_embed_writes_a_resumable_store_that_names_its_model(served, tmp_path, capsys):
+    """`mule embed`: images (a bad file rejected with its reason) and sentences (a row no
+    word of which the model knows, rejected) into Parquet parts whose vectors are mule
+    serve's; a rerun embeds nothing twice and a stopped one resumes; another model's
+    store is refused, not mixed."""
+    import pyarrow.parquet as pq
+
+    from mule.commands.main import main
+
+    wd, embedder = served["wd"], served["embedder"]
+    images = tmp_path / "photos"
+    (images / "sub").mkdir(parents=True)
+    gallery_ids = served["gallery"].image_ids[:3]
+    for image_id in gallery_ids:
+        (images / f"{image_id}.jpg").write_bytes(_image_file(wd, image_id).read_bytes())
+    (images / "sub" / "broken.jpg").write_bytes(b"not an image")
+    out = tmp_path / "vectors"
+
+    def embed(*args: str) -> int:
+        return main(["embed", "--workdir", str(wd.root), "--out", str(out), *args])
+
+    assert embed("--images", str(images)) == 0
+    stored = pq.read_table(out / "part-00000.parquet").to_pylist()
+    assert [r["id"] for r in stored] == sorted(f"{i}.jpg" for i in gallery_ids)
+    for row in stored:
+        assert np.allclose(row["vector"], embedder.encode_image(images / row["id"])[0], atol=1e-6)
+    (reject,) = pq.read_table(out / "rejects-00000.parquet").to_pylist()
+    assert reject["id"] == "sub/broken.jpg" and "not an image" in reject["reason"]
+    assert embed("--images", str(images)) == 0 and "0 embedded, 0 rejected" in capsys.readouterr().out
+    (out / "part-00000.parquet").unlink()  # a run stopped before its part was written: its images again, once
+    assert embed("--images", str(images)) == 0
+    ids = [i for p in sorted(out.glob("part-*.parquet")) for i in pq.read_table(p).column("id").to_pylist()]
+    assert sorted(ids) == sorted(f"{i}.jpg" for i in gallery_ids)
+
+    marker = json.loads((out / "model.json").read_text())
+    (out / "model.json").write_text(json.dumps(marker | {"identity": "another-model"}))
+    assert embed("--images", str(images)) == 2
+    assert "would mix two spaces" in capsys.readouterr().err
+
+    caption = served["caption"]
+    table = tmp_path / "sentences.csv"
+    table.write_text(f'id,text,lang\nc1,"{caption["text"]}",\nc2,ein blaues Quadrat,de\nc3,qqqq zzzz,\n')
+    out = tmp_path / "sentence-vectors"
+    assert embed("--sentences", str(table)) == 0
+    rows = pq.read_table(out / "part-00000.parquet").to_pylist()
+    assert [(r["id"], r["lang"]) for r in rows] == [("c1", "en"), ("c2", "de")]
+    assert np.allclose(rows[0]["vector"], embedder.encode_text(caption["text"])[0], atol=1e-6)
+    assert pq.read_table(out / "rejects-00000.parquet").column("id").to_pylist() == ["c3"]

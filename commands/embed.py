@@ -1,0 +1,40 @@
+"""`mule embed`: a folder of images or a table of sentences to vectors, in a folder of
+Parquet parts that says which model made them (serving.batch_embed)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from pathlib import Path
+
+from mule.mule_core.settings import ConfigError
+
+
+def run(args: argparse.Namespace) -> int:
+    if bool(args.images) == bool(args.sentences):
+        raise ConfigError("mule embed: give --images DIR or --sentences TABLE (one of them)")
+    from mule import api
+    from mule.serving import batch_embed
+
+    log = logging.getLogger("mule.embed")  # its progress lines (items/s, ETA) on stderr
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+    started = time.perf_counter()
+    if args.model:
+        embedder = api.load(args.model)
+    else:
+        from mule.commands.options import reading_workdir
+
+        embedder = api.load(reading_workdir(args.workdir, "embed").root, dataset=args.dataset)
+    out = Path(args.out).expanduser()
+    if args.images:
+        found = batch_embed.embed_images(embedder, Path(args.images).expanduser(), out)
+    else:
+        found = batch_embed.embed_sentences(embedder, Path(args.sentences).expanduser(), out, lang=args.lang)
+    print(f"{embedder.label}: {found['embedded']} embedded, {found['rejected']} rejected (their reasons: "
+          f"{out}/rejects-*.parquet), {found['already']} already in {out}; {time.perf_counter() - started:.1f} s")  # fmt: skip
+    return 0
