@@ -1004,3 +1004,30 @@ def test_mule_embed_writes_a_resumable_store_that_names_its_model(served, tmp_pa
     assert [(r["id"], r["lang"]) for r in rows] == [("c1", "en"), ("c2", "de")]
     assert np.allclose(rows[0]["vector"], embedder.encode_text(caption["text"])[0], atol=1e-6)
     assert pq.read_table(out / "rejects-00000.parquet").column("id").to_pylist() == ["c3"]
+
+
+def test_a_search_over_mule_embed_s_vectors_finds_what_mule_search_finds(served, tmp_path):
+    """The test split's image files through `mule embed`, then the top 10 for a caption by
+    the stored vectors: the images `mule search` ranks first over the catalog's features,
+    in the same order."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from mule.commands.main import main
+    from mule.serving import retrieval
+
+    wd, caption = served["wd"], served["caption"]
+    searcher = served["searcher"]
+    test_ids = searcher.split("test", with_features=True).image_ids
+    photos = tmp_path / "test-photos"
+    photos.mkdir()
+    for image_id in test_ids:
+        (photos / f"{image_id}.jpg").write_bytes(_image_file(wd, image_id).read_bytes())
+    out = tmp_path / "test-vectors"
+    assert main(["embed", "--workdir", str(wd.root), "--images", str(photos), "--out", str(out)]) == 0
+    table = pa.concat_tables(pq.read_table(p) for p in sorted(out.glob("part-*.parquet")))
+    vectors = np.stack(table.column("vector").to_numpy(zero_copy_only=False))
+    query = served["embedder"].encode_text(caption["text"])[0]
+    stored = [table.column("id")[i].as_py().removesuffix(".jpg") for i in np.argsort(-(vectors @ query))[:10]]
+    searched = [r["image_id"] for r in retrieval.search_text(searcher, caption["text"], k=10, split="test")["results"]]
+    assert stored == searched
