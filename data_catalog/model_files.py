@@ -80,8 +80,13 @@ def model_digest(path: Path) -> str | None:
     if not Path(path).exists():
         return None
     data = torch.load(path, map_location="cpu", weights_only=True)
-    digest = hashlib.sha256(repr(sorted(data["vocab"].items())).encode())
-    for name, tensor in sorted(data["state_dict"].items()):
+    return weights_digest(data["vocab"], data["state_dict"])
+
+
+def weights_digest(vocab: dict[str, list[str]], state_dict: dict[str, torch.Tensor]) -> str:
+    """A model's identity: its vocabularies and weights, however it was opened."""
+    digest = hashlib.sha256(repr(sorted(vocab.items())).encode())
+    for name, tensor in sorted(state_dict.items()):
         digest.update(name.encode())
-        digest.update(tensor.contiguous().numpy().tobytes())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()[:16]

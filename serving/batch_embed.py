@@ -11,7 +11,6 @@ folder made by another model is refused, never mixed. Parts are written atomical
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections.abc import Iterator
@@ -37,11 +36,9 @@ def model_identity(embedder: Embedder) -> str:
     """What made the vectors: a digest of the model's weights and vocabularies, the same
     whether it was opened from a model file, an exported folder or the registry
     (data_catalog.model_files.model_digest's, of the model in hand)."""
-    digest = hashlib.sha256(repr(sorted(embedder.meta["vocabulary"].words.items())).encode())
-    for name, tensor in sorted(embedder.model.state_dict().items()):
-        digest.update(name.encode())
-        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-    return digest.hexdigest()[:16]
+    from mule.data_catalog.model_files import weights_digest
+
+    return weights_digest(embedder.meta["vocabulary"].words, embedder.model.state_dict())
 
 
 def open_store(out: Path, embedder: Embedder, kind: str) -> set[str]:

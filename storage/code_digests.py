@@ -147,10 +147,20 @@ def _imports_in(stamp: tuple[str, int, int], module: str, is_package: bool) -> f
     return names
 
 
-def _parse_imports(stamp: tuple[str, int, int], module: str, is_package: bool) -> frozenset[str]:
+def written_imports(path: Path, module: str, is_package: bool) -> frozenset[str]:
+    """Every module an import statement in the file names, type-only ones included: what a
+    reader follows (the layout test's floors), where the keys count only what runs."""
+    return _parse_imports(_stamp(path), module, is_package, type_only=True)
+
+
+def _parse_imports(stamp: tuple[str, int, int], module: str, is_package: bool,
+                   type_only: bool = False) -> frozenset[str]:  # fmt: skip
     package = module if is_package else module.rpartition(".")[0]
     names: set[str] = set()
-    for node in _import_nodes(_parsed(stamp)):
+    tree = _parsed(stamp)
+    found = (n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)) if type_only \
+        else _import_nodes(tree)  # fmt: skip
+    for node in found:
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         else:

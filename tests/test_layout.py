@@ -7,7 +7,7 @@ import tomllib
 import pytest
 
 from mule.pipeline.declaration import keys_table, markdown_table
-from mule.storage.code_digests import REPO, _imports_in, _stamp
+from mule.storage.code_digests import REPO, _imports_in, _stamp, written_imports
 from mule.storage.workdir import Workdir
 
 # Each room (a folder, installed as mule.<folder>), and the rooms it may import: those
@@ -49,23 +49,8 @@ def _folder(imported: str) -> str:
     return parts[1] if parts[0] == "mule" and len(parts) > 1 else parts[0]
 
 
-def _written_imports(path, name: str) -> set[str]:
-    """Every module an import statement names, type-only ones included (code keys skip
-    those, since they never run; a reader still follows them up a floor)."""
-    import ast
-
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    names = set()
-    for node in ast.walk(ast.parse(path.read_bytes())):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            parts = package.split(".")
-            base = ".".join(parts[: len(parts) - node.level + 1]) if node.level else ""
-            source = ".".join(p for p in (base, node.module or "") if p)
-            names.add(source)
-            names.update(f"{source}.{alias.name}" for alias in node.names)
-    return names
+def _written_imports(path, name: str) -> frozenset[str]:
+    return written_imports(path, name, path.name == "__init__.py")
 
 
 def test_each_floor_imports_only_the_floors_below_it():
