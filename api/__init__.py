@@ -23,23 +23,37 @@ from pathlib import Path
 
 __all__ = ["load", "Embedder", "EmbedError"]
 
+ENGINES = ("torch", "onnxruntime")
+
 
 def load(source: str | os.PathLike, *, dataset: str | None = None, version: str | None = None,
          run: str | None = None, tracking_uri: str | None = None, device: str = "cpu",
-         label: str | None = None, extractor_weights: str | os.PathLike | None = None):  # fmt: skip
+         label: str | None = None, extractor_weights: str | os.PathLike | None = None,
+         engine: str = "torch", int8: bool = False):  # fmt: skip
     """The trained model at `source`, ready to encode (an Embedder). For a workdir: the
     champion of `dataset` (default: the one dataset it has a champion for), or a registered
     `version`, or a train `run`'s model. `label`: how messages name it; `extractor_weights`:
-    where the image extractor's weights are now, for a model file moved without them."""
-    from mule.api.from_file import open_embedder
+    where the image extractor's weights are now, for a model file moved without them.
+    `engine="onnxruntime"`: a folder `mule export` wrote, run by its ONNX towers under ONNX
+    Runtime (`int8=True`: their 8-bit variants); the same calls, vectors within 1e-5."""
+    from mule.api.from_file import open_embedder, open_onnx_embedder
     from mule.mule_core.devices import resolve_device
 
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if int8 and engine != "onnxruntime":
+        raise ValueError("int8=True runs the ONNX towers' 8-bit variants: it needs engine='onnxruntime'")
     text = os.fspath(source)
-    if "://" in text or text.startswith(("models:/", "runs:/")):
-        return _from_mlflow(text, tracking_uri)
     path = Path(text).expanduser()
     from mule.data_catalog.exported_models import is_model_folder
 
+    if engine == "onnxruntime":
+        if not is_model_folder(path):
+            raise ValueError(f"{source}: engine='onnxruntime' runs the ONNX towers of a folder `mule export` "
+                             "wrote (it holds them); this is not one")  # fmt: skip
+        return open_onnx_embedder(path, label, int8)
+    if "://" in text or text.startswith(("models:/", "runs:/")):
+        return _from_mlflow(text, tracking_uri)
     if path.is_file() or is_model_folder(path):
         return open_embedder(path, label, extractor_weights, resolve_device(device))
     if path.is_dir():

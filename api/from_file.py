@@ -49,6 +49,26 @@ def open_embedder(path: Path, label: str | None = None, weights_file: str | None
     return embedder
 
 
+def open_onnx_embedder(folder: Path, label: str | None = None, int8: bool = False):
+    """An exported folder's ONNX towers under ONNX Runtime (mule_core.onnx_embedder): the same
+    calls as open_embedder's, images opened the same way."""
+    from mule.data_catalog.exported_models import tower_file
+    from mule.mule_core.errors import MissingInputError
+    from mule.mule_core.onnx_embedder import OnnxEmbedder
+    from mule.mule_core.onnx_towers import OnnxSession
+
+    model, meta = read_model_folder(Path(folder))
+    meta["file"] = Path(folder)
+    text = tower_file(folder, "text", int8)
+    if text is None:
+        raise MissingInputError(f"{folder}: no {'int8 ' if int8 else ''}ONNX text tower (textual/); "
+                                "export it again without --no-onnx")  # fmt: skip
+    image = tower_file(folder, "image", int8) if model.image_branch is not None else None
+    return OnnxEmbedder(model, meta, label or f"{folder} (ONNX{', int8' if int8 else ''})", torch.device("cpu"),
+                        None, open_query_image, text=OnnxSession(str(text)),
+                        image=OnnxSession(str(image)) if image else None, int8=int8)  # fmt: skip
+
+
 def _network_loader(meta: dict):
     """The model's extractor, run by the engine its gallery's features were made by (ONNX
     Runtime and PyTorch agree within 1e-4, not bit for bit)."""

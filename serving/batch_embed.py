@@ -1,17 +1,17 @@
-"""Many images or sentences to vectors, into a folder of Parquet parts (`mule embed`).
+"""Many images or sentences to vectors, into a store (`mule embed`): a folder of Parquet
+parts (the default), a LanceDB table or a local Qdrant collection (serving.vector_stores).
 
-    <out>/
+    <out>/                  (Parquet)
       model.json            which model made these vectors (its identity, label, dimension) and of what
       part-00000.parquet    id, vector (float32, unit length) [, lang]: one part per batch of items
       rejects-00000.parquet id, reason: what could not be embedded, and why
 
-A rerun embeds only what no part holds yet (a stopped run resumes, nothing twice); a
-folder made by another model is refused, never mixed. Parts are written atomically.
+A rerun embeds only what the store holds no vector or reject of (a stopped run resumes,
+nothing twice); a store made by another model is refused, never mixed.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,57 +21,29 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from mule.mule_core.embedder import Embedder, EmbedError
-from mule.mule_core.errors import InputError, UserError
+from mule.mule_core.errors import InputError
 from mule.mule_core.progress import Progress
-from mule.storage.atomic import write_atomic, write_json_atomic
+from mule.serving.vector_stores import Maker, OtherModelError, open_store
+
+__all__ = ["embed_images", "embed_sentences", "model_identity", "OtherModelError", "read_sentences"]
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"}
-
-
-class OtherModelError(UserError, ValueError):
-    pass
 
 
 def model_identity(embedder: Embedder) -> str:
     """What made the vectors: a digest of the model's weights and vocabularies, the same
     whether it was opened from a model file, an exported folder or the registry
-    (data_catalog.model_files.model_digest's, of the model in hand)."""
+    (data_catalog.model_files.model_digest's, of the model in hand), and run by PyTorch or
+    its float32 ONNX towers (the same vectors within 1e-5); its int8 towers' vectors are
+    others (an image's moves by a cosine of up to 0.1: docs/take-away.md), named apart."""
     from mule.data_catalog.model_files import weights_digest
 
-    return weights_digest(embedder.meta["vocabulary"].words, embedder.model.state_dict())
+    digest = weights_digest(embedder.meta["vocabulary"].words, embedder.model.state_dict())
+    return f"{digest}+onnx-int8" if getattr(embedder, "int8", False) else digest
 
 
-def open_store(out: Path, embedder: Embedder, kind: str) -> set[str]:
-    """The store at `out` for this model (made if new), and the ids it holds already
-    (embedded or rejected); another model's store is an error."""
-    out.mkdir(parents=True, exist_ok=True)
-    identity, marker = model_identity(embedder), out / "model.json"
-    if marker.exists():
-        made = json.loads(marker.read_text())
-        if made.get("identity") != identity or made.get("kind") != kind:
-            raise OtherModelError(
-                f"{out} holds {made.get('kind')} vectors of model {made.get('label')} (identity {made.get('identity')}); "
-                f"{embedder.label} (identity {identity}) would mix two spaces: write to another folder, or delete {out}"
-            )
-    else:
-        write_json_atomic({"identity": identity, "label": embedder.label, "kind": kind,
-                           "dimension": int(embedder.meta["cfg"].model.joint_dim)}, marker)  # fmt: skip
-    done: set[str] = set()
-    for part in sorted(out.glob("part-*.parquet")) + sorted(out.glob("rejects-*.parquet")):
-        done.update(pq.read_table(part, columns=["id"]).column("id").to_pylist())
-    return done
-
-
-def _write_part(out: Path, rows: dict[str, list], rejects: list[tuple[str, str]]) -> None:
-    number = len(list(out.glob("part-*.parquet")))
-    vectors = np.asarray(rows.pop("vector"), dtype=np.float32)
-    table = pa.table({**rows, "vector": pa.FixedSizeListArray.from_arrays(vectors.reshape(-1), vectors.shape[1])}) \
-        if len(vectors) else None  # fmt: skip
-    if rejects:  # first: a part written means its batch is done, rejects included
-        found = pa.table({"id": [i for i, _ in rejects], "reason": [r for _, r in rejects]})
-        write_atomic(out / f"rejects-{number:05d}.parquet", lambda tmp: pq.write_table(found, tmp))
-    if table is not None:
-        write_atomic(out / f"part-{number:05d}.parquet", lambda tmp: pq.write_table(table, tmp))
+def _maker(embedder: Embedder, kind: str) -> Maker:
+    return Maker(model_identity(embedder), embedder.label, kind, int(embedder.meta["cfg"].model.joint_dim))
 
 
 def image_files(folder: Path) -> list[tuple[str, Path]]:
@@ -82,11 +54,20 @@ def image_files(folder: Path) -> list[tuple[str, Path]]:
             if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES]  # fmt: skip
 
 
-def embed_images(embedder: Embedder, folder: Path, out: Path, batch: int = 64) -> dict:
-    """Every image file under `folder` not yet in the store at `out`."""
+def embed_images(embedder: Embedder, folder: Path, out: Path, batch: int = 64, store: str = "parquet",
+                 table: str | None = None) -> dict:  # fmt: skip
+    """Every image file under `folder` not yet in the store at `out` (`store`: its kind;
+    `table`: LanceDB's table or Qdrant's collection, default "images")."""
     files = image_files(Path(folder))
-    done = open_store(Path(out), embedder, "images")
-    todo = [(i, p) for i, p in files if i not in done]
+    vectors_store = open_store(store, Path(out), _maker(embedder, "images"), table)
+    try:
+        return _embed_images(embedder, files, vectors_store, batch)
+    finally:
+        vectors_store.close()
+
+
+def _embed_images(embedder: Embedder, files: list[tuple[str, Path]], store, batch: int) -> dict:
+    todo = [(i, p) for i, p in files if i not in store.done]
     progress = Progress("embedding images", len(files), unit="images", logger=logging.getLogger("mule.embed"),
                         done=len(files) - len(todo))  # fmt: skip
     embedded = rejected = 0
@@ -98,7 +79,7 @@ def embed_images(embedder: Embedder, folder: Path, out: Path, batch: int = 64) -
                 ids.append(image_id)
             except EmbedError as error:
                 rejects.append((image_id, str(error)))
-        _write_part(Path(out), {"id": ids, "vector": vectors}, rejects)
+        store.write(ids, np.asarray(vectors, np.float32), {}, rejects)
         embedded, rejected = embedded + len(ids), rejected + len(rejects)
         progress.update(len(chunk))
     progress.finish()
@@ -135,12 +116,20 @@ def read_sentences(path: Path) -> pa.Table:
     return pa.table({"id": ids, "text": table.column(text).cast(pa.string()), "lang": langs})
 
 
-def embed_sentences(embedder: Embedder, table_path: Path, out: Path, lang: str | None = None, batch: int = 512) -> dict:
+def embed_sentences(embedder: Embedder, table_path: Path, out: Path, lang: str | None = None, batch: int = 512,
+                    store: str = "parquet", table: str | None = None) -> dict:  # fmt: skip
     """Every sentence of the table not yet in the store at `out` (its language: the row's,
-    else `lang`, else detected)."""
-    table = read_sentences(table_path)
-    done = open_store(Path(out), embedder, "sentences")
-    rows = [r for r in table.to_pylist() if r["id"] not in done]
+    else `lang`, else detected; `table`: LanceDB's table or Qdrant's collection, default "sentences")."""
+    sentences = read_sentences(table_path)
+    vectors_store = open_store(store, Path(out), _maker(embedder, "sentences"), table)
+    try:
+        return _embed_sentences(embedder, sentences, vectors_store, lang, batch)
+    finally:
+        vectors_store.close()
+
+
+def _embed_sentences(embedder: Embedder, table: pa.Table, store, lang: str | None, batch: int) -> dict:
+    rows = [r for r in table.to_pylist() if r["id"] not in store.done]
     progress = Progress("embedding sentences", table.num_rows, unit="sentences", logger=logging.getLogger("mule.embed"),
                         done=table.num_rows - len(rows))  # fmt: skip
     embedded = rejected = 0
@@ -155,7 +144,7 @@ def embed_sentences(embedder: Embedder, table_path: Path, out: Path, lang: str |
             ids.append(row["id"])
             vectors.append(found.vector)
             langs.append(found.lang)
-        _write_part(Path(out), {"id": ids, "lang": langs, "vector": vectors}, rejects)
+        store.write(ids, np.asarray(vectors, np.float32), {"lang": langs}, rejects)
         embedded, rejected = embedded + len(ids), rejected + len(rejects)
         progress.update(len(chunk))
     progress.finish()
