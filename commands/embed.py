@@ -5,7 +5,6 @@ says which model made them: Parquet parts, a LanceDB table or a local Qdrant col
 from __future__ import annotations
 
 import argparse
-import logging
 import time
 from pathlib import Path
 
@@ -21,12 +20,6 @@ def run(args: argparse.Namespace) -> int:
     if args.engine != "torch" and not args.model:
         raise ConfigError("mule embed: --engine onnxruntime runs an exported folder's ONNX towers: name it with --model")
 
-    log = logging.getLogger("mule.embed")  # its progress lines (items/s, ETA) on stderr
-    if not log.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
-        log.addHandler(handler)
-        log.setLevel(logging.INFO)
     started = time.perf_counter()
     if args.model:
         embedder = api.load(args.model, engine=args.engine, int8=args.int8)

@@ -33,7 +33,15 @@ READING = {"ui": ui.run, "catalog": catalog.run, "search": search.run, "serve": 
            "export": export.run, "embed": embed.run}  # read the workdir, never write it
 
 
+VERBOSE = "show everything on the console: Prefect's and MLflow's lines, every epoch (the run's log in <workdir>/logs has them)"
+
+
+def _verbose(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=VERBOSE)
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
+    _verbose(parser)
     parser.add_argument("--workdir", help="where everything is written (default: $MULE_HOME or ./mule-work)")
     parser.add_argument("--preset", choices=sorted(PRESETS),
                         help="named config (default: demo on the generated Multi30K-style dataset, else default)")  # fmt: skip
@@ -53,13 +61,30 @@ def _wait(parser: argparse.ArgumentParser) -> None:
 
 
 def _data_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dataset", help="dataset name in the catalog (default: embedded)")
-    parser.add_argument("--source", help="folder with the raw dataset files (official Multi30K layout)")
-    parser.add_argument("--images", help="folder with the image files (default: <source>/images)")
+    parser.add_argument("--dataset", help="the dataset's name in the catalog, any name for your own data (default: "
+                        "embedded, the generated one; multi30k and coco imply their readers and languages)")  # fmt: skip
+    parser.add_argument("--source", help="the folder that holds the dataset's files, in any layout mule reads: a "
+                        "captions table (captions.csv or metadata.jsonl: image, text, lang) beside the photos, "
+                        "Multi30K's data/ tree, or MSCOCO's caption files; the layout is found from the files")  # fmt: skip
+    parser.add_argument("--images", help="folder with the image files (default: <source>/images, or the table's paths)")
+
+
+def _stages_description() -> str:
+    from mule.pipeline.declaration import BY_NAME
+
+    width = max(map(len, ALL))
+    lines = ["Runs the named stages (and, of what they read, what is missing or out of date); `all`: the rebuild "
+             "(" + ", ".join(REBUILD) + "). A stage whose inputs, options and code are unchanged is reused.", "",
+             "stages:"]  # fmt: skip
+    lines += [f"  {name:<{width}}  {BY_NAME[name].summary}" for name in ALL]
+    lines += ["", "Your own data: a folder with your photos and a captions.csv (image,text,lang):",
+              "  mule run all --dataset shop --source FOLDER"]  # fmt: skip
+    return "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mule", description="Multilingual image-sentence retrieval (MULE).")
+    parser.add_argument("-v", "--verbose", action="store_true", help=VERBOSE)
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="generate the embedded dataset and run the whole pipeline on it")
@@ -75,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     _force(demo)
     _wait(demo)
 
-    run = sub.add_parser("run", help="run some stages: " + ", ".join(ALL) + " (or all)")
+    run = sub.add_parser("run", help="run some stages: " + ", ".join(ALL) + " (or all)",
+                         description=_stages_description(), formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("stages", nargs="+", metavar="STAGE")
     run.add_argument("--lang", help="add-language: the language to add (train.add_language)")
     _common(run)
@@ -94,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     ui.add_argument("--open", action="store_true", help="open the runs in a web browser once the UI answers")
 
     serve = sub.add_parser("serve", help="a search page and JSON API on a trained model (the registry's champion)")
+    _verbose(serve)
     serve.add_argument("--workdir")
     serve.add_argument("--dataset", default="embedded", help="the dataset whose model and catalog to serve")
     serve.add_argument("--version", help="a registered version to serve instead of the champion")
@@ -174,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     config.add_argument("--list", action="store_true", help="list the presets (config/presets/*.toml) and stop")
 
     search = sub.add_parser("search", help="query a trained model: sentence -> images, or --image PATH -> sentences")
+    _verbose(search)
     search.add_argument("text", nargs="?", help="the sentence to search images for")
     search.add_argument("--image", help="an image file: search sentences for it, in every language")
     search.add_argument("--lang", help="the sentence's language (default: detected from the model's vocabularies)")
@@ -186,6 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--workdir")
 
     export = sub.add_parser("export", help="write a trained model as a folder that loads anywhere, with its model card")
+    _verbose(export)
     export.add_argument("--out", required=True, help="the folder to write (replaced if it exists)")
     export.add_argument("--dataset", default="embedded", help="the dataset whose champion to export")
     export.add_argument("--run", help="a train run id to export instead of the registry's champion")
@@ -196,6 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--workdir")
 
     embed = sub.add_parser("embed", help="a folder of images or a table of sentences to vectors (Parquet, LanceDB, Qdrant)")
+    _verbose(embed)
     embed.add_argument("--images", help="a folder of image files (searched below it)")
     embed.add_argument("--sentences", help="a table of sentences: CSV, TSV, JSONL or Parquet with a text column")
     embed.add_argument("--lang", help="the sentences' language where a row names none (default: detected)")
@@ -229,10 +259,36 @@ def overrides_from(args: argparse.Namespace) -> dict[str, str]:
     return overrides
 
 
+def _console(args: argparse.Namespace) -> None:
+    """The console for people and the run's log file (commands/console.py): in the workdir
+    a command writes (made now, as the command would), or reads when it exists."""
+    from mule.commands import console
+    from mule.storage.workdir import Workdir
+
+    workdir = getattr(args, "workdir", None)
+    root = None
+    if args.command in ("demo", "run"):
+        root = Workdir.at(workdir).root
+    elif args.command in READING:  # a reading command makes nothing: a log only in a workdir mule made
+        found = Workdir.at(workdir, create=False).root
+        root = found if (found / "workdir.json").is_file() else None
+    args.run_log = console.setup(args.command, root, verbose=getattr(args, "verbose", False))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
+    _console(args)
+    try:
+        return _command(args)
+    finally:
+        from mule.commands import console
+
+        console.teardown()
+
+
+def _command(args: argparse.Namespace) -> int:
     if os.environ.get("MULE_CRASH_AT") or os.environ.get("MULE_BUG_AT"):  # tests that kill runs ask for it
         from mule.storage import faults
 

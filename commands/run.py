@@ -47,7 +47,7 @@ def run(args: argparse.Namespace, stages: list[str], overrides: dict) -> int:
             results = rebuild.finish_unchanged(workdir, cfg, planned, tracked())
             print("every stage is up to date: nothing ran, and Prefect was not started (MLflow records the "
                   "reuse; --force STAGE runs one anyway)")  # fmt: skip
-            print_results(results, workdir, started)
+            print_results(results, workdir, started, args)
             return 0
         _prefect_ready(workdir)
         from mule.flows.runtime import start_prefect_early
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace, stages: list[str], overrides: dict) -> int:
                                    plan=planned)  # fmt: skip
         if server:
             server.stop()  # before the lock goes: the next run starts a server on the same database
-    print_results(results, workdir, started)
+    print_results(results, workdir, started, args)
     return 0
 
 
@@ -128,7 +128,7 @@ def _stopped_line(workdir: Workdir, cfg, began: float):
     return line
 
 
-def print_results(results: dict, workdir: Workdir, started: float) -> None:
+def print_results(results: dict, workdir: Workdir, started: float, args: argparse.Namespace | None = None) -> None:
     if results.get("stages"):
         print("\nStages:")
         for stage, decision in results["stages"].items():
@@ -171,4 +171,5 @@ def print_results(results: dict, workdir: Workdir, started: float) -> None:
         print(
             f"MLflow: recorded in a few seconds, by a process of its own; browse with `mule ui --workdir {workdir.root}`"
         )
-    print(f"wall time: {time.perf_counter() - started:.0f}s")
+    log = getattr(args, "run_log", None) if args is not None else None
+    print(f"wall time: {time.perf_counter() - started:.0f}s" + (f"; the run's whole log: {log}" if log else ""))

@@ -12,7 +12,7 @@ from typing import Any
 from mule.config.overrides import apply_overrides
 from mule.config.presets import PRESETS
 from mule.config.sections import DataConfig, MuleConfig
-from mule.datasets.formats import recognised_format
+from mule.datasets.formats import no_layout_message, recognised_format
 from mule.mule_core.settings import ConfigError
 
 # A dataset name implies its reader, languages and sampling unless they are set: the
@@ -44,7 +44,9 @@ def resolve(preset: str | None = None, overrides: dict[str, Any] | None = None) 
     implied = {k: v for k, v in DATASET_DEFAULTS.get(dataset, {}).items() if k not in (overrides or {})}
     source = (overrides or {}).get("data.source")
     if source and "data.format" not in (overrides or {}) and "data.format" not in implied:
-        found = recognised_format(Path(str(source)).expanduser(), str((overrides or {}).get("data.table", "")))
-        if found:  # a folder with a captions table is the table layout
-            implied["data.format"] = found
+        folder, table = Path(str(source)).expanduser(), str((overrides or {}).get("data.table", ""))
+        found = recognised_format(folder, table)
+        if not found:  # once, before any stage: each layout looked for, and what the folder holds
+            raise ConfigError(no_layout_message(folder, table))
+        implied["data.format"] = found
     return apply_overrides(apply_overrides(cfg, implied), overrides)

@@ -208,3 +208,10 @@ def rejected_rows(catalog: Catalog, dataset: str | None, limit: int) -> tuple[li
     rows = catalog.query(f"SELECT dataset, source_file, line, kind, reason, raw FROM rejects {where} "
                          f"ORDER BY dataset, source_file, line LIMIT {int(limit)}", params).to_pylist()  # fmt: skip
     return rows, total
+
+
+def train_images_per_language(catalog: Catalog, dataset: str) -> dict[str, int]:
+    """lang -> training images with a caption in it (human captions)."""
+    rows = catalog.query("""SELECT lang, count(DISTINCT image_id) AS images FROM captions
+                            WHERE dataset = ? AND role = 'train' GROUP BY lang""", [dataset])  # fmt: skip
+    return dict(zip(rows["lang"].to_pylist(), rows["images"].to_pylist()))

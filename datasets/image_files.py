@@ -46,6 +46,9 @@ MAX_DECODED_BYTES = 4 * MAX_PIXELS  # an RGBA image at Pillow's pixel limit
 ORIENTATION = 0x0112  # the EXIF tag
 STRIP_PIXELS = 1 << 20  # what a strip of a large image holds while it is converted or reduced
 
+# what counts as an image file in a folder of photos (mule embed, a source folder's check)
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"}
+
 
 class BadImage(ValueError):
     """A file that is not an image mule can use; `reason` says why, for a rejects row."""

@@ -24,6 +24,7 @@ from mlflow.exceptions import MlflowException
 
 from mule.experiments import mlflow_store, tracking
 from mule.mule_core.errors import UserError
+from mule.mule_core.progress import SHOWN
 from mule.storage.content_digests import ids_digest
 from mule.storage.workdir import Workdir
 
@@ -152,7 +153,7 @@ def register(workdir: Workdir, candidate: Candidate) -> dict[str, Any]:
     version = client.create_model_version(name, candidate.source, run_id=candidate.run_id, tags=_tags(candidate))
     decided = _settle(client, name, version)
     logging.getLogger("mule.registry").info("registered %s version %s; %s: %s", name, version.version,
-                  f"now {CHAMPION}" if decided["champion"] else f"{CHAMPION} stays", decided["why"])  # fmt: skip
+                  f"now {CHAMPION}" if decided["champion"] else f"{CHAMPION} stays", decided["why"], extra=SHOWN)  # fmt: skip
     return decided
 
 

@@ -50,6 +50,16 @@ def default_sentences_per_image(
     return out
 
 
+def captions_per_image(caption_image: np.ndarray, caption_lang: np.ndarray, languages: Sequence[str]) -> str:
+    """Each language's captions per image as the data has them (the mean over the images
+    with any), and how many a batch draws per image: 'en 2.0, es 2.0'."""
+    out = []
+    for index, lang in enumerate(languages):
+        images = caption_image[caption_lang == index]
+        out.append(f"{lang} {len(images) / max(len(np.unique(images)), 1):.1f}")
+    return ", ".join(out)
+
+
 def same_group_pairs(group: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """All ordered pairs (a, p), a != p, with group[a] == group[p]."""
     order = np.argsort(group, kind="stable")

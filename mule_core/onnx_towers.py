@@ -154,6 +154,7 @@ def _export(module: nn.Module, example: tuple, inputs: tuple, axes: dict) -> byt
         # torch warns that an LSTM exported with a batch of more than one may break on
         # another batch size: the example is one sentence, and the tests run batches of many
         warnings.filterwarnings("ignore", message=".*LSTM.*", category=UserWarning)
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)  # shape checks traced as constants
         torch.onnx.export(module, example, buffer, input_names=list(inputs), output_names=["vectors"],
                           dynamic_axes=axes, opset_version=OPSET, dynamo=False)  # fmt: skip
     return buffer.getvalue()

@@ -8,6 +8,10 @@ from __future__ import annotations
 import logging
 import time
 
+# `extra=SHOWN` on a log record: a line for people, shown on the console (commands/console.py);
+# the others go to the run's log file only
+SHOWN = {"console": True}
+
 
 def format_seconds(seconds: float) -> str:
     seconds = max(0, int(round(seconds)))
@@ -28,14 +32,21 @@ class Progress:
         interval: float = 10.0,
         clock=time.perf_counter,
         done: int = 0,
+        base: int | None = None,
+        started: float | None = None,
     ):
         """done: items finished before this counter started (a resumed run, an earlier shard):
-        they count toward done/total, not toward the rate."""
+        they count toward done/total, not toward the rate, unless `base` says how many of
+        them not to count and `started` (time.time()) when the counted ones began: a
+        counter that carries on another's (the features stage's shards, one after another)."""
         self.label, self.total, self.unit = label, total, unit
         self.logger = logger or logging.getLogger("mule.progress")
         self.interval, self.clock = interval, clock
-        self.done = self.base = done
+        self.done = done
+        self.base = done if base is None else base
         self.started = self.last = clock()
+        if started is not None:
+            self.started -= max(0.0, time.time() - started)
 
     def line(self) -> str:
         elapsed = max(self.clock() - self.started, 1e-9)
@@ -52,9 +63,11 @@ class Progress:
         now = self.clock()
         if now - self.last >= self.interval and self.done < self.total:
             self.last = now
-            self.logger.info(self.line())
+            self.logger.info(self.line(), extra=SHOWN)
 
     def finish(self) -> str:
+        """The last line; on the console only after long work (a line a second later says nothing)."""
         text = self.line()
-        self.logger.info(text)
+        long = self.clock() - self.started >= self.interval / 2
+        self.logger.info(text, extra=SHOWN if long else None)
         return text

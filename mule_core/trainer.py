@@ -31,7 +31,7 @@ from mule.mule_core.batching import Batch, ImageBatchSampler, default_sentences_
 from mule.mule_core.devices import resolve_device  # noqa: F401 - where the training stages find it
 from mule.mule_core.losses import image_sentence_loss, language_classifier_loss, neighborhood_loss
 from mule.mule_core.model import MuleModel
-from mule.mule_core.progress import Progress, format_seconds
+from mule.mule_core.progress import SHOWN, Progress, format_seconds
 from mule.mule_core.split_tensors import SplitTensors
 from mule.mule_core.weight_average import BEST_IS_KEPT, cpu_copy, ema_weight, fused_adam
 
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from mule.mule_core.settings import LossConfig, PretrainConfig, TrainConfig
 
 log = logging.getLogger("mule.training")
+PROGRESS_EVERY = 10.0  # seconds between epoch lines on the console (each epoch's losses: the run's log)
 
 
 def sentences_per_image(
@@ -376,14 +377,20 @@ class Trainer:
 
     def fit(self, on_epoch_end: Callable[[EpochResult], None] | None = None) -> list[EpochResult]:
         started, first_epoch = time.perf_counter(), self.epoch
+        shown = started
         while self.epoch < self.epochs and not self.stopped:
             result = self.run_epoch()
-            per_epoch = (time.perf_counter() - started) / (self.epoch - first_epoch)  # validation included
+            now = time.perf_counter()
+            per_epoch = (now - started) / (self.epoch - first_epoch)  # validation included
             eta = format_seconds(per_epoch * (self.epochs - self.epoch))
             losses = ", ".join(f"{k} {v:.4f}" for k, v in result.losses.items())
             score = "" if result.score is None else f"; val {result.score:.2f}{' (best)' if result.is_best else ''}"
             log.info("%s epoch %d/%d: %s; %.0f sentences/s%s; ETA %s", self.mode, result.epoch, self.epochs,
                      losses, result.sentences_per_second, score, eta)  # fmt: skip
+            if now - shown >= PROGRESS_EVERY or self.epoch == self.epochs:  # the console: every 10 s, and the last
+                shown = now
+                log.info("%s: epoch %d/%d (%.1f s/epoch, %.0f sentences/s%s, ETA %s)", self.mode, result.epoch,
+                         self.epochs, per_epoch, result.sentences_per_second, score, eta, extra=SHOWN)  # fmt: skip
             if on_epoch_end is not None:
                 on_epoch_end(result)
         if self.best_state is not None:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mule.config.sections import MuleConfig
+from mule.mule_core.progress import SHOWN
 from mule.pipeline import decisions
 from mule.pipeline.declaration import Stage
 from mule.storage.workdir import Workdir
@@ -118,14 +119,14 @@ class Timing:
     """One line per stage: what it did and how long it took."""
 
     def before_stage_run(self, run: StageRun) -> None:
-        decisions.logger().info("%s: %s", run.stage.name, run.decision.describe())
+        decisions.logger().info("%s: %s", run.stage.name, run.decision.describe(), extra=SHOWN)
 
     def after_stage_run(self, run: StageRun) -> None:
-        decisions.logger().info("%s: computed in %.1f s", run.stage.name, run.seconds)
+        decisions.logger().info("%s: computed in %.1f s", run.stage.name, run.seconds, extra=SHOWN)
 
     def on_stage_reused(self, run: StageRun) -> None:
-        decisions.logger().info("%s: %s, from MLflow run %s", run.stage.name, run.decision.describe(),
-                                run.decision.record.get("run_id"))  # fmt: skip
+        decisions.logger().info("%s: %s", run.stage.name, run.decision.describe(), extra=SHOWN)
+        decisions.logger().info("%s: reused from MLflow run %s", run.stage.name, run.decision.record.get("run_id"))
 
 
 class LiveReport:

@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from mule.datasets.image_files import IMAGE_SUFFIXES
 from mule.mule_core.embedder import Embedder, EmbedError
 from mule.mule_core.errors import InputError
 from mule.mule_core.progress import Progress
@@ -27,7 +28,6 @@ from mule.serving.vector_stores import Maker, OtherModelError, open_store
 
 __all__ = ["embed_images", "embed_sentences", "model_identity", "OtherModelError", "read_sentences"]
 
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"}
 
 
 def model_identity(embedder: Embedder) -> str:

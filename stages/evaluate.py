@@ -24,6 +24,7 @@ from mule.mule_core.devices import resolve_device
 from mule.mule_core.encoding import cross_lingual, encode_split, evaluate_split, translation_ceilings, translation_pairs
 from mule.mule_core.errors import MissingInputError
 from mule.mule_core.metrics import chance_table, mean_mr
+from mule.mule_core.progress import SHOWN
 from mule.mule_core.split_tensors import SplitTensors
 from mule.stages.shared.context import StageContext, logger
 
@@ -59,7 +60,7 @@ def _evaluate_text_only(ctx: StageContext, splits: list[tuple[str, str]]) -> dic
             f"model at {path}: run the text and pretrain stages first"
         )
     logger().info("dataset %s has no image files: evaluating cross-lingual retrieval of the LP model (MULE layer)",
-                  dataset)  # fmt: skip
+                  dataset, extra=SHOWN)  # fmt: skip
     model, meta = load_model(path)
     device = resolve_device(cfg.train.device)
     out = ctx.workdir.results_dir(dataset)
@@ -120,7 +121,8 @@ def compute(ctx: StageContext) -> dict[str, Any]:
             result["examples"] = (retrieval_examples(model, data, catalog, dataset, device, cfg.eval.examples, encoded)
                                   if cfg.eval.examples > 0 else [])  # fmt: skip
         results[name] = result
-        logger().info("%s mean mR %.2f (%d images)", name, result["mean_mR"], data.n_images)
+        logger().info("%s mean mR %.2f (%d images; chance %.1f)", name, result["mean_mR"], data.n_images,
+                      result["chance_mean_mR"], extra=SHOWN)  # fmt: skip
     return _summary(ctx, results, {"model": str(path), "best_epoch": meta.get("best_epoch"), "results_dir": str(out)})
 
 

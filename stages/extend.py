@@ -25,6 +25,7 @@ from mule.mule_core.encoding import cross_lingual, encode_split, evaluate_split
 from mule.mule_core.errors import UserError
 from mule.mule_core.metrics import mean_r1
 from mule.mule_core.model import count_parameters, with_added_language
+from mule.mule_core.progress import SHOWN
 from mule.mule_core.trainer import Trainer, resolve_device
 from mule.stages.shared.checkpoints import history_records
 from mule.stages.shared.context import StageContext, logger
@@ -78,7 +79,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     counts = count_parameters(model)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     log.info("adding %s to %s: %d training images with %s captions (of %d), %s trainable parameters of %s",
-             lang, base_path.name, train.n_images, lang, all_train.n_images, f"{trainable:,}", f"{counts['total']:,}")  # fmt: skip
+             lang, base_path.name, train.n_images, lang, all_train.n_images, f"{trainable:,}", f"{counts['total']:,}", extra=SHOWN)  # fmt: skip
 
     started = time.perf_counter()
     loss = replace(cfg.loss, lc=False, nc=True)
@@ -92,7 +93,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
         lp = Trainer(model, train, loss, cfg.train, device, mode="lp", validate=validate_lp, pretrain=cfg.pretrain)
         lp.fit(lambda r: ctx.report.metrics({"add.lp.val_r1": r.score}, step=r.epoch))
         log.info("LP of the %s branch: best epoch %d, val cross-lingual R@1 %.1f (pairs with %s)",
-                 lang, lp.best_epoch, lp.best_score, lang)  # fmt: skip
+                 lang, lp.best_epoch, lp.best_score, lang, extra=SHOWN)  # fmt: skip
 
     def validate(m):
         table = evaluate_split(m, val, device, cfg.eval.ks)
@@ -103,7 +104,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
                                                         f"add.val.{lang}.mR": r.score}, step=r.epoch))  # fmt: skip
     unchanged = _max_change(base, model, catalog, dataset, cfg, meta, extractor, device)
     log.info("base languages after adding %s: largest change of any sentence or image embedding on %s = %g",
-             lang, cfg.eval.split, unchanged)  # fmt: skip
+             lang, cfg.eval.split, unchanged, extra=SHOWN)  # fmt: skip
     if unchanged != 0.0:  # frozen weights cannot move anything: if they did, that is a bug
         raise RuntimeError(f"adding {lang} changed the base languages' embeddings (max |diff| {unchanged})")
     path = wd.model_path(dataset, cfg.train.model_name)

@@ -38,7 +38,7 @@ from mule.mule_core.devices import resolve_device, torch_threads
 from mule.mule_core.errors import UserError
 from mule.mule_core.extractor_names import identity_name, resize_for, setting
 from mule.mule_core.onnx_engine import OnnxExtractor
-from mule.mule_core.progress import Progress
+from mule.mule_core.progress import SHOWN, Progress
 from mule.stages.shared import extraction
 from mule.stages.shared.context import NoImagesError, StageContext, images_with_files, logger
 from mule.storage.code_digests import code_parts
@@ -161,7 +161,7 @@ def plan_features(ctx: StageContext) -> dict[str, Any]:
     todo = [(i, p, sha_of[i]) for i, p in zip(image_ids, paths) if i not in done or done[i] != sha_of[i]]
     changed = [i for i, _, _ in todo if i in stored]
     log.info("extractor %s: %d images to extract (%d extracted before%s), %d already done", identity, len(todo),
-             len(changed), ", forced" if since else "", len(image_ids) - len(todo))  # fmt: skip
+             len(changed), ", forced" if since else "", len(image_ids) - len(todo), extra=SHOWN)  # fmt: skip
     run = run_token(ctx.workdir)  # a worker elsewhere writes only while this run holds the workdir
     shards = [{"name": f"{stamp}-{n:05d}", "images": todo[b : b + f.shard_images], "offset": b, "run": run}
               for n, b in enumerate(range(0, len(todo), f.shard_images))]  # fmt: skip
@@ -198,8 +198,11 @@ def extract_shard(workdir: str, features: dict, dataset: str, identity: str, sha
     sha_of = {i: sha for i, _, sha in shard["images"]}
     batches = prefetched_batches(extraction.ImageCrops(paths, f), batch_size_for(f, device, torch.get_num_threads()),
                                  loader_workers_for(f, device))  # fmt: skip
+    # in this process after the shards before it (`started`: when the first began), else alone (a Dask worker)
+    together = "started" in shard
     progress = Progress(f"features ({f.arch}, {f.crops} crop(s) of {f.input_size}px)", total, "images", logger(),
-                        done=shard["offset"])  # fmt: skip
+                        done=shard["offset"], base=0 if together else None,
+                        started=shard["started"] if together else None)  # fmt: skip
     kept, vectors, rejects = [], [], []
     started = time.perf_counter()
     with torch_threads(1 if isinstance(net, OnnxExtractor) else torch.get_num_threads()):
@@ -269,7 +272,7 @@ def finish_features(ctx: StageContext, plan: dict, shards: list[dict]) -> dict[s
     catalog.set_current_extractor(dataset, cfg.features, identity)
     if with_features < FEW_PHOTOS and cfg.features.crops == 1 and extracted:
         log.info("%d images: with few photos, 10 crops each and 24 joint epochs gained +3.7 mR on folds of 872 "
-                 "real ones (--preset few-photos; docs/real-photos.md)", with_features)  # fmt: skip
+                 "real ones (--preset few-photos; docs/real-photos.md)", with_features, extra=SHOWN)  # fmt: skip
     weights = plan["weights"]
     return {"extractor": identity, "dim": queries.feature_dim(catalog, identity), "images": with_features,
             "extracted_now": extracted, "extracted_again": sorted(replaced), "forced": plan["forced"],
@@ -286,6 +289,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     f, dataset = ctx.cfg.features, ctx.dataset
     from dataclasses import asdict
 
-    shards = [extract_shard(str(ctx.workdir.root), asdict(f), dataset, plan["extractor"], shard, plan["todo"])
-              for shard in plan["shards"]]  # fmt: skip
+    started = time.time()  # one after another: one progress line's rate and ETA over them all
+    shards = [extract_shard(str(ctx.workdir.root), asdict(f), dataset, plan["extractor"], shard | {"started": started},
+                            plan["todo"]) for shard in plan["shards"]]  # fmt: skip
     return finish_features(ctx, plan, shards)

@@ -11,12 +11,13 @@ from typing import Any
 
 import pyarrow as pa
 
+from mule.data_catalog import queries
 from mule.data_catalog.sources import locate
 from mule.datasets.formats import FORMATS
 from mule.datasets.readers.base import ReadOptions
 from mule.mule_core.devices import cpu_threads, process_map
 from mule.mule_core.languages import tokenizer_name
-from mule.mule_core.progress import Progress
+from mule.mule_core.progress import SHOWN, Progress
 from mule.mule_core.tokenizers import tokenize_all, tokenizer_version
 from mule.stages.shared.context import StageContext, logger
 from mule.storage.content_digests import FileHasher
@@ -73,6 +74,25 @@ def with_tokens(captions, words: Callable) -> Iterator[pa.Table]:
         yield pa.Table.from_batches([batch]).append_column("tokens", tokens)
 
 
+# Where retrieval becomes useful (README, "How many images a language needs": test mR 6
+# with 100 training images of a language, 45 with 1,000, 65 with 3,000)
+USEFUL_IMAGES = 1000
+
+
+def few_images_warning(images: dict[str, int], cfg, log) -> None:
+    """A warning for each language with captions for fewer training images than USEFUL_IMAGES
+    (a generated dataset's size is the user's choice: not warned)."""
+    if cfg.data.dataset.startswith("embedded"):
+        return
+    for lang in cfg.data.languages:
+        n = images.get(lang, 0)
+        if n < USEFUL_IMAGES:
+            log.warning("%s has captions for %d training image(s); retrieval becomes useful at about %s per language "
+                        "(README: How many images a language needs): expect recalls not far above chance, or add "
+                        "%s to a model trained on other languages (mule run add-language)", lang, n,
+                        f"{USEFUL_IMAGES:,}", lang)  # fmt: skip
+
+
 def compute(ctx: StageContext) -> dict[str, Any]:
     """Reads the raw files (images, captions; bad lines to rejects), tokenises the captions
     and writes the images, captions and rejects tables."""
@@ -88,7 +108,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
         f"; {result.merged_task1_lines} task1 English lines merged into task2 captions" if result.merged_task1_lines else ""
     )
     log.info("read %d images, %d captions, %d rejected lines%s",
-             result.images.num_rows, result.captions.num_rows, result.rejects.num_rows, merged)  # fmt: skip
+             result.images.num_rows, result.captions.num_rows, result.rejects.num_rows, merged, extra=SHOWN)  # fmt: skip
     overrides = cfg.text.tokenizers
     versions = {lang: tokenizer_version(lang, overrides) for lang in cfg.data.languages}
     for lang in cfg.data.languages:
@@ -108,6 +128,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     progress.finish()
     catalog.write_table("rejects", cfg.data.dataset, result.rejects)
 
+    few_images_warning(queries.train_images_per_language(catalog, cfg.data.dataset), cfg, log)
     present = sum(result.images.column("exists").to_pylist())
     kinds = Counter(result.rejects.column("kind").to_pylist())
     if kinds:

@@ -10,10 +10,12 @@ import torch
 
 from mule.data_catalog.model_files import save_model
 from mule.data_catalog.splits import load_split, load_vocabulary
+from mule.mule_core.batching import captions_per_image
 from mule.mule_core.devices import use_cpu_threads
 from mule.mule_core.encoding import cross_lingual
 from mule.mule_core.metrics import mean_r1
 from mule.mule_core.model import build_model
+from mule.mule_core.progress import SHOWN
 from mule.mule_core.trainer import Trainer, resolve_device
 from mule.stages.shared.checkpoints import Checkpoints, divergence_tags, history_records, phase_seconds
 from mule.stages.shared.context import StageContext, logger
@@ -24,11 +26,11 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     catalog, cfg = ctx.catalog, ctx.cfg
     log, dataset = logger(), cfg.data.dataset
     if not cfg.pretrain.enabled:
-        log.info("LP is switched off (pretrain.enabled=false); joint training will start from the word vectors")
+        log.info("LP is switched off (pretrain.enabled=false); joint training will start from the word vectors", extra=SHOWN)
         return {"skipped": "pretrain.enabled=false"}
     vocabulary = load_vocabulary(catalog, dataset, cfg.data.languages, cfg.model)
     if len(vocabulary.languages) < 2:
-        log.info("LP needs two languages or more; dataset %s has %s: skipped", dataset, vocabulary.languages)
+        log.info("LP needs two languages or more; dataset %s has %s: skipped", dataset, vocabulary.languages, extra=SHOWN)
         return {"skipped": f"one language ({', '.join(vocabulary.languages)})"}
     tokenizers = caption_tokenizers(catalog, dataset, vocabulary.languages, cfg.text.tokenizers, "pretrain")
     train = load_split(catalog, dataset, "train", vocabulary, cfg.text.max_tokens, captions=cfg.data.captions)
@@ -43,9 +45,10 @@ def compute(ctx: StageContext) -> dict[str, Any]:
         return mean_r1(table), table
 
     trainer = Trainer(model, train, cfg.loss, cfg.train, device, mode="lp", validate=validate, pretrain=cfg.pretrain)
-    log.info("LP on %d captions (%s) of %d images; sentences per image %s; device %s, %d CPU thread(s)",
-             len(train.caption_image), cfg.data.captions, train.n_images, trainer.sentences_per_image, device,
-             threads)  # fmt: skip
+    log.info("LP on %d captions (%s) of %d images; captions per image %s (a batch draws up to %s of an image's); "
+             "device %s, %d CPU thread(s)", len(train.caption_image), cfg.data.captions, train.n_images,
+             captions_per_image(train.caption_image, train.caption_lang, train.languages),
+             _draws(trainer.sentences_per_image), device, threads, extra=SHOWN)  # fmt: skip
 
     # LP checkpoints every epoch and resumes as joint training does
     checkpoints = Checkpoints(ctx, catalog.lp_checkpoint_path(cfg))
@@ -66,7 +69,11 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     save_model(path, model, cfg, vocabulary, kind="lp", best_epoch=trainer.best_epoch, val_score=trainer.best_score,
                tokenizers=tokenizers)  # fmt: skip
     checkpoints.remove_once_recorded()
-    log.info("LP done: best epoch %d, val cross-lingual R@1 %.1f (MULE layer)", trainer.best_epoch, trainer.best_score)
+    log.info("LP done: best epoch %d, val cross-lingual R@1 %.1f (MULE layer)", trainer.best_epoch, trainer.best_score, extra=SHOWN)
     return {"path": str(path), "captions": len(train.caption_image), "best_epoch": trainer.best_epoch,
             "val_cross_lingual_r1": trainer.best_score, "seconds": round(time.perf_counter() - started, 1),
             "phases": phase_seconds(history), "history": history_records(history)}  # fmt: skip
+
+
+def _draws(per_image: dict[str, int]) -> str:
+    return ", ".join(f"{lang} {n}" for lang, n in per_image.items())

@@ -25,7 +25,7 @@ from mule.data_catalog.tables import Catalog
 from mule.datasets.vector_files import VectorFile
 from mule.mule_core import devices
 from mule.mule_core.errors import InputError
-from mule.mule_core.progress import format_seconds
+from mule.mule_core.progress import SHOWN, format_seconds
 from mule.mule_core.subwords import ngram_table
 from mule.mule_core.vocabulary import PAD, UNK
 from mule.stages.shared import fasttext_worker
@@ -40,7 +40,7 @@ def heartbeat(label: str, every: float = 15.0):
 
     def beat() -> None:
         while not done.wait(every):
-            log.info("%s: still running, %s elapsed", label, format_seconds(time.perf_counter() - started))
+            log.info("%s: still running, %s elapsed", label, format_seconds(time.perf_counter() - started), extra=SHOWN)
 
     thread = threading.Thread(target=beat, daemon=True)
     thread.start()
@@ -80,7 +80,7 @@ def fasttext_lookups(jobs: dict[str, dict[str, Any]], t) -> dict[str, dict[str, 
 
     workers = max(1, min(len(jobs), devices.usable_cores() // max(1, t.fasttext_threads)))
     if workers > 1:
-        logger().info("fastText: %d languages, %d at a time", len(jobs), workers)
+        logger().info("fastText: %d languages, %d at a time", len(jobs), workers, extra=SHOWN)
     with ThreadPoolExecutor(workers, thread_name_prefix="fasttext") as pool:
         futures = {lang: pool.submit(one, lang, words) for lang, words in jobs.items()}
         return {lang: future.result() for lang, future in futures.items()}
@@ -161,7 +161,7 @@ def multilingual_e5_lookups(vocabs: dict[str, list[str]], dim: int) -> dict[str,
 
     words = {lang: [w for w in vocab if w not in (PAD, UNK)] for lang, vocab in vocabs.items()}
     logger().info("%s: %d words in %s, projected to %d dimensions", e5.NAME, sum(map(len, words.values())),
-                  ", ".join(words), dim)  # fmt: skip
+                  ", ".join(words), dim, extra=SHOWN)  # fmt: skip
     vectors = e5.aligned_word_vectors(words, dim, lambda ws, lang: e5.embed(ws, f"e5 words ({lang})", logger=logger()))
     tables = {lang: dict(zip(words[lang], vectors[lang])) for lang in words}
     return {lang: table.get for lang, table in tables.items()}

@@ -15,11 +15,13 @@ import torch
 from mule.data_catalog import queries
 from mule.data_catalog.model_files import load_model, save_model
 from mule.data_catalog.splits import load_split, load_vocabulary
+from mule.mule_core.batching import captions_per_image
 from mule.mule_core.devices import use_cpu_threads
 from mule.mule_core.encoding import evaluate_split
 from mule.mule_core.errors import UserError
 from mule.mule_core.metrics import chance_table, mean_mr
 from mule.mule_core.model import build_model, count_parameters
+from mule.mule_core.progress import SHOWN
 from mule.mule_core.trainer import Trainer, resolve_device
 from mule.stages.shared.checkpoints import Checkpoints, divergence_tags, history_records, phase_seconds
 from mule.stages.shared.context import StageContext, images_with_files, logger
@@ -70,7 +72,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     model.set_image_normalization(train.features)
 
     if cfg.pretrain.enabled and len(vocabulary.languages) < 2:
-        log.info("LP needs two languages or more (the pretrain stage skipped it): the MULE layers start from the word vectors")
+        log.info("LP needs two languages or more (the pretrain stage skipped it): the MULE layers start from the word vectors", extra=SHOWN)
     elif cfg.pretrain.enabled:  # the LP model is an entry it reads only then (its declaration: _LP)
         lp_file = catalog.lp_model_path(cfg)
         if not lp_file.exists():
@@ -79,7 +81,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
                 "or train without it: --set pretrain.enabled=false"
             )
         load_pretrained_mule(model, lp_file, vocabulary)
-        log.info("MULE layers initialised from LP (%s)", lp_file)
+        log.info("MULE layers initialised from LP (%s)", lp_file, extra=SHOWN)
 
     counts = count_parameters(model)
 
@@ -88,10 +90,11 @@ def compute(ctx: StageContext) -> dict[str, Any]:
         return mean_mr(table), table
 
     trainer = Trainer(model, train, cfg.loss, cfg.train, device, mode="joint", validate=validate)
-    log.info("training on %d images, %d captions (%s); sentences per image %s; %s parameters (%s language-specific); "
-             "%s, %d CPU thread(s)", train.n_images, len(train.caption_image), ", ".join(train.languages),
-             trainer.sentences_per_image, f"{counts['total']:,}", f"{counts['language_specific']:,}", device,
-             threads)  # fmt: skip
+    log.info("training on %d images, %d captions; captions per image %s (a batch draws up to %s of an image's); "
+             "%s parameters (%s language-specific); %s, %d CPU thread(s)", train.n_images, len(train.caption_image),
+             captions_per_image(train.caption_image, train.caption_lang, train.languages),
+             ", ".join(f"{lang} {n}" for lang, n in trainer.sentences_per_image.items()), f"{counts['total']:,}",
+             f"{counts['language_specific']:,}", device, threads, extra=SHOWN)  # fmt: skip
 
     path = wd.model_path(dataset, cfg.train.model_name)
     checkpoints = Checkpoints(ctx, wd.checkpoint_path(dataset, cfg.train.model_name))
@@ -118,7 +121,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
                extractor_numerics=(catalog.extractor_info(dataset, extractor) or {}).get("numerics"))  # fmt: skip
     checkpoints.remove_once_recorded()
     log.info("training done: best epoch %d of %d, val mean mR %.2f; model at %s",
-             trainer.best_epoch, cfg.train.epochs, trainer.best_score, path)  # fmt: skip
+             trainer.best_epoch, cfg.train.epochs, trainer.best_score, path, extra=SHOWN)  # fmt: skip
     return {"path": str(path), "best_epoch": trainer.best_epoch, "val_mean_mR": trainer.best_score,
             "seconds": round(time.perf_counter() - started, 1), "parameters": counts,
             "diverged": [r.epoch for r in history if r.divergence], "stopped": trainer.stopped,

@@ -31,7 +31,7 @@ from mule.data_catalog.sources import locate
 from mule.data_catalog.tables import Catalog
 from mule.datasets.lexicons import LexiconError, read_muse
 from mule.mule_core.errors import UserError
-from mule.mule_core.progress import Progress
+from mule.mule_core.progress import SHOWN, Progress
 from mule.mule_core.tokenizers import tokenizer_names
 from mule.mule_core.vocabulary import tokenize
 from mule.mule_core.word_translation import WordTable, best_translations, ibm_model1
@@ -301,7 +301,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     }  # fmt: skip
     log.info("translate (%s): %d MT captions; %d translated now, %d from the cache, %d failed, %d requests, %d retries",
              backend.name, table.num_rows, counts["translated"], counts["cache_hits"], len(failures),
-             summary["requests"], summary["retries"])  # fmt: skip
+             summary["requests"], summary["retries"], extra=SHOWN)  # fmt: skip
     return summary | {"failed": failures[:1000]}
 
 

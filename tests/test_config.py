@@ -116,11 +116,40 @@ def test_a_source_folder_with_a_captions_table_is_the_table_layout(tmp_path):
     assert resolve("demo", {"data.dataset": "mine", "data.source": str(tmp_path),
                             "data.format": "multi30k"}).data.format == "multi30k"  # fmt: skip
     (tmp_path / "metadata.jsonl").unlink()
+    (tmp_path / "data" / "task1").mkdir(parents=True)
     assert resolve("demo", {"data.dataset": "mine", "data.source": str(tmp_path)}).data.format == "multi30k"
     with pytest.raises(ConfigError, match="data.val_share and data.test_share must be shares"):
         resolve("demo", {"data.val_share": 0.5, "data.test_share": 0.5})
     with pytest.raises(ConfigError, match="data.encoding: 'utf-9' is not a text encoding"):
         resolve("demo", {"data.encoding": "utf-9"})
+
+
+def test_a_source_folder_in_no_layout_says_what_each_layout_needs_and_what_it_holds(tmp_path):
+    """`--source` pointed at the photos (not the folder with their captions table), at an
+    empty folder, at a folder of other files or at no folder: one error, before any stage,
+    naming every layout looked for, what each needs, and what the folder holds."""
+    from PIL import Image
+
+    def error(source) -> str:
+        with pytest.raises(ConfigError) as raised:
+            resolve(None, {"data.dataset": "shop", "data.source": str(source)})
+        return str(raised.value)
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for n in range(3):
+        Image.new("RGB", (8, 8)).save(photos / f"p{n}.jpg")
+    said = error(photos)
+    assert all(f"  - {layout}: " in said for layout in ("multi30k", "coco", "table")), said
+    assert "data/task1" in said and "captions_*.json" in said and "captions.csv" in said
+    assert "It holds 3 image file(s) and no captions table" in said and f"--images {photos}" in said
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "readme.txt").write_text("hello")
+    assert "It holds 1 file(s): readme.txt" in error(tmp_path / "notes")
+    (tmp_path / "empty").mkdir()
+    assert "It holds no files." in error(tmp_path / "empty")
+    assert "does not exist" in error(tmp_path / "nowhere")
+    assert resolve(None, {"data.dataset": "shop", "data.source": str(photos), "data.format": "table"}).data.format == "table"
 
 
 def test_a_coco_dataset_implies_its_reader_languages_and_sampling_unless_set():

@@ -74,6 +74,23 @@ def leftovers(workdir: Path) -> list[Path]:
 
 
 @pytest.mark.slow
+def console_for_people(output: str) -> None:
+    """What `mule demo` shows: a line per stage event and progress, no Prefect or MLflow
+    chatter (no links to a server that is gone when the run ends, no download bars),
+    the recall table after every logged line, the run's log file named last."""
+    lines = output.strip().splitlines()
+    assert len(lines) <= 60, output
+    for noise in ("View at", "Flow run", "Task run", "Downloading artifacts", "| INFO", "mlflow."):
+        assert noise not in output, noise
+    logged = [n for n, line in enumerate(lines) if re.match(r"\d\d:\d\d:\d\d ", line)]
+    table = [n for n, line in enumerate(lines) if line.startswith("| en ")]
+    assert logged and table and max(logged) < min(table), output
+    assert lines[-1].startswith("wall time: ") and "/logs/" in lines[-1], lines[-1]
+    log_file = Path(lines[-1].rpartition("the run's whole log: ")[2])
+    text = log_file.read_text()
+    assert "mule.pipeline - evaluate: ran" in text and "| stage | decision |" in text, text[-3000:]
+
+
 def test_killed_stages_resume_and_end_as_if_never_interrupted(tmp_path, forker, prefect_api_url, never_interrupted):
     reference = never_interrupted
     crashed = tmp_path / "crashed"
@@ -124,9 +141,10 @@ def test_killed_stages_resume_and_end_as_if_never_interrupted(tmp_path, forker, 
     assert "resuming from the checkpoint after epoch 1" in output
     assert not (crashed / "results" / "embedded" / "evaluation.json").exists()
 
-    # 8. The rerun finishes and equals the uninterrupted run.
+    # 8. The rerun finishes and equals the uninterrupted run; its console is for people.
     code, output = demo(forker, crashed)
     assert code == 0, output[-3000:]
+    console_for_people(output)
     assert tables(crashed) == tables(reference)
     got, want = features(crashed), features(reference)
     assert got.keys() == want.keys()

@@ -805,10 +805,8 @@ def test_the_readme_s_front_door_runs_as_written(served, tmp_path, monkeypatch):
     block = re.search(r"<!-- front door[^>]*-->\n```python\n(.*?)```", readme, re.S)
     assert block, "README.md lost its front-door block"
     assert len(block.group(1).strip().splitlines()) <= 10
-    wd, gallery = served["wd"], served["gallery"]
-    (tmp_path / "mule-work").symlink_to(wd.root)
-    for name, image_id in (("photo-1.png", gallery.image_ids[0]), ("photo-2.png", gallery.image_ids[1])):
-        (tmp_path / name).write_bytes(_image_file(wd, image_id).read_bytes())
+    wd = served["wd"]
+    (tmp_path / "mule-work").symlink_to(wd.root)  # the demo's workdir, its images where `mule demo` puts them
     monkeypatch.chdir(tmp_path)
     names: dict = {}
     exec(compile(block.group(1), "README.md", "exec"), names)
@@ -817,7 +815,8 @@ def test_the_readme_s_front_door_runs_as_written(served, tmp_path, monkeypatch):
     assert texts.shape == (2, dim) and images.shape == (2, dim) and names["best"].shape == (2,)
     embedder = served["embedder"]
     assert np.allclose(texts[1], embedder.encode_text("ein blaues Quadrat")[0], atol=1e-6)
-    assert np.allclose(images[0], embedder.encode_image(tmp_path / "photo-1.png")[0], atol=1e-6)
+    photo = wd.root / "raw" / "embedded" / "images" / "test_2016-000001.jpg"
+    assert np.allclose(images[0], embedder.encode_image(photo)[0], atol=1e-6)
     # a model file, and the registered model in MLflow, are the same model
     previous = mlflow.get_tracking_uri()
     try:
@@ -827,11 +826,59 @@ def test_the_readme_s_front_door_runs_as_written(served, tmp_path, monkeypatch):
     for other in loaded:
         assert np.allclose(other.encode_text(["a red circle on the left", "ein blaues Quadrat"]), texts, atol=1e-6)
     # preprocess: a PIL image's crops, stacked, embed as its file does
-    with Image.open(tmp_path / "photo-2.png") as image:
+    with Image.open(wd.root / "raw" / "embedded" / "images" / "test_2016-000002.jpg") as image:
         crops = model.preprocess(image)
     assert np.allclose(model.encode_image(crops.unsqueeze(0)), images[1:], atol=1e-5)
     with pytest.raises(FileNotFoundError, match="no such workdir or model file"):
         api.load(tmp_path / "nowhere")
+
+
+def readme_command_lines() -> list[str]:
+    """Every `mule ...` line of README.md's shell blocks, its comment cut."""
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    lines = []
+    for language, block in re.findall(r"^```(\w*)\n(.*?)^```", readme, re.S | re.M):
+        if language not in ("", "bash"):
+            continue
+        for line in block.splitlines():
+            command = line.split("  #")[0].strip()
+            for part in command.split("&&"):
+                part = part.strip().removeprefix(".venv/bin/")
+                if part.startswith("mule "):
+                    lines.append(part)
+    return lines
+
+
+def test_every_mule_line_of_the_readme_is_a_command_mule_takes_and_the_quick_ones_run(served, tmp_path,
+                                                                                      monkeypatch, capsys):  # fmt: skip
+    """Each `mule ...` line the README shows parses as written (its options exist, its
+    values are valid); those that only read a trained workdir run as written beside the
+    demo's (`mule-work`) and exit 0."""
+    import shlex
+
+    from mule.commands.main import build_parser, main
+
+    lines = readme_command_lines()
+    assert len(lines) >= 12, lines
+    for line in lines:
+        words = [w for w in shlex.split(line)[1:] if w != "..."]
+        if "|" in words or "ID" in words or "N" in words:  # alternatives and placeholders: `--run ID | --version 3`
+            continue
+        try:
+            build_parser().parse_args(words)
+        except SystemExit as stop:
+            raise AssertionError(f"README: `{line}` is not a command mule takes") from stop
+    (tmp_path / "mule-work").symlink_to(served["wd"].root)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MULE_HOME", raising=False)
+    ran = 0
+    for line in lines:
+        words = shlex.split(line)[1:]
+        if words[:1] in (["search"], ["catalog"], ["config"]) and "--image" not in words and "--run" not in words:
+            assert main(words) == 0, line
+            ran += 1
+    assert ran >= 4
+    capsys.readouterr()
 
 
 def test_a_client_that_stops_reading_an_answer_is_dropped_and_gives_its_slot_back():

@@ -115,7 +115,7 @@ def test_ctrl_c_and_sigterm_stop_every_kind_of_stage_and_the_rerun_equals_a_run_
     for stage, signum, group in (("features", signal.SIGINT, True), ("text", signal.SIGTERM, False),
                                  ("train", signal.SIGINT, False), ("evaluate", signal.SIGTERM, True)):  # fmt: skip
         demo = Demo(stopped, env=env, forker=None if stage == "evaluate" else forker)
-        demo.wait_for(rf"mule\.pipeline - {stage}: ran\b")
+        demo.wait_for(rf"^\d\d:\d\d:\d\d {stage}: ran\b")
         took, after = demo.stop(signum, group)
         *progress, said = [line for line in after if line.strip()] or [""]
         assert demo.process.returncode == 128 + signum, (stage, after)
@@ -291,7 +291,7 @@ def test_a_cleanup_that_hangs_does_not_keep_a_stopped_command_alive():
 def test_a_second_run_is_refused_at_once_or_waits_for_the_first(tmp_path, forker):
     workdir = tmp_path / "work"
     first = Demo(workdir)  # its own temporary Prefect server, as a user's first run
-    first.wait_for(r"mule\.pipeline - ingest: ran\b")
+    first.wait_for(r"^\d\d:\d\d:\d\d ingest: ran\b")
 
     started = time.monotonic()
     refused = Demo(workdir, env={"MULE_PREFECT_EARLY_START": "1"})

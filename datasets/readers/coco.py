@@ -131,6 +131,15 @@ class _State:
         self.captions.append(_Caption(coco_id, lang, text, source, source_file, line, part))
 
 
+CAPTION_FILES = ("captions_*.json", "dataset_coco.json", "imageid.human-written-caption.txt", "imageid.caption.txt",
+                 "stair_captions_*.json", "yjcaptions*.json")  # fmt: skip
+
+
+def has_coco_files(root: Path) -> bool:
+    """Whether a folder holds any of the caption files this reader reads."""
+    return Path(root).is_dir() and any(_find(Path(root), name) for name in CAPTION_FILES)
+
+
 def _find(root: Path, name: str) -> list[Path]:
     """Files called `name` (a glob) in the dataset folder, else in its direct subfolders.
     AppleDouble files (`._name`, macOS metadata that archives made on a Mac carry beside

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
+from mule.mule_core.progress import SHOWN
 from mule.stages.shared.context import StageContext, logger
 
 
@@ -34,9 +35,9 @@ class Checkpoints:
             return
         if self.ctx.key and state.get("key") == self.ctx.key:
             trainer.load_state_dict(state["trainer"])
-            logger().info("resuming from the checkpoint after epoch %d (%s)", trainer.epoch, self.path)
+            logger().info("resuming from the checkpoint after epoch %d (%s)", trainer.epoch, self.path, extra=SHOWN)
         else:
-            logger().info("ignoring a checkpoint of another setting, inputs or code (%s)", self.path)
+            logger().info("ignoring a checkpoint of another setting, inputs or code (%s)", self.path, extra=SHOWN)
 
     def save(self, trainer) -> None:
         from mule.data_catalog.model_files import save_atomic

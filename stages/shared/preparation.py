@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from mule.data_catalog.sources import GENERATED, locate
 from mule.datasets.generated import generated_and_current, prepare
-from mule.mule_core.progress import Progress
+from mule.mule_core.progress import SHOWN, Progress
 from mule.stages.shared.context import logger
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ def write_generated(wd: Workdir, cfg: MuleConfig) -> str:
     if progress.done:
         progress.finish()
     else:
-        log.info("embedded dataset already at %s (same spec, same generator), reusing it", source.root)
+        log.info("embedded dataset already at %s (same spec, same generator), reusing it", source.root, extra=SHOWN)
     return str(source.root)
 
 
