@@ -103,7 +103,12 @@ def model_card(meta: dict, label: str, evaluation: dict | None, towers: dict | N
     dataset, languages = meta.get("dataset") or data.get("dataset", "?"), meta["languages"]
     family = "embedded" if str(dataset).startswith("embedded") else str(dataset)
     terms = DATA_TERMS.get(family, "the dataset's own terms: state them here before sharing this model")
+    # the Hugging Face Hub's model-card metadata (YAML front matter): what the Hub indexes if the folder is pushed
+    front = ["---", "library_name: mule", "language:", *(f"- {lang}" for lang in languages),
+             "tags:", "- image-text-retrieval", "- multilingual", "- mule", *(["- onnx"] if towers else []),
+             f"datasets:\n- {dataset}", "license: other", "---", ""]  # fmt: skip
     lines = [
+        *front,
         f"# mule model: {dataset} ({', '.join(languages)})", "",
         f"A MULE model (Kim et al., *MULE: Multimodal Universal Language Embedding*, AAAI 2020) trained by mule: "
         f"sentences in {', '.join(languages)} and images into one {model.get('joint_dim')}-d space (cosine "

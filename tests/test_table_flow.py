@@ -6,6 +6,7 @@ serve`, and the registered pyfunc model giving the same vector."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import urllib.parse
@@ -91,7 +92,10 @@ def test_spanish_through_every_stage_add_language_and_mule_serve(tmp_path):
     assert np.allclose(np.array(out["embedding"][0], dtype=np.float32), served_vector, atol=1e-5)
 
 
-def test_rows_appended_to_a_users_table_extract_only_the_new_images(tmp_path):
+def test_rows_appended_to_a_users_table_extract_only_the_new_images(tmp_path, caplog):
+    """(And a language with far fewer training images than retrieval needs is warned about.)"""
+    import logging
+
     from PIL import Image
 
     from mule.config.resolution import resolve
@@ -108,7 +112,11 @@ def test_rows_appended_to_a_users_table_extract_only_the_new_images(tmp_path):
     cfg = resolve("demo", overrides)
     assert cfg.data.format == "table"  # found by the metadata.csv in --source
     wd = Workdir.at(tmp_path / "work")
-    assert run_alone(wd, cfg, "ingest", force=False)["images"] == 5
+    with caplog.at_level(logging.WARNING, logger="mule"):
+        assert run_alone(wd, cfg, "ingest", force=False)["images"] == 5
+    warned = [r.getMessage() for r in caplog.records if "training image(s)" in r.getMessage()]
+    assert len(warned) == 1 and re.match(r"es has captions for [1-5] training image\(s\); retrieval becomes useful "
+                                         r"at about 1,000 per language", warned[0]), warned  # fmt: skip
     assert run_alone(wd, cfg, "features", force=False)["extracted_now"] == 5
     more = [f"shoes/{n}.jpg,\"Otro zapato, el {n}.\",es" for n in (1, 5, 6, 7)]  # one old image, three new
     (photos / "metadata.csv").write_text("file_name,caption,lang\n" + "\n".join(rows + more) + "\n", encoding="utf-8")
