@@ -38,18 +38,19 @@ def load(source: str | os.PathLike, *, dataset: str | None = None, version: str 
     Runtime (`int8=True`: their 8-bit variants); the same calls, vectors within 1e-5."""
     from mule.api.from_file import open_embedder, open_onnx_embedder
     from mule.mule_core.devices import resolve_device
+    from mule.mule_core.settings import ConfigError  # a ValueError the command line prints as one line
 
     if engine not in ENGINES:
-        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+        raise ConfigError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     if int8 and engine != "onnxruntime":
-        raise ValueError("int8=True runs the ONNX towers' 8-bit variants: it needs engine='onnxruntime'")
+        raise ConfigError("int8=True runs the ONNX towers' 8-bit variants: it needs engine='onnxruntime'")
     text = os.fspath(source)
     path = Path(text).expanduser()
     from mule.data_catalog.exported_models import is_model_folder
 
     if engine == "onnxruntime":
         if not is_model_folder(path):
-            raise ValueError(f"{source}: engine='onnxruntime' runs the ONNX towers of a folder `mule export` "
+            raise ConfigError(f"{source}: engine='onnxruntime' runs the ONNX towers of a folder `mule export` "
                              "wrote (it holds them); this is not one")  # fmt: skip
         return open_onnx_embedder(path, label, int8)
     if "://" in text or text.startswith(("models:/", "runs:/")):
