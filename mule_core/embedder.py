@@ -182,6 +182,9 @@ class Embedder:
             known = next((t for t in vocab.tokens[2:] if t.strip()), None)
             if known:
                 self.encode_text(known, lang)
+        return self._warm_images()
+
+    def _warm_images(self) -> str:
         if not self.has_images or self.load_network is None:
             return ""
         _, info = self.load_network(self.device)

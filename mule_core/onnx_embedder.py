@@ -53,9 +53,5 @@ class OnnxEmbedder(Embedder):
         raise EmbedError(f"{self.label} runs its ONNX image tower, which gives vectors, not CNN features: "
                          "load it with engine='torch' for the extractor's features")  # fmt: skip
 
-    def warm_up(self) -> str:
-        for lang, vocab in self.meta["vocabulary"].vocabs.items():
-            known = next((t for t in vocab.tokens[2:] if t.strip()), None)
-            if known:
-                self.encode_text(known, lang)
+    def _warm_images(self) -> str:
         return "ONNX image tower" if self.image is not None else ""

@@ -257,24 +257,26 @@ def text_inputs(tables: TextLayout, lang: str, encoded: EncodedSentences, index:
     """The text tower's inputs for sentences of one language: `encoded` are their ids
     (Vocabulary.encode's), `index` the language's n-gram table (NgramTable.index; None
     without n-grams). Words past `max_tokens` are dropped, as in training."""
-    size = None if index is None else index.shape[0]
     word_offset, gram_offset = tables.word_offsets[lang], tables.gram_offsets[lang]
     rows = [ids[:max_tokens] or [1] for ids in encoded.ids]
-    width = max(map(len, rows))
-    gram_rows = [] if index is None else [index, encoded.unseen] if encoded.unseen is not None else [index]
-    depth = max([1, *(int(t.shape[1]) for t in gram_rows)])
-    words = np.zeros((len(rows), width), np.int64)
-    grams = np.zeros((len(rows), width, depth), np.int64)
-    for i, ids in enumerate(rows):
-        for j, word in enumerate(ids):
-            if size is not None and word >= size:  # outside the vocabulary: its n-grams alone
-                found = encoded.unseen[word - size]
-            else:
-                words[i, j] = word_offset + word
-                found = index[word] if index is not None else None
-            if found is not None:
-                found = found[found > 0].numpy().astype(np.int64)
-                grams[i, j, : len(found)] = found + gram_offset
+    ids = np.full((len(rows), max(map(len, rows))), -1, np.int64)  # -1: padding
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = row
+    padded = ids < 0
+    if index is None:  # no n-grams: every word is a vocabulary row (or <unk>)
+        words = np.where(padded, 0, word_offset + ids)
+        grams = np.zeros((*ids.shape, 1), np.int64)
+    else:
+        # each id's n-gram ids: the vocabulary's rows, then the unseen words' (ids from the vocabulary's size on);
+        # a row's ids come first and zeros pad it, so adding the offset where an id is keeps the padding zero
+        size = index.shape[0]
+        parts = [index.numpy()] + ([encoded.unseen.numpy()] if encoded.unseen is not None else [])
+        depth = max(t.shape[1] for t in parts)
+        table = np.concatenate([np.pad(t, ((0, 0), (0, depth - t.shape[1]))) for t in parts]).astype(np.int64)
+        found = table[np.where(padded, 0, ids)]
+        found[padded] = 0
+        grams = np.where(found > 0, found + gram_offset, 0)
+        words = np.where(padded | (ids >= size), 0, word_offset + ids)  # outside the vocabulary: its n-grams alone
     lengths = np.array([len(ids) for ids in rows], np.int64)
     return {"words": words, "grams": grams, "lengths": lengths,
             "lang": np.full(len(rows), tables.languages.index(lang), np.int64)}  # fmt: skip

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from mule.mule_core.batching import ImageBatchSampler, default_sentences_per_image, same_group_pairs
+from mule.mule_core.batching import ImageBatchSampler, captions_per_image, default_sentences_per_image, same_group_pairs
 
 # 4 images. en: 5 captions each; de: 5 each except image 3 (none); fr: 1 each.
 LANGS = ["en", "de", "fr"]
@@ -19,6 +19,11 @@ def sampler(batch_images=4, per_image=None):
 
 def test_default_counts_follow_captions_per_image():
     assert default_sentences_per_image(CAPTION_IMAGE, CAPTION_LANG, LANGS) == {"en": 2, "de": 2, "fr": 1}
+
+
+def test_captions_per_image_are_the_data_s_not_what_a_batch_draws():
+    # en 5 on each of 4 images, de 5 on each of the 3 it has, fr 1 each: the log said {'en': 2, 'de': 2, ...}
+    assert captions_per_image(CAPTION_IMAGE, CAPTION_LANG, LANGS) == "en 5.0, de 5.0, fr 1.0"
 
 
 def test_batch_counts_per_language_and_image():

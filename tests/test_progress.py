@@ -33,3 +33,29 @@ def test_a_line_every_interval_and_none_after_the_last_item(caplog):
         "tokenising: 10/30 captions (1.0 captions/s, elapsed 10s, ETA 20s)",
         "tokenising: 20/30 captions (1.0 captions/s, elapsed 20s, ETA 10s)",
     ]
+
+
+def test_a_counter_that_carries_on_another_counts_from_when_the_first_began():
+    """The features stage's shards, one after another: the second shard's line gives the
+    time since the first shard began and the rate over both (it restarted at each shard)."""
+    import time
+
+    clock = Clock()
+    began = time.time() - 20.0  # the first shard began 20 s ago and did 2,000 images
+    progress = Progress("features", 4_000, "images", clock=clock, done=2_000, base=0, started=began)
+    clock.now = 10.0
+    progress.update(1_000)
+    line = progress.line()
+    assert line.startswith("features: 3000/4000 images (100.0 images/s, elapsed 30s, ETA 10s)"), line
+
+
+def test_the_last_line_reaches_the_console_only_after_long_work(caplog):
+    clock = Clock()
+    quick = Progress("translating", 10, logger=logging.getLogger("t"), interval=10, clock=clock)
+    with caplog.at_level(logging.INFO, logger="t"):
+        clock.now = 1.0
+        quick.finish()
+        slow = Progress("features", 10, logger=logging.getLogger("t"), interval=10, clock=clock)
+        clock.now = 9.0
+        slow.finish()
+    assert [getattr(r, "console", False) for r in caplog.records] == [False, True]

@@ -1023,7 +1023,7 @@ def embedder_dim(served) -> int:
     return served["embedder"].meta["cfg"].model.joint_dim
 
 
-def test_the_onnx_towers_embed_as_pytorch_does_for_every_language(served, exported):
+def test_the_onnx_towers_embed_as_pytorch_does_for_every_language(served, exported, tmp_path, capsys):
     """engine="onnxruntime" runs the folder's ONNX towers: every test caption of every
     language (words outside the vocabulary, composed from n-grams, among them) and test
     images get PyTorch's vectors within 1e-5; the int8 text tower's are within cosine 0.99
@@ -1056,6 +1056,14 @@ def test_the_onnx_towers_embed_as_pytorch_does_for_every_language(served, export
         api.load(served["searcher"].model_file, engine="onnxruntime")
     with pytest.raises(ValueError, match="needs engine='onnxruntime'"):
         api.load(exported, int8=True)
+    from mule.commands.main import main
+
+    # on the command line, a model file given to the ONNX engine is a one-line error, not a traceback
+    assert main(["embed", "--model", str(served["searcher"].model_file), "--engine", "onnxruntime",
+                 "--images", str(tmp_path), "--out", str(tmp_path / "vectors")]) == 2  # fmt: skip
+    said = capsys.readouterr().err.strip().splitlines()
+    assert said[-1].startswith("mule: error:") and "folder `mule export` wrote" in said[-1]
+    assert "Traceback" not in "\n".join(said)
 
 
 def test_the_image_tower_runs_without_mule_as_the_docs_say(served, exported, tmp_path):
