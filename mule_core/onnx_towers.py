@@ -267,17 +267,17 @@ def text_inputs(tables: TextLayout, lang: str, encoded: EncodedSentences, index:
         words = np.where(padded, 0, word_offset + ids)
         grams = np.zeros((*ids.shape, 1), np.int64)
     else:
-        # each id's n-gram ids: the vocabulary's rows, then the unseen words' (ids from the vocabulary's size on);
+        # each word's n-gram ids: its vocabulary row, or (ids from the vocabulary's size on) its unseen row;
         # a row's ids come first and zeros pad it, so adding the offset where an id is keeps the padding zero
-        size = index.shape[0]
-        parts = [index.numpy()] + ([encoded.unseen.numpy()] if encoded.unseen is not None else [])
-        depth = max(t.shape[1] for t in parts)
-        table = np.concatenate([np.pad(t, ((0, 0), (0, depth - t.shape[1]))) for t in parts]).astype(np.int64)
-        found = table[np.where(padded, 0, ids)]
-        found[padded] = 0
+        size, vocabulary_rows = index.shape[0], index.numpy()
+        unseen = encoded.unseen.numpy() if encoded.unseen is not None else np.zeros((0, 1), np.int32)
+        found = np.zeros((*ids.shape, max(vocabulary_rows.shape[1], unseen.shape[1])), np.int64)
+        known, outside = ~padded & (ids < size), ids >= size
+        found[known, : vocabulary_rows.shape[1]] = vocabulary_rows[ids[known]]
+        found[outside, : unseen.shape[1]] = unseen[ids[outside] - size]
         grams = np.where(found > 0, found + gram_offset, 0)
         words = np.where(padded | (ids >= size), 0, word_offset + ids)  # outside the vocabulary: its n-grams alone
-    lengths = np.array([len(ids) for ids in rows], np.int64)
+    lengths = np.array([len(row) for row in rows], np.int64)
     return {"words": words, "grams": grams, "lengths": lengths,
             "lang": np.full(len(rows), tables.languages.index(lang), np.int64)}  # fmt: skip
 
