@@ -54,6 +54,12 @@ def _force(parser: argparse.ArgumentParser) -> None:
                         help="run this stage even if its inputs, config and code are unchanged (repeatable)")  # fmt: skip
 
 
+def _sequential(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sequential", action="store_true",
+                        help="one stage at a time (default: a stage whose inputs are ready runs beside the stage in "
+                        "hand, e.g. features beside the text stages, on its share of the cores)")  # fmt: skip
+
+
 def _wait(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wait", action="store_true",
                         help="if another mule process is using the workdir, wait for it to finish, then run "
@@ -98,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
         )
     demo.add_argument("--seed", type=int, default=0, help="embedded dataset seed (default: 0)")
     _force(demo)
+    _sequential(demo)
     _wait(demo)
 
     run = sub.add_parser("run", help="run some stages: " + ", ".join(ALL) + " (or all)",
@@ -106,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--lang", help="add-language: the language to add (train.add_language)")
     _common(run)
     _force(run)
+    _sequential(run)
     _wait(run)
     _data_options(run)
 

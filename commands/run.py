@@ -40,7 +40,7 @@ def run(args: argparse.Namespace, stages: list[str], overrides: dict) -> int:
         relocation.adopt(workdir)  # a copied or moved workdir becomes its own before anything runs
         from mule.pipeline import rebuild
 
-        planned = rebuild.plan(workdir, cfg, stages, set(args.force))
+        planned = rebuild.plan(workdir, cfg, stages, set(args.force), sequential=getattr(args, "sequential", False))
         if os.environ.get("MULE_UP_TO_DATE_CHECK") != "0" and rebuild.decide_ahead(workdir, cfg, planned):
             from mule.pipeline.hooks import tracked
 
@@ -96,7 +96,7 @@ def _stopped_line(workdir: Workdir, cfg, began: float):
     """The one line printed when a signal stops the run: where it stopped, what it kept."""
 
     def line(signum: int) -> str:
-        from mule.storage.locks import last_stage
+        from mule.storage.locks import last_stage, stages_in_hand
 
         how = interrupts.how
 
@@ -117,11 +117,14 @@ def _stopped_line(workdir: Workdir, cfg, began: float):
             kept.append(
                 f"{', '.join(unpublished)}: computed and recorded, not yet published (the next run publishes it)"
             )
-        resumes = BY_NAME[stage].resumes if stage in BY_NAME else ""
-        if resumes and stage not in unpublished:
-            kept.append(f"{stage}: {resumes}")
+        side_by_side = [s for s in stages_in_hand() if s in BY_NAME and s not in done]  # pipeline.lanes
+        stages = side_by_side if len(side_by_side) > 1 else [stage]
+        for one in stages:
+            resumes = BY_NAME[one].resumes if one in BY_NAME else ""
+            if resumes and one not in unpublished:
+                kept.append(f"{one}: {resumes}")
         where = "before any stage started" if stage in ("starting", "rebuild") or stage.startswith("run: ") else (
-            f"in stage {stage}")  # fmt: skip
+            f"in stage {stage}" if len(stages) == 1 else f"in stages {' and '.join(stages)} (side by side)")  # fmt: skip
         return (f"mule: stopped by {how(signum)} {where}; kept: {'; '.join(kept) or 'what earlier runs made'}; "
                 "run the same command to resume")  # fmt: skip
 

@@ -92,6 +92,8 @@ def validate(cfg: MuleConfig) -> None:
     tr = cfg.train
     if tr.divergence not in ("rollback", "stop", "warn", "off"):
         raise ConfigError(f"train.divergence must be rollback, stop, warn or off, got {tr.divergence!r}")
+    if tr.word_updates not in ("rows", "dense"):
+        raise ConfigError(f"train.word_updates must be rows or dense, got {tr.word_updates!r}")
     if not 0 < tr.divergence_drop < 1:
         raise ConfigError(f"train.divergence_drop must be between 0 and 1, got {tr.divergence_drop}")
     for key, value in (("train.ema", tr.ema), ("pretrain.ema", cfg.pretrain.ema)):

@@ -191,19 +191,22 @@ def check_stages(stages: list[str] | None) -> list[str]:
 @flow(name="rebuild")
 def rebuild_flow(workdir: str | None = None, preset: str | None = None, overrides: dict[str, Any] | None = None,
                  stages: list[str] | None = None, force: list[str] | None = None, config: Any = None,
-                 plan: Any = None) -> dict:  # fmt: skip
+                 plan: Any = None, sequential: bool = False) -> dict:  # fmt: skip
     """The pipeline: every stage in order (or the ones named), under one parent MLflow run.
     A stage runs only when its key changed (its inputs' content, its config, its code) or
     when named in `force`; the others are reused, and the run says which and why.
     `config`: the config already resolved (by the command); `plan`: the run already
-    planned, with the decisions taken so far (by the command: each stage is decided once)."""
-    return _failing_quietly(partial(_rebuild, workdir, preset, overrides, stages, force, config, plan))
+    planned, with the decisions taken so far (by the command: each stage is decided once).
+    `sequential`: one stage at a time (else a stage whose inputs are ready runs beside the
+    stage in hand: pipeline.lanes)."""
+    return _failing_quietly(partial(_rebuild, workdir, preset, overrides, stages, force, config, plan, sequential))
 
 
 def _rebuild(workdir: str | None, preset: str, overrides: dict[str, Any] | None, stages: list[str] | None,
-             force: list[str] | None, resolved: Any, planned: rebuild.Plan | None) -> dict:  # fmt: skip
+             force: list[str] | None, resolved: Any, planned: rebuild.Plan | None,
+             sequential: bool = False) -> dict:  # fmt: skip
     named, forced = check_stages(stages), set(check_stages(force) if force else [])
     label = planned.name if planned is not None else rebuild.run_name(named)
     with _working(workdir, preset, overrides, label, resolved) as (wd, cfg):
-        planned = planned if planned is not None else rebuild.plan(wd, cfg, named, forced)
+        planned = planned if planned is not None else rebuild.plan(wd, cfg, named, forced, sequential)
         return rebuild.run(wd, cfg, planned, hooks())

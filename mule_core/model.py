@@ -134,9 +134,13 @@ class LanguageBranch(nn.Module):
             self.embed.weight[0].zero_()
             self.initial.copy_(self.embed.weight)
 
-    def drift(self) -> torch.Tensor:
-        """Squared distance of the word vectors from their initial values."""
-        return (self.embed.weight - self.initial).pow(2).sum()
+    def drift(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Squared distance of the word vectors from their initial values: of every row, or
+        of `rows` alone (read through the embedding: a sparse gradient when it gives those)."""
+        if rows is None:
+            return (self.embed.weight - self.initial).pow(2).sum()
+        rows = rows[rows < self.embed.num_embeddings]  # words outside the vocabulary have no row
+        return (self.embed(rows) - self.initial.index_select(0, rows)).pow(2).sum()
 
     def word_parameters(self) -> list[nn.Parameter]:
         """What the word learning rate (train.word_lr_scale) applies to."""
@@ -310,8 +314,12 @@ class MuleModel(nn.Module):
         every sentence then maps to one point (seen at 29,000 images)."""
         return self.classifier(grad_reverse(F.normalize(mule, dim=-1), reverse_scale))
 
-    def word_drift(self) -> torch.Tensor:
-        return sum(branch.drift() for branch in self.branches.values())
+    def word_drift(self, rows: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """Every branch's drift; with `rows` (language -> word ids a batch read), of those
+        rows alone (train.word_updates=rows: rows no batch reads do not move)."""
+        if rows is None:
+            return sum(branch.drift() for branch in self.branches.values())
+        return sum(self.branches[lang].drift(ids) for lang, ids in rows.items())
 
     def mule_parameters(self) -> list[nn.Parameter]:
         """What LP trains: every language's embeddings and FC, and the language classifier."""

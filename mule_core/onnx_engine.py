@@ -63,8 +63,15 @@ class OnnxExtractor:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
         self.input_size = input_size
+        self.threads, self._pool = 1, None
+        self.use_threads(threads)
+
+    def use_threads(self, threads: int) -> None:
+        """Slices of a batch run on `threads` threads from the next call on (a features stage
+        beside another takes its share of the cores, and all of them once it runs alone)."""
         self.threads = max(1, threads)
-        self._pool = ThreadPoolExecutor(self.threads - 1, "onnx") if self.threads > 1 else None
+        if self.threads > 1 and (self._pool is None or self._pool._max_workers < self.threads - 1):
+            self._pool = ThreadPoolExecutor(self.threads - 1, "onnx")
 
     def _run(self, array: np.ndarray) -> np.ndarray:
         return self.session.run(None, {"crops": array})[0]  # ONNX Runtime lets go of the GIL meanwhile

@@ -6,11 +6,31 @@ Goes through `logging` (logger "mule.*"), which Prefect adds to its run logs.
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 # `extra=SHOWN` on a log record: a line for people, shown on the console (commands/console.py);
 # the others go to the run's log file only
 SHOWN = {"console": True}
+
+_LANES: dict[int, str] = {}  # thread ident -> the stage it computes beside another (pipeline.lanes)
+
+
+@contextmanager
+def in_lane(stage: str) -> Iterator[None]:
+    """This thread computes `stage` beside the main thread's stages: its lines say which."""
+    _LANES[threading.get_ident()] = stage
+    try:
+        yield
+    finally:
+        _LANES.pop(threading.get_ident(), None)
+
+
+def lane_of() -> str | None:
+    """The stage of the thread logging now when it computes beside another stage, else None."""
+    return _LANES.get(threading.get_ident())
 
 
 def format_seconds(seconds: float) -> str:

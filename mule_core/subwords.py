@@ -28,6 +28,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 # Vocabulary words that must contain an n-gram for it to get a vector of its own.
@@ -131,7 +132,18 @@ class SubwordVectors(nn.Module):
     def mean(self, rows: torch.Tensor) -> torch.Tensor:
         """The mean of the n-gram vectors of each row of n-gram ids (0 where a row has none)."""
         count = (rows > 0).sum(1).clamp(min=1).to(self.vectors.weight.dtype)
-        return self.vectors(rows.long()) / count[:, None]
+        return self.sums(rows) / count[:, None]
+
+    def sums(self, rows: torch.Tensor) -> torch.Tensor:
+        """The sum of the n-gram vectors of each row of n-gram ids. With sparse gradients
+        (train.word_updates=rows), each distinct n-gram is read once and the rows summed from
+        those: the table's gradient is one row per n-gram the batch read, where the bag's
+        own has one per (word, n-gram) (15 times as many on the real text). The same sums."""
+        if not self.vectors.sparse:
+            return self.vectors(rows.long())
+        grams, slot = rows.long().unique(return_inverse=True)
+        vectors = F.embedding(grams, self.vectors.weight, padding_idx=0, sparse=True)
+        return F.embedding_bag(slot, vectors, mode="sum", padding_idx=0 if int(grams[0]) == 0 else None)
 
     def compose(self, embed: nn.Embedding, tokens: torch.Tensor, unseen: torch.Tensor | None = None) -> torch.Tensor:
         """Word vectors of `tokens` (any shape): own vector + mean of the n-grams' vectors.
@@ -144,7 +156,7 @@ class SubwordVectors(nn.Module):
         """`compose` of sorted distinct ids (a batch repeats its words many times: each is composed once)."""
         size = embed.num_embeddings
         if unseen is None or int(unique[-1]) < size:
-            ngrams = self.vectors(self.index[unique].long()) / self.count[unique, None].to(embed.weight.dtype)
+            ngrams = self.sums(self.index[unique]) / self.count[unique, None].to(embed.weight.dtype)
             return embed(unique) + ngrams
         known = unique < size
         return torch.cat([embed(unique[known]) + self.mean(self.index[unique[known]]),

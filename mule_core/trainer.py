@@ -32,6 +32,7 @@ from mule.mule_core.devices import resolve_device  # noqa: F401 - where the trai
 from mule.mule_core.losses import image_sentence_loss, language_classifier_loss, neighborhood_loss
 from mule.mule_core.model import MuleModel
 from mule.mule_core.progress import SHOWN, Progress, format_seconds
+from mule.mule_core.row_updates import RowAdam, RowAverage, clip_grad_norm, coalesced, sparse_tables
 from mule.mule_core.split_tensors import SplitTensors
 from mule.mule_core.weight_average import BEST_IS_KEPT, cpu_copy, ema_weight, fused_adam
 
@@ -129,7 +130,13 @@ class Trainer:
         torch.manual_seed(train.seed)
         params = model.mule_parameters() if lp else [p for p in model.parameters() if p.requires_grad]
         words = {id(p) for b in model.branches.values() for p in b.word_parameters()}
-        self.optimizer = torch.optim.Adam(
+        # train.word_updates=rows: the tables' gradients are the rows a batch read, and those
+        # alone step (mule_core/row_updates.py); dense: every row, every step
+        self.rowwise = train.word_updates == "rows"
+        self.tables = sparse_tables(model, self.rowwise)
+        if not self.rowwise:
+            self.tables = []
+        self.optimizer = (RowAdam if self.rowwise else torch.optim.Adam)(
             [
                 {"params": [p for p in params if id(p) not in words]},
                 {"params": [p for p in params if id(p) in words], "lr": self.lr * train.word_lr_scale},
@@ -167,8 +174,13 @@ class Trainer:
         self.rollbacks = 0
         # The averaged model: validated, kept and saved in place of the raw weights when on.
         self.ema = copy.deepcopy(model) if self.ema_decay > 0 else None
+        self.row_averages: dict[int, RowAverage] = {}  # a table's id -> its average, row by row
         if self.ema is not None:
             self.ema.requires_grad_(False)
+            averaged = dict(self.ema.named_parameters())
+            for name, p in model.named_parameters():
+                if any(p is t for t in self.tables):
+                    self.row_averages[id(p)] = RowAverage(averaged[name].data, p.data, self.ema_decay, 0)
         self.stopped: str | None = None  # why training stopped early, if it did
         self.history: list[EpochResult] = []
 
@@ -195,6 +207,8 @@ class Trainer:
         k = cfg.top_k if self.step >= self.mining_warmup_steps else self.batch_images * 64
         text = self.data.text_batch(batch.captions, batch.groups).to(dev)
         encoded = self.model.encode_text(text, joint=self.mode == "joint")
+        # row-wise: the L2 pull acts on the rows the batch read (a row none reads does not move)
+        read = {lang: text.tokens[start:end].unique() for lang, start, end in text.groups} if self.rowwise else None
         sentence_image = batch.sentence_image.to(dev, non_blocking=True)
         pairs = tuple(t.to(dev, non_blocking=True) for t in batch.same_image_pairs)
         text = batch.sentence_text.to(dev, non_blocking=True) if batch.sentence_text is not None else None
@@ -224,7 +238,7 @@ class Trainer:
             parts["lc"] = language_classifier_loss(logits, language)
             parts["lc_accuracy"] = (logits.argmax(1) == language).float().mean().detach()
         if cfg.word_l2 > 0 and any(b.embed.weight.requires_grad for b in self.model.branches.values()):
-            parts["word_l2"] = cfg.word_l2 * self.model.word_drift()
+            parts["word_l2"] = cfg.word_l2 * self.model.word_drift(read)
         return parts
 
     # -- epochs ---------------------------------------------------------------------
@@ -266,14 +280,20 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             self.scaler.scale(total).backward()
             lap("backward")
+            if self.rowwise:
+                coalesced(self.tables)
             if self.train.grad_clip > 0:
                 self.scaler.unscale_(self.optimizer)
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.train.grad_clip)
+                if self.rowwise:
+                    clip_grad_norm([p for p in self.model.parameters() if p.grad is not None], self.train.grad_clip)
+                else:
+                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.train.grad_clip)
+            moved = self._rows_about_to_move()
             self.scaler.step(self.optimizer)
             self.scaler.update()
             self.scheduler.step()
             if self.ema is not None:
-                self._update_ema()
+                self._update_ema(moved)
             parts["total"] = total
             if self.first_loss is None:  # one host sync, once per training
                 self.first_loss = float(total.detach())
@@ -283,6 +303,7 @@ class Trainer:
             sentences += len(batch.captions)
             progress.update(1)
             lap("optimizer")
+        self._settle_averages()  # validation, the kept epoch and checkpoints read every row's average
         seconds = time.perf_counter() - started
         result = EpochResult(
             epoch, {k: float(v) / max(steps, 1) for k, v in sums.items()}, seconds, sentences / seconds,
@@ -313,12 +334,33 @@ class Trainer:
         return self.ema if self.ema is not None else self.model
 
     @torch.no_grad()
-    def _update_ema(self) -> None:
-        averaged = [p for p in self.ema.parameters()]
-        current = [p.detach() for p in self.model.parameters()]
-        torch._foreach_lerp_(averaged, current, ema_weight(self.ema_decay, self.step))
+    def _update_ema(self, moved: dict[int, torch.Tensor] | None = None) -> None:
+        """This step's average: every parameter's, except the tables averaged row by row
+        (row_averages): those, of the rows that moved."""
+        weight = ema_weight(self.ema_decay, self.step)
+        pairs = [(a, p) for a, p in zip(self.ema.parameters(), self.model.parameters()) if id(p) not in self.row_averages]
+        torch._foreach_lerp_([a for a, _ in pairs], [p.detach() for _, p in pairs], weight)
+        for key, rows in (moved or {}).items():
+            self.row_averages[key].lerp(rows, weight, self.step)
         for mine, theirs in zip(self.ema.buffers(), self.model.buffers()):  # BatchNorm statistics
             mine.copy_(theirs)
+
+    @torch.no_grad()
+    def _rows_about_to_move(self) -> dict[int, torch.Tensor]:
+        """The rows of each row-averaged table this step moves (its gradient's), their averages
+        first brought up to the steps they sat still."""
+        moved = {}
+        for p in self.tables:
+            if id(p) in self.row_averages and p.grad is not None:
+                rows = p.grad.coalesce().indices()[0]
+                self.row_averages[id(p)].catch_up(rows, self.step)
+                moved[id(p)] = rows
+        return moved
+
+    def _settle_averages(self) -> None:
+        with torch.no_grad():
+            for average in self.row_averages.values():
+                average.settle(self.step)
 
     # -- the divergence guard ---------------------------------------------------------
     def _divergence(self, result: EpochResult) -> str | None:
@@ -374,6 +416,8 @@ class Trainer:
         self.model.load_state_dict(state)
         if self.ema is not None:
             self.ema.load_state_dict(state)
+        for average in self.row_averages.values():  # the average is the weights now
+            average.restart(self.step)
 
     def fit(self, on_epoch_end: Callable[[EpochResult], None] | None = None) -> list[EpochResult]:
         started, first_epoch = time.perf_counter(), self.epoch
@@ -439,6 +483,8 @@ class Trainer:
         self.history = [EpochResult(**r) for r in state["history"]]
         if self.ema is not None:
             self.ema.load_state_dict(state.get("ema") or state["model"])
+        for average in self.row_averages.values():  # checkpoints hold settled averages
+            average.restart(self.step)
         if isinstance(self.best_state, str):  # BEST_IS_KEPT: the epoch saved was the best
             self.best_state = cpu_copy(self.kept_model.state_dict())
         if isinstance(self.best_optimizer, str):

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mule.config.sections import MuleConfig
-from mule.pipeline import decisions
+from mule.pipeline import decisions, lanes
 from mule.pipeline.declaration import BY_NAME, REBUILD, in_pipeline_order, with_upstream, writers_upstream
 from mule.pipeline.runner import Runner, prepare
 from mule.storage.workdir import Workdir
@@ -40,6 +40,7 @@ class Plan:
     forced: set[str] = field(default_factory=set)
     decided: dict[str, decisions.Decision] = field(default_factory=dict)
     sweeps_decided: dict[str, dict[tuple[str, str], decisions.Decision]] = field(default_factory=dict)
+    sequential: bool = False  # one stage at a time (else independent stages side by side: pipeline.lanes)
 
     @property
     def name(self) -> str:
@@ -63,7 +64,8 @@ def run_name(stages: list[str]) -> str:
     return "rebuild" if list(stages) == list(REBUILD) else "run: " + " ".join(stages)
 
 
-def plan(wd: Workdir, cfg: MuleConfig, named: list[str], forced: set[str] | None = None) -> Plan:
+def plan(wd: Workdir, cfg: MuleConfig, named: list[str], forced: set[str] | None = None,
+         sequential: bool = False) -> Plan:  # fmt: skip
     """The stages a run of `named` runs, in order: the named ones, what the sweeps among
     them need, and any stage upstream whose outputs were damaged since it wrote them
     (it runs again first, so that no stage reads a damaged file)."""
@@ -78,7 +80,7 @@ def plan(wd: Workdir, cfg: MuleConfig, named: list[str], forced: set[str] | None
         logger().warning("text.tokenizers changed since the captions were tokenised (%s): %s run first, each reused "
                          "where its key says so", retokenise, ", ".join(upstream) or "ingest")  # fmt: skip
         stages = [*stages, *upstream]
-    return Plan(named, in_pipeline_order([*stages, *damaged]), set(forced or ()))
+    return Plan(named, in_pipeline_order([*stages, *damaged]), set(forced or ()), sequential=sequential)
 
 
 def _tokenizers_changed(wd: Workdir, cfg: MuleConfig, stages: list[str]) -> str:
@@ -147,19 +149,25 @@ def run(wd: Workdir, cfg: MuleConfig, planned: Plan, hooks: Sequence[Any]) -> di
     deferred.record_unrecorded(wd)  # what a no-change run left to record, first
     runner = Runner(wd, hooks)
     whole = PipelineRun(wd, cfg, planned)
+
+    def run_one(stage: str) -> None:
+        if BY_NAME[stage].kind == "sweep":
+            from mule.pipeline import sweeps
+
+            whole.results[stage] = sweeps.run_sweep(stage, runner, cfg, whole.run_id,
+                                                    planned.sweeps_decided.get(stage))  # fmt: skip
+            whole.described[stage] = _sweep_line(whole.results[stage])
+            return
+        decision = planned.decided.get(stage) or runner.decide(cfg, stage, stage in planned.forced)
+        whole.results[stage] = runner.run(cfg, stage, whole.run_id, decision=decision)
+        whole.described[stage] = decision.describe()
+
     with whole.exits:
         _call(hooks, "before_pipeline_run", whole)
-        for stage in planned.stages:
-            if BY_NAME[stage].kind == "sweep":
-                from mule.pipeline import sweeps
-
-                whole.results[stage] = sweeps.run_sweep(stage, runner, cfg, whole.run_id,
-                                                        planned.sweeps_decided.get(stage))  # fmt: skip
-                whole.described[stage] = _sweep_line(whole.results[stage])
-                continue
-            decision = planned.decided.get(stage) or runner.decide(cfg, stage, stage in planned.forced)
-            whole.results[stage] = runner.run(cfg, stage, whole.run_id, decision=decision)
-            whole.described[stage] = decision.describe()
+        # each stage after those whose outputs it reads; two at once where they allow (pipeline.lanes)
+        lanes.run_stages(planned.stages, cfg, run_one, sequential=planned.sequential)
+        whole.results = {s: whole.results[s] for s in planned.stages if s in whole.results}  # pipeline order
+        whole.described = {s: whole.described[s] for s in planned.stages if s in whole.described}
         _call(hooks, "after_pipeline_run", whole)
     return whole.results | {"mlflow_run_id": whole.run_id, "stages": whole.described}
 

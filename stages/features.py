@@ -34,7 +34,7 @@ from mule.data_catalog.schemas import REJECTS
 from mule.data_catalog.tables import Catalog, write_json_atomic
 from mule.data_catalog.weights import load_extractor
 from mule.mule_core.backbones import ExtractorError, backbone, engine_for, numerics
-from mule.mule_core.devices import resolve_device, torch_threads
+from mule.mule_core.devices import follow_share, resolve_device, torch_threads
 from mule.mule_core.errors import UserError
 from mule.mule_core.extractor_names import identity_name, resize_for, setting
 from mule.mule_core.onnx_engine import OnnxExtractor
@@ -192,7 +192,10 @@ def extract_shard(workdir: str, features: dict, dataset: str, identity: str, sha
         raise ExtractorError(f"features {identity} are computed in {made_by.get('numerics')}, and this worker's "
                              f"{device} computes in {numerics(device, engine_for(f, device))}: their vectors would differ; give the "
                              "cluster's workers one kind of device, or features.device")  # fmt: skip
+    follow_share()  # beside another stage, this shard's share of the cores (all of them once it runs alone)
     net, _ = load_extractor(f, device)
+    if isinstance(net, OnnxExtractor):
+        net.use_threads(torch.get_num_threads())
     image_ids = [i for i, _, _ in shard["images"]]
     paths = [p for _, p, _ in shard["images"]]
     sha_of = {i: sha for i, _, sha in shard["images"]}

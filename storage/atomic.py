@@ -17,6 +17,7 @@ import errno
 import json
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -52,8 +53,11 @@ def _host() -> str:
 
 
 def temporary_name(path: Path) -> Path:
-    """Where `path` is written before it takes its name: .<name>.tmp-<host>-<pid>."""
-    return path.with_name(f".{path.name}.tmp-{_host()}-{os.getpid()}")
+    """Where `path` is written before it takes its name: .<name>.tmp-<host>-<pid>; from a
+    thread other than the main one (a stage beside another: pipeline.lanes, which may write
+    the same file), .<name>.t<thread>.tmp-<host>-<pid>."""
+    thread = "" if threading.current_thread() is threading.main_thread() else f".t{threading.get_native_id()}"
+    return path.with_name(f".{path.name}{thread}.tmp-{_host()}-{os.getpid()}")
 
 
 def remove_stale_temporaries(path: Path) -> None:

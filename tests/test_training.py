@@ -104,9 +104,9 @@ def test_weight_averaging_validates_and_keeps_the_average_of_the_steps():
     raw = []  # the raw weights after each step
     original_update = trainer._update_ema
 
-    def spy():
+    def spy(*moved):
         raw.append({k: v.detach().clone() for k, v in trainer.model.named_parameters()})
-        original_update()
+        original_update(*moved)
 
     trainer._update_ema = spy
     trainer.fit()

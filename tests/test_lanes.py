@@ -1,0 +1,194 @@
+"""Stages side by side (pipeline.lanes): a stage whose inputs are written runs beside the
+stage in hand, on its share of the cores; errors and stops behave as one stage at a time."""
+
+import threading
+import time
+
+import pytest
+
+from mule.config.resolution import resolve
+from mule.mule_core import devices
+from mule.mule_core.progress import lane_of
+from mule.pipeline import lanes
+from mule.pipeline.declaration import REBUILD
+from mule.storage import locks
+from mule.storage.workdir import Workdir
+
+
+def test_each_stage_needs_the_stages_that_write_what_it_reads():
+    needs = lanes.needs(list(REBUILD), resolve("demo", {}))
+    assert needs["features"] == {"ingest"}  # not translate, text or LP: it runs beside them
+    assert needs["text"] == {"ingest"}  # human captions only: the translations are not its business
+    with_mt = lanes.needs(list(REBUILD), resolve("demo", {"data.captions": "human+mt"}))
+    assert with_mt["text"] == {"ingest", "translate"} and with_mt["pretrain"] >= {"translate", "text"}
+    assert needs["train"] >= {"features", "pretrain", "text"}
+    assert needs["index"] >= {"train", "features"} and "evaluate" not in needs["index"]
+
+
+class Recorder:
+    """A run_one that records when each stage starts and ends, on which thread, with which
+    share of the cores; `hold` names stages that wait until released."""
+
+    def __init__(self, hold=(), fail=()):
+        self.events, self.lock = [], threading.Lock()
+        self.gates = {s: threading.Event() for s in hold}
+        self.fail = set(fail)
+        self.cores, self.threads, self.lanes = {}, {}, {}
+
+    def __call__(self, stage: str) -> None:
+        with self.lock:
+            self.events.append(("start", stage))
+        self.cores[stage] = devices.usable_cores()
+        self.threads[stage] = threading.current_thread() is threading.main_thread()
+        self.lanes[stage] = lane_of()
+        if stage in self.gates:
+            assert self.gates[stage].wait(10), stage
+        if stage in self.fail:
+            raise RuntimeError(f"{stage} failed")
+        with self.lock:
+            self.events.append(("end", stage))
+
+    def started(self, stage: str) -> bool:
+        return ("start", stage) in self.events
+
+    def index(self, event: str, stage: str) -> int:
+        return self.events.index((event, stage))
+
+
+def released_when(recorder: Recorder, stage: str, condition) -> threading.Thread:
+    def release() -> None:
+        deadline = time.monotonic() + 10
+        while not condition() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        recorder.gates[stage].set()
+
+    thread = threading.Thread(target=release, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.fixture
+def two_cores(monkeypatch):
+    monkeypatch.setattr(devices, "machine_cores", lambda: 2)
+
+
+def test_features_runs_beside_the_text_stages_on_one_of_two_cores(two_cores):
+    """features starts with translate and holds until LP has started: the main lane went on
+    without it; train waits for both; index runs beside evaluate."""
+    recorder = Recorder(hold=["features"])
+    released_when(recorder, "features", lambda: recorder.started("pretrain"))
+    lanes.run_stages(list(REBUILD), resolve("demo", {}), recorder)
+    assert sorted(s for e, s in recorder.events if e == "end") == sorted(REBUILD)
+    assert recorder.index("start", "features") < recorder.index("end", "translate")
+    assert recorder.index("start", "pretrain") < recorder.index("end", "features")
+    assert recorder.index("start", "train") > max(recorder.index("end", "features"), recorder.index("end", "pretrain"))
+    assert not recorder.threads["features"] and recorder.threads["pretrain"] and recorder.threads["train"]
+    assert recorder.cores["features"] == 1 and recorder.cores["translate"] == 1  # one core each while both run
+    assert recorder.cores["train"] == 2  # alone again: every core
+    assert recorder.lanes["features"] == "features" and recorder.lanes["translate"] == "translate"
+    assert recorder.lanes["train"] is None  # one stage at a time: its lines need no name
+    assert not recorder.threads["index"] and recorder.threads["evaluate"]  # index beside evaluate
+    assert devices.usable_cores() == 2  # the shares end with the run
+
+
+def test_sequential_runs_one_stage_at_a_time_in_order(two_cores):
+    recorder = Recorder()
+    lanes.run_stages(list(REBUILD), resolve("demo", {}), recorder, sequential=True)
+    assert recorder.events == [(e, s) for s in REBUILD for e in ("start", "end")]
+    assert all(recorder.threads.values())
+
+
+def test_one_core_runs_one_stage_at_a_time(monkeypatch):
+    monkeypatch.setattr(devices, "machine_cores", lambda: 1)
+    recorder = Recorder()
+    lanes.run_stages(list(REBUILD), resolve("demo", {}), recorder)
+    assert recorder.events == [(e, s) for s in REBUILD for e in ("start", "end")]
+
+
+def test_a_waiting_main_lane_gives_the_side_lane_every_core(two_cores):
+    """LP is done and train needs features: the main lane waits, and features' next shard may use both cores."""
+    seen = {}
+    recorder = Recorder(hold=["features"])
+
+    def later_shard() -> bool:
+        if recorder.started("pretrain") and ("end", "pretrain") in recorder.events:
+            time.sleep(0.2)  # the main lane reaches its wait
+            return True
+        return False
+
+    original = recorder.__call__
+
+    def run_one(stage: str) -> None:
+        original(stage)
+        if stage == "features":
+            seen["after"] = devices.usable_cores()
+
+    released_when(recorder, "features", later_shard)
+    lanes.run_stages(list(REBUILD), resolve("demo", {}), run_one)
+    assert recorder.cores["features"] == 1 and seen["after"] == 2
+
+
+def test_an_error_beside_the_stage_in_hand_fails_the_run_once_that_stage_is_done(two_cores):
+    recorder = Recorder(hold=["features"], fail=["features"])
+    released_when(recorder, "features", lambda: recorder.started("text"))
+    with pytest.raises(RuntimeError, match="features failed"):
+        lanes.run_stages(list(REBUILD), resolve("demo", {}), recorder)
+    ended = [s for e, s in recorder.events if e == "end"]
+    assert "text" in ended and not recorder.started("train")  # text finished; nothing after it started
+
+
+def test_an_error_in_the_main_lane_lets_the_side_lane_finish_its_stage(two_cores):
+    recorder = Recorder(hold=["features"], fail=["translate"])
+    released_when(recorder, "features", lambda: True)
+    with pytest.raises(RuntimeError, match="translate failed"):
+        lanes.run_stages(list(REBUILD), resolve("demo", {}), recorder)
+    assert ("end", "features") in recorder.events and not recorder.started("text")
+
+
+def test_two_stages_each_end_their_own_commit(tmp_path):
+    """Readers wait while either stage writes, and read again once neither does."""
+    wd = Workdir.at(tmp_path)
+    lock = wd.catalog_lock_path
+    ended = threading.Event()
+
+    def side() -> None:
+        locks.set_lane("features")
+        locks.committing(wd)
+        ended.wait(5)
+        locks.end_commit(wd)
+        locks.set_lane(None)
+
+    thread = threading.Thread(target=side)
+    locks.committing(wd)  # the main lane writes
+    thread.start()
+    time.sleep(0.1)
+    locks.end_commit(wd)  # the main lane is recorded; features still writes
+    assert str(lock) in locks._commits
+    ended.set()
+    thread.join(5)
+    assert str(lock) not in locks._commits
+
+
+def test_a_stop_in_the_main_lane_stops_the_side_lane_too(two_cores):
+    """Ctrl-C raises in the main thread only: the side lane is stopped the same way, at its
+    next line of Python, and the run raises the stop."""
+    side_stopped = threading.Event()
+    features_running = threading.Event()
+
+    def run_one(stage: str) -> None:
+        if stage == "features":
+            features_running.set()
+            try:
+                while True:
+                    time.sleep(0.01)
+            except KeyboardInterrupt:
+                side_stopped.set()
+                raise
+        if stage == "translate":
+            assert features_running.wait(5)
+            raise KeyboardInterrupt("SIGINT")
+
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        lanes.run_stages(list(REBUILD), resolve("demo", {}), run_one)
+    assert side_stopped.wait(2) and time.monotonic() - started < 3
