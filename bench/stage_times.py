@@ -3,17 +3,22 @@ phase (sampling batches, forward, backward, optimizer, validation), peak memory 
 test recall, for this checkout and, run right after it on the same machine, for a commit
 you name (this VM's speed drifts from hour to hour: compare within one run of this script).
 
-    python bench/stage_times.py [--baseline COMMIT] [--size demo|29k|real-text] [--set KEY=VALUE ...] [--runs 1] [--log FILE]
+    python bench/stage_times.py [--baseline COMMIT [--alternate]] [--size demo|29k|real-text|real] [--set KEY=VALUE ...] [--runs 1] [--log FILE]
 
 --size 29k: Multi30K's size (29,000 / 1,014 / 1,000 images) instead of the demo's 3,000 /
 500 / 1,000, with the default preset (the demo preset is sized for the demo). --size
 real-text: the real Multi30K text's LP pipeline (`mule run ingest text pretrain evaluate
 --dataset multi30k --source ../shared/datasets/multi30k`, or --source), whose recall is
-test_2016's en->x R@1 at the MULE layer (their mean). Each run starts from an empty workdir (under --root, default a temporary
+test_2016's en->x R@1 at the MULE layer (their mean). --size real: the real text with the
+937 real photographs, as docs/real-photos.md runs it (`mule run all --dataset multi30k
+--source ../shared/datasets/multi30k --images ../shared/datasets/flickr-photos/images`),
+whose recall is the 31 photographed test images' mean mR. Each run starts from an empty workdir (under --root, default a temporary
 folder) and runs the command a user runs; the baseline runs from a git worktree of that
-commit with this interpreter (its code, these libraries). A stage's seconds are the time
-from the end of the stage before to its own end (its flow, computing and publishing);
-phases come from the stage's own record (commits from 2026-11-25 on record them).
+commit with this interpreter (its code, these libraries); --alternate runs the baseline,
+this checkout, then the baseline again (this VM drifts within the hour). Per stage: the
+seconds it computed (its record's), and when it ended, counted from the command's start
+(stages may run side by side: pipeline.lanes); phases come from the stage's own record
+(commits from 2026-11-25 on record them).
 
 Before each run the script waits (up to --quiet-wait seconds) until the load average of
 the last minute is below 0.5: commits before 2026-11-26 slept their idle OpenMP threads
@@ -35,8 +40,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SIZES = {"demo": [], "29k": ["--train-images", "29000", "--val-images", "1014", "--test-images", "1000"], "real-text": []}
+SIZES = {"demo": [], "29k": ["--train-images", "29000", "--val-images", "1014", "--test-images", "1000"], "real-text": [],
+         "real": []}  # fmt: skip
 REAL_TEXT = REPO.parent / "shared" / "datasets" / "multi30k"
+REAL_PHOTOS = REPO.parent / "shared" / "datasets" / "flickr-photos" / "images"
 STAGES = ("ingest", "translate", "features", "text", "pretrain", "train", "evaluate", "index")
 # Runs a checkout's `mule` with this interpreter: mule.<folder> maps onto the checkout's folders
 RUNNER = """
@@ -84,6 +91,8 @@ def mule_command(size: str, source: Path) -> tuple[list[str], str]:
     """The command's arguments after `mule`, and the dataset it builds."""
     if size == "real-text":
         return ["run", "ingest", "text", "pretrain", "evaluate", "--dataset", "multi30k", "--source", str(source)], "multi30k"
+    if size == "real":
+        return ["run", "all", "--dataset", "multi30k", "--source", str(source), "--images", str(REAL_PHOTOS)], "multi30k"
     return ["demo", *SIZES[size]], "embedded"
 
 
@@ -137,14 +146,11 @@ def run_demo(checkout: Path, workdir: Path, size: str, sets: list[str], preset: 
         path = workdir / "state" / "stages" / dataset / f"{stage}.json"
         if path.exists():
             records[stage] = json.loads(path.read_text())
-    times, previous = {}, started
-    for stage in STAGES:  # pipeline order: each stage from the end of the one before
-        if stage in records:
-            times[stage] = records[stage]["finished"] - previous
-            previous = records[stage]["finished"]
+    ended = {stage: records[stage]["finished"] - started for stage in STAGES if stage in records}
+    previous = started + max(ended.values(), default=0.0)
     evaluation = json.loads((workdir / "results" / dataset / "evaluation.json").read_text())
     phases = {stage: (records.get(stage, {}).get("result") or {}).get("phases") for stage in ("pretrain", "train")}
-    return {"wall": wall, "peak_mb": peak[0], "stages": times, "phases": phases,
+    return {"wall": wall, "peak_mb": peak[0], "ended": ended, "phases": phases,
             "compute": {s: r.get("seconds") for s, r in records.items()},
             "mR": headline_recall(evaluation), "en->x R@1": english_r1(evaluation),
             "after_last_stage": started + wall - previous}  # fmt: skip
@@ -175,7 +181,12 @@ def table(results: dict[str, dict]) -> str:
 
     row("**wall s**", lambda r: r["wall"])
     for stage in STAGES:
-        row(f"{stage} s", lambda r, s=stage: r["stages"].get(s))
+        def cell(r, s=stage):
+            computed, ended = (r["compute"] or {}).get(s), r["ended"].get(s)
+            if ended is None:
+                return None
+            return f"{computed:.1f} (ended at {ended:.0f})" if computed is not None else f"– (ended at {ended:.0f})"
+        row(f"{stage}: computed s (ended at s)", cell)
     row("after the last stage s (reports, Prefect's exit)", lambda r: r["after_last_stage"])
     for stage in ("pretrain", "train"):
         for phase in ("batches", "forward", "backward", "optimizer", "validation"):
@@ -193,6 +204,8 @@ def table(results: dict[str, dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--baseline", help="a commit to run right after this checkout")
+    parser.add_argument("--alternate", action="store_true",
+                        help="with --baseline: the baseline, this checkout, then the baseline again")
     parser.add_argument("--size", choices=sorted(SIZES), default="demo")
     parser.add_argument("--set", dest="sets", action="append", default=[])
     parser.add_argument("--preset", help="the preset to run (default: the dataset's, `default` for --size 29k)")
@@ -202,7 +215,9 @@ def main() -> None:
     parser.add_argument("--log", type=Path, help="append each run's output here as it comes, with seconds since its start")
     parser.add_argument("--source", type=Path, default=REAL_TEXT, help="--size real-text: the Multi30K folder")
     args = parser.parse_args()
-    if args.size == "real-text" and not (args.source / "data").is_dir():
+    if args.size == "real" and not REAL_PHOTOS.is_dir():
+        sys.exit(f"--size real needs the real photographs: {REAL_PHOTOS} is not a folder")
+    if args.size in ("real-text", "real") and not (args.source / "data").is_dir():
         sys.exit(f"--size real-text needs the official Multi30K files: {args.source / 'data'} is not a folder (--source)")
     root = args.root or Path(tempfile.mkdtemp(prefix="mule-stage-times-"))
     try:
@@ -213,7 +228,11 @@ def main() -> None:
         head, dirty = "no git", ""
     checkouts = {f"this checkout ({head}{'+dirty' if dirty.strip() else ''})": REPO}
     if args.baseline:
-        checkouts[f"baseline {args.baseline}"] = worktree(args.baseline, root)
+        base = worktree(args.baseline, root)
+        if args.alternate:  # the VM drifts within the hour: baseline, this, baseline
+            checkouts = {f"baseline {args.baseline}": base, **checkouts, f"baseline {args.baseline} again": base}
+        else:
+            checkouts[f"baseline {args.baseline}"] = base
     import platform
 
     import psutil
@@ -240,7 +259,7 @@ def measure(checkouts: dict[str, Path], root: Path, args) -> dict[str, dict]:
     for name, checkout in checkouts.items():
         runs = []
         for n in range(args.runs):
-            workdir = root / f"{name.split()[0]}-{n}"
+            workdir = root / f"{name.split()[0]}{'-again' if name.endswith(' again') else ''}-{n}"
             if workdir.exists() and any(workdir.iterdir()):  # its stages would be reused, not timed
                 sys.exit(f"{workdir} is not empty: each run starts from an empty workdir (another --root?)")
             print(f"{name}: mule {mule_command(args.size, args.source)[0][0]} in {workdir} ...", flush=True)

@@ -116,10 +116,11 @@ class TrainConfig:
     # Word embeddings learn at lr * word_lr_scale: vectors trained on a small caption corpus
     # barely separate words used in the same contexts (red / blue) until fine-tuned.
     word_lr_scale: float = 10.0
-    # How the word and n-gram tables step: "rows" (the rows a batch read, with their own Adam
-    # moments, their L2 pull and their average: mule_core/row_updates.py) or "dense" (every
-    # row every step, as before 2026-11-27: Adam's momentum moves rows no batch read)
-    word_updates: str = "rows"
+    # How the word and n-gram tables step: "dense" (every row every step: Adam's momentum keeps
+    # moving a row after a batch read it) or "rows" (the rows a batch read, with their own Adam
+    # moments, L2 pull and average: mule_core/row_updates.py; LP steps 10-35% faster on the real
+    # text, and its val R@1 is about a point lower: docs/benchmarks.md, "Row-wise updates")
+    word_updates: str = "dense"
     grad_clip: float = 2.0
     # lang -> sentences per image in a batch; languages left out: sentences_per_image_many
     # if they have several captions per image, else 1 (Multi30K: en/de 3, fr/cs 1).

@@ -86,7 +86,8 @@ def test_the_best_validation_epoch_is_kept():
         assert torch.equal(value, kept[2][key]), key  # the model holds epoch 2's weights, not epoch 3's
 
 
-def test_weight_averaging_validates_and_keeps_the_average_of_the_steps():
+@pytest.mark.parametrize("updates", ["dense", "rows"])
+def test_weight_averaging_validates_and_keeps_the_average_of_the_steps(updates):
     """train.ema: after step t, average <- average + w_t (weights - average), with Adam's bias
     correction w_t = (1 - d) / (1 - d^t); validation sees the average, and the kept model
     is the average of the best epoch, not the raw weights."""
@@ -98,8 +99,9 @@ def test_weight_averaging_validates_and_keeps_the_average_of_the_steps():
 
     model = toy_model()
     start = {k: v.clone() for k, v in model.state_dict().items()}
-    options = replace(optim(1), ema=0.99)
+    options = replace(optim(1), ema=0.99, word_updates=updates)  # rows: the tables' rows averaged row by row
     trainer = Trainer(model, toy_split(), LOSS, options, torch.device("cpu"), validate=validate)
+    assert bool(trainer.row_averages) == (updates == "rows")
     expected = {k: v.clone() for k, v in start.items()}
     raw = []  # the raw weights after each step
     original_update = trainer._update_ema
