@@ -124,6 +124,16 @@ def share_cores(thread: int, cores: int | None) -> None:
         _SHARES.pop(thread, None)
 
 
+def current_share() -> int | None:
+    """This thread's share of the cores while its stage runs beside another, else None."""
+    return _SHARES.get(threading.get_ident())
+
+
+def cores_of(thread: int) -> int:
+    """usable_cores() of the stage on `thread`, asked from another thread (a stage's own pool)."""
+    return _SHARES.get(thread) or machine_cores()
+
+
 def follow_share() -> int | None:
     """This thread's torch on its share of the cores, when it has one (a stage beside another);
     returns the share."""

@@ -34,7 +34,8 @@ from mule.data_catalog.schemas import REJECTS
 from mule.data_catalog.tables import Catalog, write_json_atomic
 from mule.data_catalog.weights import load_extractor
 from mule.mule_core.backbones import ExtractorError, backbone, engine_for, numerics
-from mule.mule_core.devices import follow_share, resolve_device, torch_threads
+from mule.mule_core import devices
+from mule.mule_core.devices import current_share, follow_share, resolve_device, torch_threads
 from mule.mule_core.errors import UserError
 from mule.mule_core.extractor_names import identity_name, resize_for, setting
 from mule.mule_core.onnx_engine import OnnxExtractor
@@ -199,7 +200,9 @@ def extract_shard(workdir: str, features: dict, dataset: str, identity: str, sha
     image_ids = [i for i, _, _ in shard["images"]]
     paths = [p for _, p, _ in shard["images"]]
     sha_of = {i: sha for i, _, sha in shard["images"]}
-    batches = prefetched_batches(extraction.ImageCrops(paths, f), batch_size_for(f, device, torch.get_num_threads()),
+    # beside another stage, batches sized for every core: its share may grow to all of them before the shard ends
+    threads = devices.machine_cores() if current_share() else torch.get_num_threads()
+    batches = prefetched_batches(extraction.ImageCrops(paths, f), batch_size_for(f, device, threads),
                                  loader_workers_for(f, device))  # fmt: skip
     # in this process after the shards before it (`started`: when the first began), else alone (a Dask worker)
     together = "started" in shard
@@ -210,6 +213,8 @@ def extract_shard(workdir: str, features: dict, dataset: str, identity: str, sha
     started = time.perf_counter()
     with torch_threads(1 if isinstance(net, OnnxExtractor) else torch.get_num_threads()):
         for positions, crops, bad in batches:
+            if (share := current_share()) and isinstance(net, OnnxExtractor):  # beside another stage: its share now
+                net.use_threads(share)
             rejects += [{"path": paths[i], "reason": reason} for i, reason in bad]
             if crops is not None:
                 vectors.append(extraction.vectors(net, crops, device))

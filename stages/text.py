@@ -78,11 +78,32 @@ def fasttext_lookups(jobs: dict[str, dict[str, Any]], t) -> dict[str, dict[str, 
         return {"vectors": dict(zip(vocab, vectors)), "ngrams": (list(grams), list(rows)),
                 "seconds": time.perf_counter() - started}  # fmt: skip
 
-    workers = max(1, min(len(jobs), devices.usable_cores() // max(1, t.fasttext_threads)))
-    if workers > 1:
-        logger().info("fastText: %d languages, %d at a time", len(jobs), workers, extra=SHOWN)
-    with ThreadPoolExecutor(workers, thread_name_prefix="fasttext") as pool:
-        futures = {lang: pool.submit(one, lang, words) for lang, words in jobs.items()}
+    threads = max(1, t.fasttext_threads)
+    stage = threading.get_ident()
+    most = max(1, min(len(jobs), devices.machine_cores() // threads))
+    running, gate = [0], threading.Condition()
+
+    def allowed() -> int:
+        # this stage's share of the cores now: one while another stage runs beside it
+        # (pipeline.lanes), all of them once it has ended
+        return max(1, devices.cores_of(stage) // threads)
+
+    def gated(lang: str, words: dict[str, Any]) -> dict[str, Any]:
+        with gate:
+            while running[0] >= allowed():
+                gate.wait(1.0)  # a stage beside this one may end meanwhile: its cores come to this one
+            running[0] += 1
+        try:
+            return one(lang, words)
+        finally:
+            with gate:
+                running[0] -= 1
+                gate.notify_all()
+
+    if most > 1:
+        logger().info("fastText: %d languages, up to %d at a time", len(jobs), most, extra=SHOWN)
+    with ThreadPoolExecutor(most, thread_name_prefix="fasttext") as pool:
+        futures = {lang: pool.submit(gated, lang, words) for lang, words in jobs.items()}
         return {lang: future.result() for lang, future in futures.items()}
 
 
