@@ -11,9 +11,10 @@ inputs are all written on a second thread (the side lane), one at a time:
 
 The cores are shared, never oversubscribed (two torch pools on two cores stall each other:
 training ran 40 times slower beside another run): while both lanes compute, the side lane
-has half the cores and the main lane the rest (mule_core.devices.share_cores; stages size
-their pools and torch's threads from their share when they start, a features shard when
-it starts), and once the main lane waits for the side lane, the side lane has them all.
+has half the cores and the main lane the rest (mule_core.devices.share_cores: stages size
+their pools and torch's threads from their share; the text stage's fastText jobs and
+features' ONNX slices follow it as it changes), and once the main lane waits for the side
+lane, the side lane has them all.
 
 Each stage is still decided, locked, computed, recorded and published by the runner as
 alone (pipeline.runner); each is still a Prefect task run of the flow (its context is
@@ -137,6 +138,7 @@ class Lanes:
                     self.run_one(stage)
             finally:
                 devices.share_cores(ident[0], None)
+                devices.share_cores(self.main, None)  # the stage in hand may take every core now (fastText's jobs do)
                 locks.set_lane(None)
 
         logger().info("%s runs beside %s and the stages after it that do not read it (%d of %d cores; "

@@ -192,3 +192,26 @@ def test_a_stop_in_the_main_lane_stops_the_side_lane_too(two_cores):
     with pytest.raises(KeyboardInterrupt):
         lanes.run_stages(list(REBUILD), resolve("demo", {}), run_one)
     assert side_stopped.wait(2) and time.monotonic() - started < 3
+
+
+def test_the_stage_in_hand_gets_every_core_once_the_stage_beside_it_ends(two_cores):
+    """The text stage starts beside features on one core; once features ends, its next
+    fastText job may use the other (devices.cores_of: what its job pool asks)."""
+    seen = {}
+    recorder = Recorder(hold=["text", "features"])
+    released_when(recorder, "features", lambda: "at start" in seen)
+
+    def run_one(stage: str) -> None:
+        if stage == "text":
+            seen["at start"] = devices.usable_cores()
+            main = threading.get_ident()
+            deadline = time.monotonic() + 5
+            while ("end", "features") not in recorder.events and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.05)  # the side lane lets go of its share right after it records its end
+            seen["after features"] = devices.cores_of(main)
+            recorder.gates["text"].set()
+        recorder(stage)
+
+    lanes.run_stages(list(REBUILD), resolve("demo", {}), run_one)
+    assert seen == {"at start": 1, "after features": 2}
