@@ -44,7 +44,7 @@ from mule.mule_core.progress import SHOWN, in_lane
 from mule.pipeline.declaration import BY_NAME, writer_of
 from mule.storage import locks
 
-JOIN_S = 1.0  # how long a stopped side lane is waited for
+JOIN_S = 0.2  # how long a stopped side lane is waited for (the watchdog ends the process 1.5 s after the signal)
 
 
 def needs(stages: Sequence[str], cfg) -> dict[str, set[str]]:

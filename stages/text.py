@@ -88,10 +88,14 @@ def fasttext_lookups(jobs: dict[str, dict[str, Any]], t) -> dict[str, dict[str, 
         # (pipeline.lanes), all of them once it has ended
         return max(1, devices.cores_of(stage) // threads)
 
-    def gated(lang: str, words: dict[str, Any]) -> dict[str, Any]:
+    stopped = threading.Event()
+
+    def gated(lang: str, words: dict[str, Any]) -> dict[str, Any] | None:
         with gate:
-            while running[0] >= allowed():
+            while running[0] >= allowed() and not stopped.is_set():
                 gate.wait(1.0)  # a stage beside this one may end meanwhile: its cores come to this one
+            if stopped.is_set():
+                return None
             running[0] += 1
         try:
             return one(lang, words)
@@ -102,9 +106,17 @@ def fasttext_lookups(jobs: dict[str, dict[str, Any]], t) -> dict[str, dict[str, 
 
     if most > 1:
         logger().info("fastText: %d languages, up to %d at a time", len(jobs), most, extra=SHOWN)
-    with ThreadPoolExecutor(most, thread_name_prefix="fasttext") as pool:
+    pool = ThreadPoolExecutor(most, thread_name_prefix="fasttext")
+    try:
         futures = {lang: pool.submit(gated, lang, words) for lang, words in jobs.items()}
         return {lang: future.result() for lang, future in futures.items()}
+    except BaseException:  # a stop or an error: no job starts after it, and the stage does not wait for those running
+        stopped.set()
+        with gate:
+            gate.notify_all()
+        raise
+    finally:
+        pool.shutdown(wait=not stopped.is_set(), cancel_futures=True)
 
 
 def run_worker(directory: Path, lang: str) -> None:
