@@ -34,6 +34,7 @@ from mule.mule_core.model import MuleModel
 from mule.mule_core.progress import SHOWN, Progress, format_seconds
 from mule.mule_core.row_updates import RowAdam, RowAverage, clip_grad_norm, coalesced, sparse_tables
 from mule.mule_core.split_tensors import SplitTensors
+from mule.mule_core.dense_tables import DenseTables
 from mule.mule_core.weight_average import BEST_IS_KEPT, cpu_copy, ema_weight, fused_adam
 
 if TYPE_CHECKING:
@@ -136,6 +137,9 @@ class Trainer:
         self.tables = sparse_tables(model, self.rowwise)
         if not self.rowwise:
             self.tables = []
+        # dense updates: the tables' gradients built by hand (mule_core/dense_tables.py), autograd's numbers in fewer passes
+        dense = DenseTables(model.branches.values(), loss.word_l2) if not self.rowwise else None
+        self.dense_tables = dense if dense else None
         self.optimizer = (RowAdam if self.rowwise else torch.optim.Adam)(
             [
                 {"params": [p for p in params if id(p) not in words]},
@@ -237,7 +241,10 @@ class Trainer:
             language = batch.sentence_lang.to(dev, non_blocking=True)
             parts["lc"] = language_classifier_loss(logits, language)
             parts["lc_accuracy"] = (logits.argmax(1) == language).float().mean().detach()
-        if cfg.word_l2 > 0 and any(b.embed.weight.requires_grad for b in self.model.branches.values()):
+        pull = self.dense_tables.pull_loss() if self.dense_tables is not None else None
+        if pull is not None:
+            parts["word_l2"] = pull
+        elif cfg.word_l2 > 0 and any(b.embed.weight.requires_grad for b in self.model.branches.values()):
             parts["word_l2"] = cfg.word_l2 * self.model.word_drift(read)
         return parts
 
@@ -280,6 +287,8 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             self.scaler.scale(total).backward()
             lap("backward")
+            if self.dense_tables is not None:
+                self.dense_tables.gradients(self.scaler.get_scale() if self.amp else 1.0)
             if self.rowwise:
                 coalesced(self.tables)
             if self.train.grad_clip > 0:

@@ -1,0 +1,74 @@
+"""Dense updates of the word and n-gram tables with gradients built by hand
+(mule_core/dense_tables.py): the L2 pull's and the rows a batch read, the same numbers as
+autograd's, step after step."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from mule.mule_core.trainer import Trainer
+from mule.mule_core.dense_tables import DenseTables
+from tests.test_training import LOSS, lp, optim, toy_model, toy_split
+
+PULLED = replace(LOSS, word_l2=0.05)  # strong enough that the pull is a visible part of each gradient
+
+
+def trainer(by_hand: bool, **train) -> Trainer:
+    model = toy_model()
+    with torch.no_grad():  # the tables away from their initial vectors: a pull on every row
+        for branch in model.branches.values():
+            branch.embed.weight.add_(0.1 * torch.randn_like(branch.embed.weight))
+    made = Trainer(model, toy_split(), PULLED, replace(optim(2), **train), torch.device("cpu"), mode="lp", pretrain=lp(2))
+    if not by_hand:  # autograd's gradients: what the trainer did before dense_tables.py
+        made.dense_tables = None
+        for branch in model.branches.values():
+            branch.embed.sparse = branch.subwords.vectors.sparse = False
+    return made
+
+
+def test_the_pull_and_its_gradient_by_hand_on_two_rows():
+    """Two rows of 2 numbers, initial vectors 0: the pull is 0.05 * (1 + 4 + 9 + 16) = 1.5 and its
+    gradient 2 * 0.05 * W; a batch that read row 1 with gradient (1, 1) adds that to row 1."""
+    branch = torch.nn.Module()
+    branch.embed = torch.nn.Embedding(2, 2)
+    branch.initial = torch.zeros(2, 2)
+    branch.subwords = None
+    with torch.no_grad():
+        branch.embed.weight.copy_(torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
+    tables = DenseTables([branch], 0.05)
+    assert branch.embed.sparse  # the batch's rows come as a sparse gradient
+    assert float(tables.pull_loss()) == pytest.approx(1.5)
+    branch.embed(torch.tensor([1])).sum().backward()
+    tables.gradients()
+    expected = torch.tensor([[0.1, 0.2], [0.3 + 1.0, 0.4 + 1.0]])
+    assert not branch.embed.weight.grad.is_sparse
+    assert torch.allclose(branch.embed.weight.grad, expected)
+
+
+def test_the_gradient_by_hand_is_autograd_s_to_the_bit():
+    batches = {}
+    for by_hand in (True, False):
+        made = trainer(by_hand)
+        batch = next(iter(made.sampler.batches(1)))
+        parts = made.losses(batch)
+        sum(v for k, v in parts.items() if k != "lc_accuracy").backward()
+        if made.dense_tables is not None:
+            made.dense_tables.gradients()
+        grads = [t.grad.clone() for b in made.model.branches.values() for t in (b.embed.weight, b.subwords.vectors.weight)]
+        batches[by_hand] = (float(parts["word_l2"].detach()), grads)
+    assert batches[True][0] == pytest.approx(batches[False][0], rel=1e-6)
+    for mine, autograd in zip(batches[True][1], batches[False][1]):
+        assert not mine.is_sparse and torch.equal(mine, autograd)
+
+
+@pytest.mark.parametrize("settings", [{}, {"grad_clip": 0.5, "ema": 0.9}], ids=["plain", "clipped and averaged"])
+def test_lp_trains_the_same_weights_with_the_gradient_by_hand(settings):
+    weights = {}
+    for by_hand in (True, False):
+        made = trainer(by_hand, **settings)
+        history = made.fit()
+        assert history[-1].losses["word_l2"] > 0
+        weights[by_hand] = made.kept_model.state_dict()
+    for name, mine in weights[True].items():
+        assert torch.equal(mine, weights[False][name]), name
