@@ -1,9 +1,10 @@
 """Row-wise updates of the word tables: a batch steps only the rows it touched.
 
 On the real Multi30K text the word and n-gram tables hold 85 M of LP's parameters, and a
-batch reads a few thousand of their rows. Stepped densely, every batch filled a zero
-gradient of every row, pulled every row toward its initial vector, ran Adam over every row
-and averaged every row into the weight average. With train.word_updates=rows:
+batch reads a few thousand of their rows. Stepped densely (the default), every batch gives
+every row a gradient (mule_core/dense_tables.py builds it: the L2 pull toward the initial
+vector, plus the rows read), runs Adam over every row and averages every row into the
+weight average. With train.word_updates=rows:
 
 - the tables' gradients are sparse: the rows the batch read, once each (`sparse_tables`);
 - the L2 pull toward the initial vectors (loss.word_l2) acts on the rows the batch read

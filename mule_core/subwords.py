@@ -22,11 +22,13 @@ it was given.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import weakref
 from collections import Counter
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -78,10 +80,14 @@ class NgramTable:
 
 
 def _table(rows: list[list[int]]) -> torch.Tensor:
-    table = torch.zeros(len(rows), max((len(r) for r in rows), default=0) or 1, dtype=torch.int32)
-    for i, row in enumerate(rows):
-        table[i, : len(row)] = torch.tensor(row, dtype=torch.int32)
-    return table
+    """Rows of ids, left-aligned in a zero-padded table: one scatter (a tensor per row was
+    a second of the real text's German vocabulary)."""
+    lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+    table = np.zeros((len(rows), int(lengths.max(initial=0)) or 1), dtype=np.int32)
+    flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int32, count=int(lengths.sum()))
+    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    table[np.repeat(np.arange(len(rows)), lengths), np.arange(len(flat)) - starts] = flat
+    return torch.from_numpy(table)
 
 
 # Every table in use, by vocabulary: as many as there are languages in use, each kept while

@@ -64,7 +64,8 @@ def compute(ctx: StageContext) -> dict[str, Any]:
         checkpoints.save(trainer)
 
     started = time.perf_counter()
-    history = trainer.fit(on_epoch)
+    with checkpoints.training():
+        history = trainer.fit(on_epoch)
     path = catalog.lp_model_path(cfg)
     save_model(path, model, cfg, vocabulary, kind="lp", best_epoch=trainer.best_epoch, val_score=trainer.best_score,
                tokenizers=tokenizers)  # fmt: skip

@@ -113,7 +113,8 @@ def compute(ctx: StageContext) -> dict[str, Any]:
         checkpoints.save(trainer)
 
     started = time.perf_counter()
-    history = trainer.fit(on_epoch)
+    with checkpoints.training():
+        history = trainer.fit(on_epoch)
     best = next((r for r in history if r.epoch == trainer.best_epoch), None)
     save_model(path, model, cfg, vocabulary, kind="joint", dataset=dataset, extractor=extractor,
                best_epoch=trainer.best_epoch, val_score=trainer.best_score,

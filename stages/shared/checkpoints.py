@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
@@ -24,10 +27,19 @@ class Checkpoints:
     """A training stage's checkpoint: the trainer's whole state after every epoch, written
     atomically, resumed only by a run of the very same stage key (the same inputs, config
     and code), read without pickle (torch's weights_only loader: a checkpoint is tensors,
-    numbers and strings), and removed once the stage's result is recorded."""
+    numbers and strings), and removed once the stage's result is recorded.
+
+    The state is copied at the epoch's end and written on a thread of its own while the
+    next epoch trains: on the real text a checkpoint is 1.4 GB (the weights, Adam's two
+    moments and the weight average of 85 M parameters), 3-4 s to write and sync, as long as
+    a joint epoch on the real photos. One write at a time: the next save waits for the last
+    (and raises its error). A stop or crash mid-write leaves the previous checkpoint whole
+    (the write is atomic), as a stop during a write in the stage's own thread did."""
 
     def __init__(self, ctx: StageContext, path: Path):
         self.ctx, self.path = ctx, path
+        self._writer: threading.Thread | None = None
+        self._failed: BaseException | None = None
 
     def resume(self, trainer) -> None:
         state = read_checkpoint(self.path) if self.path.exists() else None
@@ -42,10 +54,50 @@ class Checkpoints:
     def save(self, trainer) -> None:
         from mule.data_catalog.model_files import save_atomic
 
-        save_atomic({"key": self.ctx.key, "trainer": trainer.state_dict()}, self.path)
+        self.wait()
+        state = {"key": self.ctx.key, "trainer": snapshot(trainer.state_dict())}
+
+        def write() -> None:
+            try:
+                save_atomic(state, self.path)
+            except BaseException as error:  # noqa: BLE001 - raised in the stage's thread by the next wait()
+                self._failed = error
+
+        self._writer = threading.Thread(target=write, name=f"checkpoint {self.path.name}", daemon=True)
+        self._writer.start()
+
+    def wait(self) -> None:
+        """Until the checkpoint being written is on the disk; its error, if it failed."""
+        if self._writer is not None:
+            self._writer.join()
+            self._writer = None
+        if self._failed is not None:
+            failed, self._failed = self._failed, None
+            raise failed
+
+    @contextmanager
+    def training(self) -> Iterator[None]:
+        """Around the training: when it stops or fails, the checkpoint being written is
+        finished first (a stop keeps the last epoch; the stop's watchdog bounds the wait)."""
+        try:
+            yield
+        except BaseException:
+            if self._writer is not None:
+                self._writer.join()
+            raise
+        self.wait()
 
     def remove_once_recorded(self) -> None:
+        self.wait()
         self.ctx.after_record.append(lambda: self.path.unlink(missing_ok=True))
+
+
+def snapshot(state: dict) -> dict:
+    """The trainer's state as it is now, on the CPU: training moves its tensors in place.
+    The best epoch's copies are copies already (weight_average.cpu_copy): kept as they are."""
+    from mule.mule_core.weight_average import cpu_copy
+
+    return {k: v if k in ("best_state", "best_optimizer") else cpu_copy(v) for k, v in state.items()}
 
 
 def read_checkpoint(path: Path) -> dict | None:
