@@ -77,17 +77,19 @@ class DenseTables:
             buffer = self.buffers[id(embed.weight)]
             if self.pulled:
                 buffer.mul_(self.scale * loss_scale)
+            elif embed.weight.grad is None:
+                continue  # not read, not pulled: no gradient, as autograd gives none (Adam skips the table)
             else:
                 buffer.zero_()
             self._add_rows(embed.weight, buffer)
         for vectors in self.ngrams:
+            if vectors.weight.grad is None:
+                continue  # a batch without the language: no gradient, no Adam step for the table
             buffer = self.buffers[id(vectors.weight)]
             last = self.last_rows.pop(id(vectors.weight), None)
             if last is not None:
                 buffer.index_fill_(0, last, 0.0)
-            rows = self._add_rows(vectors.weight, buffer)
-            if rows is not None:
-                self.last_rows[id(vectors.weight)] = rows
+            self.last_rows[id(vectors.weight)] = self._add_rows(vectors.weight, buffer)
         self.pulled = False
 
     @staticmethod

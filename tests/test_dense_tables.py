@@ -72,3 +72,26 @@ def test_lp_trains_the_same_weights_with_the_gradient_by_hand(settings):
         weights[by_hand] = made.kept_model.state_dict()
     for name, mine in weights[True].items():
         assert torch.equal(mine, weights[False][name]), name
+
+
+def test_a_language_no_batch_read_gets_autograd_s_gradients_none_for_its_n_grams():
+    """A batch without French: its n-gram table gets no gradient (Adam leaves the table and
+    its moments as they are), its word table the pull's alone, as autograd had it."""
+    grads = {}
+    for by_hand in (True, False):
+        made = trainer(by_hand)
+        model = made.model
+        pull = made.dense_tables.pull_loss() if by_hand else PULLED.word_l2 * model.word_drift()
+        total = model.branches["en"](torch.tensor([[2, 3, 4]])).sum() + pull
+        total.backward()
+        if by_hand:
+            made.dense_tables.gradients()
+        grads[by_hand] = {f"{lang}.{name}": None if t.grad is None else t.grad.clone()
+                          for lang, b in model.branches.items()
+                          for name, t in (("words", b.embed.weight), ("ngrams", b.subwords.vectors.weight))}  # fmt: skip
+    assert grads[True]["fr.ngrams"] is None and grads[False]["fr.ngrams"] is None
+    for name, autograd in grads[False].items():
+        mine = grads[True][name]
+        assert (mine is None) == (autograd is None), name
+        if autograd is not None:
+            assert torch.equal(mine, autograd), name
