@@ -161,9 +161,21 @@ def sqlite_problem(path: Path) -> str | None:
 
     if not path.exists():
         return None
+
+    def quick_check(read_only: bool):
+        with contextlib.closing(sqlite3.connect(f"{path.as_uri()}{'?mode=ro' if read_only else ''}", uri=True)) as con:
+            return con.execute("PRAGMA quick_check").fetchone()
+
     try:
-        with contextlib.closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)) as con:
-            result = con.execute("PRAGMA quick_check").fetchone()
+        try:
+            result = quick_check(read_only=True)
+        except sqlite3.OperationalError as error:
+            # A writer killed mid-transaction (a stop, a crash) leaves a hot journal, which a
+            # read-only connection cannot roll back ("attempt to write a readonly database"):
+            # that is SQLite's own recovery, which any writer runs first, not damage.
+            if getattr(error, "sqlite_errorname", "") != "SQLITE_READONLY_ROLLBACK":
+                raise
+            result = quick_check(read_only=False)
     except sqlite3.Error as error:
         return str(error)
     return None if result and result[0] == "ok" else f"quick_check says {result[0] if result else 'nothing'}"
