@@ -72,7 +72,7 @@ def fasttext_lookups(jobs: dict[str, dict[str, Any]], t) -> dict[str, dict[str, 
                                       epochs=t.fasttext_epochs, min_count=t.fasttext_min_count,
                                       threads=t.fasttext_threads)  # fmt: skip
             with heartbeat(f"fastText ({lang}) on {tokens} tokens"):
-                run_worker(directory, lang)
+                run_worker(directory, lang, workers)
             vectors = fasttext_worker.read_rows(directory, fasttext_worker.WORD_ROWS)
             rows = fasttext_worker.read_rows(directory, fasttext_worker.GRAM_ROWS)
         return {"vectors": dict(zip(vocab, vectors)), "ngrams": (list(grams), list(rows)),
@@ -89,6 +89,7 @@ def fasttext_lookups(jobs: dict[str, dict[str, Any]], t) -> dict[str, dict[str, 
         return max(1, devices.cores_of(stage) // threads)
 
     stopped = threading.Event()
+    workers: set[subprocess.Popen] = set()  # the fastText processes running: a stop kills them
 
     def gated(lang: str, words: dict[str, Any]) -> dict[str, Any] | None:
         with gate:
@@ -114,23 +115,33 @@ def fasttext_lookups(jobs: dict[str, dict[str, Any]], t) -> dict[str, dict[str, 
         stopped.set()
         with gate:
             gate.notify_all()
+        # their threads wait for their processes, and the interpreter's exit for the pool's
+        # threads: the processes go now (a stop in the text stage took 3.6 s, past the grace)
+        for worker in list(workers):
+            worker.kill()
         raise
     finally:
         pool.shutdown(wait=not stopped.is_set(), cancel_futures=True)
 
 
-def run_worker(directory: Path, lang: str) -> None:
-    """Runs fasttext_worker on `directory`; the worker is killed if this one is stopped."""
+def run_worker(directory: Path, lang: str, running: set | None = None) -> None:
+    """Runs fasttext_worker on `directory`; the worker is killed if this one is stopped.
+    `running`: where the process is while it runs (the stage kills those on a stop)."""
     command = [sys.executable, "-m", "mule.stages.shared.fasttext_worker", str(directory), str(os.getpid())]
     # fastText computes on its own threads; numpy's BLAS pool would only spin up at import (0.1 s a worker)
     env = os.environ | {"OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
     with subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           env=env) as worker:  # fmt: skip
+        if running is not None:
+            running.add(worker)
         try:
             output, _ = worker.communicate()
         except BaseException:
             worker.kill()
             raise
+        finally:
+            if running is not None:
+                running.discard(worker)
     if worker.returncode != 0:
         said = [line for line in output.decode("utf-8", "replace").splitlines() if line.strip()]
         how = f"exit status {worker.returncode}"
