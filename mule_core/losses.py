@@ -27,13 +27,22 @@ def triplet_topk(
     pairs: tuple[torch.Tensor, torch.Tensor],
     margin: float,
     k: int,
+    rows: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """sim: A x C similarities; positive: A x C, True where a candidate is a positive of the
     anchor (or the anchor itself); pairs: (anchor rows, candidate columns) of the positive
-    pairs to enforce. Returns the mean hinge over pairs x k hardest negatives."""
+    pairs to enforce. Returns the mean hinge over pairs x k hardest negatives.
+
+    rows: the anchors' and candidates' embeddings (A x D, C x D) whose products sim holds.
+    When mining (k < C), sim then only chooses: the similarities the loss reads (the pairs'
+    and the k hardest per anchor) are computed again from the rows, so the backward pass
+    is a few dot products per anchor instead of two A x C x D products through the whole
+    matrix (most of a real-text LP step's loss, at 3,072 sentences)."""
     anchors, candidates = pairs
     if anchors.numel() == 0:
         return sim.new_zeros(())
+    if rows is not None and k < sim.shape[1]:
+        return _hinge_over_chosen_negatives(sim.detach(), positive, anchors, candidates, margin, k, *rows)
     negatives = sim.masked_fill(positive, float("-inf"))
     # index_select (its gradient is an index_add) rather than advanced indexing, whose
     # gradient is an accumulating index_put: several times slower on the CPU.
@@ -41,6 +50,21 @@ def triplet_topk(
     if k >= sim.shape[1]:  # the warm-up: every negative counts
         return _hinge_over_all_negatives(sim, negatives, anchors, positive_sim, margin)
     hardest = negatives.topk(k, dim=1).values  # A x k, -inf where too few negatives
+    violation = (margin - positive_sim).unsqueeze(1) + hardest.index_select(0, anchors)
+    return violation.clamp(min=0).mean()
+
+
+def _hinge_over_chosen_negatives(sim: torch.Tensor, positive: torch.Tensor, anchors: torch.Tensor,
+                                 candidates: torch.Tensor, margin: float, k: int,
+                                 a: torch.Tensor, c: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """triplet_topk's mined hinge with sim (no gradient) choosing the k hardest negatives
+    and the rows a, c giving the chosen similarities their values and gradients."""
+    with torch.no_grad():
+        found = sim.masked_fill(positive, float("-inf")).topk(k, dim=1)  # A x k
+    positive_sim = (a.index_select(0, anchors) * c.index_select(0, candidates)).sum(1)
+    chosen = c.index_select(0, found.indices.reshape(-1)).reshape(*found.indices.shape, -1)  # A x k x D
+    hardest = torch.bmm(chosen, a.unsqueeze(2)).squeeze(2)  # A x k
+    hardest = hardest.masked_fill(found.values == float("-inf"), float("-inf"))  # too few negatives
     violation = (margin - positive_sim).unsqueeze(1) + hardest.index_select(0, anchors)
     return violation.clamp(min=0).mean()
 
@@ -97,8 +121,8 @@ def image_sentence_loss(
     else:  # image i "owns" every copy of its own sentences
         owners = sentence_owners(sentence_image, sentence_text)
         positive = (rows[:, None, None] == owners[None]).any(-1)
-    image_anchored = triplet_topk(sim, positive, (sentence_image, cols), margin, k)
-    sentence_anchored = triplet_topk(sim.T, positive.T, (cols, sentence_image), margin, k)
+    image_anchored = triplet_topk(sim, positive, (sentence_image, cols), margin, k, (images, sentences))
+    sentence_anchored = triplet_topk(sim.T, positive.T, (cols, sentence_image), margin, k, (sentences, images))
     return image_anchored + sentence_anchored
 
 
@@ -126,7 +150,7 @@ def neighborhood_loss(
         # columns first, on the few set rows; then whole rows (a copy each): a column gather
         # of the S x sets matrix was 28 ms of a real-text LP step
         positive = shared.flatten(2).any(2).index_select(1, set_of).index_select(0, set_of)
-    return triplet_topk(sim, positive, pairs, margin, k)
+    return triplet_topk(sim, positive, pairs, margin, k, (sentences, sentences))
 
 
 def sentence_owners(sentence_image: torch.Tensor, sentence_text: torch.Tensor) -> torch.Tensor:

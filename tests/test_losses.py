@@ -177,7 +177,7 @@ def test_the_negatives_masks_are_what_the_owner_sets_say():
 
     seen = []
 
-    def spy(sim, positive, pairs, margin, k):
+    def spy(sim, positive, pairs, margin, k, rows=None):
         seen.append(positive.clone())
         return sim.sum()
 
@@ -199,3 +199,42 @@ def test_the_negatives_masks_are_what_the_owner_sets_say():
         nc, image_anchored = seen[0], seen[1]
         assert nc.tolist() == [[bool(owners[a] & owners[b]) for b in range(n_sentences)] for a in range(n_sentences)]
         assert image_anchored.tolist() == [[i in owners[s] for s in range(n_sentences)] for i in range(n_images)]
+
+
+@pytest.mark.parametrize("k", [1, 3, 7])
+def test_mined_loss_from_the_rows_equals_the_loss_through_the_whole_matrix(k):
+    """With the embeddings given, the similarity matrix only chooses the k hardest negatives
+    and their similarities are computed again from the rows: the same loss and gradients as
+    through the matrix, in both losses, with copies masked and with anchors that have fewer
+    than k negatives (image 3's sentences: 7 - 1 candidates, most of them positives)."""
+    torch.manual_seed(0)
+    images = torch.nn.functional.normalize(torch.randn(4, 6), dim=-1)
+    sentences = torch.nn.functional.normalize(torch.randn(9, 6), dim=-1)
+    image = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3, 3])
+    text = torch.tensor([0, 1, 2, 3, 0, 4, 5, 6, 7])  # sentence 4 copies sentence 0
+    pairs = (torch.tensor([0, 1, 2, 3, 6, 7, 8, 6]), torch.tensor([1, 0, 3, 2, 7, 8, 6, 8]))
+
+    import mule.mule_core.losses as losses
+
+    def through_the_matrix(fn, *args):  # triplet_topk without the rows: sim carries the gradient
+        original = losses.triplet_topk
+        losses.triplet_topk = lambda *a: original(*a[:5])
+        try:
+            return fn(*args)
+        finally:
+            losses.triplet_topk = original
+
+    for fn, embeddings, rest in ((neighborhood_loss, (sentences,), (image, pairs, 0.3, k, text)),
+                                 (image_sentence_loss, (images, sentences), (image, 0.3, k, text))):  # fmt: skip
+        results = []
+        for run in (fn, lambda *a, fn=fn: through_the_matrix(fn, *a)):
+            leaves = [t.clone().requires_grad_() for t in embeddings]
+            loss = run(*leaves, *rest)
+            loss.backward()
+            results.append((loss.detach(), [t.grad for t in leaves]))
+        (rows_loss, rows_grads), (matrix_loss, matrix_grads) = results
+        assert rows_loss > 0
+        torch.testing.assert_close(rows_loss, matrix_loss)
+        for mine, theirs in zip(rows_grads, matrix_grads):
+            assert theirs.abs().sum() > 0
+            torch.testing.assert_close(mine, theirs)
