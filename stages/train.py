@@ -1,8 +1,9 @@
 """Joint training: image-sentence triplet loss + NC + LC, starting from LP's MULE layers.
 
-Validation mR after every epoch picks the model that is kept. A checkpoint after every
-epoch lets an interrupted run resume where it stopped: only a run under the same stage
-key (the same inputs, config and code) resumes it.
+Validation mR after every epoch picks the model that is kept. A checkpoint after the
+epochs (spaced when writes are long: stages/shared/checkpoints.py) lets an interrupted run
+resume where it stopped: only a run under the same stage key (the same inputs, config and
+code) resumes it.
 """
 
 from __future__ import annotations

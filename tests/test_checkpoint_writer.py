@@ -1,6 +1,6 @@
 """A training checkpoint is written on a thread of its own while the next epoch trains
 (stages/shared/checkpoints.py): it holds the state of the epoch that ended, a stop waits
-for it, and a failed write is raised in the stage."""
+for it, a failed write is raised in the stage, and long writes are spaced out."""
 
 import threading
 from types import SimpleNamespace
@@ -14,9 +14,9 @@ from mule.stages.shared.checkpoints import Checkpoints, read_checkpoint
 class Trainer:
     """What Checkpoints reads of a trainer: its state_dict, whose tensors training moves in place."""
 
-    def __init__(self):
+    def __init__(self, epochs: int = 10):
         self.weights = torch.zeros(3)
-        self.epoch = 0
+        self.epoch, self.epochs, self.stopped = 0, epochs, None
 
     def state_dict(self) -> dict:
         return {"model": {"w": self.weights}, "epoch": self.epoch, "best_state": None, "best_optimizer": None}
@@ -64,9 +64,50 @@ def test_a_stop_during_the_next_epoch_keeps_the_checkpoint_being_written(tmp_pat
     assert read_checkpoint(tmp_path / "c.pt")["trainer"]["epoch"] == 1
 
 
-def test_a_failed_write_is_raised_by_the_next_save(tmp_path):
+def test_a_failed_write_is_raised_in_the_stage(tmp_path):
     (tmp_path / "not-a-folder").write_text("a file where the checkpoint's folder should be")
     checkpoints = Checkpoints(SimpleNamespace(key="k", after_record=[]), tmp_path / "not-a-folder" / "c.pt")
     checkpoints.save(Trainer())
-    with pytest.raises(OSError):
-        checkpoints.save(Trainer())
+    with pytest.raises(OSError), checkpoints.training():
+        pass  # training ended: the write in flight is waited for, and its error raised
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_long_writes_come_no_more_often_than_five_times_their_duration(tmp_path, monkeypatch):
+    """Writes under a second come after every epoch; a 2 s write is followed by none until
+    10 s after it began (the writes' share of the time at most a fifth); the last epoch
+    writes none (the stage saves its model next)."""
+    from mule.data_catalog import model_files
+    from mule.stages.shared import checkpoints as module
+
+    clock = Clock()
+    monkeypatch.setattr(module, "monotonic", clock)
+    duration = {"s": 0.5}
+
+    def timed(obj, path):
+        clock.now += duration["s"]
+        model_files.torch.save(obj, path)
+
+    monkeypatch.setattr(model_files, "save_atomic", timed)
+    checkpoints = Checkpoints(SimpleNamespace(key="k", after_record=[]), tmp_path / "c.pt")
+    trainer = Trainer(epochs=9)
+    written = []
+    for epoch in range(1, 10):
+        trainer.epoch = epoch
+        if epoch == 3:
+            duration["s"] = 2.0  # the tables grew: writes take 2 s from here on
+        checkpoints.save(trainer)
+        checkpoints.wait()
+        if read_checkpoint(tmp_path / "c.pt")["trainer"]["epoch"] == epoch:
+            written.append(epoch)
+        clock.now += 3.0  # the next epoch trains for 3 s
+    # 1, 2 (0.5 s each), 3 (2 s, began at t); epochs 4-6 end at t + 5, t + 8, t + 11: 6 is due;
+    # then 7 and 8 at 5 and 8 s after 6's write began; 9 is the last
+    assert written == [1, 2, 3, 6]

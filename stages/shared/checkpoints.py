@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from time import monotonic
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -34,12 +35,24 @@ class Checkpoints:
     moments and the weight average of 85 M parameters), 3-4 s to write and sync, as long as
     a joint epoch on the real photos. One write at a time: the next save waits for the last
     (and raises its error). A stop or crash mid-write leaves the previous checkpoint whole
-    (the write is atomic), as a stop during a write in the stage's own thread did."""
+    (the write is atomic), as a stop during a write in the stage's own thread did.
+
+    Writes are spaced so that they take at most a fifth of the training's time: an epoch's
+    end writes a checkpoint when the last write took under a second, or when at least
+    SPACING times its duration has passed since it began. Short writes (every test, the
+    demo) still come after every epoch; on the real photos one comes every four or five
+    joint epochs, so a stop loses at most ~20 s of training there. The last epoch writes
+    none: the stage saves its model next and would remove it at once."""
+
+    SPACING = 5  # a write's duration x this: the least time between two long writes' starts
+    LONG_WRITE_S = 1.0
 
     def __init__(self, ctx: StageContext, path: Path):
         self.ctx, self.path = ctx, path
         self._writer: threading.Thread | None = None
         self._failed: BaseException | None = None
+        self._last_start: float | None = None  # when the last write began (time.monotonic())
+        self._last_seconds = 0.0  # how long it took
 
     def resume(self, trainer) -> None:
         state = read_checkpoint(self.path) if self.path.exists() else None
@@ -52,19 +65,35 @@ class Checkpoints:
             logger().info("ignoring a checkpoint of another setting, inputs or code (%s)", self.path, extra=SHOWN)
 
     def save(self, trainer) -> None:
+        """After an epoch: a checkpoint of the trainer, when one is due (the class says when)."""
+        if not self.due(trainer):
+            return
         from mule.data_catalog.model_files import save_atomic
 
         self.wait()
         state = {"key": self.ctx.key, "trainer": snapshot(trainer.state_dict())}
+        self._last_start = monotonic()
 
         def write() -> None:
             try:
                 save_atomic(state, self.path)
+                self._last_seconds = monotonic() - self._last_start
             except BaseException as error:  # noqa: BLE001 - raised in the stage's thread by the next wait()
                 self._failed = error
 
         self._writer = threading.Thread(target=write, name=f"checkpoint {self.path.name}", daemon=True)
         self._writer.start()
+
+    def due(self, trainer) -> bool:
+        if trainer.epoch >= trainer.epochs or trainer.stopped:
+            return False  # the stage saves its model next
+        if self._failed is not None or self._last_start is None:
+            return True  # the first, or the next save raises the last one's error
+        if self._writer is not None and self._writer.is_alive():
+            return False
+        if self._last_seconds < self.LONG_WRITE_S:
+            return True
+        return monotonic() - self._last_start >= self.SPACING * self._last_seconds
 
     def wait(self) -> None:
         """Until the checkpoint being written is on the disk; its error, if it failed."""
