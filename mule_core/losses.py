@@ -17,6 +17,8 @@ loss floor no model can meet.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 
@@ -42,7 +44,8 @@ def triplet_topk(
     if anchors.numel() == 0:
         return sim.new_zeros(())
     if rows is not None and k < sim.shape[1]:
-        return _hinge_over_chosen_negatives(sim.detach(), positive, anchors, candidates, margin, k, *rows)
+        negatives = sim.detach().masked_fill(positive, float("-inf"))
+        return _hinge_over_chosen_negatives(negatives, anchors, candidates, margin, k, *rows)
     negatives = sim.masked_fill(positive, float("-inf"))
     # index_select (its gradient is an index_add) rather than advanced indexing, whose
     # gradient is an accumulating index_put: several times slower on the CPU.
@@ -54,13 +57,13 @@ def triplet_topk(
     return violation.clamp(min=0).mean()
 
 
-def _hinge_over_chosen_negatives(sim: torch.Tensor, positive: torch.Tensor, anchors: torch.Tensor,
-                                 candidates: torch.Tensor, margin: float, k: int,
-                                 a: torch.Tensor, c: torch.Tensor) -> torch.Tensor:  # fmt: skip
-    """triplet_topk's mined hinge with sim (no gradient) choosing the k hardest negatives
-    and the rows a, c giving the chosen similarities their values and gradients."""
+def _hinge_over_chosen_negatives(negatives: torch.Tensor, anchors: torch.Tensor, candidates: torch.Tensor,
+                                 margin: float, k: int, a: torch.Tensor, c: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """triplet_topk's mined hinge: `negatives` (the similarities with positives at -inf, no
+    gradient) choose each anchor's k hardest, the rows a, c give the chosen similarities
+    their values and gradients."""
     with torch.no_grad():
-        found = sim.masked_fill(positive, float("-inf")).topk(k, dim=1)  # A x k
+        found = negatives.topk(k, dim=1)  # A x k
     positive_sim = (a.index_select(0, anchors) * c.index_select(0, candidates)).sum(1)
     chosen = c.index_select(0, found.indices.reshape(-1)).reshape(*found.indices.shape, -1)  # A x k x D
     hardest = torch.bmm(chosen, a.unsqueeze(2)).squeeze(2)  # A x k
@@ -137,7 +140,9 @@ def neighborhood_loss(
     """Neighborhood constraints: sentences of the same image (any language) closer than
     sentences of other images. sentences: S x D, L2-normalised; pairs: same-image pairs
     (a != p) in both orders."""
-    sim = sentences @ sentences.T
+    mined = k < len(sentences)
+    with torch.no_grad() if mined else contextlib.nullcontext():  # mined: the matrix only chooses
+        sim = sentences @ sentences.T
     if sentence_text is None:
         positive = sentence_image[:, None] == sentence_image[None, :]  # includes the anchor itself
     else:
@@ -150,6 +155,9 @@ def neighborhood_loss(
         # columns first, on the few set rows; then whole rows (a copy each): a column gather
         # of the S x sets matrix was 28 ms of a real-text LP step
         positive = shared.flatten(2).any(2).index_select(1, set_of).index_select(0, set_of)
+    if mined and pairs[0].numel():  # the matrix is this function's own: masked in place (a copy was 3% of an LP step)
+        negatives = sim.masked_fill_(positive, float("-inf"))
+        return _hinge_over_chosen_negatives(negatives, *pairs, margin, k, sentences, sentences)
     return triplet_topk(sim, positive, pairs, margin, k, (sentences, sentences))
 
 

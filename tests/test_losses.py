@@ -216,13 +216,17 @@ def test_mined_loss_from_the_rows_equals_the_loss_through_the_whole_matrix(k):
 
     import mule.mule_core.losses as losses
 
-    def through_the_matrix(fn, *args):  # triplet_topk without the rows: sim carries the gradient
-        original = losses.triplet_topk
-        losses.triplet_topk = lambda *a: original(*a[:5])
+    def through_the_matrix(fn, *args):  # the chosen negatives' hinge computed on a matrix that carries the gradient
+        original = losses._hinge_over_chosen_negatives
+
+        def on_the_matrix(negatives, anchors, candidates, margin, k, a, c):
+            return losses.triplet_topk(a @ c.T, negatives.isneginf(), (anchors, candidates), margin, k)
+
+        losses._hinge_over_chosen_negatives = on_the_matrix
         try:
             return fn(*args)
         finally:
-            losses.triplet_topk = original
+            losses._hinge_over_chosen_negatives = original
 
     for fn, embeddings, rest in ((neighborhood_loss, (sentences,), (image, pairs, 0.3, k, text)),
                                  (image_sentence_loss, (images, sentences), (image, 0.3, k, text))):  # fmt: skip
