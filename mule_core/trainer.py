@@ -28,13 +28,13 @@ import torch
 import torch.nn.functional as F
 
 from mule.mule_core.batching import Batch, ImageBatchSampler, default_sentences_per_image, duplicate_ids
+from mule.mule_core.dense_tables import DenseTables
 from mule.mule_core.devices import resolve_device  # noqa: F401 - where the training stages find it
 from mule.mule_core.losses import image_sentence_loss, language_classifier_loss, neighborhood_loss
 from mule.mule_core.model import MuleModel
 from mule.mule_core.progress import SHOWN, Progress, format_seconds
 from mule.mule_core.row_updates import RowAdam, RowAverage, clip_grad_norm, coalesced, sparse_tables
 from mule.mule_core.split_tensors import SplitTensors
-from mule.mule_core.dense_tables import DenseTables
 from mule.mule_core.weight_average import BEST_IS_KEPT, cpu_copy, ema_weight, fused_adam
 
 if TYPE_CHECKING:

@@ -33,8 +33,8 @@ from mule.data_catalog import queries
 from mule.data_catalog.schemas import REJECTS
 from mule.data_catalog.tables import Catalog, write_json_atomic
 from mule.data_catalog.weights import load_extractor
-from mule.mule_core.backbones import ExtractorError, backbone, engine_for, numerics
 from mule.mule_core import devices
+from mule.mule_core.backbones import ExtractorError, backbone, engine_for, numerics
 from mule.mule_core.devices import current_share, follow_share, resolve_device, torch_threads
 from mule.mule_core.errors import UserError
 from mule.mule_core.extractor_names import identity_name, resize_for, setting

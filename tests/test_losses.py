@@ -1,5 +1,7 @@
 """The losses, on cases small enough to compute by hand."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -135,6 +137,23 @@ def test_duplicate_ids_are_per_language_and_exact_words():
     tokens = torch.tensor([[4, 5, 0], [4, 5, 0], [4, 5, 6], [4, 5, 0]])
     ids = duplicate_ids(tokens, torch.tensor([2, 2, 3, 2]), np.array([0, 0, 0, 1]))
     assert ids[0] == ids[1] and len({ids[0], ids[2], ids[3]}) == 3  # the same ids in another language differ
+
+
+def test_duplicate_ids_stay_exact_when_different_sentences_hash_alike(monkeypatch):
+    """The rows' hash is checked: sentences that collide (here every hash is 0) still get
+    ids of their own, equal exactly where the words are."""
+    from mule.mule_core import batching
+
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(2, 6, (200, 4), generator=generator)
+    lengths, lang = torch.full((200,), 4), np.zeros(200, dtype=np.int64)
+    expected = batching.duplicate_ids(tokens, lengths, lang)
+    monkeypatch.setattr(batching.np.random, "default_rng", lambda seed: SimpleNamespace(integers=lambda *a, size, **k: np.zeros(size, dtype=np.int64)))
+    collided = batching.duplicate_ids(tokens, lengths, lang)
+    same = lambda ids: ids[:, None] == ids[None, :]  # noqa: E731
+    words_equal = (tokens[:, None, :] == tokens[None, :, :]).all(-1).numpy()
+    assert (same(expected) == words_equal).all() and (same(collided) == words_equal).all()
+    assert 1 < len(set(expected)) < 200  # some sentences repeat, most do not
 
 
 @pytest.mark.parametrize("margin", [0.1, 0.4, 3.0])

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import threading
-from time import monotonic
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
+from time import monotonic
 
 from mule.mule_core.progress import SHOWN
 from mule.stages.shared.context import StageContext, logger
