@@ -83,8 +83,12 @@ def preset_args(checkout: Path, size: str, preset: str | None = None) -> list[st
     demo preset differed from the defaults (2026-11-26) has the defaults as its demo."""
     if preset:
         return ["--preset", preset]
+    if size != "29k":
+        return []
+    if (checkout / "config" / "resolution.py").exists():  # the config's room (2026-11-27 on): "default" is a preset
+        return ["--preset", "default"]
     config = checkout / "pipeline" / "config.py"  # older checkouts kept their presets elsewhere: defaults then
-    return ["--preset", "default"] if size == "29k" and config.exists() and '"default": {}' in config.read_text() else []
+    return ["--preset", "default"] if config.exists() and '"default": {}' in config.read_text() else []
 
 
 def mule_command(size: str, source: Path) -> tuple[list[str], str]:
