@@ -134,12 +134,9 @@ class Trainer:
         # train.word_updates=rows: the tables' gradients are the rows a batch read, and those
         # alone step (mule_core/row_updates.py); dense: every row, every step
         self.rowwise = train.word_updates == "rows"
-        self.tables = sparse_tables(model, self.rowwise)
-        if not self.rowwise:
-            self.tables = []
         # dense updates: the tables' gradients built by hand (mule_core/dense_tables.py), autograd's numbers in fewer passes
-        dense = DenseTables(model.branches.values(), loss.word_l2) if not self.rowwise else None
-        self.dense_tables = dense if dense else None
+        self.tables = sparse_tables(model, True) if self.rowwise else []
+        self.dense_tables = None if self.rowwise else DenseTables(model.branches.values(), loss.word_l2) or None
         self.optimizer = (RowAdam if self.rowwise else torch.optim.Adam)(
             [
                 {"params": [p for p in params if id(p) not in words]},
