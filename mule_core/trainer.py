@@ -290,10 +290,7 @@ class Trainer:
                 coalesced(self.tables)
             if self.train.grad_clip > 0:
                 self.scaler.unscale_(self.optimizer)
-                if self.rowwise:
-                    clip_grad_norm([p for p in self.model.parameters() if p.grad is not None], self.train.grad_clip)
-                else:
-                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.train.grad_clip)
+                clip_grad_norm([p for p in self.model.parameters() if p.grad is not None], self.train.grad_clip)
             moved = self._rows_about_to_move()
             self.scaler.step(self.optimizer)
             self.scaler.update()

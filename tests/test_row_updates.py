@@ -72,6 +72,31 @@ def test_a_row_read_twice_counts_once_in_the_gradient_norm():
     assert torch.allclose(table.grad.to_dense()[1], torch.tensor([0.6, 0.8]), atol=1e-6)
 
 
+@pytest.mark.parametrize("max_norm", [6.0, 5.0, 1.0, 5.0 - 1e-7])
+def test_dense_gradients_are_clipped_as_torch_clips_them_and_left_alone_under_the_norm(max_norm):
+    """Gradients of norm 5: clipped to max_norm as torch's clip_grad_norm_ clips them, to the
+    bit; under it (torch multiplies by 1.0) not written at all: an LP step's pass over every
+    table for nothing."""
+    grads = [torch.tensor([[3.0, 0.0], [0.0, 0.0]]), torch.tensor([4.0])]
+    mine = [torch.nn.Parameter(torch.zeros_like(g)) for g in grads]
+    theirs = [torch.nn.Parameter(torch.zeros_like(g)) for g in grads]
+    for m, t, g in zip(mine, theirs, grads):
+        m.grad, t.grad = g.clone(), g.clone()
+    versions = [m.grad._version for m in mine]
+    assert torch.equal(clip_grad_norm(mine, max_norm), torch.nn.utils.clip_grad_norm_(theirs, max_norm))
+    for m, t in zip(mine, theirs):
+        assert torch.equal(m.grad, t.grad)
+    scaled = max_norm / (5.0 + 1e-6) < 1.0
+    assert [m.grad._version != v for m, v in zip(mine, versions)] == [scaled, scaled]
+
+
+def test_a_gradient_that_is_not_a_number_is_clipped_as_torch_clips_it():
+    mine, theirs = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2))
+    mine.grad, theirs.grad = torch.tensor([float("nan"), 1.0]), torch.tensor([float("nan"), 1.0])
+    clip_grad_norm([mine], 1.0), torch.nn.utils.clip_grad_norm_([theirs], 1.0)
+    assert torch.equal(mine.grad.isnan(), theirs.grad.isnan()) and mine.grad.isnan().all()
+
+
 def test_what_is_left_of_an_average_over_the_steps_a_row_sat_still():
     """d = 0.5: steps 2 and 3 keep (1 - 2/3) (1 - 4/7) = 1/7 of the average's distance from the
     weights; a row never averaged (since 0) keeps nothing (step 1's weight is 1)."""
