@@ -18,6 +18,7 @@ loss floor no model can meet.
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 import torch.nn.functional as F
@@ -150,7 +151,7 @@ def neighborhood_loss(
         # has it): two sentences are no negatives of each other when some image owns both.
         # Sentences with the same owners have the same row: overlaps of the distinct owner
         # sets (a few hundred), then one gather per axis.
-        owner_sets, set_of = torch.unique(sentence_owners(sentence_image, sentence_text), dim=0, return_inverse=True)
+        owner_sets, set_of = distinct_rows(sentence_owners(sentence_image, sentence_text))
         shared = (owner_sets[:, None, :, None] == owner_sets[None, :, None, :]) & (owner_sets >= 0)[:, None, :, None]
         # columns first, on the few set rows; then whole rows (a copy each): a column gather
         # of the S x sets matrix was 28 ms of a real-text LP step
@@ -174,6 +175,23 @@ def sentence_owners(sentence_image: torch.Tensor, sentence_text: torch.Tensor) -
     table = torch.full((int(text_of.max()) + 1, int(rank.max()) + 1), -1, dtype=image.dtype, device=image.device)
     table[text, rank] = image
     return table.index_select(0, text_of)
+
+
+def distinct_rows(table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch.unique(table, dim=0, return_inverse=True) for a table of small integers >= -1
+    (sentence_owners'): each row read as one number in base max + 2, first column most
+    significant (the same sorted rows), and a 1-D unique of those. torch's unique over rows
+    compares them one by one on the CPU (3,000 torch.equal calls at a real-text LP batch's
+    3,072 sentences: 1.5 ms a step, 0.1 ms this way)."""
+    rows, width = table.shape
+    base = int(table.max()) + 2 if table.numel() else 1
+    if rows == 0 or width * math.log2(max(base, 2)) > 62:  # the number would not fit in an int64
+        return torch.unique(table, dim=0, return_inverse=True)
+    digits = base ** torch.arange(width - 1, -1, -1, device=table.device, dtype=torch.int64)
+    keys, inverse = torch.unique(((table.long() + 1) * digits).sum(1), return_inverse=True)
+    first = torch.full((len(keys),), rows, dtype=torch.int64, device=table.device)
+    first.scatter_reduce_(0, inverse, torch.arange(rows, device=table.device), "amin")
+    return table.index_select(0, first), inverse
 
 
 def language_classifier_loss(logits: torch.Tensor, language: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,7 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -109,8 +110,9 @@ def fasttext_lookups(jobs: dict[str, dict[str, Any]], t) -> dict[str, dict[str, 
         logger().info("fastText: %d languages, up to %d at a time", len(jobs), most, extra=SHOWN)
     pool = ThreadPoolExecutor(most, thread_name_prefix="fasttext")
     try:
-        futures = {lang: pool.submit(gated, lang, words) for lang, words in jobs.items()}
-        return {lang: future.result() for lang, future in futures.items()}
+        # the longest first (LPT): the last to start is a short one, not German's 90 s on the real text
+        futures = {lang: pool.submit(gated, lang, jobs[lang]) for lang in longest_first(jobs)}
+        return {lang: futures[lang].result() for lang in jobs}
     except BaseException:  # a stop or an error: no job starts after it, and the stage does not wait for those running
         stopped.set()
         with gate:
@@ -122,6 +124,14 @@ def fasttext_lookups(jobs: dict[str, dict[str, Any]], t) -> dict[str, dict[str, 
         raise
     finally:
         pool.shutdown(wait=not stopped.is_set(), cancel_futures=True)
+
+
+def longest_first(jobs: dict[str, dict[str, Any]]) -> list[str]:
+    """The languages by fastText's work on them, most first: the characters of their training
+    text (each word is its character n-grams, so a token of a long word costs more: on the real
+    text German's 1.9 M tokens took 90 s, English's 1.9 M 79 s, Czech's 0.3 M 19 s)."""
+    work = {lang: sum(map(len, chain.from_iterable(words["train"]))) for lang, words in jobs.items()}
+    return sorted(jobs, key=lambda lang: -work[lang])  # stable: equal work keeps the config's order
 
 
 def run_worker(directory: Path, lang: str, running: set | None = None) -> None:

@@ -261,3 +261,19 @@ def test_mined_loss_from_the_rows_equals_the_loss_through_the_whole_matrix(k):
         for mine, theirs in zip(rows_grads, matrix_grads):
             assert theirs.abs().sum() > 0
             torch.testing.assert_close(mine, theirs)
+
+
+@pytest.mark.parametrize("shape, high", [((300, 3), 40), ((50, 1), 2), ((7, 4), 1000), ((20, 8), 300), ((0, 2), 5)])
+def test_distinct_rows_are_torch_s_unique_rows(shape, high):
+    """The owner sets by one number per row give what torch.unique(dim=0) gives: the same
+    sorted rows and each row's place among them; (20, 8) with values to 300 does not fit an
+    int64 and takes torch's path."""
+    from mule.mule_core.losses import distinct_rows
+
+    generator = torch.Generator().manual_seed(sum(shape) + high)
+    table = torch.randint(-1, high, shape, generator=generator)
+    if len(table) > 10:
+        table[5:10] = table[0]  # repeated rows
+    rows, inverse = distinct_rows(table)
+    expected_rows, expected_inverse = torch.unique(table, dim=0, return_inverse=True)
+    assert torch.equal(rows, expected_rows) and torch.equal(inverse, expected_inverse)

@@ -51,11 +51,15 @@ def test_languages_trained_side_by_side_get_the_vectors_of_a_run_alone(monkeypat
         train = [[words[0], words[i % 4 + 1], words[(i * 7) % 4 + 1]] for i in range(300)]
         vocab = ["<pad>", "<unk>", *words]
         jobs[lang] = {"train": train, "vocab": vocab, "ngram_table": ngram_table(vocab, (3, 4))}
-    results = []
+    results, started = [], []
+    run_worker = text.run_worker
+    monkeypatch.setattr(text, "run_worker", lambda directory, lang, *rest: started.append(lang) or run_worker(directory, lang, *rest))
     for cores in (1, 4, 4):
         monkeypatch.setattr(text.devices, "usable_cores", lambda cores=cores: cores)
         results.append(text.fasttext_lookups(jobs, settings))
     alone, together, again = results
+    # one at a time, the most characters first (German's "ein" against English's "a"); the results in the config's order
+    assert started[:2] == ["de", "en"] and list(alone) == ["en", "de"]
     assert all(np.array_equal(a, b) for a, b in zip(together["en"]["ngrams"][1], again["en"]["ngrams"][1]))
     for lang in jobs:
         assert alone[lang]["vectors"].keys() == together[lang]["vectors"].keys() == set(jobs[lang]["vocab"][2:])
@@ -63,6 +67,15 @@ def test_languages_trained_side_by_side_get_the_vectors_of_a_run_alone(monkeypat
             assert np.array_equal(vector, together[lang]["vectors"][word])
         assert alone[lang]["ngrams"][0] == together[lang]["ngrams"][0] != []
         assert all(np.array_equal(a, b) for a, b in zip(alone[lang]["ngrams"][1], together[lang]["ngrams"][1]))
+
+
+def test_fasttext_s_longest_jobs_start_first():
+    """Longest processing time first: on two cores the short languages fill in at the end,
+    and no long one starts last (a token costs by its characters: its n-grams)."""
+    jobs = {"en": {"train": [["a", "dog"]] * 3}, "de": {"train": [["ein", "schäferhund"]] * 2},
+            "fr": {"train": [["un"]]}, "cs": {"train": [["pes"]]}}  # fmt: skip
+    assert text.longest_first(jobs) == ["de", "en", "cs", "fr"]
+    assert text.longest_first({"en": {"train": [["ab"]]}, "de": {"train": [["a", "b"]]}}) == ["en", "de"]  # ties: as given
 
 
 def fasttext_job(directory, sentences, epochs=3):
