@@ -1,7 +1,7 @@
 """Joint training: image-sentence triplet loss + NC + LC, starting from LP's MULE layers.
 
 Validation mR after every epoch picks the model that is kept. A checkpoint after the
-epochs (spaced when writes are long: stages/shared/checkpoints.py) lets an interrupted run
+epochs (written at the lowest CPU priority beside the next: stages/shared/checkpoints.py) lets an interrupted run
 resume where it stopped: only a run under the same stage key (the same inputs, config and
 code) resumes it.
 """

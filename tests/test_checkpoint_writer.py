@@ -1,7 +1,10 @@
 """A training checkpoint is written on a thread of its own while the next epoch trains
 (stages/shared/checkpoints.py): it holds the state of the epoch that ended, a stop waits
-for it, a failed write is raised in the stage, and long writes are spaced out."""
+for it, a failed write is raised in the stage; the writer takes the cycles training leaves
+idle, and where it cannot, long writes are spaced out."""
 
+import os
+import sys
 import threading
 from types import SimpleNamespace
 
@@ -80,13 +83,66 @@ class Clock:
         return self.now
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="a thread's own priority is Linux's")
+def test_the_writer_runs_at_the_lowest_priority_and_training_keeps_its_own(tmp_path, monkeypatch):
+    from mule.data_catalog import model_files
+
+    seen = {}
+    original = model_files.save_atomic
+
+    def spy(obj, path):
+        seen["writer"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        original(obj, path)
+
+    monkeypatch.setattr(model_files, "save_atomic", spy)
+    before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    checkpoints = Checkpoints(SimpleNamespace(key="k", after_record=[]), tmp_path / "c.pt")
+    checkpoints.save(Trainer())
+    checkpoints.wait()
+    assert seen["writer"] == 19 and os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
+    assert os.getpriority(os.PRIO_PROCESS, os.getpid()) == before  # the thread alone, not the process
+
+
+def test_a_yielding_writer_checkpoints_every_epoch_that_ends_after_the_last_write(tmp_path, monkeypatch):
+    """The writer takes idle cycles: no spacing. Epochs of 3 s; writes of 0.5 s, then 5 s
+    from epoch 3 on: the epochs that end while a write is in flight write none; the last
+    writes none."""
+    from mule.stages.shared import checkpoints as module
+
+    monkeypatch.setattr(module, "yield_cpu", lambda: True)
+    clock = Clock()
+    monkeypatch.setattr(module, "monotonic", clock)
+    release = held_writes(monkeypatch)  # a write goes on until the clock passes its end
+    checkpoints = Checkpoints(SimpleNamespace(key="k", after_record=[]), tmp_path / "c.pt")
+    trainer = Trainer(epochs=9)
+    written, ends = [], None
+    for epoch in range(1, 10):
+        clock.now += 3.0  # the epoch trains
+        if ends is not None and clock.now >= ends:
+            release.set()
+            checkpoints._writer.join()
+            release.clear()
+            ends = None
+        trainer.epoch = epoch
+        writer = checkpoints._writer
+        checkpoints.save(trainer)
+        if checkpoints._writer is not writer:
+            written.append(epoch)
+            ends = clock.now + (5.0 if epoch >= 3 else 0.5)
+    release.set()
+    checkpoints.wait()
+    assert written == [1, 2, 3, 5, 7]
+    assert read_checkpoint(tmp_path / "c.pt")["trainer"]["epoch"] == 7
+
+
 def test_long_writes_come_no_more_often_than_five_times_their_duration(tmp_path, monkeypatch):
-    """Writes under a second come after every epoch; a 2 s write is followed by none until
-    10 s after it began (the writes' share of the time at most a fifth); the last epoch
-    writes none (the stage saves its model next)."""
+    """Where the writer cannot yield (not Linux): writes under a second come after every
+    epoch; a 2 s write is followed by none until 10 s after it began (the writes' share of
+    the time at most a fifth); the last epoch writes none (the stage saves its model next)."""
     from mule.data_catalog import model_files
     from mule.stages.shared import checkpoints as module
 
+    monkeypatch.setattr(module, "yield_cpu", lambda: False)
     clock = Clock()
     monkeypatch.setattr(module, "monotonic", clock)
     duration = {"s": 0.5}
