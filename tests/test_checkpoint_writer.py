@@ -84,7 +84,7 @@ class Clock:
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="a thread's own priority is Linux's")
-def test_the_writer_runs_at_the_lowest_priority_and_training_keeps_its_own(tmp_path, monkeypatch):
+def test_a_large_checkpoint_s_writer_runs_at_the_lowest_priority_and_training_keeps_its_own(tmp_path, monkeypatch):
     from mule.data_catalog import model_files
 
     seen = {}
@@ -97,6 +97,10 @@ def test_the_writer_runs_at_the_lowest_priority_and_training_keeps_its_own(tmp_p
     monkeypatch.setattr(model_files, "save_atomic", spy)
     before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     checkpoints = Checkpoints(SimpleNamespace(key="k", after_record=[]), tmp_path / "c.pt")
+    checkpoints.save(Trainer())  # 12 bytes: the stage's own priority
+    checkpoints.wait()
+    assert seen["writer"] == before
+    monkeypatch.setattr(Checkpoints, "YIELD_BYTES", 12)  # as large as the real text's 1.3 GB, for this test
     checkpoints.save(Trainer())
     checkpoints.wait()
     assert seen["writer"] == 19 and os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
@@ -110,6 +114,7 @@ def test_a_yielding_writer_checkpoints_every_epoch_that_ends_after_the_last_writ
     from mule.stages.shared import checkpoints as module
 
     monkeypatch.setattr(module, "yield_cpu", lambda: True)
+    monkeypatch.setattr(Checkpoints, "YIELD_BYTES", 0)  # every checkpoint a large one
     clock = Clock()
     monkeypatch.setattr(module, "monotonic", clock)
     release = held_writes(monkeypatch)  # a write goes on until the clock passes its end

@@ -39,18 +39,21 @@ class Checkpoints:
     checkpoint whole (the write is atomic), as a stop during a write in the stage's own
     thread did.
 
-    The writer runs at the lowest CPU priority (nice 19, on Linux): it writes with the
-    cycles training leaves idle. At the same priority a 5 s write cost the real-text LP
-    epoch after it 3.5-4 s (its first steps ran at half speed); at nice 19 the write takes
-    15-18 s and training is not measurably slower (bench/checkpoint_cost.py). An epoch that
-    ends while a write is still going on writes none. Where the writer cannot yield, writes
-    are spaced so that they take at most a fifth of the training's time: after every epoch
-    while a write takes under a second, else once SPACING times the last write's duration
-    has passed since it began. The last epoch writes none: the stage saves its model next
-    and would remove it at once."""
+    A large checkpoint (YIELD_BYTES and over) is written at the lowest CPU priority (nice
+    19, on Linux), with the cycles training leaves idle. At the same priority a 5 s write
+    cost the real-text LP epoch after it 4-5 s (its first steps ran at half speed); at nice
+    19 the write takes 16 s and training is not measurably slower (bench/checkpoint_cost.py).
+    A small one (every test, the demo: milliseconds) keeps the stage's priority: at nice 19
+    beside other busy processes it could wait seconds for a core, and a stop waits for it.
+    An epoch that ends while a write is still going on writes none. Where a long writer
+    could not yield, writes are spaced so that they take at most a fifth of the training's
+    time: after every epoch while a write takes under a second, else once SPACING times the
+    last write's duration has passed since it began. The last epoch writes none: the stage
+    saves its model next and would remove it at once."""
 
     SPACING = 5  # a write's duration x this: the least time between two long writes' starts
     LONG_WRITE_S = 1.0
+    YIELD_BYTES = 256 * 2**20
 
     def __init__(self, ctx: StageContext, path: Path):
         self.ctx, self.path = ctx, path
@@ -78,11 +81,12 @@ class Checkpoints:
 
         self.wait()
         state = {"key": self.ctx.key, "trainer": snapshot(trainer.state_dict())}
+        large = tensor_bytes(state) >= self.YIELD_BYTES
         self._last_start = monotonic()
 
         def write() -> None:
             try:
-                self._yielded = yield_cpu()
+                self._yielded = large and yield_cpu()
                 save_atomic(state, self.path)
                 self._last_seconds = monotonic() - self._last_start
             except BaseException as error:  # noqa: BLE001 - raised in the stage's thread by the next wait()
@@ -139,6 +143,15 @@ def yield_cpu() -> bool:
     except OSError:
         return False
     return True
+
+
+def tensor_bytes(state) -> int:
+    """The bytes of the tensors in a (nested) state dict."""
+    if isinstance(state, dict):
+        return sum(tensor_bytes(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(tensor_bytes(v) for v in state)
+    return state.numel() * state.element_size() if hasattr(state, "element_size") else 0
 
 
 def snapshot(state: dict) -> dict:
