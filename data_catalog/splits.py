@@ -12,12 +12,14 @@ import torch
 
 from mule.data_catalog import queries
 from mule.data_catalog.tables import Catalog
+from mule.mule_core.collector import bulk
 from mule.mule_core.errors import InputError
 from mule.mule_core.settings import ModelConfig
 from mule.mule_core.split_tensors import SplitTensors
 from mule.mule_core.vocabulary import Vocab, Vocabulary, pad_batch
 
 
+@bulk
 def load_vocabulary(catalog: Catalog, dataset: str, languages: list[str] | tuple[str, ...],
                     model: ModelConfig | None = None) -> Vocabulary:  # fmt: skip
     """The text stage's vocabularies and word vectors for these languages; for a `model`
@@ -56,6 +58,7 @@ def _matrix(column) -> np.ndarray:
     return flat.reshape(-1, dim) if dim else flat.reshape(0, 0)
 
 
+@bulk
 def load_split(
     catalog: Catalog,
     dataset: str,
@@ -102,19 +105,21 @@ def load_split(
     lang_index = {lang: i for i, lang in enumerate(languages)}
     lang_col, token_col, id_col = rows["lang"].to_pylist(), rows["tokens"].to_pylist(), rows["caption_id"].to_pylist()
     key_col = rows["translation_key"].to_pylist()
-    caption_image, caption_lang, caption_ids, keys, kept_tokens = [], [], [], [], []
-    for img, lang, tokens, caption_id, key, k in zip(image_col, lang_col, token_col, id_col, key_col, keep):
-        if k:
-            kept_tokens.append(rewrite(tokens) if rewrite else tokens)
-            caption_image.append(image_row[img])
-            caption_lang.append(lang_index[lang])
-            caption_ids.append(caption_id)
-            keys.append(key)
+    if not keep.all():
+        kept = np.flatnonzero(keep).tolist()
+        image_col, lang_col, token_col, id_col, key_col = (
+            [column[i] for i in kept] for column in (image_col, lang_col, token_col, id_col, key_col)
+        )
+    kept_tokens = list(map(rewrite, token_col)) if rewrite else token_col
+    caption_image = list(map(image_row.__getitem__, image_col))
+    caption_lang = list(map(lang_index.__getitem__, lang_col))
+    caption_ids, keys = id_col, key_col
     # Each language's captions through the vocabulary's one encoding (the served model's too)
     encoded: list[list[int]] = [[] for _ in kept_tokens]
     unseen = {}
+    lang_of = np.asarray(caption_lang, dtype=np.int64)
     for index, lang in enumerate(languages):
-        rows_of = [i for i, li in enumerate(caption_lang) if li == index]
+        rows_of = np.flatnonzero(lang_of == index).tolist()
         result = vocabulary.encode(lang, [kept_tokens[i] for i in rows_of])
         for i, ids in zip(rows_of, result.ids):
             encoded[i] = ids

@@ -33,6 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mule.mule_core import collector
+
 # Vocabulary words that must contain an n-gram for it to get a vector of its own.
 MIN_WORDS = 2
 SPECIALS = 2  # <pad> and <unk> have no n-grams
@@ -105,7 +107,8 @@ def ngram_table(words: Sequence[str], lengths: Sequence[int]) -> NgramTable:
     with _TABLES_LOCK:
         table = _TABLES.get(key)
         if table is None:
-            table = _TABLES[key] = NgramTable(*key)
+            with collector.paused():  # a vocabulary's n-grams: millions of small objects
+                table = _TABLES[key] = NgramTable(*key)
     return table
 
 

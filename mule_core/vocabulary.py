@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 import torch
@@ -94,7 +95,14 @@ class Vocabulary:
         outside: dict[str, int] = {}  # word outside the vocabulary -> its id (from len(vocab) on)
         rows: list[list[int]] = []
         ids, composed, unknown = [], [], []
+        known = vocab.index.get
         for tokens in sentences:
+            found = list(map(known, tokens))  # every word a row of the table: one C loop (a training split's sentences)
+            if None not in found and (not found or min(found) > 1):
+                ids.append(found)
+                composed.append([])
+                unknown.append([])
+                continue
             sentence, built, unknowns = [], [], []
             for token in tokens:
                 index = vocab.index.get(token)
@@ -121,11 +129,14 @@ class Vocabulary:
 
 def pad_batch(sequences: Sequence[Sequence[int]], max_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded (N x T) int64 tokens and lengths; empty sequences become one <unk>."""
-    lengths = np.array([min(max(len(s), 1), max_tokens) for s in sequences], dtype=np.int64)
-    out = np.zeros((len(sequences), int(lengths.max(initial=1))), dtype=np.int64)
-    for row, seq in enumerate(sequences):
-        seq = list(seq[:max_tokens]) or [1]
-        out[row, : len(seq)] = seq
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be 1 or more, not {max_tokens}")
+    kept = [seq[:max_tokens] if len(seq) else (1,) for seq in sequences]
+    lengths = np.fromiter(map(len, kept), dtype=np.int64, count=len(kept))
+    out = np.zeros((len(kept), int(lengths.max(initial=1))), dtype=np.int64)
+    flat = np.fromiter(chain.from_iterable(kept), dtype=np.int64, count=int(lengths.sum()))
+    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    out[np.repeat(np.arange(len(kept)), lengths), np.arange(len(flat)) - starts] = flat  # one scatter, not a row at a time
     return torch.from_numpy(out), torch.from_numpy(lengths)
 
 

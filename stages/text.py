@@ -25,6 +25,7 @@ from mule.data_catalog import queries
 from mule.data_catalog.tables import Catalog
 from mule.datasets.vector_files import VectorFile
 from mule.mule_core import devices
+from mule.mule_core.collector import bulk
 from mule.mule_core.errors import InputError
 from mule.mule_core.progress import SHOWN, format_seconds
 from mule.mule_core.subwords import ngram_table
@@ -170,6 +171,7 @@ def dataset_languages(catalog: Catalog, dataset: str, wanted: tuple[str, ...]) -
     return [lang for lang in wanted if lang in present]
 
 
+@bulk
 def language_vocabulary(catalog: Catalog, dataset: str, lang: str, captions: str) -> dict[str, Any]:
     """A language's vocabulary (<pad>, <unk>, then the training captions' words by count)
     and the training captions fastText learns from.

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mule.mule_core.vocabulary import PAD, UNK, Vocab, pad_batch, tokenize
+from mule.mule_core.vocabulary import PAD, UNK, Vocab, Vocabulary, pad_batch, tokenize
 
 
 def test_moses_tokenisation_lower_cases_and_splits_punctuation():
@@ -23,6 +23,20 @@ def test_pad_batch_pads_truncates_and_never_yields_empty_rows():
     assert tokens.tolist() == [[5, 6], [8, 0], [1, 0]]
     assert lengths.tolist() == [2, 1, 1]
     assert tokens.dtype == torch.int64
+
+
+def test_pad_batch_takes_no_fewer_than_one_token():
+    with pytest.raises(ValueError, match="max_tokens must be 1 or more"):
+        pad_batch([[5]], max_tokens=0)
+
+
+def test_a_sentence_s_words_are_their_rows_and_pad_and_unk_written_out_are_unknown():
+    """Known words are their rows; "<pad>" and "<unk>" typed in a caption are words outside
+    the vocabulary (not row 0, which pads), with nothing to compose them from: <unk>."""
+    vocabulary = Vocabulary(["en"], {"en": Vocab.build([["a", "dog"]])})
+    encoded = vocabulary.encode("en", [["a", "dog"], ["dog", "<pad>", "zzz", "<unk>"], []])
+    assert encoded.ids == [[2, 3], [3, 1, 1, 1], []]
+    assert encoded.unknown == [[], ["<pad>", "zzz", "<unk>"], []] and encoded.composed == [[], [], []]
 
 
 def test_japanese_is_segmented_by_janome_on_real_sentences():
