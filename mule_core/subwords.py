@@ -22,6 +22,7 @@ it was given.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import threading
 import weakref
@@ -97,6 +98,9 @@ def _table(rows: list[list[int]]) -> torch.Tensor:
 # query, past 16 languages; an unbounded one would keep every reloaded model's tables).
 _TABLES: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 _TABLES_LOCK = threading.Lock()
+# ... and the last few built, in use or not: a run's stages (text, LP, training, evaluation)
+# read the same vocabularies one after the other, each table 1-3 s to build on the real text
+_RECENT: collections.deque = collections.deque(maxlen=8)
 
 
 def ngram_table(words: Sequence[str], lengths: Sequence[int]) -> NgramTable:
@@ -109,6 +113,7 @@ def ngram_table(words: Sequence[str], lengths: Sequence[int]) -> NgramTable:
         if table is None:
             with collector.paused():  # a vocabulary's n-grams: millions of small objects
                 table = _TABLES[key] = NgramTable(*key)
+            _RECENT.append(table)
     return table
 
 

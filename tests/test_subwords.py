@@ -207,7 +207,8 @@ def test_word_vector_gradients_are_the_same_on_every_run_on_several_threads():
 def test_each_language_s_table_is_built_once_whatever_the_number_of_languages(monkeypatch):
     """A model of 17 languages encodes queries in each, again and again: every language's
     n-gram table is built once (an LRU cache of 16 rebuilt all of them on every query, 10 s
-    of CPU for 34 queries), and a vocabulary no longer in use lets its table go."""
+    of CPU for 34 queries), and a vocabulary no longer in use lets its table go, but for the
+    last eight built (the next stage of a run reads them again)."""
     import gc
 
     from mule.mule_core import subwords
@@ -224,6 +225,21 @@ def test_each_language_s_table_is_built_once_whatever_the_number_of_languages(mo
             encoded = vocabulary.encode(lang, [[f"{lang}word7", f"{lang}wordy"]])
             assert encoded.composed == [[f"{lang}wordy"]]  # a word outside it, built from its n-grams
     assert len(built) == 17
-    del vocabulary, vocabs
+    del vocabulary, vocabs, encoded
     gc.collect()
-    assert not [key for key in subwords._TABLES if key[0][2:3] and key[0][2].startswith("l0")]
+    left = sorted(key[0][2][:3] for key in subwords._TABLES if key[0][2:3] and key[0][2][:1] == "l")
+    assert left == languages[-subwords._RECENT.maxlen :]
+
+
+def test_a_table_outlives_its_vocabulary_for_the_next_stage_of_the_run():
+    """The text stage builds a language's table, LP reads the same words next: the same table,
+    not another 1-3 s of building on the real text."""
+    import gc
+    import weakref
+
+    from mule.mule_core import subwords
+
+    words = ["<pad>", "<unk>", "stage", "stages", "staged"]
+    first = weakref.ref(subwords.ngram_table(list(words), (3, 4)))  # nothing holds it
+    gc.collect()
+    assert first() is not None and subwords.ngram_table(list(words), (3, 4)) is first()
