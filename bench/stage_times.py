@@ -124,11 +124,13 @@ def run_demo(checkout: Path, workdir: Path, size: str, sets: list[str], preset: 
                *preset_args(checkout, size, preset), *[a for s in sets for a in ("--set", s)]]  # fmt: skip
     started = time.time()
     process = subprocess.Popen(command, cwd=checkout, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    peak = [0.0]
+    peak = [0.0, 0.0]  # MB, and when (seconds since the start)
 
     def watch() -> None:
         while process.poll() is None:
-            peak[0] = max(peak[0], tree_rss_mb(process.pid))
+            now = tree_rss_mb(process.pid)
+            if now > peak[0]:
+                peak[:] = [now, time.time() - started]
             time.sleep(0.5)
 
     watcher = threading.Thread(target=watch, daemon=True)
@@ -154,7 +156,7 @@ def run_demo(checkout: Path, workdir: Path, size: str, sets: list[str], preset: 
     previous = started + max(ended.values(), default=0.0)
     evaluation = json.loads((workdir / "results" / dataset / "evaluation.json").read_text())
     phases = {stage: (records.get(stage, {}).get("result") or {}).get("phases") for stage in ("pretrain", "train")}
-    return {"wall": wall, "peak_mb": peak[0], "ended": ended, "phases": phases,
+    return {"wall": wall, "peak_mb": peak[0], "peak_at": peak[1], "ended": ended, "phases": phases,
             "compute": {s: r.get("seconds") for s, r in records.items()},
             "mR": headline_recall(evaluation), "en->x R@1": english_r1(evaluation),
             "after_last_stage": started + wall - previous}  # fmt: skip
@@ -196,6 +198,7 @@ def table(results: dict[str, dict]) -> str:
         for phase in ("batches", "forward", "backward", "optimizer", "validation"):
             row(f"{stage}: {phase} s", lambda r, s=stage, p=phase: (r["phases"].get(s) or {}).get(p))
     row("peak RSS MB (the process tree)", lambda r: r["peak_mb"])
+    row("peak RSS: when, s (the stages' ends above say which ran)", lambda r: r.get("peak_at", 0.0))
     if any(r["en->x R@1"] for r in results.values()):  # the real text: no images, R@1 across languages
         for pair in sorted({p for r in results.values() for p in r["en->x R@1"]}):
             row(f"test {pair} R@1 (MULE layer)", lambda r, p=pair: r["en->x R@1"].get(p))

@@ -5,7 +5,10 @@ captions' tokens, their ids, their padded rows), and each of CPython's full coll
 walks every one of them, though none is garbage: `data_catalog.splits.load_split` took
 10.8 s on the real training split, 3.3 s with the collector paused. The loaders that
 build such data run inside `paused()`; reference counting still frees what they drop,
-and what cyclic garbage they leave is collected once the pause ends.
+and what cyclic garbage they leave is collected once the pause ends. A pause begins with
+a collection: a training stage's model, optimiser and weight average (GBs on the real
+text) can be garbage in cycles when the next stage starts loading, and must not outlive
+its loading.
 
 The pause is the process's (the collector has no other kind): several threads may hold
 it at once (a stage beside another), and it ends when the last lets go. A collector
@@ -34,6 +37,8 @@ def paused() -> Iterator[None]:
     with _lock:
         if _holders == 0:
             _enable_after = gc.isenabled()
+            if _enable_after:
+                gc.collect()  # what earlier work left in cycles (a finished stage's model and optimiser) goes first
             gc.disable()
         _holders += 1
     try:
