@@ -322,6 +322,9 @@ class Trainer:
         if result.divergence is None and result.score is not None and result.score > self.best_score:
             result.is_best = True
             self.best_score, self.best_epoch = result.score, epoch
+            # the last best's copies go before the new ones are made: one set in memory, not
+            # two (on the real text each set is 1.1 GB, and a checkpoint being written holds 1.4)
+            self.best_state = self.best_optimizer = None
             self.best_state = cpu_copy(self.kept_model.state_dict())
             self.best_optimizer = cpu_copy(self.optimizer.state_dict())
         self.epoch = epoch
