@@ -6,9 +6,9 @@ walks every one of them, though none is garbage: `data_catalog.splits.load_split
 10.8 s on the real training split, 3.3 s with the collector paused. The loaders that
 build such data run inside `paused()`; reference counting still frees what they drop,
 and what cyclic garbage they leave is collected once the pause ends. A pause begins with
-a collection: a training stage's model, optimiser and weight average (GBs on the real
-text) can be garbage in cycles when the next stage starts loading, and must not outlive
-its loading.
+a collection (at most one every COLLECT_EVERY_S): a training stage's model, optimiser and
+weight average (GBs on the real text) can be garbage in cycles when the next stage starts
+loading, and must not outlive its loading.
 
 The pause is the process's (the collector has no other kind): several threads may hold
 it at once (a stage beside another), and it ends when the last lets go. A collector
@@ -22,11 +22,17 @@ import gc
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from time import monotonic
 from typing import TypeVar
 
 _lock = threading.Lock()
 _holders = 0
 _enable_after = False
+# A full collection costs 0.3 s in a process that has imported the pipeline: at most one
+# every COLLECT_EVERY_S, so the loaders of one stage (the demo's text stage pauses eight
+# times in 2 s) pay it once, and each stage of a real run (minutes apart) pays it.
+COLLECT_EVERY_S = 30.0
+_collected = [-COLLECT_EVERY_S]
 
 F = TypeVar("F", bound=Callable)
 
@@ -37,8 +43,9 @@ def paused() -> Iterator[None]:
     with _lock:
         if _holders == 0:
             _enable_after = gc.isenabled()
-            if _enable_after:
+            if _enable_after and monotonic() - _collected[0] >= COLLECT_EVERY_S:
                 gc.collect()  # what earlier work left in cycles (a finished stage's model and optimiser) goes first
+                _collected[0] = monotonic()
             gc.disable()
         _holders += 1
     try:

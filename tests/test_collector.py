@@ -76,3 +76,18 @@ def test_an_ngram_table_is_built_with_the_collector_paused(monkeypatch):
     monkeypatch.setattr(subwords, "char_ngrams", lambda *a: seen.append(gc.isenabled()) or original(*a))
     subwords.ngram_table(["<pad>", "<unk>", "collector", "collected"], (3,))
     assert seen and not any(seen) and gc.isenabled()
+
+
+def test_a_pause_begins_with_a_collection_at_most_once_every_thirty_seconds(monkeypatch):
+    """A finished stage's cyclic garbage goes before the next stage loads; the loaders of one
+    stage, pausing again and again, pay for one full collection, not one each."""
+    now = [1000.0]
+    monkeypatch.setattr(collector, "monotonic", lambda: now[0])
+    monkeypatch.setattr(collector, "_collected", [-collector.COLLECT_EVERY_S])
+    collections = []
+    monkeypatch.setattr(collector.gc, "collect", lambda *a: collections.append(now[0]))
+    for step in (0.0, 1.0, 10.0, 29.0, 31.0, 95.0):
+        now[0] = 1000.0 + step
+        with collector.paused():
+            pass
+    assert collections == [1000.0, 1031.0, 1095.0]
