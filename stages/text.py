@@ -93,13 +93,17 @@ def fasttext_lookups(jobs: dict[str, dict[str, Any]], t) -> dict[str, dict[str, 
     stopped = threading.Event()
     workers: set[subprocess.Popen] = set()  # the fastText processes running: a stop kills them
 
-    def gated(lang: str, words: dict[str, Any]) -> dict[str, Any] | None:
+    turn = [0]  # the next job to start, in longest_first's order (the pool's threads may wake in any)
+
+    def gated(lang: str, words: dict[str, Any], ticket: int) -> dict[str, Any] | None:
         with gate:
-            while running[0] >= allowed() and not stopped.is_set():
+            while (running[0] >= allowed() or turn[0] != ticket) and not stopped.is_set():
                 gate.wait(1.0)  # a stage beside this one may end meanwhile: its cores come to this one
             if stopped.is_set():
                 return None
             running[0] += 1
+            turn[0] += 1
+            gate.notify_all()
         try:
             return one(lang, words)
         finally:
@@ -112,7 +116,7 @@ def fasttext_lookups(jobs: dict[str, dict[str, Any]], t) -> dict[str, dict[str, 
     pool = ThreadPoolExecutor(most, thread_name_prefix="fasttext")
     try:
         # the longest first (LPT): the last to start is a short one, not German's 90 s on the real text
-        futures = {lang: pool.submit(gated, lang, jobs[lang]) for lang in longest_first(jobs)}
+        futures = {lang: pool.submit(gated, lang, jobs[lang], ticket) for ticket, lang in enumerate(longest_first(jobs))}
         return {lang: futures[lang].result() for lang in jobs}
     except BaseException:  # a stop or an error: no job starts after it, and the stage does not wait for those running
         stopped.set()
