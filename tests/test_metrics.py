@@ -5,6 +5,7 @@ import torch
 
 from mule.mule_core.metrics import (
     cross_lingual_recalls,
+    grouped_ranks,
     image_to_sentence_ranks,
     per_language_recalls,
     retrieval_recalls,
@@ -25,6 +26,40 @@ SENTENCE_IMAGE = torch.tensor([0, 0, 1, 1, 2, 2])
 
 def test_image_to_sentence_ranks():
     assert image_to_sentence_ranks(SIM, SENTENCE_IMAGE).tolist() == [0, 3, 0]
+
+
+def ranks_by_definition(sim, query_group, candidate_group):
+    """The docstring's rank, one query at a time: candidates of other groups scoring at
+    least as high as the best candidate of the query's own group (-inf with none)."""
+    ranks = []
+    for q in range(sim.shape[0]):
+        own = [sim[q, c].item() for c in range(sim.shape[1]) if candidate_group[c] == query_group[q]]
+        best = max(own, default=float("-inf"))
+        ranks.append(sum(1 for c in range(sim.shape[1])
+                         if candidate_group[c] != query_group[q] and sim[q, c].item() >= best))  # fmt: skip
+    return ranks
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_grouped_ranks_are_the_definition_s_with_ties_gaps_and_chunks(seed):
+    generator = torch.Generator().manual_seed(seed)
+    n_queries, n_candidates = 23, 31
+    sim = torch.randint(0, 5, (n_queries, n_candidates), generator=generator).float()  # many ties
+    sim[0, :4] = float("-inf")
+    candidate_group = torch.randint(0, 9, (n_candidates,), generator=generator)  # groups in no order, of any size
+    query_group = torch.randint(0, 11, (n_queries,), generator=generator)  # 9 and 10: no candidate of the group
+    query_group[:3] = torch.tensor([9, 10, candidate_group[0].item()])
+    sim[2, candidate_group == query_group[2]] = float("-inf")  # its best positive: -inf
+    expected = ranks_by_definition(sim, query_group, candidate_group)
+    assert expected[0] == expected[1] == n_candidates  # no candidate of its group: behind every one
+    assert expected[2] == int((candidate_group != query_group[2]).sum())  # behind every other group's
+    for chunk in (4096, 7, 1):
+        assert grouped_ranks(sim, query_group, candidate_group, chunk=chunk).tolist() == expected
+    # a group of one candidate each (sentence -> sentence in one language: no caption shares a group)
+    assert grouped_ranks(sim, torch.arange(n_queries), torch.arange(n_candidates)).tolist() == \
+        ranks_by_definition(sim, torch.arange(n_queries), torch.arange(n_candidates))  # fmt: skip
+    # no candidates at all
+    assert grouped_ranks(sim[:, :0], query_group, candidate_group[:0]).tolist() == [0] * n_queries
 
 
 def test_sentence_to_image_ranks():
