@@ -23,6 +23,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from mule.mule_core.grouping import group_slots
+
 
 def triplet_topk(
     sim: torch.Tensor,
@@ -88,10 +90,7 @@ def _hinge_over_all_negatives(sim: torch.Tensor, negatives: torch.Tensor, anchor
     n_anchors, n_candidates = negatives.shape
     threshold = positive_sim - margin
     # Each anchor's thresholds in one row, padded with +inf (never below a negative).
-    order = torch.argsort(anchors, stable=True)
-    per_anchor = torch.bincount(anchors, minlength=n_anchors)
-    width = int(per_anchor.max())
-    slot = torch.arange(len(anchors), device=anchors.device) - (per_anchor.cumsum(0) - per_anchor)[anchors[order]]
+    order, slot, width = group_slots(anchors, n_anchors)
     padded = threshold.new_full((n_anchors, width), float("inf")).index_put((anchors[order], slot), threshold[order])
     ascending = padded.sort(dim=1).values
     k = torch.searchsorted(ascending.detach(), negatives.detach().contiguous())  # A x C: thresholds strictly below

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 
 import torch
 
+from mule.mule_core.grouping import group_slots
+
 KS = (1, 5, 10)
 
 
@@ -46,11 +48,7 @@ def grouped_ranks(
 
 def _members(group_of: torch.Tensor, n_groups: int) -> torch.Tensor:
     """Row g: the candidates of group g (in order), padded with -1; one more row, empty."""
-    counts = torch.bincount(group_of, minlength=n_groups)
-    order = torch.argsort(group_of, stable=True)
-    starts = torch.cumsum(counts, 0) - counts
-    slot = torch.arange(group_of.numel(), device=group_of.device) - starts[group_of[order]]
-    width = int(counts.max())
+    order, slot, width = group_slots(group_of, n_groups)
     members = torch.full((n_groups + 1, width), -1, dtype=torch.long, device=group_of.device)
     members[group_of[order], slot] = order
     return members
