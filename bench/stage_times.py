@@ -208,6 +208,21 @@ def table(results: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def cpu_model() -> str:
+    """The processor's name: a VM that moves to another host runs everything at another
+    speed (this one's demo: 108-155 s on one host, 74-82 s on the next), so figures compare
+    only on the same one."""
+    import platform
+
+    try:
+        fields = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines()
+                      if ":" in line)  # fmt: skip
+    except OSError:
+        return platform.processor() or platform.machine()
+    fields = {k.strip(): v.strip() for k, v in fields.items()}  # a VM may name only the vendor: its family and model say more
+    return f"{fields.get('model name', platform.machine())}, family {fields.get('cpu family', '?')} model {fields.get('model', '?')}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--baseline", help="a commit to run right after this checkout")
@@ -244,8 +259,8 @@ def main() -> None:
 
     import psutil
 
-    print(f"machine: {platform.node()}, {psutil.cpu_count()} CPUs, {psutil.virtual_memory().total / 2**30:.0f} GiB; "
-          f"python {platform.python_version()}; size {args.size}; {time.strftime('%Y-%m-%d %H:%M')}", flush=True)  # fmt: skip
+    print(f"machine: {platform.node()}, {psutil.cpu_count()} CPUs ({cpu_model()}), {psutil.virtual_memory().total / 2**30:.0f} "
+          f"GiB; python {platform.python_version()}; size {args.size}; {time.strftime('%Y-%m-%d %H:%M')}", flush=True)  # fmt: skip
     import torch
 
     if torch.cuda.is_available():  # the stages' device "auto" then picks it
