@@ -7,8 +7,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from mule.mule_core.trainer import Trainer
 from mule.mule_core.dense_tables import DenseTables
+from mule.mule_core.trainer import Trainer
 from tests.test_training import LOSS, lp, optim, toy_model, toy_split
 
 PULLED = replace(LOSS, word_l2=0.05)  # strong enough that the pull is a visible part of each gradient
