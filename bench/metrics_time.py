@@ -35,7 +35,8 @@ from mule.mule_core import metrics as this_metrics  # noqa: E402
 
 
 def module_at(commit: str):
-    """mule_core/metrics.py as it was at `commit` (it imports torch alone)."""
+    """mule_core/metrics.py as it was at `commit`. It imports torch and, from 33cba7e on,
+    mule_core/grouping.py: that one comes from this checkout (the same function since)."""
     source = subprocess.run(["git", "-C", str(REPO), "show", f"{commit}:mule_core/metrics.py"],
                             check=True, capture_output=True, text=True).stdout  # fmt: skip
     path = Path(tempfile.mkdtemp(prefix="mule-metrics-")) / "metrics_baseline.py"
