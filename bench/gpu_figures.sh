@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # docs/benchmarks.md's GPU figures on a GPU machine that has torch but not mule's other
 # dependencies: `mule demo` at the demo's size, at Multi30K's (29k) and with the paper
-# preset, each through bench/stage_times.py (the script that measures the CPU's figures),
-# as far as SECONDS allow (RUNS: which of demo, 29k and paper, in that order; all by
-# default). A tiny demo runs first: if the bundle lacks something, that shows in seconds,
-# not after the first real run.
+# preset, and the real Multi30K text with the real photographs (real), each through
+# bench/stage_times.py (the script that measures the CPU's figures), as far as SECONDS
+# allow (RUNS: which of demo, 29k, paper and real, in the order given; demo 29k paper by
+# default). A tiny demo runs first (SMOKE=0 skips it): if the bundle lacks something, that
+# shows in seconds, not after the first real run.
 #
 #   python bench/offline_bundle.py --have their-pip-list.txt --python 3.12 --out BUNDLE --for demo   # here
 #   bash bench/gpu_figures.sh BUNDLE OUT [SECONDS [RUNS...]]                              # there
+#
+# real needs REAL_DATA=DIR holding multi30k/data (the official files) and images/ (the
+# photographs). The bundle (59 MiB) and the real data (28 MB) together are more than one
+# copy to the machine carries (64 MiB): a second call to a machine the first left warm may
+# pass a BUNDLE folder without site.tar.xz*, and the site the first call unpacked in /tmp is used.
 #
 # OUT gets each run's table (NAME.txt), its output line by line with seconds (NAME.log) and
 # the stage records of every workdir (records.tgz). The paper preset runs with random
@@ -17,8 +23,8 @@ bundle=$1 out=$2 budget=${3:-560}
 runs=("${@:4}")
 [ ${#runs[@]} -gt 0 ] || runs=(demo 29k paper)
 for name in "${runs[@]}"; do
-  case $name in demo | 29k | paper) ;; *)
-    echo "unknown run '$name': choose from demo, 29k, paper" >&2
+  case $name in demo | 29k | paper | real) ;; *)
+    echo "unknown run '$name': choose from demo, 29k, paper, real" >&2
     exit 2
     ;;
   esac
@@ -27,7 +33,15 @@ started=$(date +%s)
 left() { echo $((budget - ($(date +%s) - started))); }
 export PYTHONUNBUFFERED=1
 mkdir -p "$out"
-cat "$bundle"/site.tar.xz* | tar -xJ -C /tmp || exit 1
+if compgen -G "$bundle/site.tar.xz*" >/dev/null; then
+  rm -rf /tmp/site
+  cat "$bundle"/site.tar.xz* | tar -xJ -C /tmp || exit 1
+elif [ -d /tmp/site ]; then
+  echo "no bundle in $bundle: the site an earlier call unpacked in /tmp/site (a warm machine)"
+else
+  echo "no bundle in $bundle and no /tmp/site: this machine is a fresh one; carry the bundle" >&2
+  exit 1
+fi
 # mule as installed, for the processes a stage starts with `python -m mule...`: mule.<folder>
 # is the checkout's folder (a namespace package, as stage_times.py's runner maps it in-process)
 mkdir -p /tmp/mule-checkout
@@ -57,9 +71,16 @@ run() { # NAME [stage_times.py arguments]: one run, cut off when the budget is s
   return "$status"
 }
 
-run tiny --set data.train_images=60 --set data.val_images=20 --set data.test_images=20 || exit 1
-declare -A arguments=([demo]="" [29k]="--size 29k" [paper]="--preset paper --set features.weights=random")
+if [ "${SMOKE:-1}" != 0 ]; then
+  run tiny --set data.train_images=60 --set data.val_images=20 --set data.test_images=20 || exit 1
+fi
+declare -A arguments=([demo]="" [29k]="--size 29k" [paper]="--preset paper --set features.weights=random"
+  [real]="--size real --source ${REAL_DATA:-}/multi30k --images ${REAL_DATA:-}/images")
 for name in "${runs[@]}"; do
+  if [ "$name" = real ] && [ ! -d "${REAL_DATA:-}/images" ]; then
+    echo "real: not run (REAL_DATA=${REAL_DATA:-} holds no images/ folder)"
+    continue
+  fi
   # shellcheck disable=SC2086 # the arguments split into words on purpose
   run "$name" ${arguments[$name]}
 done

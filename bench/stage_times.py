@@ -91,12 +91,12 @@ def preset_args(checkout: Path, size: str, preset: str | None = None) -> list[st
     return ["--preset", "default"] if config.exists() and '"default": {}' in config.read_text() else []
 
 
-def mule_command(size: str, source: Path) -> tuple[list[str], str]:
+def mule_command(size: str, source: Path, images: Path = REAL_PHOTOS) -> tuple[list[str], str]:
     """The command's arguments after `mule`, and the dataset it builds."""
     if size == "real-text":
         return ["run", "ingest", "text", "pretrain", "evaluate", "--dataset", "multi30k", "--source", str(source)], "multi30k"
     if size == "real":
-        return ["run", "all", "--dataset", "multi30k", "--source", str(source), "--images", str(REAL_PHOTOS)], "multi30k"
+        return ["run", "all", "--dataset", "multi30k", "--source", str(source), "--images", str(images)], "multi30k"
     return ["demo", *SIZES[size]], "embedded"
 
 
@@ -115,11 +115,11 @@ def headline_recall(evaluation: dict) -> float | None:
 
 
 def run_demo(checkout: Path, workdir: Path, size: str, sets: list[str], preset: str | None = None,
-             log: Path | None = None, source: Path = REAL_TEXT) -> dict:
+             log: Path | None = None, source: Path = REAL_TEXT, images: Path = REAL_PHOTOS) -> dict:
     """The command (`mule demo`, or the real text's LP pipeline) from an empty workdir: wall
     seconds, peak RSS (the process tree's), stage times. With `log`, the command's output is
     appended there line by line as it comes (a run cut off by a time limit still shows how far it got)."""
-    arguments, dataset = mule_command(size, source)
+    arguments, dataset = mule_command(size, source, images)
     command = [sys.executable, "-c", RUNNER, str(checkout), *arguments, "--workdir", str(workdir),
                *preset_args(checkout, size, preset), *[a for s in sets for a in ("--set", s)]]  # fmt: skip
     started = time.time()
@@ -236,9 +236,11 @@ def main() -> None:
     parser.add_argument("--quiet-wait", type=float, default=300, help="seconds to wait for a quiet machine before a run")
     parser.add_argument("--log", type=Path, help="append each run's output here as it comes, with seconds since its start")
     parser.add_argument("--source", type=Path, default=REAL_TEXT, help="--size real-text: the Multi30K folder")
+    parser.add_argument("--images", type=Path, default=REAL_PHOTOS,
+                        help="--size real: the photographs' folder (a machine without ../shared: a copy of it)")
     args = parser.parse_args()
-    if args.size == "real" and not REAL_PHOTOS.is_dir():
-        sys.exit(f"--size real needs the real photographs: {REAL_PHOTOS} is not a folder")
+    if args.size == "real" and not args.images.is_dir():
+        sys.exit(f"--size real needs the real photographs: {args.images} is not a folder (--images)")
     if args.size in ("real-text", "real") and not (args.source / "data").is_dir():
         sys.exit(f"--size real-text needs the official Multi30K files: {args.source / 'data'} is not a folder (--source)")
     root = args.root or Path(tempfile.mkdtemp(prefix="mule-stage-times-"))
@@ -284,12 +286,12 @@ def measure(checkouts: dict[str, Path], root: Path, args) -> dict[str, dict]:
             workdir = root / f"{name.split()[0]}{'-again' if name.endswith(' again') else ''}-{n}"
             if workdir.exists() and any(workdir.iterdir()):  # its stages would be reused, not timed
                 sys.exit(f"{workdir} is not empty: each run starts from an empty workdir (another --root?)")
-            print(f"{name}: mule {mule_command(args.size, args.source)[0][0]} in {workdir} ...", flush=True)
+            print(f"{name}: mule {mule_command(args.size, args.source, args.images)[0][0]} in {workdir} ...", flush=True)
             wait_quiet(args.quiet_wait)
             if args.log:
                 with open(args.log, "a") as sink:
                     sink.write(f"== {name}: {workdir}\n")
-            runs.append(run_demo(checkout, workdir, args.size, args.sets, args.preset, args.log, args.source))
+            runs.append(run_demo(checkout, workdir, args.size, args.sets, args.preset, args.log, args.source, args.images))
             print(f"  {runs[-1]['wall']:.1f} s, test recall {runs[-1]['mR']:.2f}", flush=True)
         results[name] = sorted(runs, key=lambda r: r["wall"])[len(runs) // 2]
     return results
