@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+# pytester: tests/test_leaks.py runs a session inside one; tests.leaks: processes a test left running fail the run
+pytest_plugins = ["pytester", "tests.leaks"]
+
 # Under pytest-xdist each worker gets one CPU thread for torch/ONNX Runtime (and so do
 # the mule processes the tests start): two workers each running two threads on two cores
 # spin against each other, and the suite's training tests ran 3-4x slower.
