@@ -20,6 +20,7 @@ import os
 import time
 import uuid
 
+import psutil
 import pytest
 
 SESSION_VARIABLE = "MULE_TESTS_RUN_ID"
@@ -57,8 +58,6 @@ def pytest_unconfigure(config):
 
 def leftovers(run_id: str) -> list:
     """Live processes that carry `run_id`, except this process and its parents."""
-    import psutil
-
     own = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
     found = []
     for process in psutil.process_iter(["pid", "status"]):
@@ -73,8 +72,6 @@ def leftovers(run_id: str) -> list:
 
 
 def describe(process) -> str:
-    import psutil
-
     try:
         return f"pid {process.pid}: {' '.join(process.cmdline())[:300]}"
     except psutil.Error:
@@ -91,8 +88,6 @@ def pytest_sessionfinish(session, exitstatus):
     while (found := leftovers(run_id)) and time.monotonic() < deadline:
         time.sleep(0.2)
     if found:
-        import psutil
-
         names = [describe(p) for p in found]
         for process in found:
             try:
