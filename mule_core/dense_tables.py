@@ -45,6 +45,18 @@ class DenseTables:
         self.last_rows: dict[int, torch.Tensor] = {}
         self.pulled = False
 
+    @torch.no_grad()
+    def reset(self) -> None:
+        """Every buffer zero again. The n-gram buffers are zeroed only on the rows the last
+        batch read, so a step whose gradients were not finite must call this: clipping by a
+        norm that is not a number, or AMP's unscaling of an overflow, leaves NaN or inf on
+        every row, and they would stay there, step after step (the optimiser then skips
+        every step under AMP, or rolls back into NaN again). Also after weights are loaded."""
+        for buffer in self.buffers.values():
+            buffer.zero_()
+        self.last_rows.clear()
+        self.pulled = False
+
     def __bool__(self) -> bool:
         return bool(self.words or self.ngrams)
 

@@ -36,7 +36,10 @@ def triplet_topk(
 ) -> torch.Tensor:
     """sim: A x C similarities; positive: A x C, True where a candidate is a positive of the
     anchor (or the anchor itself); pairs: (anchor rows, candidate columns) of the positive
-    pairs to enforce. Returns the mean hinge over pairs x k hardest negatives.
+    pairs to enforce. Returns the mean hinge over pairs x k hardest negatives, in float32
+    whatever sim's type: under float16 autocast (train.amp) the gradient AMP's scaler sends
+    into the loss (65,536 at first) would overflow a float16 loss (the largest is 65,504),
+    and the scaler would skip the step.
 
     rows: the anchors' and candidates' embeddings (A x D, C x D) whose products sim holds.
     When mining (k < C), sim then only chooses: the similarities the loss reads (the pairs'
@@ -45,7 +48,7 @@ def triplet_topk(
     matrix (most of a real-text LP step's loss, at 3,072 sentences)."""
     anchors, candidates = pairs
     if anchors.numel() == 0:
-        return sim.new_zeros(())
+        return sim.new_zeros((), dtype=torch.float32)
     if rows is not None and k < sim.shape[1]:
         negatives = sim.detach().masked_fill(positive, float("-inf"))
         return _hinge_over_chosen_negatives(negatives, anchors, candidates, margin, k, *rows)
@@ -57,7 +60,7 @@ def triplet_topk(
         return _hinge_over_all_negatives(sim, negatives, anchors, positive_sim, margin)
     hardest = negatives.topk(k, dim=1).values  # A x k, -inf where too few negatives
     violation = (margin - positive_sim).unsqueeze(1) + hardest.index_select(0, anchors)
-    return violation.clamp(min=0).mean()
+    return violation.clamp(min=0).mean(dtype=torch.float32)
 
 
 def _hinge_over_chosen_negatives(negatives: torch.Tensor, anchors: torch.Tensor, candidates: torch.Tensor,
@@ -72,7 +75,7 @@ def _hinge_over_chosen_negatives(negatives: torch.Tensor, anchors: torch.Tensor,
     hardest = torch.bmm(chosen, a.unsqueeze(2)).squeeze(2)  # A x k
     hardest = hardest.masked_fill(found.values == float("-inf"), float("-inf"))  # too few negatives
     violation = (margin - positive_sim).unsqueeze(1) + hardest.index_select(0, anchors)
-    return violation.clamp(min=0).mean()
+    return violation.clamp(min=0).mean(dtype=torch.float32)
 
 
 def _hinge_over_all_negatives(sim: torch.Tensor, negatives: torch.Tensor, anchors: torch.Tensor,
@@ -100,7 +103,7 @@ def _hinge_over_all_negatives(sim: torch.Tensor, negatives: torch.Tensor, anchor
     histogram = torch.bincount(k.reshape(-1), minlength=n_anchors * (width + 1)).reshape(n_anchors, width + 1)
     above = histogram.flip(1).cumsum(1).flip(1)[:, 1:]  # above[a, j]: negatives with k > j, those above threshold j
     paid = (ascending.masked_fill(above == 0, 0) * above.to(sim.dtype)).sum(dtype=torch.float64)
-    return ((violated - paid) / (len(anchors) * n_candidates)).to(sim.dtype)
+    return ((violated - paid) / (len(anchors) * n_candidates)).float()
 
 
 def image_sentence_loss(

@@ -156,7 +156,7 @@ class Trainer:
             caption_text=duplicate_ids(data.tokens, data.lengths, data.caption_lang) if loss.mask_duplicates else None,
         )
         self.amp = train.amp and device.type == "cuda"
-        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp)
+        self.scaler = torch.amp.GradScaler(device.type, enabled=self.amp)
         self._image_sentence_loss, self._neighborhood_loss = image_sentence_loss, neighborhood_loss
         if train.compile:
             self._image_sentence_loss = torch.compile(image_sentence_loss, dynamic=True)
@@ -262,7 +262,7 @@ class Trainer:
         self._train_mode()
         epoch = self.epoch + 1
         sums: dict[str, float] = {}
-        steps = 0
+        steps = skipped = 0
         sentences = 0
         started = time.perf_counter()
         progress = Progress(f"{self.mode} epoch {epoch}/{self.epochs}", len(self.sampler), unit="batches", logger=log)
@@ -277,15 +277,16 @@ class Trainer:
 
         for batch in self.sampler.batches(epoch):
             lap("batches")
-            with torch.autocast("cuda", dtype=torch.float16, enabled=self.amp):
+            with torch.autocast(self.device.type, dtype=torch.float16, enabled=self.amp):
                 parts = self.losses(batch)
                 total = sum(v for k, v in parts.items() if k != "lc_accuracy")
             lap("forward")
             self.optimizer.zero_grad(set_to_none=True)
             self.scaler.scale(total).backward()
             lap("backward")
+            scale = self.scaler.get_scale() if self.amp else 1.0
             if self.dense_tables is not None:
-                self.dense_tables.gradients(self.scaler.get_scale() if self.amp else 1.0)
+                self.dense_tables.gradients(scale)
             if self.rowwise:
                 coalesced(self.tables)
             if self.train.grad_clip > 0:
@@ -294,6 +295,10 @@ class Trainer:
             moved = self._rows_about_to_move()
             self.scaler.step(self.optimizer)
             self.scaler.update()
+            if self.amp and self.scaler.get_scale() < scale:  # the scaler skipped the step: gradients not finite
+                skipped += 1
+                if self.dense_tables is not None:
+                    self.dense_tables.reset()
             self.scheduler.step()
             if self.ema is not None:
                 self._update_ema(moved)
@@ -307,6 +312,9 @@ class Trainer:
             progress.update(1)
             lap("optimizer")
         self._settle_averages()  # validation, the kept epoch and checkpoints read every row's average
+        if skipped > 1:  # one now and then is AMP finding its scale; many is a model that does not train
+            log.warning("%s epoch %d: AMP's scaler skipped %d of %d steps (gradients not finite in float16)",
+                        self.mode, epoch, skipped, steps)  # fmt: skip
         seconds = time.perf_counter() - started
         result = EpochResult(
             epoch, {k: float(v) / max(steps, 1) for k, v in sums.items()}, seconds, sentences / seconds,
@@ -424,6 +432,8 @@ class Trainer:
             self.ema.load_state_dict(state)
         for average in self.row_averages.values():  # the average is the weights now
             average.restart(self.step)
+        if self.dense_tables is not None:  # the gradients that led here (NaN, after a divergence) go
+            self.dense_tables.reset()
 
     def fit(self, on_epoch_end: Callable[[EpochResult], None] | None = None) -> list[EpochResult]:
         started, first_epoch = time.perf_counter(), self.epoch

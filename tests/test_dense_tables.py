@@ -9,7 +9,7 @@ import torch
 
 from mule.mule_core.dense_tables import DenseTables
 from mule.mule_core.trainer import Trainer
-from tests.test_training import LOSS, lp, optim, toy_model, toy_split
+from tests.test_training import LOSS, amp_on_the_cpu, lp, optim, toy_model, toy_split
 
 PULLED = replace(LOSS, word_l2=0.05)  # strong enough that the pull is a visible part of each gradient
 
@@ -95,3 +95,65 @@ def test_a_language_no_batch_read_gets_autograd_s_gradients_none_for_its_n_grams
         assert (mine is None) == (autograd is None), name
         if autograd is not None:
             assert torch.equal(mine, autograd), name
+
+
+def poisoned_at(made: Trainer, step: int | None) -> Trainer:
+    """At one step (None: every step), a loss term worth 0 whose gradient is NaN (sqrt's at 0,
+    times 0): clipping by the NaN norm then spreads NaN over every gradient, every row of every table."""
+    losses = made.losses
+
+    def with_poison(batch):
+        parts = losses(batch)
+        if step is None or made.step == step:
+            parts["poison"] = (0.0 * made.model.branches["en"].fc.weight.sum()).sqrt()
+        return parts
+
+    made.losses = with_poison
+    return made
+
+
+def test_lp_under_float16_autocast_skips_no_step_and_learns():
+    """The losses reach AMP's scaler in float32, so its first scale (65,536, over float16's
+    largest number) overflows nothing: no step is skipped. (On CUDA, before, every LP and
+    joint step of the demo and the real run was skipped: test recall at chance.)"""
+    made = amp_on_the_cpu(trainer(True, grad_clip=2.0, ema=0.99))
+    before = {k: v.clone() for k, v in made.model.state_dict().items()}
+    history = made.fit()
+    assert made.scaler.get_scale() == 65536.0
+    assert history[-1].losses["total"] < history[0].losses["total"]
+    moved = [k for k, v in made.model.state_dict().items() if v.is_floating_point() and not torch.equal(v, before[k])]
+    assert any(".embed." in k for k in moved) and any(".subwords." in k for k in moved)
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["a rollback after NaN weights", "a step AMP skips"])
+def test_a_step_with_nan_gradients_leaves_nothing_in_the_dense_gradients(amp):
+    """Step 4's gradients are NaN and clipping spreads the NaN over every row. Under AMP the
+    scaler skips the step; in float32 the weights turn NaN and the divergence guard rolls
+    back. Either way the steps after it must train as autograd's fresh gradients do: the same
+    weights to the bit. (The hand-built n-gram gradients, zeroed only on the rows the last
+    batch read, kept the NaN: every later step was skipped, or rolled back into NaN again.)"""
+    weights, histories = {}, {}
+    for by_hand in (True, False):
+        made = poisoned_at(trainer(by_hand, grad_clip=0.5, ema=0.9, epochs=4), step=4)
+        made.epochs = 4
+        if amp:
+            amp_on_the_cpu(made)
+        history = made.fit()
+        histories[by_hand] = [(h.action, repr(h.losses["total"])) for h in history]  # nan == nan
+        weights[by_hand] = made.kept_model.state_dict()
+        assert made.stopped is None
+        assert all(torch.isfinite(v).all() for v in weights[by_hand].values() if v.is_floating_point())
+        if amp:
+            assert made.scaler.get_scale() == 32768.0  # one step skipped
+        else:
+            assert history[1].action.startswith("rolled back") and history[2].action is None
+    assert histories[True] == histories[False]
+    for name, mine in weights[True].items():
+        assert torch.equal(mine, weights[False][name]), name
+
+
+def test_an_epoch_whose_steps_amp_skipped_says_so(caplog):
+    made = amp_on_the_cpu(poisoned_at(trainer(True, grad_clip=0.5), step=None))
+    made.epochs = 1
+    made.fit()
+    assert "lp epoch 1: AMP's scaler skipped 3 of 3 steps (gradients not finite in float16)" in caplog.text
