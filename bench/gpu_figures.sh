@@ -4,8 +4,9 @@
 # preset, and the real Multi30K text with the real photographs (real), each through
 # bench/stage_times.py (the script that measures the CPU's figures), as far as SECONDS
 # allow (RUNS: which of demo, 29k, paper and real, in the order given; demo 29k paper by
-# default). A tiny demo runs first (SMOKE=0 skips it): if the bundle lacks something, that
-# shows in seconds, not after the first real run.
+# default). bench/cuda_paths.py runs first (CHECK=0 skips it): the trainer must learn a toy
+# task on CUDA with AMP, or nothing else runs. Then a tiny demo (SMOKE=0 skips it): if the
+# bundle lacks something, that shows in seconds, not after the first real run.
 #
 #   python bench/offline_bundle.py --have their-pip-list.txt --python 3.12 --out BUNDLE --for demo   # here
 #   bash bench/gpu_figures.sh BUNDLE OUT [SECONDS [RUNS...]]                              # there
@@ -71,6 +72,12 @@ run() { # NAME [stage_times.py arguments]: one run, cut off when the budget is s
   return "$status"
 }
 
+# the model library on CUDA first (a minute at most): the toy task must be learned with AMP
+# on, or the long runs would measure a model that does not train (as on 2026-11-28)
+if [ "${CHECK:-1}" != 0 ]; then
+  timeout -k 5 "$(left)" python3 bench/cuda_paths.py --images 64 2>&1 | tee "$out/cuda_paths.txt"
+  [ "${PIPESTATUS[0]}" = 0 ] || { echo "the CUDA check failed: no figures taken" >&2; exit 1; }
+fi
 if [ "${SMOKE:-1}" != 0 ]; then
   run tiny --set data.train_images=60 --set data.val_images=20 --set data.test_images=20 || exit 1
 fi
