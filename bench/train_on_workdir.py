@@ -14,6 +14,8 @@ without the catalog, DuckDB, Prefect or MLflow: to try settings on another machi
 one, which has torch but not the pipeline's other dependencies). `--features-bits 8`
 stores image features as 8 bits per value (per-dimension range) to keep the file small;
 such runs choose settings, the figures that count come from the real features.
+`--cpu-amp` trains on the CPU with CUDA's mixed precision (float16 autocast, GradScaler),
+to check `train.amp` where no GPU is.
 `--variants FILE` (JSON: {"name": {"section.option": value, ...}, ...}) trains each variant
 from the same inputs in one process; `--lp` runs LP first (from the word vectors) instead
 of loading the workdir's LP model.
@@ -47,6 +49,17 @@ from mule.mule_core.metrics import (  # noqa: E402
 from mule.mule_core.model import MuleModel  # noqa: E402
 from mule.mule_core.split_tensors import SplitTensors  # noqa: E402
 from mule.mule_core.trainer import Trainer, resolve_device  # noqa: E402
+
+CPU_AMP = False  # --cpu-amp
+
+
+def amp_on_the_cpu(trainer: Trainer) -> Trainer:
+    """With --cpu-amp, train.amp's arithmetic on the CPU (float16 autocast, a GradScaler), as
+    it runs on CUDA: to check AMP where no GPU is (slower than float32 there)."""
+    if CPU_AMP and trainer.device.type == "cpu":
+        trainer.amp = True
+        trainer.scaler = torch.amp.GradScaler("cpu")
+    return trainer
 
 
 # -- export: the catalog's inputs to one file -------------------------------------------
@@ -206,7 +219,8 @@ def run_lp(cfg, data, train, val, device, tag: str, last_weights: bool = False) 
                               epoch=trainer.epoch + 1)  # fmt: skip
         return lp_score(m, val, device)
 
-    trainer = Trainer(model, train, cfg.loss, cfg.train, device, mode="lp", validate=validate, pretrain=cfg.pretrain)
+    trainer = amp_on_the_cpu(Trainer(model, train, cfg.loss, cfg.train, device, mode="lp", validate=validate,
+                                     pretrain=cfg.pretrain))  # fmt: skip
     trainer.fit(printer(f"{tag} lp", time.perf_counter()))
     print(f"{tag} LP best epoch {trainer.best_epoch}: val cross-lingual R@1 {trainer.best_score:.2f}", flush=True)
     state = model.cpu().state_dict()
@@ -237,7 +251,7 @@ def train_variant(tag: str, cfg, data, splits, device, run_lp_first: bool, test:
         return mean_mr(table), table
 
     started = time.perf_counter()
-    trainer = Trainer(model, train, cfg.loss, cfg.train, device, validate=validate)
+    trainer = amp_on_the_cpu(Trainer(model, train, cfg.loss, cfg.train, device, validate=validate))
     trainer.fit(printer(tag, started))
     result = {"variant": tag, "best_epoch": trainer.best_epoch, "val": round(trainer.best_score, 2),
               "seconds": round(time.perf_counter() - started, 1), "stopped": trainer.stopped}  # fmt: skip
@@ -327,7 +341,11 @@ def main() -> None:
     parser.add_argument("--export", help="write the inputs to this file and stop")
     parser.add_argument("--features-bits", type=int, default=32, choices=(8, 16, 32))
     parser.add_argument("--text-only", action="store_true", help="LP alone (no image features): export or train")
+    parser.add_argument("--cpu-amp", action="store_true",
+                        help="on the CPU, train with train.amp's float16 autocast and GradScaler, as on CUDA")
     args = parser.parse_args()
+    global CPU_AMP
+    CPU_AMP = args.cpu_amp
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("mule.training").setLevel(logging.WARNING)  # per-epoch lines are printed below
     logging.getLogger("mule.progress").setLevel(logging.WARNING)
