@@ -57,8 +57,7 @@ def amp_on_the_cpu(trainer: Trainer) -> Trainer:
     """With --cpu-amp, train.amp's arithmetic on the CPU (float16 autocast, a GradScaler), as
     it runs on CUDA: to check AMP where no GPU is (slower than float32 there)."""
     if CPU_AMP and trainer.device.type == "cpu":
-        trainer.amp = True
-        trainer.scaler = torch.amp.GradScaler("cpu")
+        trainer.mixed_precision(True)
     return trainer
 
 

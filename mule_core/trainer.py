@@ -155,8 +155,7 @@ class Trainer:
             balance_groups=train.balance_language_groups,
             caption_text=duplicate_ids(data.tokens, data.lengths, data.caption_lang) if loss.mask_duplicates else None,
         )
-        self.amp = train.amp and device.type == "cuda"
-        self.scaler = torch.amp.GradScaler(device.type, enabled=self.amp)
+        self.mixed_precision(train.amp and device.type == "cuda")
         self._image_sentence_loss, self._neighborhood_loss = image_sentence_loss, neighborhood_loss
         if train.compile:
             self._image_sentence_loss = torch.compile(image_sentence_loss, dynamic=True)
@@ -184,6 +183,13 @@ class Trainer:
                     self.row_averages[id(p)] = RowAverage(averaged[name].data, p.data, self.ema_decay, 0)
         self.stopped: str | None = None  # why training stopped early, if it did
         self.history: list[EpochResult] = []
+
+    def mixed_precision(self, on: bool) -> None:
+        """train.amp's arithmetic: float16 autocast and a GradScaler on the trainer's device.
+        On by default on CUDA alone; on the CPU it is slower than float32, and there only to
+        check AMP where no GPU is (tests, bench/train_on_workdir.py --cpu-amp)."""
+        self.amp = on
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=on)
 
     # -- schedules (in optimizer steps) ------------------------------------------------
     @property

@@ -71,8 +71,7 @@ def test_training_learns_a_learnable_task():
 
 def amp_on_the_cpu(made: Trainer) -> Trainer:
     """train.amp as it runs on CUDA (float16 autocast, a GradScaler from 65,536), on the CPU."""
-    made.amp = True
-    made.scaler = torch.amp.GradScaler("cpu")
+    made.mixed_precision(True)
     return made
 
 
