@@ -36,6 +36,7 @@ import ctypes
 import logging
 import sys
 import threading
+import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -167,13 +168,19 @@ class Lanes:
         if self.side is None:
             return
         stage, future, ident = self.side
-        if isinstance(error, KeyboardInterrupt):
+        stop = _stop_in(error)
+        if stop is not None:
             if ident and not future.done():
-                _raise_in(ident[0], type(error) if type(error) is KeyboardInterrupt else _same_stop(error))
+                _raise_in(ident[0], stop)
             try:
-                future.exception(timeout=JOIN_S)
+                stopped = future.exception(timeout=JOIN_S)
             except Exception:  # noqa: BLE001 - still in C code: the process's watchdog ends it (process.interrupts)
-                pass
+                return
+            if stopped is not None and stopped.__traceback__ is not None:
+                # the frames the stop went through let go of what they held: a database
+                # connection stopped inside a transaction holds SQLite's lock while they live
+                # (the main lane then waits on it, ending its MLflow run)
+                traceback.clear_frames(stopped.__traceback__)
             return
         logger().warning("%s failed; %s, beside it, finishes first (Ctrl-C stops it)", _stage_of(error), stage)
         beside = future.exception()
@@ -181,13 +188,27 @@ class Lanes:
             logger().error("%s, beside it, failed too: %s", stage, beside)
 
 
-def _same_stop(error: KeyboardInterrupt) -> type:
-    """A class raising what `error` is (an async exception is raised as a class, without arguments)."""
-    signum = getattr(error, "signum", None)
-    kind = type(error)
+def _stop_in(error: BaseException) -> type | None:
+    """What stops the side lane when the main lane raised `error` (a class: an async exception
+    is raised as a class, without arguments), None when `error` is a failure, not a stop.
+    A stop is Ctrl-C's KeyboardInterrupt (process.interrupts.Interrupted), or whatever the
+    main lane raised while a signal stops the process: Prefect's TerminationSignal (its
+    SIGTERM handler stands in front of ours while a flow runs; not a KeyboardInterrupt) or an
+    error the signal caused (a query interrupted). Taken for a failure, the side lane was left
+    to finish its stage, and the watchdog ended the process after its grace (2.3-3.8 s)."""
+    from mule.process import interrupts
+
+    signum = getattr(error, "signum", None)  # ours: Interrupted
+    if isinstance(error, KeyboardInterrupt) and signum is None:
+        return type(error)  # Python's own
+    if getattr(error, "signal", None) in interrupts.SIGNALS:
+        signum = error.signal  # Prefect's TerminationSignal
+    elif not isinstance(error, KeyboardInterrupt):
+        signum = interrupts.stopping() if interrupts.stopping_soon() else None  # an error the signal caused
     if signum is None:
-        return kind
-    return type(kind.__name__, (kind,), {"__init__": lambda self: kind.__init__(self, signum)})
+        return None
+    return type("Interrupted", (interrupts.Interrupted,),
+                {"__init__": lambda self: interrupts.Interrupted.__init__(self, signum)})  # fmt: skip
 
 
 def _raise_in(thread: int, exception: type) -> None:

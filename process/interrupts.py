@@ -19,6 +19,7 @@ a signal arrived: the one line says what happened.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
@@ -93,11 +94,42 @@ def _unraisable(shown: Callable) -> Callable:
     traceback is not shown; other unraisable errors are, as before."""
 
     def hook(unraisable) -> None:
-        if isinstance(unraisable.exc_value, BaseException) and not isinstance(unraisable.exc_value, Exception):
+        error = unraisable.exc_value
+        if isinstance(error, BaseException) and not isinstance(error, Exception):
+            if _is_stop(error) and threading.current_thread() is threading.main_thread():
+                _debug(f"{type(error).__name__} swallowed in {unraisable.object!r}: raised again"[:300])
+                _raise_again_in_main(error)
             return  # KeyboardInterrupt, TerminationSignal, SystemExit: a stop on its way
         shown(unraisable)
 
     return hook
+
+
+def _is_stop(error: BaseException) -> bool:
+    """What a stop raises: ours (Interrupted), Python's KeyboardInterrupt, or Prefect's
+    TerminationSignal (an exception with the signal's number in `signal`)."""
+    return isinstance(error, KeyboardInterrupt) or getattr(error, "signal", None) in SIGNALS
+
+
+def _raise_again_in_main(error: BaseException) -> None:
+    """Raises `error` again in the main thread, as the signal raised it, once the main thread
+    is out of the finaliser that swallowed it (a weakref callback of a WeakValueDictionary
+    took a stop in the text stage: the stage went on until the watchdog's deadline). From a
+    thread of its own: raised from here, in the hook, it would be swallowed again."""
+    kind = type(error)
+
+    def same(self) -> None:  # an async exception is raised as a class, built without arguments
+        self.args = error.args
+        self.__dict__.update(vars(error))
+
+    again = type(kind.__name__, (kind,), {"__init__": same, "__module__": kind.__module__})
+    main = threading.main_thread().ident
+
+    def later() -> None:
+        time.sleep(0.02)
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(main), ctypes.py_object(again))
+
+    threading.Thread(target=later, name="mule-stop-again", daemon=True).start()
 
 
 def on_stop(cleanup: Callable[[], None], last: bool = False, abandon: Callable[[], None] | None = None) -> None:
@@ -148,6 +180,13 @@ def _arm(signum: int) -> None:
 def _deadline() -> None:
     time.sleep(GRACE_S)
     _debug("deadline: the main thread did not unwind in time")
+    if os.environ.get("MULE_INTERRUPT_DEBUG"):  # where it was: what kept it from unwinding
+        import traceback
+
+        frame = sys._current_frames().get(threading.main_thread().ident)
+        if frame is not None:
+            for line in traceback.format_stack(frame)[-8:]:
+                _debug("  " + line.rstrip().replace("\n", " |"))
     _exit_now(_state.armed or signal.SIGINT, wait=0.3)
 
 

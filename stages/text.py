@@ -13,7 +13,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from itertools import chain
 from pathlib import Path
 from typing import Any
@@ -117,6 +117,12 @@ def fasttext_lookups(jobs: dict[str, dict[str, Any]], t) -> dict[str, dict[str, 
     try:
         # the longest first (LPT): the last to start is a short one, not German's 90 s on the real text
         futures = {lang: pool.submit(gated, lang, jobs[lang], ticket) for ticket, lang in enumerate(longest_first(jobs))}
+        # waited for in short turns: a stop raised again in the main thread (process.interrupts:
+        # one a finaliser swallowed) is raised when it runs Python code, never inside an untimed wait
+        while True:
+            done, pending = wait(futures.values(), timeout=0.1, return_when=FIRST_EXCEPTION)
+            if not pending or any(f.exception() is not None for f in done):
+                break
         return {lang: futures[lang].result() for lang in jobs}
     except BaseException:  # a stop or an error: no job starts after it, and the stage does not wait for those running
         stopped.set()

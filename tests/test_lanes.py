@@ -1,8 +1,10 @@
 """Stages side by side (pipeline.lanes): a stage whose inputs are written runs beside the
 stage in hand, on its share of the cores; errors and stops behave as one stage at a time."""
 
+import signal
 import threading
 import time
+import weakref
 
 import pytest
 
@@ -192,6 +194,79 @@ def test_a_stop_in_the_main_lane_stops_the_side_lane_too(two_cores):
     with pytest.raises(KeyboardInterrupt):
         lanes.run_stages(list(REBUILD), resolve("demo", {}), run_one)
     assert side_stopped.wait(2) and time.monotonic() - started < 3
+
+
+@pytest.mark.parametrize("raised", ["TerminationSignal", "an error while stopping"])
+def test_what_the_main_lane_raises_while_a_signal_stops_the_process_stops_the_side_lane(two_cores, monkeypatch,
+                                                                                          raised):  # fmt: skip
+    """While a flow runs, SIGTERM raises Prefect's TerminationSignal (not a KeyboardInterrupt),
+    and a signal can surface as another error (a query interrupted): the side lane is stopped
+    with the signal's Interrupted, not left to finish its stage as after a failure (the
+    watchdog then ended the process after its grace: a stop in translate took 2.3 s)."""
+    from prefect.exceptions import TerminationSignal
+
+    from mule.process import interrupts
+
+    side_stopped: list[BaseException] = []
+    features_running = threading.Event()
+
+    def run_one(stage: str) -> None:
+        if stage == "features":
+            features_running.set()
+            try:
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline:
+                    time.sleep(0.01)
+            except KeyboardInterrupt as stop:
+                side_stopped.append(stop)
+                raise
+        if stage == "translate":
+            assert features_running.wait(5)
+            if raised == "TerminationSignal":
+                raise TerminationSignal(signal=signal.SIGTERM)
+            monkeypatch.setattr(interrupts._state, "armed", signal.SIGTERM)  # the watchdog knows of the signal
+            raise RuntimeError("Query interrupted")
+
+    with pytest.raises((TerminationSignal, RuntimeError)):
+        lanes.run_stages(list(REBUILD), resolve("demo", {}), run_one)
+    deadline = time.monotonic() + 2
+    while not side_stopped and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert side_stopped, "the side lane was left to finish its stage"
+    assert isinstance(side_stopped[0], interrupts.Interrupted) and side_stopped[0].signum == signal.SIGTERM
+
+
+def test_a_stopped_side_lane_lets_go_of_what_its_frames_held(two_cores):
+    """The side lane's stop keeps its traceback, and the traceback its frames' locals: an
+    MLflow write stopped inside its SQLite transaction kept the database's lock, and the
+    main lane, ending its own MLflow run, waited on it until the watchdog (3.8 s)."""
+
+    class Held:  # what a frame holds: a connection, in the run above
+        pass
+
+    held: list[weakref.ref] = []
+    features_running = threading.Event()
+
+    def run_one(stage: str) -> None:
+        if stage == "features":
+            connection = Held()
+            held.append(weakref.ref(connection))
+            features_running.set()
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                time.sleep(0.01)
+        if stage == "translate":
+            assert features_running.wait(5)
+            raise KeyboardInterrupt("SIGINT")
+
+    with pytest.raises(KeyboardInterrupt) as stop:
+        lanes.run_stages(list(REBUILD), resolve("demo", {}), run_one)
+    assert stop.value is not None and held[0]() is None
+
+
+def test_a_failure_in_the_main_lane_is_not_taken_for_a_stop(two_cores):
+    assert lanes._stop_in(RuntimeError("translate failed")) is None
+    assert lanes._stop_in(KeyboardInterrupt()) is KeyboardInterrupt
 
 
 def test_the_stage_in_hand_gets_every_core_once_the_stage_beside_it_ends(two_cores):
