@@ -376,6 +376,23 @@ def install_stop_handlers() -> None:
     interrupts.on_stop(_crash_open_flow_runs)
 
 
+def _skip_prefect_log_drain() -> None:
+    """After a stop, Prefect's exit handler would wait up to 5 s for its log worker to ship
+    the last lines to its API (logging.shutdown flushes every handler): the stop's 2 s went
+    to it (1.5 s, then the watchdog ended the process). The one line says what happened and
+    the flow run is marked crashed already; what the run logged before the signal was shipped
+    as it went."""
+    import logging
+
+    handlers = sys.modules.get("prefect.logging.handlers")
+    if handlers is None:
+        return
+    for ref in list(getattr(logging, "_handlerList", [])):  # every handler logging.shutdown flushes
+        handler = ref()
+        if isinstance(handler, handlers.APILogHandler):
+            handler.flush = lambda: None
+
+
 def entry() -> None:
     """The console script. After the command, the exit handlers run (Prefect drains its
     logs and events, the temporary server stops); then the process ends without the
@@ -383,6 +400,11 @@ def entry() -> None:
     install_stop_handlers()
     code = main()
     import atexit
+
+    from mule.process.interrupts import stopping
+
+    if stopping() is not None:
+        _skip_prefect_log_drain()
 
     sys.stdout.flush()
     sys.stderr.flush()
