@@ -1,14 +1,15 @@
 """How long `mule demo` takes to go after Ctrl-C or SIGTERM, at each stage, and what it prints.
 
     python bench/interrupts.py [--workdir /tmp/mule-interrupts] [--stages features train]
-                               [--train-images 600]
+                               [--train-images 600] [--delay 0.5] [--no-rerun] [--debug]
 
 For each stage and each way of stopping (SIGINT to the process group, as a terminal's
 Ctrl-C; SIGINT to mule alone; SIGTERM to mule alone, as `timeout`, systemd or a container
 stop), a fresh workdir runs `mule demo` until the stage's "ran" line, then 0.5 s on, the
 signal. Printed: seconds from the signal to the process's end, the exit code, how it
 ended (unwound: the stage raised and everything after it ran; deadline: process.interrupts'
-watchdog ended it after its grace), and the lines printed after the signal. Then the same
+watchdog ended it after its grace; --debug adds where the main thread was then), and the
+lines printed after the signal. Then the same
 command is run again, and its test recalls compared with an uninterrupted run's.
 """
 
@@ -44,14 +45,15 @@ def table(output: str) -> str:
     return " ".join(f"{lang} {mr}" for lang, mr in rows)
 
 
-def stop_at(workdir: Path, stage: str, signum: int, group: bool, images: int, delay: float) -> dict:
+def stop_at(workdir: Path, stage: str, signum: int, group: bool, images: int, delay: float,
+            debug: bool = False) -> dict:  # fmt: skip
     env = {**os.environ, "MULE_INTERRUPT_DEBUG": "1"}
     process = subprocess.Popen(command(workdir, images), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True, env=env)  # fmt: skip
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True)
     reader.start()
-    marker = re.compile(rf"mule\.pipeline - {stage}: ran\b")
+    marker = re.compile(rf"^(\d\d:\d\d:\d\d |.*mule\.pipeline - ){stage}: ran\b")  # the console's line, or the old format
     sent_at, seen = None, 0
     while process.poll() is None:
         if any(marker.search(line) for line in lines):
@@ -70,7 +72,9 @@ def stop_at(workdir: Path, stage: str, signum: int, group: bool, images: int, de
     took = time.monotonic() - sent_at if sent_at else None
     after = [line.rstrip() for line in lines[seen:]]
     path = "deadline" if any("deadline" in line for line in after) else "unwound"
-    said = [line for line in after if not line.startswith("[interrupts")]
+    if path == "unwound" and any("raised again" in line for line in after):
+        path = "unwound (a finaliser swallowed the stop; raised again)"
+    said = [line for line in after if debug or not line.startswith("[interrupts")]
     return {"took": took, "code": process.returncode, "path": path, "said": said}
 
 
@@ -82,6 +86,8 @@ def main() -> int:
     parser.add_argument("--train-images", type=int, default=600)
     parser.add_argument("--delay", type=float, default=0.5, help="seconds after the stage's first line")
     parser.add_argument("--no-rerun", action="store_true", help="skip the rerun and its comparison")
+    parser.add_argument("--debug", action="store_true",
+                        help="the watchdog's lines too (where the main thread was at its deadline)")  # fmt: skip
     args = parser.parse_args()
     root = Path(args.workdir)
     reference = None
@@ -97,7 +103,7 @@ def main() -> int:
         for stage in args.stages:
             workdir = root / "case"
             shutil.rmtree(workdir, ignore_errors=True)
-            got = stop_at(workdir, stage, signum, group, args.train_images, args.delay)
+            got = stop_at(workdir, stage, signum, group, args.train_images, args.delay, args.debug)
             rerun = ""
             if not args.no_rerun and got["took"] is not None:
                 again = subprocess.run(command(workdir, args.train_images), capture_output=True, text=True)
