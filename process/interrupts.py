@@ -126,10 +126,28 @@ def _raise_again_in_main(error: BaseException) -> None:
     main = threading.main_thread().ident
 
     def later() -> None:
-        time.sleep(0.02)
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(main), ctypes.py_object(again))
+        # not inside an import: one stopped half way leaves a module half made, which the
+        # next import of it can turn into an abort (torch's C++ types registered twice);
+        # an import that never ends is the watchdog's
+        deadline = time.monotonic() + GRACE_S
+        while time.monotonic() < deadline:
+            time.sleep(0.02)
+            frame = sys._current_frames().get(main)
+            if frame is None:
+                return
+            if not _importing(frame):
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(main), ctypes.py_object(again))
+                return
 
     threading.Thread(target=later, name="mule-stop-again", daemon=True).start()
+
+
+def _importing(frame) -> bool:
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def on_stop(cleanup: Callable[[], None], last: bool = False, abandon: Callable[[], None] | None = None) -> None:

@@ -307,6 +307,43 @@ def test_a_stop_a_weakref_callback_swallowed_is_raised_again_in_the_main_thread(
     assert process.stderr.strip() == "mule: stopped by SIGTERM", process.stderr
 
 
+def test_a_swallowed_stop_is_raised_again_only_once_an_import_in_hand_is_done(tmp_path):
+    """Raised inside an import, the stop would leave a module half made, which the next
+    import of it can turn into an abort (torch registering its C++ types twice): it waits
+    until the main thread is out of the import."""
+    (tmp_path / "slow_module.py").write_text(
+        "import os, signal, time, weakref\n"
+        "class Node:\n"
+        "    pass\n"
+        "def callback(ref):\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(0.2)\n"
+        "node = Node()\n"
+        "ref = weakref.ref(node, callback)\n"
+        "del node\n"  # the stop lands in the callback, in the middle of this import
+        "for _ in range(30):\n"
+        "    time.sleep(0.01)\n"  # the rest of the import: Python code, where an async exception lands
+        "done = True\n"
+    )
+    script = (
+        "import sys, threading\n"
+        f"sys.path.insert(0, {str(tmp_path)!r})\n"
+        "from mule.process import interrupts\n"
+        "interrupts.install(lambda signum: 'mule: stopped by ' + interrupts.how(signum))\n"
+        "try:\n"
+        "    import slow_module\n"
+        "    print('imported', slow_module.done, flush=True)\n"
+        "    while True:\n"
+        "        threading.Event().wait(0.1)\n"
+        "except KeyboardInterrupt as stop:\n"
+        "    print('unwound, the module whole:', getattr(sys.modules.get('slow_module'), 'done', False), flush=True)\n"
+        "    raise SystemExit(interrupts.finish(stop.signum))\n"
+    )
+    process = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert process.returncode == 143, process.stdout + process.stderr
+    assert process.stdout.splitlines() == ["imported True", "unwound, the module whole: True"], process.stdout
+
+
 def test_a_cleanup_that_hangs_does_not_keep_a_stopped_command_alive():
     """Ending the MLflow runs or stopping Prefect's server can hang (an SQLite store another
     process holds): the cleanups get CLEANUP_S in all, the one line comes out, the process ends."""
