@@ -90,8 +90,9 @@ def install(message: Callable[[int], str]) -> None:
 def _unraisable(shown: Callable) -> Callable:
     """A signal that lands in a finaliser or a weakref callback raises its exception
     (ours, or Prefect's TerminationSignal) where Python cannot raise: it prints it as
-    "Exception ignored" and goes on. The watchdog ends the process all the same, so the
-    traceback is not shown; other unraisable errors are, as before."""
+    "Exception ignored" and goes on. Its traceback is not shown: the stop is raised again in
+    the main thread once it is out of the finaliser (and the watchdog ends the process all the
+    same if it cannot unwind); other unraisable errors are shown, as before."""
 
     def hook(unraisable) -> None:
         error = unraisable.exc_value
