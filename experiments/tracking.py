@@ -294,12 +294,14 @@ def run(workdir: Workdir, cfg, stage: str, parent_run_id: str | None = None,
         experiment_id(workdir, cfg.data.dataset), run_name=stage, tags=_run_tags(cfg, stage, parent_run_id) | (tags or {})
     )
     run_id = created.info.run_id
-    tracker = Tracker(workdir, run_id)
-    tracker.params(flatten(cfg))
-    tracker.json(dataclasses.asdict(cfg), "config.json")
-    status = "FAILED"
+    # open from its creation on: a stop while its config is logged (the side lane stopped as
+    # its stage starts) ends it KILLED, as the cleanups end the open runs; it stayed RUNNING
     _open_runs[run_id] = workdir
+    status = "FAILED"
     try:
+        tracker = Tracker(workdir, run_id)
+        tracker.params(flatten(cfg))
+        tracker.json(dataclasses.asdict(cfg), "config.json")
         yield run_id
         status = "FINISHED"
     except BaseException as error:

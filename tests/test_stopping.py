@@ -344,6 +344,27 @@ def test_a_swallowed_stop_is_raised_again_only_once_an_import_in_hand_is_done(tm
     assert process.stdout.splitlines() == ["imported True", "unwound, the module whole: True"], process.stdout
 
 
+def test_a_stop_while_a_stage_s_mlflow_run_is_set_up_ends_it_killed(tmp_path, monkeypatch):
+    """The run exists from create_run on; its config is logged after. A stop in between
+    (index, beside evaluate, stopped as it starts) left it RUNNING for good."""
+    from mule.config.resolution import resolve
+    from mule.experiments import tracking
+    from mule.process.interrupts import Interrupted
+    from mule.storage.workdir import Workdir
+
+    def stopped(self, params) -> None:
+        raise Interrupted(signal.SIGTERM)
+
+    monkeypatch.setattr(tracking.Tracker, "params", stopped)
+    wd = Workdir.at(tmp_path)
+    with pytest.raises(Interrupted):
+        with tracking.run(wd, resolve("demo", {}), "index"):
+            pass
+    [run] = tracking.find_runs(wd, "embedded")
+    assert run.info.run_name == "index" and run.info.status == "KILLED"
+    assert run.info.run_id not in tracking._open_runs
+
+
 def test_a_cleanup_that_hangs_does_not_keep_a_stopped_command_alive():
     """Ending the MLflow runs or stopping Prefect's server can hang (an SQLite store another
     process holds): the cleanups get CLEANUP_S in all, the one line comes out, the process ends."""
