@@ -271,6 +271,22 @@ def test_a_signal_that_lands_in_a_finaliser_stops_the_command_with_its_one_line(
     assert rest.strip() == "mule: stopped by SIGTERM"
 
 
+# swallow_a_stop(): SIGTERM lands in a weakref callback (the callback sends it), where Python
+# prints the signal's exception away instead of raising it
+STOP_IN_A_CALLBACK = (
+    "import os, signal, time, weakref\n"
+    "class Node:\n"
+    "    pass\n"
+    "def callback(ref):\n"
+    "    os.kill(os.getpid(), signal.SIGTERM)\n"
+    "    time.sleep(0.2)\n"
+    "def swallow_a_stop():\n"
+    "    node = Node()\n"
+    "    ref = weakref.ref(node, callback)\n"
+    "    del node\n"  # the callback runs here
+)
+
+
 def test_a_stop_a_weakref_callback_swallowed_is_raised_again_in_the_main_thread():
     """While a flow runs, Prefect's SIGTERM handler raises TerminationSignal wherever the main
     thread is: in the text stage it landed in a WeakValueDictionary's callback, where Python
@@ -278,22 +294,16 @@ def test_a_stop_a_weakref_callback_swallowed_is_raised_again_in_the_main_thread(
     The stop is raised again, as it was, once the main thread is out of the callback: the
     code in hand unwinds (its `except` runs), the watchdog does not have to end it."""
     script = (
-        "import os, signal, threading, time, weakref\n"
+        "import signal, threading\n"
         "from prefect.exceptions import TerminationSignal\n"
         "from mule.process import interrupts\n"
         "interrupts.install(lambda signum: 'mule: stopped by ' + interrupts.how(signum))\n"
         "def prefects(signum, frame):\n"  # in front of mule's handler, as during a flow run
         "    raise TerminationSignal(signal=signum)\n"
         "signal.signal(signal.SIGTERM, prefects)\n"
-        "class Node:\n"
-        "    pass\n"
-        "def callback(ref):\n"  # the signal lands here, as SIGTERM from outside did
-        "    os.kill(os.getpid(), signal.SIGTERM)\n"
-        "    time.sleep(0.2)\n"
+        + STOP_IN_A_CALLBACK +
         "try:\n"
-        "    node = Node()\n"
-        "    ref = weakref.ref(node, callback)\n"
-        "    del node\n"  # the callback runs, its exception is printed away
+        "    swallow_a_stop()\n"
         "    print('swallowed', flush=True)\n"
         "    while True:\n"  # what the stage does next: waits in short turns
         "        threading.Event().wait(0.1)\n"
@@ -312,15 +322,9 @@ def test_a_swallowed_stop_is_raised_again_only_once_an_import_in_hand_is_done(tm
     import of it can turn into an abort (torch registering its C++ types twice): it waits
     until the main thread is out of the import."""
     (tmp_path / "slow_module.py").write_text(
-        "import os, signal, time, weakref\n"
-        "class Node:\n"
-        "    pass\n"
-        "def callback(ref):\n"
-        "    os.kill(os.getpid(), signal.SIGTERM)\n"
-        "    time.sleep(0.2)\n"
-        "node = Node()\n"
-        "ref = weakref.ref(node, callback)\n"
-        "del node\n"  # the stop lands in the callback, in the middle of this import
+        "import time\n"
+        + STOP_IN_A_CALLBACK +
+        "swallow_a_stop()\n"  # in the middle of this import
         "for _ in range(30):\n"
         "    time.sleep(0.01)\n"  # the rest of the import: Python code, where an async exception lands
         "done = True\n"
