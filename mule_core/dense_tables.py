@@ -44,6 +44,10 @@ class DenseTables:
         # again, not the whole table (clipping and AMP's unscaling only scale its rows)
         self.last_rows: dict[int, torch.Tensor] = {}
         self.pulled = False
+        self.squares: dict[int, torch.Tensor] = {}  # a word table's sum of (W - W0)^2, as pull_loss took it
+        # each table's gradient norm, from the rows the batch read (`gradients`): clipping's
+        # norm without a pass over every row (row_updates.clip_grad_norm, `known`)
+        self.norms: dict[int, torch.Tensor] = {}
 
     @torch.no_grad()
     def reset(self) -> None:
@@ -72,6 +76,7 @@ class DenseTables:
             torch.sub(embed.weight, initial, out=difference)
             flat = difference.view(-1)
             squares = torch.dot(flat, flat)
+            self.squares[id(embed.weight)] = squares
             total = squares if total is None else total + squares
         if self.frozen_words:
             if self.frozen is None:
@@ -84,16 +89,24 @@ class DenseTables:
     def gradients(self, loss_scale: float = 1.0) -> None:
         """Each table's dense gradient: the pull's (words) or zeros (n-grams), plus the rows
         the batch read. `loss_scale`: the AMP scaler's (autograd's gradients carry it). Call
-        after backward, before clipping and the step."""
+        after backward, before clipping and the step.
+
+        Each table's gradient norm comes with it (`norms`), from the rows read: the n-gram
+        gradient is zero elsewhere, and the word gradient is the pull's there, whose squares
+        pull_loss summed. The same norm as a pass over the table, to float32's rounding."""
+        self.norms = {}
         for embed, _ in self.words:
             buffer = self.buffers[id(embed.weight)]
             if self.pulled:
-                buffer.mul_(self.scale * loss_scale)
+                scale = self.scale * loss_scale
+                buffer.mul_(scale)
+                pulled = self.squares[id(embed.weight)] * (scale * scale)
             elif embed.weight.grad is None:
                 continue  # not read, not pulled: no gradient, as autograd gives none (Adam skips the table)
             else:
                 buffer.zero_()
-            self._add_rows(embed.weight, buffer)
+                pulled = None
+            self._add_rows(embed.weight, buffer, pulled)
         for vectors in self.ngrams:
             if vectors.weight.grad is None:
                 continue  # a batch without the language: no gradient, no Adam step for the table
@@ -104,13 +117,23 @@ class DenseTables:
             self.last_rows[id(vectors.weight)] = self._add_rows(vectors.weight, buffer)
         self.pulled = False
 
-    @staticmethod
-    def _add_rows(table: nn.Parameter, buffer: torch.Tensor) -> torch.Tensor | None:
-        """Adds the rows the batch read to `buffer`, which becomes the table's gradient; the rows."""
+    def _add_rows(self, table: nn.Parameter, buffer: torch.Tensor, pulled: torch.Tensor | None = None):
+        """Adds the rows the batch read to `buffer`, which becomes the table's gradient, and
+        notes its norm (`pulled`: the sum of squares of the buffer before, None when it was
+        zero); the rows."""
         read, rows = table.grad, None
+        squares = pulled if pulled is not None else torch.zeros((), dtype=buffer.dtype, device=buffer.device)
         if read is not None:
             read = read if read.is_sparse else read.to_sparse()
             rows = read._indices()[0]
+            ordered = len(rows) < 2 or bool((rows[1:] > rows[:-1]).all())  # the distinct words and n-grams read
+            distinct = rows if ordered else rows.unique()
+            if pulled is not None:  # the rows' pull, counted in `pulled`, is replaced by what they hold next
+                before = buffer.index_select(0, distinct).view(-1)
+                squares = squares - torch.dot(before, before)
             buffer.index_add_(0, rows, read._values())
+            after = buffer.index_select(0, distinct).view(-1)
+            squares = squares + torch.dot(after, after)
+        self.norms[id(table)] = squares.clamp(min=0.0).sqrt()
         table.grad = buffer
         return rows

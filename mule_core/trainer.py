@@ -297,7 +297,9 @@ class Trainer:
                 coalesced(self.tables)
             if self.train.grad_clip > 0:
                 self.scaler.unscale_(self.optimizer)
-                clip_grad_norm([p for p in self.model.parameters() if p.grad is not None], self.train.grad_clip)
+                # the tables' norms from the rows read (AMP's unscaling would have to reach them: not under AMP)
+                known = self.dense_tables.norms if self.dense_tables is not None and not self.amp else None
+                clip_grad_norm([p for p in self.model.parameters() if p.grad is not None], self.train.grad_clip, known)
             moved = self._rows_about_to_move()
             self.scaler.step(self.optimizer)
             self.scaler.update()

@@ -157,3 +157,26 @@ def test_an_epoch_whose_steps_amp_skipped_says_so(caplog):
     made.epochs = 1
     made.fit()
     assert "lp epoch 1: AMP's scaler skipped 3 of 3 steps (gradients not finite in float16)" in caplog.text
+
+
+@pytest.mark.parametrize("pull", [0.05, 0.0], ids=["pulled", "no pull"])
+def test_each_table_s_gradient_norm_comes_from_the_rows_read(pull):
+    """The norms clipping reads (DenseTables.norms) are those of the dense gradients, though
+    made from the rows a batch read alone: the word tables' with the pull over every row,
+    the n-gram tables' after a second batch (its first batch's rows zeroed again)."""
+    made = trainer(True)
+    if not pull:
+        made = Trainer(made.model, toy_split(), replace(LOSS, word_l2=0.0), optim(2), torch.device("cpu"), mode="lp",
+                       pretrain=lp(2))  # fmt: skip
+    batches = made.sampler.batches(1)
+    for _ in range(2):
+        made.optimizer.zero_grad(set_to_none=True)
+        parts = made.losses(next(batches))
+        sum(v for k, v in parts.items() if k != "lc_accuracy").backward()
+        made.dense_tables.gradients()
+    tables = [t for b in made.model.branches.values() for t in (b.embed.weight, b.subwords.vectors.weight)]
+    assert set(made.dense_tables.norms) == {id(t) for t in tables}
+    for table in tables:
+        exact = torch.linalg.vector_norm(table.grad)
+        assert float(exact) > 0
+        assert torch.allclose(made.dense_tables.norms[id(table)], exact, rtol=1e-5)

@@ -90,6 +90,23 @@ def test_dense_gradients_are_clipped_as_torch_clips_them_and_left_alone_under_th
     assert [m.grad._version != v for m, v in zip(mine, versions)] == [scaled, scaled]
 
 
+def test_norms_known_from_the_rows_spare_the_pass_under_the_norm_and_clip_exactly_over_it():
+    """A table whose gradient's norm is known (3, from the rows its batch read) and a bias of
+    norm 4: under max_norm 6 nothing is read or scaled (the table's gradient here holds
+    other numbers, to show it is not read); over max_norm 1 the norm is taken over every
+    gradient, and clipping is torch's, to the bit."""
+    table, bias = torch.nn.Parameter(torch.zeros(4, 2)), torch.nn.Parameter(torch.zeros(2))
+    table.grad, bias.grad = torch.full((4, 2), 10.0), torch.tensor([4.0, 0.0])
+    known = {id(table): torch.tensor(3.0)}
+    assert float(clip_grad_norm([table, bias], 6.0, known)) == pytest.approx(5.0)
+    assert torch.equal(table.grad, torch.full((4, 2), 10.0)) and torch.equal(bias.grad, torch.tensor([4.0, 0.0]))
+    table.grad = torch.tensor([[3.0, 0.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]])
+    theirs = [torch.nn.Parameter(torch.zeros(4, 2)), torch.nn.Parameter(torch.zeros(2))]
+    theirs[0].grad, theirs[1].grad = table.grad.clone(), bias.grad.clone()
+    assert torch.equal(clip_grad_norm([table, bias], 1.0, known), torch.nn.utils.clip_grad_norm_(theirs, 1.0))
+    assert torch.equal(table.grad, theirs[0].grad) and torch.equal(bias.grad, theirs[1].grad)
+
+
 def test_a_gradient_that_is_not_a_number_is_clipped_as_torch_clips_it():
     mine, theirs = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2))
     mine.grad, theirs.grad = torch.tensor([float("nan"), 1.0]), torch.tensor([float("nan"), 1.0])
