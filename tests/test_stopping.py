@@ -112,6 +112,9 @@ def test_ctrl_c_and_sigterm_stop_every_kind_of_stage_and_the_rerun_equals_a_run_
     reference = never_interrupted
     stopped = tmp_path / "stopped"
     env = {"PREFECT_API_URL": prefect_api_url, "MULE_PREFECT_HEARTBEATS": "off"}  # the session's server: its states
+    # process.interrupts' own lines ("[interrupts ...]": armed, the deadline and where the main thread was then),
+    # kept out of what is checked and shown when a stop takes too long
+    env["MULE_INTERRUPT_DEBUG"] = "1"
     for stage, signum, group in (("features", signal.SIGINT, True), ("text", signal.SIGTERM, False),
                                  ("train", signal.SIGINT, False), ("evaluate", signal.SIGTERM, True)):  # fmt: skip
         # features one stage at a time: beside translate (pipeline.lanes) its 64 images are often done before
@@ -120,9 +123,11 @@ def test_ctrl_c_and_sigterm_stop_every_kind_of_stage_and_the_rerun_equals_a_run_
         demo = Demo(stopped, *extra, env=env, forker=None if stage == "evaluate" else forker)
         demo.wait_for(rf"^\d\d:\d\d:\d\d {stage}: ran\b")
         took, after = demo.stop(signum, group)
+        debug = [line for line in after if line.startswith("[interrupts")]
+        after = [line for line in after if not line.startswith("[interrupts")]
         *progress, said = [line for line in after if line.strip()] or [""]
         assert demo.process.returncode == 128 + signum, (stage, after)
-        assert took < LIMIT_S, (stage, took)
+        assert took < LIMIT_S, (stage, took, debug, after)
         # mule's one line last; before it at most the stage's own progress, printed before the signal
         # landed, and in evaluate index's start (it starts beside evaluate, at the same moment)
         assert said.startswith(f"mule: stopped by {'Ctrl-C' if signum == 2 else 'SIGTERM'}"), after
