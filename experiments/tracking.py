@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -307,6 +308,7 @@ def run(workdir: Workdir, cfg, stage: str, parent_run_id: str | None = None,
     except BaseException as error:
         if _is_stop(error):  # Ctrl-C or SIGTERM (process.interrupts): stopped, not failed
             status = "KILLED"
+            let_go(error)
             c.set_tag(run_id, "mule.error_kind", "interrupted")
             raise
         # The failed run says why, as the console and the Prefect run do.
@@ -317,6 +319,17 @@ def run(workdir: Workdir, cfg, stage: str, parent_run_id: str | None = None,
     finally:
         _open_runs.pop(run_id, None)
         c.set_terminated(run_id, status)
+
+
+def let_go(stop: BaseException) -> None:
+    """The frames a stop went through drop what they held, before this process writes to
+    MLflow's SQLite store again. A stop that lands while a query's rows are read leaves its
+    cursor alive in those frames, and with it SQLite's read lock (Python's sqlite3 does not
+    reset a statement on rollback): no other connection of this process could then commit.
+    The side lane's commit waited for it while holding the write lock the main lane needed
+    to end its run, and the stop went to the watchdog's deadline (3.6-4.6 s)."""
+    if stop.__traceback__ is not None:
+        traceback.clear_frames(stop.__traceback__)  # the frames still running are left as they are
 
 
 def _is_stop(error: BaseException) -> bool:

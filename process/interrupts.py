@@ -202,9 +202,12 @@ def _deadline() -> None:
     if os.environ.get("MULE_INTERRUPT_DEBUG"):  # where it was: what kept it from unwinding
         import traceback
 
-        frame = sys._current_frames().get(threading.main_thread().ident)
-        if frame is not None:
-            for line in traceback.format_stack(frame)[-8:]:
+        names = {thread.ident: thread.name for thread in threading.enumerate()}
+        main = threading.main_thread().ident
+        # the main thread first and deepest; then the others (a lane holding a lock the main thread waits for)
+        for ident, frame in sorted(sys._current_frames().items(), key=lambda item: item[0] != main):
+            _debug(f" thread {names.get(ident, ident)}:")
+            for line in traceback.format_stack(frame)[-(24 if ident == main else 10):]:
                 _debug("  " + line.rstrip().replace("\n", " |"))
     _exit_now(_state.armed or signal.SIGINT, wait=0.3)
 
