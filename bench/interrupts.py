@@ -2,6 +2,7 @@
 
     python bench/interrupts.py [--workdir /tmp/mule-interrupts] [--stages features train]
                                [--train-images 600] [--delay 0.5] [--no-rerun] [--debug]
+                               [--repeat 1] [--busy 0]
 
 For each stage and each way of stopping (SIGINT to the process group, as a terminal's
 Ctrl-C; SIGINT to mule alone; SIGTERM to mule alone, as `timeout`, systemd or a container
@@ -11,6 +12,8 @@ ended (unwound: the stage raised and everything after it ran; deadline: process.
 watchdog ended it after its grace; --debug adds where the main thread was then), and the
 lines printed after the signal. Then the same
 command is run again, and its test recalls compared with an uninterrupted run's.
+--repeat stops each case that many times (a stop slow one time in four needs a dozen);
+--busy N keeps N pure-Python loops spinning beside it, as the other pytest worker does.
 """
 
 from __future__ import annotations
@@ -87,8 +90,19 @@ def main() -> int:
     parser.add_argument("--delay", type=float, default=0.5, help="seconds after the stage's first line")
     parser.add_argument("--no-rerun", action="store_true", help="skip the rerun and its comparison")
     parser.add_argument("--debug", action="store_true",
-                        help="the watchdog's lines too (where the main thread was at its deadline)")  # fmt: skip
+                        help="the watchdog's lines too (where each thread was at its deadline)")  # fmt: skip
+    parser.add_argument("--repeat", type=int, default=1, help="stops of each case")
+    parser.add_argument("--busy", type=int, default=0, help="busy loops beside it (a loaded machine)")
     args = parser.parse_args()
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
+    try:
+        return _run(args)
+    finally:
+        for loop in busy:
+            loop.kill()
+
+
+def _run(args) -> int:
     root = Path(args.workdir)
     reference = None
     if not args.no_rerun:
@@ -100,7 +114,7 @@ def main() -> int:
     print("|---|---|---|---|---|---|---|", flush=True)
     for way in args.ways:
         signum, group = WAYS[way]
-        for stage in args.stages:
+        for stage in [s for s in args.stages for _ in range(args.repeat)]:
             workdir = root / "case"
             shutil.rmtree(workdir, ignore_errors=True)
             got = stop_at(workdir, stage, signum, group, args.train_images, args.delay, args.debug)
