@@ -323,11 +323,12 @@ def run(workdir: Workdir, cfg, stage: str, parent_run_id: str | None = None,
 
 def let_go(stop: BaseException) -> None:
     """The frames a stop went through drop what they held, before this process writes to
-    MLflow's SQLite store again. A stop that lands while a query's rows are read leaves its
-    cursor alive in those frames, and with it SQLite's read lock (Python's sqlite3 does not
-    reset a statement on rollback): no other connection of this process could then commit.
-    The side lane's commit waited for it while holding the write lock the main lane needed
-    to end its run, and the stop went to the watchdog's deadline (3.6-4.6 s)."""
+    MLflow's SQLite store again (here, and in pipeline.lanes for a stopped side lane). A
+    stop that lands inside a transaction, or while a query's rows are read, leaves that
+    connection or cursor alive in those frames, and with it SQLite's lock (Python's sqlite3
+    does not reset a statement on rollback): no other connection of this process could then
+    commit. The side lane's commit waited for it while holding the write lock the main lane
+    needed to end its run, and the stop went to the watchdog's deadline (3.6-4.6 s)."""
     if stop.__traceback__ is not None:
         traceback.clear_frames(stop.__traceback__)  # the frames still running are left as they are
 

@@ -36,10 +36,10 @@ import ctypes
 import logging
 import sys
 import threading
-import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from mule.experiments.tracking import let_go
 from mule.mule_core import devices
 from mule.mule_core.progress import SHOWN, in_lane
 from mule.pipeline.declaration import BY_NAME, writer_of
@@ -176,11 +176,10 @@ class Lanes:
                 stopped = future.exception(timeout=JOIN_S)
             except Exception:  # noqa: BLE001 - still in C code: the process's watchdog ends it (process.interrupts)
                 return
-            if stopped is not None and stopped.__traceback__ is not None:
-                # the frames the stop went through let go of what they held: a database
-                # connection stopped inside a transaction holds SQLite's lock while they live
-                # (the main lane then waits on it, ending its MLflow run)
-                traceback.clear_frames(stopped.__traceback__)
+            if stopped is not None:
+                # a database connection stopped inside a transaction holds SQLite's lock while
+                # those frames live (the main lane then waits on it, ending its MLflow run)
+                let_go(stopped)
             return
         logger().warning("%s failed; %s, beside it, finishes first (Ctrl-C stops it)", _stage_of(error), stage)
         beside = future.exception()
