@@ -74,7 +74,6 @@ def leftovers(workdir: Path) -> list[Path]:
     return [p for p in workdir.rglob(".*.tmp-*")]
 
 
-@pytest.mark.slow
 def console_for_people(output: str) -> None:
     """What `mule demo` shows: a line per stage event and progress, no Prefect or MLflow
     chatter (no links to a server that is gone when the run ends, no download bars),
@@ -92,6 +91,7 @@ def console_for_people(output: str) -> None:
     assert "mule.pipeline - evaluate: ran" in text and "| stage | decision |" in text, text[-3000:]
 
 
+@pytest.mark.slow
 def test_killed_stages_resume_and_end_as_if_never_interrupted(tmp_path, forker, prefect_api_url, never_interrupted):
     reference = never_interrupted
     crashed = tmp_path / "crashed"
