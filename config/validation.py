@@ -28,6 +28,8 @@ def validate(cfg: MuleConfig) -> None:
         raise ConfigError(f"features.resize ({f.resize}) must be at least features.input_size ({f.input_size})")
     if cfg.text.init not in ("fasttext", "multilingual-e5"):
         raise ConfigError(f"text.init must be 'fasttext' or 'multilingual-e5', got {cfg.text.init!r}")
+    if cfg.text.fasttext_buckets < 1:  # fastText takes an n-gram's row modulo the count
+        raise ConfigError(f"text.fasttext_buckets must be at least 1, got {cfg.text.fasttext_buckets}")
     if cfg.model.subwords and (not cfg.model.ngram_lengths or min(cfg.model.ngram_lengths) < 1):
         raise ConfigError(f"model.ngram_lengths must be positive lengths (e.g. 3,4,5), got {cfg.model.ngram_lengths}")
     if cfg.model.sharing not in ("mule", "parallel"):

@@ -72,7 +72,7 @@ def fasttext_lookups(jobs: dict[str, dict[str, Any]], t) -> dict[str, dict[str, 
             directory = Path(scratch)
             fasttext_worker.write_job(directory, words["train"], vocab, grams, dim=t.word_dim, model=t.fasttext_model,
                                       epochs=t.fasttext_epochs, min_count=t.fasttext_min_count,
-                                      threads=t.fasttext_threads)  # fmt: skip
+                                      threads=t.fasttext_threads, buckets=t.fasttext_buckets)  # fmt: skip
             with heartbeat(f"fastText ({lang}) on {tokens} tokens"):
                 run_worker(directory, lang, workers)
             vectors = fasttext_worker.read_rows(directory, fasttext_worker.WORD_ROWS)

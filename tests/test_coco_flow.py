@@ -13,6 +13,7 @@ TINY = {
     "data.image_size": 48,
     "features.input_size": 32,
     "text.fasttext_epochs": 2,
+    "text.fasttext_buckets": 100_000,
     "text.word_dim": 64,
     "pretrain.epochs": 1,
     "pretrain.batch_images": 16,

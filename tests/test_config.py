@@ -75,6 +75,7 @@ def test_flow_parameters_may_be_json_values():
         ({"train.epochs": 0}, "train.epochs must be at least 1"),
         ({"pretrain.margin": 0}, r"pretrain.margin must be in \(0, 2\), got 0"),
         ({"loss.margin": 2.5}, r"loss.margin must be in \(0, 2\)"),
+        ({"text.fasttext_buckets": 0}, "text.fasttext_buckets must be at least 1, got 0"),
     ],
 )
 def test_bad_options_name_the_option(overrides, message):

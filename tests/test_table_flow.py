@@ -25,6 +25,7 @@ TINY = {
     "data.image_size": 48,
     "features.input_size": 32,
     "text.fasttext_epochs": 3,
+    "text.fasttext_buckets": 100_000,
     "text.word_dim": 64,
     "pretrain.epochs": 2,
     "pretrain.batch_images": 16,

@@ -38,6 +38,18 @@ print(model.get_word_vector("red").shape[0], float(np.abs(model.get_word_vector(
     assert int(dim) == 8 and float(unseen) > 0  # "circles": built from subwords
 
 
+def test_the_bucket_count_is_the_number_of_hashed_ngram_rows_fasttext_makes(tmp_path):
+    """text.fasttext_buckets reaches fastText: its input matrix is a row per word and one per
+    bucket (fastText's 2,000,000 by default), and an n-gram's row is one of the buckets."""
+    (tmp_path / "corpus.txt").write_text("a red circle\na blue square\na red square\n" * 20, encoding="utf-8")
+    settings = {"dim": 4, "model": "skipgram", "epochs": 1, "min_count": 1, "threads": 1}
+    small = fasttext_worker.fit(tmp_path / "corpus.txt", **settings, buckets=1000)
+    assert small.get_input_matrix().shape == (len(small.words) + 1000, 4)
+    assert len(small.words) <= small.get_subword_id("<re") < len(small.words) + 1000
+    default = fasttext_worker.fit(tmp_path / "corpus.txt", **settings)
+    assert default.get_input_matrix().shape[0] == len(default.words) + 2_000_000
+
+
 def test_languages_trained_side_by_side_get_the_vectors_of_a_run_alone(monkeypatch):
     """The text stage trains several languages' fastText at once when it has the cores, each
     in a process of its own with its own thread count, so its vectors and n-gram rows are
@@ -45,7 +57,7 @@ def test_languages_trained_side_by_side_get_the_vectors_of_a_run_alone(monkeypat
     from types import SimpleNamespace
 
     settings = SimpleNamespace(word_dim=8, fasttext_model="skipgram", fasttext_epochs=3, fasttext_min_count=1,
-                               fasttext_threads=1)  # fmt: skip
+                               fasttext_threads=1, fasttext_buckets=100_000)  # fmt: skip
     jobs = {}
     for lang, words in (("en", ["a", "red", "reds", "circles", "circle"]), ("de", ["ein", "roter", "rotes", "kreis", "kreise"])):
         train = [[words[0], words[i % 4 + 1], words[(i * 7) % 4 + 1]] for i in range(300)]

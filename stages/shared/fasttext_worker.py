@@ -31,7 +31,7 @@ WORD_ROWS, GRAM_ROWS = "words.npy", "grams.npy"
 
 
 def write_job(directory: Path, sentences: list[list[str]], words: list[str], grams: list[str], **settings) -> None:
-    """The files a worker reads (settings: dim, model, epochs, min_count, threads)."""
+    """The files a worker reads (settings: dim, model, epochs, min_count, threads, buckets)."""
     (directory / JOB).write_text(json.dumps(settings), encoding="utf-8")
     (directory / TRAIN).write_text("\n".join(" ".join(tokens) for tokens in sentences), encoding="utf-8")
     for name, entries in ((WORDS, words), (GRAMS, grams)):
@@ -48,12 +48,12 @@ def lines(path: Path) -> list[str]:
     return path.read_text(encoding="utf-8").split("\n")[:-1]
 
 
-def fit(train_file: Path, dim: int, model: str, epochs: int, min_count: int, threads: int):
+def fit(train_file: Path, dim: int, model: str, epochs: int, min_count: int, threads: int, buckets: int = 2_000_000):
     """fastText on a file of tokenised sentences (with one thread, fastText seeds itself)."""
     import fasttext
 
     return fasttext.train_unsupervised(str(train_file), model=model, dim=dim, epoch=epochs, minCount=min_count,
-                                       thread=threads, verbose=0)  # fmt: skip
+                                       thread=threads, bucket=buckets, verbose=0)  # fmt: skip
 
 
 def ngram_row(model, gram: str) -> np.ndarray:
