@@ -88,8 +88,8 @@ class TextConfig(model_settings.TextConfig):
     fasttext_epochs: int = 5
     fasttext_min_count: int = 1
     # fastText's own default: the hashed rows its n-grams share, bucket x word_dim floats
-    # in each worker (2.4 GB at 300-d, most of them never touched on a caption corpus).
-    # Fewer take less memory and start faster, with other vectors (so it is keyed); the
+    # in each worker (2.4 GB allocated at 300-d, most rows never touched on a caption corpus).
+    # Fewer allocate less and start faster, with other vectors (so it is keyed); the
     # tests' tiny runs use 100,000.
     fasttext_buckets: int = 2_000_000
     # 1 keeps trained vectors reproducible; on several threads fastText trains other vectors on
