@@ -15,8 +15,8 @@ environment).
 
 Printed: wall and CPU seconds (the suite's whole process tree, from the kernel's
 accounting of what pytest waited for, against what the readings saw); CPU per kind of
-process; per test file, its tests' own CPU and that of the processes they started; the
-tests marked slow against the rest. The suite is CPU-bound on 2 cores when CPU s / wall s
+process; per test file, and for the 15 costliest tests, their own CPU and that of the
+processes they started; the tests marked slow against the rest. The suite is CPU-bound on 2 cores when CPU s / wall s
 is near 2: then only less CPU makes it shorter.
 """
 
@@ -202,6 +202,10 @@ def report(wall: float, total: float, processes: list[dict], tests: list[dict], 
     print("\n| test file | tests' own CPU s | their processes' CPU s | tests' wall s |\n|---|---|---|---|")
     for name, (own, started, wall_s) in sorted(per_file.items(), key=lambda kv: -(kv[1][0] + kv[1][1]))[:20]:
         print(f"| {name} | {own:.1f} | {started:.1f} | {wall_s:.1f} |")
+
+    print("\n| test (the 15 costliest) | own CPU s | its processes' CPU s | wall s |\n|---|---|---|---|")
+    for t in sorted(tests, key=lambda t: -(t["cpu"] + per_test_started.get(t["test"], 0.0)))[:15]:
+        print(f"| {t['test']} | {t['cpu']:.1f} | {per_test_started.get(t['test'], 0.0):.1f} | {t['wall']:.1f} |")
 
     split = {True: [0, 0.0, 0.0], False: [0, 0.0, 0.0]}
     for t in tests:
