@@ -38,13 +38,12 @@ REPO = Path(__file__).resolve().parents[1]
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def read_process(pid: str) -> tuple[float, int, int, str, str] | None:
-    """(CPU s, parent pid, start tick, command line, test it was started under) or None if it is gone."""
+def read_process(pid: str) -> tuple[float, int, int] | None:
+    """(CPU s, parent pid, start tick), or None if it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
-        cpu = (int(fields[11]) + int(fields[12])) / TICK
-        return cpu, int(fields[1]), int(fields[19]), "", ""
+        return (int(fields[11]) + int(fields[12])) / TICK, int(fields[1]), int(fields[19])
     except (OSError, ValueError, IndexError):
         return None
 
@@ -86,14 +85,14 @@ class Sampler(threading.Thread):
         grew = True
         while grew:  # descendants of the suite (those whose parent is, or was, one of ours)
             grew = False
-            for pid, (_, parent, _, _, _) in readings.items():
+            for pid, (_, parent, _) in readings.items():
                 if pid not in ours and parent in ours:
                     ours.add(pid)
                     grew = True
         for pid in ours:
             if pid not in readings:
                 continue
-            cpu, parent, start, _, _ = readings[pid]
+            cpu, parent, start = readings[pid]
             record = self.seen.get((pid, start))
             if record is None:
                 cmdline, test = describe(str(pid))
