@@ -213,3 +213,18 @@ def test_no_two_modules_import_each_other():
         if node not in index:
             visit(node)
     assert not circles, circles
+
+
+def test_the_slow_mark_sits_on_tests():
+    """`-m "not slow"` deselects what carries the mark: on a helper function it marks
+    nothing, and the end-to-end test it was meant for stays in the quick run (the crash
+    test's did, until 2026-11-29)."""
+    import ast
+
+    misplaced = []
+    for path in sorted((REPO / "tests").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and not node.name.startswith("test_"):
+                if any(ast.unparse(d) == "pytest.mark.slow" for d in node.decorator_list):
+                    misplaced.append(f"{path.name}: {node.name}")
+    assert not misplaced, misplaced
