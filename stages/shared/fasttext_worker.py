@@ -48,12 +48,14 @@ def lines(path: Path) -> list[str]:
     return path.read_text(encoding="utf-8").split("\n")[:-1]
 
 
-def fit(train_file: Path, dim: int, model: str, epochs: int, min_count: int, threads: int, buckets: int = 2_000_000):
-    """fastText on a file of tokenised sentences (with one thread, fastText seeds itself)."""
+def fit(train_file: Path, dim: int, model: str, epochs: int, min_count: int, threads: int, buckets: int | None = None):
+    """fastText on a file of tokenised sentences (with one thread, fastText seeds itself);
+    `buckets` None: fastText's own count."""
     import fasttext
 
+    count = {} if buckets is None else {"bucket": buckets}
     return fasttext.train_unsupervised(str(train_file), model=model, dim=dim, epoch=epochs, minCount=min_count,
-                                       thread=threads, bucket=buckets, verbose=0)  # fmt: skip
+                                       thread=threads, verbose=0, **count)  # fmt: skip
 
 
 def ngram_row(model, gram: str) -> np.ndarray:
