@@ -23,9 +23,12 @@ DATA_TERMS = {
 
 
 def run(args: argparse.Namespace) -> int:
-    from mule.data_catalog.exported_models import write_model_folder  # torch: only when a model is exported
+    # torch: only when a model is exported
+    from mule.data_catalog.exported_models import check_export_target, write_model_folder
     from mule.data_catalog.model_files import load_model
 
+    # before anything is loaded: a folder export may not write is refused in a line, at once
+    out = check_export_target(Path(args.out), _workdir_root(args.workdir))
     workdir = reading_workdir(args.workdir, "export") if not args.model_file else None
     if args.model_file:
         file, label = Path(args.model_file).expanduser(), str(args.model_file)
@@ -38,12 +41,18 @@ def run(args: argparse.Namespace) -> int:
     features = meta["config"].get("features", {})
     weights = _weights_file(workdir, features)
     towers, info = _towers(model, meta, weights) if not args.no_onnx else ({}, None)
-    folder = write_model_folder(Path(args.out).expanduser(), file, model_card(meta, label, evaluation, towers), weights,
-                                towers, info)  # fmt: skip
+    folder = write_model_folder(out, file, model_card(meta, label, evaluation, towers), weights, towers, info,
+                                _workdir_root(args.workdir))  # fmt: skip
     size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
     print(f"{label} exported to {folder} ({size / 2**20:.1f} MiB; load it with mule.api.load({str(folder)!r}), "
           f"or engine='onnxruntime' for its ONNX towers)")  # fmt: skip
     return 0
+
+
+def _workdir_root(path: str | None) -> Path | None:
+    """The workdir an export must stay out of (the one named, or the default one), where there is one."""
+    root = Workdir.at(path, create=False).root
+    return root if root.is_dir() else None
 
 
 def _towers(model, meta: dict, weights: Path | None) -> tuple[dict[str, bytes], dict | None]:

@@ -223,7 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     export = sub.add_parser("export", help="write a trained model as a folder that loads anywhere, with its model card")
     _verbose(export)
-    export.add_argument("--out", required=True, help="the folder to write (replaced if it exists)")
+    export.add_argument("--out", required=True, help="the folder to write: absent, empty, or an earlier export "
+                        "(replaced); never the workdir, `.` or a folder holding other files")  # fmt: skip
     export.add_argument("--dataset", default="embedded", help="the dataset whose champion to export")
     export.add_argument("--run", help="a train run id to export instead of the registry's champion")
     export.add_argument("--version", help="a registered version to export instead of the champion")

@@ -20,20 +20,27 @@ The layout follows immich's (textual/, visual/, preprocess_cfg.json, config.json
 app that loads CLIP-like models from folders finds its way; tokenising stays in Python.
 
 The folder is what a user could push to the Hugging Face Hub as it is; loading never
-needs the Hub. It is written beside its final name and renamed into place, so a stopped
-export leaves the old folder or the new one.
+needs the Hub. It is written beside its final name (`.NAME.exporting`) and swapped in: an
+earlier export is renamed aside (`.NAME.replaced`), the new one renamed in, then the old
+one deleted, so a stop leaves the old folder or the new one (an export stopped between
+the two renames is put back by the next). Export writes only into a folder that is absent,
+empty, or an earlier export holding nothing but the files mule wrote there (their list is
+in mule_model.json); never the workdir or a folder inside it, never `.` or a file
+(check_export_target), and it deletes nothing else.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from mule.mule_core.errors import InputError, MissingInputError
+from mule.mule_core.errors import InputError, MissingInputError, UserError
 from mule.mule_core.extractor_names import resize_for
 from mule.mule_core.model import MuleModel
 from mule.mule_core.settings import settings_from_dict
@@ -44,6 +51,14 @@ MARKER = "mule_model.json"
 PREPROCESS = "visual/preprocess_cfg.json"
 TOWERS = {("text", False): "textual/model.onnx", ("text", True): "textual/model.int8.onnx",
           ("image", False): "visual/model.onnx", ("image", True): "visual/model.int8.onnx"}  # fmt: skip
+# What an export holds (an export made before mule_model.json listed its files is known by these)
+LAYOUT = ("mule_model.json", "model.safetensors", "README.md", "config.json", "vocab/*.txt", "extractor-weights*",
+          "textual/model.onnx", "textual/model.int8.onnx", "textual/tower.json", "textual/ngrams/*.txt",
+          "visual/model.onnx", "visual/model.int8.onnx", "visual/preprocess_cfg.json")  # fmt: skip
+
+
+class ExportTargetError(UserError, ValueError):
+    """`mule export --out` names a folder it must not write: the message says why and what to do."""
 
 
 def is_model_folder(path: Path) -> bool:
@@ -51,16 +66,30 @@ def is_model_folder(path: Path) -> bool:
 
 
 def write_model_folder(folder: Path, model_file: Path, card: str, weights_file: Path | None = None,
-                       towers: dict[str, bytes] | None = None, tower_info: dict | None = None) -> Path:  # fmt: skip
+                       towers: dict[str, bytes] | None = None, tower_info: dict | None = None,
+                       workdir: Path | None = None) -> Path:  # fmt: skip
     """`model_file` (data_catalog.model_files' format) as a folder at `folder`; `towers`:
     the ONNX files by their names in it (mule_core.onnx_towers.export_towers), `tower_info`
-    what textual/tower.json says of the text tower's inputs."""
+    what textual/tower.json says of the text tower's inputs; `workdir`: the workdir the
+    folder must not be (or be inside). Where `folder` may not be written: ExportTargetError."""
+    folder = check_export_target(folder, workdir)
+    _put_back(folder)
+    data = torch.load(Path(model_file), map_location="cpu", weights_only=True)
+    staging = _beside(folder, "exporting")
+    _clear_leftover(staging)
+    try:
+        _write_staging(staging, data, model_file, card, weights_file, towers, tower_info)
+        _swap_in(staging, folder)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)  # only ever mule's: made above
+        raise
+    return folder
+
+
+def _write_staging(staging: Path, data: dict, model_file: Path, card: str, weights_file: Path | None,
+                   towers: dict[str, bytes] | None, tower_info: dict | None) -> None:  # fmt: skip
     from safetensors.torch import save_file
 
-    data = torch.load(Path(model_file), map_location="cpu", weights_only=True)
-    folder = Path(folder)
-    staging = folder.with_name(f".{folder.name}.exporting")
-    shutil.rmtree(staging, ignore_errors=True)
     (staging / "vocab").mkdir(parents=True)
     # safetensors refuses tensors that share memory: every one gets its own copy
     save_file({k: v.detach().contiguous().clone() for k, v in data["state_dict"].items()},
@@ -83,7 +112,6 @@ def write_model_folder(folder: Path, model_file: Path, card: str, weights_file: 
         name = "extractor-weights" + "".join(Path(weights_file).suffixes[-1:])
         shutil.copyfile(weights_file, staging / name)
         preprocess["weights_file"] = name
-    (staging / MARKER).write_text(json.dumps(described, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     (staging / "visual").mkdir()
     _write_json(staging / PREPROCESS, preprocess)
     (staging / "README.md").write_text(card, encoding="utf-8")
@@ -102,10 +130,109 @@ def write_model_folder(folder: Path, model_file: Path, card: str, weights_file: 
         "textual": {name: name in (towers or {}) for name in ("textual/model.onnx", "textual/model.int8.onnx")},
         "visual": {name: name in (towers or {}) for name in ("visual/model.onnx", "visual/model.int8.onnx")},
         "preprocess": PREPROCESS, "weights": "model.safetensors", "mule_format": FOLDER_FORMAT})  # fmt: skip
+    # last: the marker lists every file the export holds (what a later export may replace)
+    described["files"] = sorted(p.relative_to(staging).as_posix() for p in staging.rglob("*") if p.is_file()) + [MARKER]
+    (staging / MARKER).write_text(json.dumps(described, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def check_export_target(folder: Path, workdir: Path | None = None) -> Path:
+    """The folder an export may be written to, as an absolute path: absent, empty, or an
+    earlier export holding only the files mule wrote; ExportTargetError (one line: why, and
+    what to do) for `.`, a file, a link, the workdir or a folder inside it, or a folder
+    holding anything else. Nothing is read but names."""
+    given = Path(folder).expanduser()
+    target = Path(os.path.abspath(given))
+    if str(folder).strip() in ("", ".") or target == Path.cwd() or target in Path.cwd().parents:
+        raise ExportTargetError(f"--out {folder} is the folder you are in (or one above it): name a folder for the "
+                                "export, e.g. --out my-model")  # fmt: skip
+    if target.is_symlink():
+        raise ExportTargetError(f"{target} is a symbolic link: name the folder itself (mule export replaces what is "
+                                "at --out, and would replace the link)")  # fmt: skip
+    if workdir is not None:
+        root = Path(workdir).resolve()
+        real = target.resolve()
+        if real == root or root in real.parents:
+            raise ExportTargetError(f"{target} is {'the workdir' if real == root else 'inside the workdir ' + str(root)}: "
+                                    "an export goes to a folder of its own, outside it")  # fmt: skip
+    if target.exists() and not target.is_dir():
+        raise ExportTargetError(f"{target} is a file, not a folder: name a folder for the export (absent, empty, or "
+                                "an earlier export)")  # fmt: skip
+    foreign = not_written_by_mule(target) if target.is_dir() else []
+    if foreign:
+        kind = "an earlier export with files mule did not write" if (target / MARKER).is_file() else "not a mule export"
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise ExportTargetError(f"{target} is {kind} ({shown}): mule export writes only into an absent or empty "
+                                "folder, or replaces an earlier export; name another folder, or move those files")  # fmt: skip
+    return target
+
+
+def not_written_by_mule(folder: Path) -> list[str]:
+    """What a folder holds that no export of mule wrote (relative paths, folders with a "/"):
+    empty for an empty folder or an export as mule left it. The export's own list of files
+    says, or for an export made before it kept one (and a staging folder), the layout."""
+    files = _listed_files(folder)
+    known = set(files or [])
+    parents = {str(Path(f).parent.as_posix()) for f in known}
+    found = []
+    for path in sorted(folder.rglob("*")):
+        name = path.relative_to(folder).as_posix()
+        if path.is_dir() and not path.is_symlink():
+            if name in parents or (files is None and name in ("vocab", "textual", "textual/ngrams", "visual")):
+                continue
+            if any(f.startswith(name + "/") for f in known):
+                continue
+            found.append(name + "/")
+        elif not (name in known if files is not None else any(fnmatch.fnmatch(name, p) for p in LAYOUT)):
+            found.append(name)
+    return found
+
+
+def _listed_files(folder: Path) -> list[str] | None:
+    """The files an export lists in its marker; None where it lists none (no marker, or older)."""
+    try:
+        listed = json.loads((folder / MARKER).read_text(encoding="utf-8")).get("files")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return [str(f) for f in listed] if isinstance(listed, list) else None
+
+
+def _beside(folder: Path, what: str) -> Path:
+    return folder.with_name(f".{folder.name}.{what}")
+
+
+def _clear_leftover(path: Path) -> None:
+    """A staging folder a stopped export left: removed when it holds only export files,
+    else refused (something of the user's has that name)."""
+    if not path.exists() and not path.is_symlink():
+        return
+    if path.is_symlink() or not path.is_dir() or not_written_by_mule(path):
+        raise ExportTargetError(f"{path} is in the way of the export and is not one mule left: move it")
+    shutil.rmtree(path)
+
+
+def _swap_in(staging: Path, folder: Path) -> None:
+    """The new export at `folder`; an earlier one renamed aside first and deleted once the
+    new one is in place, so a stop leaves one of them at the name (or, between the two
+    renames, the old one aside, which the next export puts back before it starts)."""
+    aside = _beside(folder, "replaced")
     if folder.exists():
-        shutil.rmtree(folder)
-    staging.rename(folder)
-    return folder
+        _clear_leftover(aside)
+        folder.rename(aside)
+    try:
+        staging.rename(folder)
+    except BaseException:
+        if aside.exists() and not folder.exists():
+            aside.rename(folder)
+        raise
+    if aside.exists():
+        shutil.rmtree(aside)
+
+
+def _put_back(folder: Path) -> None:
+    """An earlier export an export stopped between its two renames left aside: at its name again."""
+    aside = _beside(folder, "replaced")
+    if aside.is_dir() and not aside.is_symlink() and not folder.exists() and not not_written_by_mule(aside):
+        aside.rename(folder)
 
 
 def read_model_folder(folder: Path) -> tuple[MuleModel, dict[str, Any]]:
