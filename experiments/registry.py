@@ -2,15 +2,23 @@
 `mule-<dataset>`; the alias `champion` names the best one.
 
 A version carries its validation mR (and, once the evaluate stage ran, its test mR) as
-tags, with what makes two numbers comparable: the languages and the validation images.
-`champion` moves to a new version only when it beats the champion's validation mR on the
-same languages and validation images; a worse model, or one measured on other images,
+tags, with what makes two numbers comparable: the set of languages (in any order), the
+validation images and the measure (the Ks the mR is the mean over, and the metrics'
+protocol: mule_core.metrics.measure_of). `champion` moves to a new version only when it
+beats the champion's validation mR on all three; a worse model, or one measured otherwise,
 is registered and left where it is, with the reason as a tag. A rebuild never demotes a
-better model.
+better model. A model is its weights and vocabularies (their digest): the same weights
+trained again are the same version, whoever publishes them.
+
+Every write a stop can cut is finished by the next publish of any model of the dataset,
+before that model is decided: a candidate whose version was never made (its run carries
+the intent, `mule.registry_candidate`) is registered, and every version whose decision was
+not carried out is decided, oldest first; the registry ends as an uninterrupted run's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -30,6 +38,7 @@ from mule.storage.workdir import Workdir
 
 CHAMPION = "champion"
 SETTLED = "mule.champion_settled"  # the version's champion decision is carried out
+INTENT = "mule.registry_candidate"  # on a candidate's run before its version is made: the candidate, as JSON
 
 
 class RegistryError(UserError, LookupError):
@@ -54,19 +63,26 @@ class Candidate:
     val_split: str  # digest of the validation image ids
     eval_split: str  # the evaluation split's name (test, test_2016, ...)
     model_identity: str = ""  # model_identity(the train stage's record): registered once, whoever publishes it
+    measure: str = ""  # what val_mR measures (mule_core.metrics.measure_of: the Ks and the protocol)
 
 
 def _tags(c: Candidate) -> dict[str, str]:
     return {"mule.val_mR": f"{c.val_mR:.4f}", "mule.languages": ",".join(c.languages),
             "mule.val_split": c.val_split, "mule.eval_split": c.eval_split, "mule.dataset": c.dataset,
-            "mule.train_run_id": c.run_id, "mule.model_identity": c.model_identity}  # fmt: skip
+            "mule.train_run_id": c.run_id, "mule.model_identity": c.model_identity,
+            "mule.val_measure": c.measure}  # fmt: skip
 
 
 def model_identity(train_record: dict | None) -> str:
-    """What tells one trained model from another: the train stage's key and its weights'
-    digest (a forced retrain that makes other weights is another model); "" for none."""
+    """What tells one trained model from another: the digest of its weights and vocabularies
+    (the train stage's result says it: data_catalog.model_files.weights_digest), so a model
+    trained again to the same weights is the same model; a record made before results
+    carried it: its key and its outputs' digests. "" for none."""
     if not train_record:
         return ""
+    digest = (train_record.get("result") or {}).get("weights_digest")
+    if digest:
+        return str(digest)
     blob = json.dumps([train_record.get("key"), train_record.get("outputs")], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
@@ -85,10 +101,55 @@ def registered_for(workdir: Workdir, dataset: str, model_identity: str) -> dict[
     found = [v for v in versions if v.tags.get("mule.model_identity") == model_identity]
     if not found:
         return None
-    version = min(found, key=lambda v: int(v.version))
+    _finish_cut_writes(client, name, dataset)
+    version = client.get_model_version(name, min(found, key=lambda v: int(v.version)).version)
     settled = _settle(client, name, version)
     settled["why"] += " (registered before, by the run that trained it)"
     return settled
+
+
+def _finish_cut_writes(client, name: str, dataset: str) -> None:
+    """What stops left undone in the dataset's registry, in the order an uninterrupted run
+    does it: candidates whose version was never made are registered, and every version
+    whose decision was not carried out is decided, oldest first (against the champion as
+    each decision leaves it)."""
+    for candidate in _intended(client, name, dataset):
+        _create_version(client, name, candidate)
+    try:
+        versions = client.search_model_versions(f"name = '{name}'")
+    except MlflowException:
+        return
+    for version in sorted(versions, key=lambda v: int(v.version)):
+        if version.tags.get(SETTLED) != "true":
+            _settle(client, name, version)
+
+
+def _intended(client, name: str, dataset: str) -> list[Candidate]:
+    """Candidates whose runs say they were to be registered and that have no version."""
+    experiment = client.get_experiment_by_name(f"mule/{dataset}")
+    if experiment is None:
+        return []
+    runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.`{INTENT}` LIKE '%'",
+                              order_by=["attributes.start_time ASC"], max_results=10_000)  # fmt: skip
+    if not runs:
+        return []
+    try:
+        registered = {(v.run_id, v.tags.get("mule.model_identity")) for v in client.search_model_versions(f"name = '{name}'")}
+    except MlflowException:
+        registered = set()
+    identities = {identity for _, identity in registered}
+    wanted = []
+    for run in runs:
+        try:
+            data = json.loads(run.data.tags[INTENT])
+            candidate = Candidate(**{**data, "languages": tuple(data["languages"])})
+        except (TypeError, ValueError, KeyError):
+            continue  # not a candidate this mule wrote: left alone
+        if candidate.model_identity in identities if candidate.model_identity else (run.info.run_id, "") in registered:
+            continue
+        wanted.append(candidate)
+        identities.add(candidate.model_identity)
+    return wanted
 
 
 def _champion(client, name: str):
@@ -106,17 +167,49 @@ def _decide(client, name: str, version) -> tuple[bool, str]:
     if champion.version == version.version:
         return True, version.tags.get("mule.champion_decision") or "champion"
     tags, mine = champion.tags, version.tags
-    # Comparable: the same languages, measured on the same validation images. The split a
-    # model's test mR is named by (eval.split) is not its validation: it never blocks.
-    same = (tags.get("mule.languages"), tags.get("mule.val_split")) == (mine.get("mule.languages"),
-                                                                         mine.get("mule.val_split"))  # fmt: skip
+    # Comparable: the same set of languages, measured on the same validation images by the
+    # same measure. The split a model's test mR is named by (eval.split) is not its
+    # validation: it never blocks.
+    differs = [what for what, a, b in (
+        ("languages", _language_set(tags), _language_set(mine)),
+        ("validation images", tags.get("mule.val_split"), mine.get("mule.val_split")),
+        ("measure", _measure(client, champion), _measure(client, version))) if a != b or a is None]  # fmt: skip
     best, mine_mr = float(tags.get("mule.val_mR", "nan")), float(mine.get("mule.val_mR", "nan"))
-    if not same:
-        return False, (f"not comparable with champion v{champion.version} (other languages or validation "
-                       "images); promote it by hand if it should serve")  # fmt: skip
+    if differs:
+        return False, (f"not comparable with champion v{champion.version} (other {' and '.join(differs)}: "
+                       f"{_shown(client, champion, differs)} against {_shown(client, version, differs)}); "
+                       "promote it by hand if it should serve")  # fmt: skip
     if mine_mr > best:
         return True, f"val mR {mine_mr:.2f} beats champion v{champion.version} ({best:.2f})"
     return False, f"val mR {mine_mr:.2f} does not beat champion v{champion.version} ({best:.2f})"
+
+
+def _language_set(tags: dict) -> tuple[str, ...] | None:
+    languages = tags.get("mule.languages")
+    return None if languages is None else tuple(sorted(lang for lang in languages.split(",") if lang))
+
+
+def _measure(client, version) -> str | None:
+    """What a version's validation mR measures: its tag, or for a version registered before
+    versions carried it, the Ks its train run was given (with today's protocol)."""
+    measure = version.tags.get("mule.val_measure")
+    if measure:
+        return measure
+    from mule.mule_core.metrics import measure_of
+
+    try:
+        ks = client.get_run(version.run_id).data.params.get("eval.ks")
+        return measure_of(int(k) for k in ks.split(",")) if ks else None
+    except (MlflowException, ValueError, AttributeError):
+        return None
+
+
+def _shown(client, version, what: list[str]) -> str:
+    """A version's side of a comparison, for the reason tag."""
+    parts = {"languages": ",".join(_language_set(version.tags) or ("?",)),
+             "validation images": str(version.tags.get("mule.val_split", "?"))[:12],
+             "measure": _measure(client, version) or "unknown"}  # fmt: skip
+    return f"v{version.version} " + "; ".join(parts[w] for w in what)
 
 
 def _settle(client, name: str, version) -> dict[str, Any]:
@@ -143,18 +236,29 @@ def _settle(client, name: str, version) -> dict[str, Any]:
 
 
 def register(workdir: Workdir, candidate: Candidate) -> dict[str, Any]:
-    """Registers the candidate; moves `champion` to it when it is better (see the module doc)."""
+    """Registers the candidate; moves `champion` to it when it is better (see the module
+    doc), after finishing whatever an earlier stop left undone."""
     client, name = tracking.client(workdir), model_name(candidate.dataset)
+    # the intent first: a stop from here on leaves it for the next publish to carry out
+    client.set_tag(candidate.run_id, INTENT, json.dumps(dataclasses.asdict(candidate)))
     try:
         client.get_registered_model(name)
     except MlflowException:
         client.create_registered_model(name, description=f"mule models trained on {candidate.dataset}; "
                                        f"alias {CHAMPION!r}: the best validation mR so far")  # fmt: skip
-    version = client.create_model_version(name, candidate.source, run_id=candidate.run_id, tags=_tags(candidate))
-    decided = _settle(client, name, version)
+    _finish_cut_writes(client, name, candidate.dataset)  # this candidate's version too, when it has none yet
+    found = [v for v in client.search_model_versions(f"name = '{name}'")
+             if (v.tags.get("mule.model_identity") == candidate.model_identity if candidate.model_identity
+                 else v.run_id == candidate.run_id)]  # fmt: skip
+    version = min(found, key=lambda v: int(v.version)) if found else _create_version(client, name, candidate)
+    decided = _settle(client, name, client.get_model_version(name, version.version))
     logging.getLogger("mule.registry").info("registered %s version %s; %s: %s", name, version.version,
                   f"now {CHAMPION}" if decided["champion"] else f"{CHAMPION} stays", decided["why"], extra=SHOWN)  # fmt: skip
     return decided
+
+
+def _create_version(client, name: str, candidate: Candidate):
+    return client.create_model_version(name, candidate.source, run_id=candidate.run_id, tags=_tags(candidate))
 
 
 def tag_test_results(workdir: Workdir, dataset: str, train: dict | None, split: str, mean_mr: float | None,

@@ -10,13 +10,20 @@ R@K = 100 * fraction of queries with rank < K. mR = mean of the six recalls.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 
 from mule.mule_core.grouping import group_slots
 
 KS = (1, 5, 10)
+# The recalls' definition above, as a name: two mRs compare only under the same one (and Ks)
+PROTOCOL = "VSE++ R@K both directions, ties against the model"
+
+
+def measure_of(ks: Iterable[int]) -> str:
+    """What an mR over `ks` measures, as a string to compare: 'mean of R@1,5,10 (protocol)'."""
+    return f"mean of R@{','.join(str(k) for k in sorted(set(ks)))} ({PROTOCOL})"
 
 
 def grouped_ranks(

@@ -113,11 +113,12 @@ def train(wd: Workdir, cfg: MuleConfig, result: dict, run_id: str | None) -> dic
     tracker.artifact(path)  # weights + vocabularies, loadable without pickle (data_catalog.model_files.load_model)
     if not run_id or cfg.train.model_name != "model":  # the ablation's and add-language's variants are not registered
         return {}
+    from mule.mule_core.metrics import measure_of
     from mule.pipeline import decisions
     from mule.serving import mlflow_model
 
     dataset, f = cfg.data.dataset, cfg.features
-    # One version per trained model, whoever publishes it: a stopped run and the next
+    # One version per trained model (its weights), whoever publishes it: a stopped run and the next
     identity = registry.model_identity(decisions.read_record(wd, cfg, "train"))
     registered = registry.registered_for(wd, dataset, identity)
     if registered is not None:
@@ -129,7 +130,7 @@ def train(wd: Workdir, cfg: MuleConfig, result: dict, run_id: str | None) -> dic
                                     {"name": result["extractor"], "weights": _weights_source(f)},
                                     _carried_weights(wd, f))  # fmt: skip
     candidate = registry.Candidate(dataset, run_id, source, result["val_mean_mR"], tuple(result["languages"]),
-                                   result["val_images"], cfg.eval.split, identity)  # fmt: skip
+                                   result["val_images"], cfg.eval.split, identity, measure_of(cfg.eval.ks))  # fmt: skip
     registered = registry.register(wd, candidate)
     tracker.tags({"mule.registered_version": str(registered["version"]),
                   "mule.champion": str(registered["champion"]).lower()})  # fmt: skip

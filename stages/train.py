@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from mule.data_catalog import queries
-from mule.data_catalog.model_files import load_model, save_model
+from mule.data_catalog.model_files import load_model, save_model, weights_digest
 from mule.data_catalog.splits import load_split, load_vocabulary
 from mule.mule_core.batching import captions_per_image
 from mule.mule_core.devices import use_cpu_threads
@@ -129,6 +129,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
             "diverged": [r.epoch for r in history if r.divergence], "stopped": trainer.stopped,
             "sentences_per_image": trainer.sentences_per_image, "extractor": extractor,
             "languages": list(train.languages), "val_images": ids_digest(val.image_ids),
+            "weights_digest": weights_digest(vocabulary.words, model.state_dict()),  # the model's identity
             "examples": example_sentences(catalog, dataset, val), "phases": phase_seconds(history),
             "history": history_records(history)}  # fmt: skip
 

@@ -132,12 +132,20 @@ def test_a_damaged_output_reruns_its_stage_first_saying_which_file(kind, how, bu
 @pytest.mark.slow
 @pytest.mark.parametrize("how", DAMAGES)
 def test_a_run_of_one_stage_repairs_what_it_reads_first(how, built, copy):
-    """`mule run evaluate` with the trained model damaged: train runs again before it."""
+    """`mule run evaluate` with the trained model damaged: train runs again before it. The
+    model trained again has the same weights, so it is the same model to the registry
+    (the identity it registers under), though its file is another (a new time in it)."""
+    from mule.experiments.registry import model_identity
+    from mule.pipeline.decisions import read_record
+
     wd, cfg, before = copy
+    identity = model_identity(read_record(wd, cfg, "train"))
     damage(wd.model_path("embedded", "model"), how)
     decisions = next_run(wd, cfg, ["evaluate"])
     assert list(decisions) == ["train", "evaluate"] and decisions["train"].run
     assert recalls(wd) == recalls(built[0])
+    assert read_record(wd, cfg, "train")["outputs"] != before["train"]  # another file
+    assert model_identity(read_record(wd, cfg, "train")) == identity  # the same model
 
 
 @pytest.mark.parametrize("how", DAMAGES)

@@ -4,7 +4,10 @@ after any stop in publishing (real MLflow, SQLite in a temp dir)."""
 import pytest
 
 from mule.experiments import registry, tracking
+from mule.mule_core.metrics import measure_of
 from mule.storage.workdir import Workdir
+
+MEASURE = measure_of((1, 5, 10))
 
 
 def test_the_champion_moves_only_when_a_comparable_model_is_better_and_test_results_are_tagged(tmp_path):
@@ -16,7 +19,7 @@ def test_the_champion_moves_only_when_a_comparable_model_is_better_and_test_resu
         run = client.create_run(experiment).info.run_id
         client.log_text(run, "weights", "model/weights.txt")
         return registry.Candidate("toy", run, f"runs:/{run}/model", val_mr, languages,
-                                  registry.split_digest(val_images), split)  # fmt: skip
+                                  registry.split_digest(val_images), split, measure=MEASURE)  # fmt: skip
 
     val = ["img-3", "img-1", "img-2"]
     decisions = [
@@ -63,7 +66,7 @@ def test_a_trained_model_is_registered_once_whoever_publishes_it(tmp_path):
     assert registry.registered_for(wd, "toy", identity) is None
     run = client.create_run(experiment).info.run_id
     first = registry.register(wd, registry.Candidate("toy", run, f"runs:/{run}/model", 50.0, ("en",),
-                                                     registry.split_digest(["a"]), "test", identity))  # fmt: skip
+                                                     registry.split_digest(["a"]), "test", identity, MEASURE))  # fmt: skip
     again = registry.registered_for(wd, "toy", identity)
     assert again["version"] == first["version"] == 1 and again["champion"] is True
     later = client.create_run(experiment).info.run_id  # the run that published it after the stop
@@ -100,6 +103,47 @@ print(seen)
     assert "duckdb (current: " in warning and "required: duckdb==0.0.1" in warning and "numpy" not in warning
 
 
+def test_comparable_means_the_same_language_set_validation_images_and_measure(tmp_path):
+    """A model validated with eval.ks=1,5,10,16 has a higher mR for the same ranking (R@16
+    is easier): never compared with one over 1,5,10. The same languages in another order
+    are the same languages. A version registered before versions carried their measure is
+    read from its train run's eval.ks."""
+    wd = Workdir.at(tmp_path)
+    client = tracking.client(wd)
+    experiment = tracking.experiment_id(wd, "toy")
+    val = registry.split_digest(["img-1", "img-2"])
+
+    def publish(val_mr: float, languages=("en", "de", "fr", "cs"), ks=(1, 5, 10), tagged=True) -> dict:
+        run = client.create_run(experiment).info.run_id
+        client.log_param(run, "eval.ks", ",".join(map(str, ks)))  # as every stage run logs its config
+        return registry.register(wd, registry.Candidate("toy", run, f"runs:/{run}/model", val_mr, languages, val, "test",
+                                                        f"model-{val_mr}", measure_of(ks) if tagged else ""))  # fmt: skip
+
+    first = publish(36.68)
+    wider = publish(44.49, ks=(1, 5, 10, 16))
+    reordered = publish(40.0, languages=("de", "en", "fr", "cs"))
+    untagged = publish(41.0, tagged=False)
+    assert [first["champion"], wider["champion"], reordered["champion"], untagged["champion"]] == [True, False, True, True]
+    assert wider["why"] == ("not comparable with champion v1 (other measure: v1 mean of R@1,5,10 (VSE++ R@K both "
+                            "directions, ties against the model) against v2 mean of R@1,5,10,16 (VSE++ R@K both "
+                            "directions, ties against the model)); promote it by hand if it should serve")  # fmt: skip
+    assert reordered["why"] == "val mR 40.00 beats champion v1 (36.68)"
+    assert untagged["why"] == "val mR 41.00 beats champion v3 (40.00)"
+    assert client.get_model_version("mule-toy", "2").tags["mule.val_measure"] == measure_of((16, 10, 5, 1))
+    english = publish(90.0, languages=("en",))
+    assert english["why"].startswith("not comparable with champion v4 (other languages: v4 cs,de,en,fr against v5 en)")
+
+
+def test_a_model_with_the_weights_of_a_registered_version_is_that_version():
+    """A model's identity is its weights' digest, which its train stage's result carries: a
+    model.pt damaged and trained again to the same weights (a new file, a new time in it)
+    is the version it was; other weights are another model."""
+    record = {"key": "k1", "outputs": {"models/toy/model.pt": "file digest 1"}, "result": {"weights_digest": "w1"}}
+    again = {"key": "k1", "outputs": {"models/toy/model.pt": "file digest 2"}, "result": {"weights_digest": "w1"}}
+    other = {**record, "result": {"weights_digest": "w2"}}
+    assert registry.model_identity(record) == registry.model_identity(again) == "w1" != registry.model_identity(other)
+
+
 class Stopped(KeyboardInterrupt):
     """A Ctrl-C between two of the registry's writes."""
 
@@ -107,7 +151,8 @@ class Stopped(KeyboardInterrupt):
 class StoppingClient:
     """MLflow's client, stopped (Ctrl-C) just before its n-th write; counts the writes."""
 
-    WRITES = ("create_registered_model", "create_model_version", "set_registered_model_alias", "set_model_version_tag")
+    WRITES = ("create_registered_model", "create_model_version", "set_registered_model_alias", "set_model_version_tag",
+              "set_tag")  # fmt: skip
 
     def __init__(self, client, stop_before: int | None):
         self.client, self.stop_before, self.writes = client, stop_before, 0
@@ -127,19 +172,24 @@ class StoppingClient:
 
 
 def _state(wd: Workdir) -> list[tuple]:
-    """The registry as a user sees it: each version, its decision, whether it is champion."""
+    """The registry as a user sees it: each model's version, its decision, whether it is champion."""
     client = tracking.client(wd)
     champion = client.get_model_version_by_alias("mule-toy", "champion").version
-    return sorted((int(v.version), v.tags.get("mule.val_mR"), v.tags.get("mule.champion_decision"), v.version == champion)
+    return sorted((int(v.version), v.tags.get("mule.model_identity"), v.tags.get("mule.val_mR"),
+                   v.tags.get("mule.champion_decision"), v.version == champion)
                   for v in client.search_model_versions("name = 'mule-toy'"))  # fmt: skip
 
 
-@pytest.mark.parametrize("history", [(), (50.0,), (70.0,)], ids=["first model", "a better one", "a worse one"])
-def test_the_champion_is_a_fact_after_a_stop_between_any_two_registry_writes(tmp_path, monkeypatch, history):
-    """Publishing a model stopped before each of its registry writes in turn; the next run
-    publishes the same model again (registered_for, then register when nothing was
-    registered), as the train publisher does. The registry then holds what an
-    uninterrupted run leaves: one version per model, the same decisions, the same champion."""
+@pytest.mark.parametrize("history", [(), (50.0,), (70.0,), (90.0, 40.0)],
+                         ids=["first model", "a better one", "a worse one", "two before"])
+@pytest.mark.parametrize("next_model", ["the same model", "another model"])
+def test_the_champion_is_a_fact_after_a_stop_between_any_two_registry_writes(tmp_path, monkeypatch, history, next_model):
+    """Publishing a model (val mR 60) stopped before each of its registry writes in turn;
+    then the next run publishes either the same model again (registered_for, then register
+    when nothing was registered, as the train publisher does) or another model (val mR 55:
+    the settings changed). The registry then holds what an uninterrupted run leaves: one
+    version per model, the same decisions, the same champion; a model stopped before its
+    first write (the intent on its run) was never published, and is not there."""
     real_client = tracking.client
 
     def publish(wd: Workdir, val_mr: float, identity: str, stop_before: int | None = None) -> int:
@@ -149,7 +199,7 @@ def test_the_champion_is_a_fact_after_a_stop_between_any_two_registry_writes(tmp
             if registry.registered_for(wd, "toy", identity) is None:
                 run = client.create_run(tracking.experiment_id(wd, "toy")).info.run_id
                 registry.register(wd, registry.Candidate("toy", run, f"runs:/{run}/model", val_mr, ("en",),
-                                                         registry.split_digest(["a"]), "test", identity))  # fmt: skip
+                                                         registry.split_digest(["a"]), "test", identity, MEASURE))  # fmt: skip
         finally:
             monkeypatch.setattr(tracking, "client", real_client)
         return client.writes
@@ -158,17 +208,23 @@ def test_the_champion_is_a_fact_after_a_stop_between_any_two_registry_writes(tmp
         for n, val_mr in enumerate(history):
             publish(wd, val_mr, f"earlier-{n}")
 
+    following = (60.0, "new") if next_model == "the same model" else (55.0, "other")
     reference = Workdir.at(tmp_path / "reference")
     earlier(reference)
     writes = publish(reference, 60.0, "new")
-    assert writes >= 4 - (1 if history else 0)  # the version, its decision, the alias (or not), settled
+    assert writes >= 5 - (1 if history else 0)  # the intent, the version, its decision, the alias (or not), settled
+    publish(reference, *following)
     expected = _state(reference)
+    never = Workdir.at(tmp_path / "never-published")
+    earlier(never)
+    publish(never, *following)
     for stop_before in range(1, writes + 1):
         wd = Workdir.at(tmp_path / f"stopped-before-write-{stop_before}")
         earlier(wd)
         with pytest.raises(Stopped):
             publish(wd, 60.0, "new", stop_before)
-        publish(wd, 60.0, "new")  # the next run
-        assert _state(wd) == expected, f"stopped before write {stop_before}"
-        publish(wd, 60.0, "new")  # and the one after changes nothing
-        assert _state(wd) == expected
+        publish(wd, *following)  # the next run
+        want = _state(never) if stop_before == 1 and following[1] == "other" else expected
+        assert _state(wd) == want, f"stopped before write {stop_before}"
+        publish(wd, *following)  # and the one after changes nothing
+        assert _state(wd) == want
