@@ -393,3 +393,47 @@ def test_a_table_is_read_as_it_comes_not_held_whole(tmp_path, monkeypatch):
         tracemalloc.stop()
     assert result.captions.num_rows == 20_000
     assert peak < 2 * size, f"{peak / 2**20:.1f} MB of allocations for a {size / 2**20:.1f} MB table"
+
+
+@pytest.mark.parametrize("line", [101, 39_901], ids=["over 1 MiB after it", "under 1 MiB after it"])
+def test_a_quote_left_open_in_a_40000_row_table_is_the_error_naming_its_line(tmp_path, line):
+    """A caption that opens a quote it never closes ('"Big sale: a red shoe ...') in a
+    40,000-row table of 12 MB: one error naming its line, whether more or less than 1 MiB of
+    the file follows (past the cell limit the reader used to skip the rest of the file as
+    one over-long cell, keep the rows before it and go on, holding the rest in memory);
+    memory stays bounded by the cell limit, not the file."""
+    import tracemalloc
+
+    images(tmp_path, [f"p{i:03d}" for i in range(100)])
+    filler = "y" * 250
+    rows = [(f"photos/p{n % 100:03d}.jpg", f"A dog {n} runs in the park {filler}.", "en", "train") for n in range(40_000)]
+    write_long(tmp_path / "captions.csv", rows)
+    lines = (tmp_path / "captions.csv").read_text(encoding="utf-8").splitlines()
+    lines[line - 1] = f'photos/p000.jpg,"Big sale: a red shoe for every dog {filler},en,train'
+    (tmp_path / "captions.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    size = (tmp_path / "captions.csv").stat().st_size
+    assert size > 10 * 2**20 and ((len(lines) - line) * len(lines[-1]) < 2**20) == (line != 101)
+    tracemalloc.start()
+    try:
+        with pytest.raises(TableError) as raised:
+            read(tmp_path, languages=("en",))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    message = str(raised.value)
+    assert f"captions.csv:{line}: malformed CSV" in message and "a quoted cell must end with a quote" in message, message
+    if line == 101:  # 100 rows read, then a cell cut at its limit (csv holds 4 bytes a character): not the file
+        assert peak < size, f"{peak / 2**20:.1f} MB of allocations for a {size / 2**20:.1f} MB table"
+
+
+def test_a_long_quoted_cell_that_closes_is_one_reject_naming_the_lines_it_spans(tmp_path):
+    """Past the cell limit, a quoted cell that does close is one too_long row: its reason says
+    which lines it took, so a second stray quote far below the first shows what it swallowed."""
+    images(tmp_path)
+    huge = '"' + ("Largo, largo\n" * 100_000) + '"'
+    lines = ["file_name,caption,lang,split", f"photos/b.jpg,{huge},es,train", "photos/a.jpg,Un círculo.,es,train"]
+    (tmp_path / "captions.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    result = read(tmp_path, languages=("es",))
+    assert rejects(result) == [(2, "too_long", "a cell of more than 1,048,576 characters over lines 2-100,002: no "
+                                               "caption is that long (the row is skipped)")]  # fmt: skip
+    assert result.captions.to_pydict()["line"] == [100_003]

@@ -256,7 +256,10 @@ class _Rows:
             reason = f"{record['__fields__']} fields, the header has {record['__header__']} (a comma in an unquoted cell?)"
             return self.reject(line, "bad_record", reason, raw)
         if "__too_long__" in record:
-            reason = f"a cell of more than {record['__too_long__']:,} characters: no caption is that long (the row is skipped)"
+            through = record.get("__through__", line)
+            lines = f" over lines {line:,}-{through:,}" if through > line else ""
+            reason = (f"a cell of more than {record['__too_long__']:,} characters{lines}: no caption is that long "
+                      "(the row is skipped)")  # fmt: skip
             return self.reject(line, "too_long", reason, raw)
         found = self.image(line, record.get(self.roles.image), raw)
         if found is None:

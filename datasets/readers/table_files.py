@@ -99,15 +99,23 @@ class _Lines:
     def raw(self) -> bytes:
         return "".join(self.taken).rstrip("\r\n").encode()
 
-    def skip_to_end_of_cell(self, quotechar: str = '"') -> None:
-        """After a cell too long to keep: the lines up to where its quotes close (an odd
-        count of quote characters so far means a quoted cell still open)."""
+    def skip_to_end_of_cell(self, first: int, quotechar: str = '"') -> int:
+        """After a cell too long to keep: reads on to the line where its quotes close (an
+        odd count of quote characters so far means a quoted cell still open), keeping
+        none of it (memory holds a line); returns that line's number. A quote still open at
+        the end of the file is the malformed-CSV error naming `first`, the record's line: a
+        quote left open, not a long caption, and not the rest of the file as one cell."""
         quotes = sum(line.count(quotechar) for line in self.taken)
+        self.taken = []  # what is kept of the record was taken before (raw)
         while quotes % 2:
-            try:
-                quotes += next(self).count(quotechar)
-            except StopIteration:
-                return
+            line = self.ahead.pop(0) if self.ahead else self._read()
+            if not line:
+                raise TableError(f"{self.where}:{first}: malformed CSV (a quoted cell opens on this line and is still "
+                                 f"open at the end of the file, {self.number - first + 1:,} lines on); a quoted cell "
+                                 "must end with a quote (a quote left open? write a quote inside a cell as two)")  # fmt: skip
+            self.number += 1
+            quotes += line.count(quotechar)
+        return self.number
 
     def close(self) -> None:
         self.handle.close()
@@ -182,8 +190,8 @@ def _csv(path: Path, where: str, encoding: str, preferred: str):
                         raise TableError(f"{where}:{line}: malformed CSV ({error}); a quoted cell must end with a "
                                          "quote") from None  # fmt: skip
                     raw = lines.raw()[:4096]
-                    lines.skip_to_end_of_cell()
-                    yield line, {"__too_long__": CELL_LIMIT}, raw
+                    last = lines.skip_to_end_of_cell(line)
+                    yield line, {"__too_long__": CELL_LIMIT, "__through__": last}, raw
                     continue
                 if not row or not any(cell.strip() for cell in row):
                     continue  # a blank line
