@@ -88,15 +88,16 @@ def _network_loader(meta: dict):
     return load
 
 
-def open_query_image(source: Path | bytes, min_side: int, max_pixels: int):
+def open_query_image(source: Path | bytes, min_side: int, max_pixels: int, max_bytes: int | None = None):
     """An image given to a model (a file or an upload's bytes), opened as the catalog's are,
     within a pixel budget read from its header, and a budget of the bytes it decodes to
-    (what that many RGB pixels take: a 16-bit RGBA or float image of as many pixels
-    decodes to more, and is refused); what cannot be used is an EmbedError that says why
-    (and never shows a traceback)."""
+    (by default what that many RGB pixels take: a 16-bit RGBA or float image of as many
+    pixels decodes to more, and is refused); what cannot be used is an EmbedError that says
+    why (and never shows a traceback)."""
     what = "the upload" if isinstance(source, bytes) else str(source)
     try:
-        return load_rgb(source, min_side=min_side, max_pixels=max_pixels, max_bytes=3 * max_pixels)
+        return load_rgb(source, min_side=min_side, max_pixels=max_pixels,
+                        max_bytes=3 * max_pixels if max_bytes is None else max_bytes)  # fmt: skip
     except FileNotFoundError:
         raise EmbedError(f"{source}: no such image file", "not found") from None
     except TooManyPixels as error:

@@ -14,6 +14,13 @@ from mule.mule_core.settings import ConfigError
 def run(args: argparse.Namespace) -> int:
     if bool(args.images) == bool(args.sentences):
         raise ConfigError("mule embed: give --images DIR or --sentences TABLE (one of them)")
+    from mule.datasets.image_files import CEILING_PIXELS, MAX_PIXELS
+
+    if args.max_pixels is None:
+        args.max_pixels = MAX_PIXELS
+    elif not 1 <= args.max_pixels <= CEILING_PIXELS:
+        raise ConfigError(f"mule embed: --max-pixels must be between 1 and {CEILING_PIXELS:,} (twice Pillow's limit, "
+                          f"past which Pillow refuses an image itself), got {args.max_pixels:,}")  # fmt: skip
     from mule import api
     from mule.serving import batch_embed
 
@@ -30,13 +37,14 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out).expanduser()
     if args.images:
         found = batch_embed.embed_images(embedder, Path(args.images).expanduser(), out, store=args.store,
-                                         table=args.table)  # fmt: skip
+                                         table=args.table, max_pixels=args.max_pixels)  # fmt: skip
     else:
         found = batch_embed.embed_sentences(embedder, Path(args.sentences).expanduser(), out, lang=args.lang,
                                             store=args.store, table=args.table)  # fmt: skip
     name = args.table or ("images" if args.images else "sentences")
     reasons = {"parquet": f"{out}/rejects-*.parquet", "lancedb": f"table {name}_rejects in {out}",
                "qdrant": f"collection {name}_rejects in {out}"}[args.store]  # fmt: skip
+    repeated = f", {found['repeated']} repeated rows left out" if found.get("repeated") else ""
     print(f"{embedder.label}: {found['embedded']} embedded, {found['rejected']} rejected (their reasons: "
-          f"{reasons}), {found['already']} already in {out}; {time.perf_counter() - started:.1f} s")  # fmt: skip
+          f"{reasons}), {found['already']} already in {out}{repeated}; {time.perf_counter() - started:.1f} s")  # fmt: skip
     return 0

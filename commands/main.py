@@ -248,6 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
     embed.add_argument("--engine", choices=["torch", "onnxruntime"], default="torch",
                        help="onnxruntime: the ONNX towers of the exported folder --model names")  # fmt: skip
     embed.add_argument("--int8", action="store_true", help="with --engine onnxruntime: the towers' 8-bit variants")
+    embed.add_argument("--max-pixels", type=int, help="the largest image opened, in pixels from its header (default: "
+                       "ingest's, Pillow's limit of 89,478,485; at most twice that)")  # fmt: skip
     embed.add_argument("--workdir")
 
     catalog = sub.add_parser("catalog", help="list the catalog's datasets and tables")

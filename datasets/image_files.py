@@ -31,9 +31,13 @@ from pathlib import Path
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-# Pillow's default (about 89.5 million pixels, a 0.25 GB RGB image); larger images are
-# refused here even if Image.MAX_IMAGE_PIXELS was raised or switched off elsewhere.
+# Pillow's default (about 89.5 million pixels, a 0.25 GB RGB image): the budget of every
+# caller that names none (ingest, features, mule embed); larger images are refused here even
+# if Image.MAX_IMAGE_PIXELS was raised or switched off elsewhere. A caller may raise its
+# budget up to CEILING_PIXELS (mule embed --max-pixels): twice Pillow's limit is where
+# Pillow refuses an image itself, as a decompression bomb.
 MAX_PIXELS = 89_478_485
+CEILING_PIXELS = 2 * MAX_PIXELS
 MAX_ASPECT = 50  # longer side / shorter side; panoramas are about 10
 # What photos come in; Pillow's other formats (EPS, PDF, PSD, ICO, ...) are not opened at all.
 FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
@@ -71,8 +75,8 @@ def decoded_bytes(image: Image.Image) -> int:
 def _check_size(width: int, height: int, max_pixels: int = MAX_PIXELS) -> None:
     if width < 1 or height < 1:
         raise BadImage(f"image of {width}x{height} pixels")
-    if width * height > min(max_pixels, MAX_PIXELS):
-        limit = min(max_pixels, MAX_PIXELS)
+    limit = min(max_pixels, CEILING_PIXELS)
+    if width * height > limit:
         bomb = " (a decompression bomb?)" if width * height > MAX_PIXELS else ""
         raise TooManyPixels(f"{width}x{height} pixels is more than {limit:,}{bomb}: not decoded")
     if max(width, height) > MAX_ASPECT * min(width, height):
@@ -111,10 +115,11 @@ def _open(path: Path | bytes, max_pixels: int = MAX_PIXELS, max_bytes: int = MAX
         raise BadImage(f"unreadable image header: {error!r}") from None
     try:
         _check_size(*image.size, max_pixels)
-        if decoded_bytes(image) > min(max_bytes, MAX_DECODED_BYTES):
+        budget = min(max_bytes, 4 * CEILING_PIXELS)
+        if decoded_bytes(image) > budget:
             raise TooManyPixels(f"{image.size[0]}x{image.size[1]} pixels of {image.mode} decode to "
                                 f"{decoded_bytes(image) / 2**20:,.0f} MiB, more than "
-                                f"{min(max_bytes, MAX_DECODED_BYTES) / 2**20:,.0f} MiB: not decoded")  # fmt: skip
+                                f"{budget / 2**20:,.0f} MiB: not decoded")  # fmt: skip
     except BadImage:
         image.close()
         raise
@@ -133,8 +138,9 @@ def load_rgb(path: Path | bytes, min_side: int = 0, max_pixels: int = MAX_PIXELS
 
     min_side: the smallest shorter side the caller needs; a JPEG much larger than that is
     decoded at 1/2, 1/4 or 1/8 scale (never below min_side), which bounds memory and time.
-    max_pixels, max_bytes: budgets below Pillow's limit (an upload's), checked from the
-    header: pixels, and the bytes the first frame decodes to. Raises FileNotFoundError for
+    max_pixels, max_bytes: budgets (an upload's is below Pillow's limit; up to
+    CEILING_PIXELS and 4 bytes a pixel of it), checked from the header: pixels, and the
+    bytes the first frame decodes to. Raises FileNotFoundError for
     a missing file and BadImage for anything unusable (TooManyPixels past a budget).
     """
     with _open(path, max_pixels, max_bytes) as image:

@@ -61,7 +61,7 @@ class Embedder:
     load_network: Callable[[torch.device], tuple[Any, dict]] | None = None
     # (a file or an image's bytes, shorter side wanted, pixel budget) -> a PIL image, as a
     # context manager; EmbedError for what is not a usable image or is over the budget
-    open_image: Callable[[Path | bytes, int, int], Any] | None = None
+    open_image: Callable[[Path | bytes, int, int, int | None], Any] | None = None
 
     @property
     def languages(self) -> list[str]:
@@ -155,8 +155,9 @@ class Embedder:
         An image of more than max_pixels (from its header) is refused before decoding."""
         return self._features_of(self._crops(source, max_pixels).unsqueeze(0))
 
-    def _crops(self, source: Path | bytes, max_pixels: int) -> torch.Tensor:
-        """An image file or its bytes as the extractor's crops (crops, 3, size, size) uint8."""
+    def _crops(self, source: Path | bytes, max_pixels: int, max_bytes: int | None = None) -> torch.Tensor:
+        """An image file or its bytes as the extractor's crops (crops, 3, size, size) uint8,
+        opened within max_pixels and max_bytes (None: 3 bytes a pixel of the budget)."""
         from mule.mule_core.backbones import crop_transform
 
         if not self.has_images:
@@ -165,7 +166,7 @@ class Embedder:
             raise EmbedError(f"{self.label} was given no way to read images", "no images")
         f = self.meta["cfg"].features
         transform = crop_transform(f.input_size, f.resize, f.crops)
-        with self.open_image(source, transform.shorter_side, max_pixels) as image:
+        with self.open_image(source, transform.shorter_side, max_pixels, max_bytes) as image:
             return transform(image)
 
     def _gallery_arithmetic(self):
@@ -216,11 +217,11 @@ class Embedder:
         f = self.meta["cfg"].features
         return crop_transform(f.input_size, f.resize, f.crops)(image.convert("RGB"))
 
-    def encode_image(self, images: Path | str | bytes | torch.Tensor | list,
-                     max_pixels: int = MAX_QUERY_PIXELS) -> np.ndarray:  # fmt: skip
+    def encode_image(self, images: Path | str | bytes | torch.Tensor | list, max_pixels: int = MAX_QUERY_PIXELS,
+                     max_bytes: int | None = None) -> np.ndarray:  # fmt: skip
         """(n, model.joint_dim) float32 unit rows: image files, their bytes (opened within the
-        pixel budget `max_pixels`), or a batch of `preprocess`'s tensors stacked (n, crops,
-        3, size, size)."""
+        pixel budget `max_pixels`, and `max_bytes` decoded: by default 3 a pixel), or a batch
+        of `preprocess`'s tensors stacked (n, crops, 3, size, size)."""
         if isinstance(images, torch.Tensor):
             if images.dim() != 5:
                 raise EmbedError(f"expected preprocessed images stacked as (n, crops, 3, size, size), got {tuple(images.shape)}")
@@ -229,8 +230,8 @@ class Embedder:
         if not images:
             return np.zeros((0, self.meta["cfg"].model.joint_dim), np.float32)
         # one image's crops at a time: ten 448-px crops are 6 MB of pixels per image
-        return np.concatenate([self._vectors_of_crops(self._crops(Path(i) if isinstance(i, str) else i, max_pixels)[None])
-                               for i in images])  # fmt: skip
+        return np.concatenate([self._vectors_of_crops(self._crops(Path(i) if isinstance(i, str) else i, max_pixels,
+                                                                  max_bytes)[None]) for i in images])  # fmt: skip
 
     def _vectors_of_crops(self, crops: torch.Tensor) -> np.ndarray:
         """Unit vectors of images as crops (n, crops, 3, size, size)."""

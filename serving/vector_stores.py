@@ -62,7 +62,9 @@ def _vector_array(vectors: np.ndarray) -> pa.FixedSizeListArray:
 
 
 class ParquetStore:
-    """<out>/model.json (the maker), part-NNNNN.parquet (id, vector[, lang]), rejects-NNNNN.parquet (id, reason)."""
+    """<out>/model.json (the maker), part-NNNNN.parquet (id, vector[, lang]), rejects-NNNNN.parquet
+    (id, reason): NNNNN numbers the batch, so a batch's rejects and vectors share it and no
+    batch writes over another's (every batch after the store's last one, whatever it held)."""
 
     def __init__(self, out: Path, made_by: Maker, table: str):
         out.mkdir(parents=True, exist_ok=True)
@@ -72,11 +74,14 @@ class ParquetStore:
         else:
             write_json_atomic(asdict(made_by), marker)
         self.done: set[str] = set()
-        for part in sorted(out.glob("part-*.parquet")) + sorted(out.glob("rejects-*.parquet")):
+        files = sorted(out.glob("part-*.parquet")) + sorted(out.glob("rejects-*.parquet"))
+        for part in files:
             self.done.update(pq.read_table(part, columns=["id"]).column("id").to_pylist())
+        numbers = [int(n) for f in files if (n := f.stem.rpartition("-")[2]).isdigit()]
+        self.batch = max(numbers, default=-1) + 1
 
     def write(self, ids: list[str], vectors: np.ndarray, columns: dict[str, list], rejects: list[tuple[str, str]]) -> None:
-        number = len(list(self.out.glob("part-*.parquet")))
+        number, self.batch = self.batch, self.batch + 1
         if rejects:
             found = pa.table({"id": [i for i, _ in rejects], "reason": [r for _, r in rejects]})
             write_atomic(self.out / f"rejects-{number:05d}.parquet", lambda tmp: pq.write_table(found, tmp))
@@ -103,9 +108,9 @@ class LanceStore:
         if self.table is not None:
             meta = (self.table.schema.metadata or {}).get(META_KEY.encode())
             made_by.refuse_other(f"{out} (table {table})", json.loads(meta) if meta else {"label": "unknown (no mule marker)"})
-            self.done.update(self.table.to_arrow().column("id").to_pylist())
+            self.done.update(_lance_ids(self.table))
         if self.rejects is not None:
-            self.done.update(self.rejects.to_arrow().column("id").to_pylist())
+            self.done.update(_lance_ids(self.rejects))
 
     def write(self, ids: list[str], vectors: np.ndarray, columns: dict[str, list], rejects: list[tuple[str, str]]) -> None:
         if rejects:
@@ -124,6 +129,11 @@ class LanceStore:
 
     def close(self) -> None:
         pass
+
+
+def _lance_ids(table) -> list[str]:
+    """A LanceDB table's ids, read alone (Lance reads the columns asked for: not the vectors)."""
+    return table.search().select(["id"]).limit(None).to_arrow().column("id").to_pylist()
 
 
 class QdrantStore:

@@ -1128,6 +1128,79 @@ def test_mule_embed_writes_a_resumable_store_that_names_its_model(served, tmp_pa
     assert pq.read_table(out / "rejects-00000.parquet").column("id").to_pylist() == ["c3"]
 
 
+def test_mule_embed_s_summary_is_what_its_store_holds(served, tmp_path, capsys, caplog):
+    """70 corrupt files (two batches of rejects and no vectors): the summary says 70 rejected
+    and the store holds 70 (their files used to write over each other: 6 held, 64 redone
+    by the rerun). A 49.9-megapixel camera photo is embedded, as ingest would take it
+    (mule serve's upload budget of 40 MP refused it for good); --max-pixels below it rejects
+    it saying what raises the limit. Sentences without an id column are named by their
+    content: a row inserted at the top changes no stored vector's id, and a repeated row
+    is embedded once and said once."""
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    from mule.commands.main import main
+    from mule.serving.batch_embed import content_id
+
+    wd, embedder = served["wd"], served["embedder"]
+
+    def embed(out: Path, *args: str) -> str:
+        assert main(["embed", "--workdir", str(wd.root), "--out", str(out), *args]) == 0
+        return capsys.readouterr().out
+
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    for n in range(70):
+        (corrupt / f"scan-{n:02d}.jpg").write_bytes(b"\xff\xd8 cut short %d" % n)
+    out = tmp_path / "corrupt-vectors"
+    assert "0 embedded, 70 rejected" in embed(out, "--images", str(corrupt))
+    held = [i for f in sorted(out.glob("rejects-*.parquet")) for i in pq.read_table(f).column("id").to_pylist()]
+    assert sorted(held) == sorted(f"scan-{n:02d}.jpg" for n in range(70))
+    again = embed(out, "--images", str(corrupt))
+    assert "0 embedded, 0 rejected" in again and "70 already" in again
+
+    camera = tmp_path / "camera"
+    camera.mkdir()
+    Image.new("RGB", (8660, 5760), (90, 140, 200)).save(camera / "IMG_0001.jpg", quality=70)  # 49.9 MP
+    assert "1 embedded, 0 rejected" in embed(tmp_path / "camera-vectors", "--images", str(camera))
+    (stored,) = pq.read_table(tmp_path / "camera-vectors" / "part-00000.parquet").to_pylist()
+    budget = 8660 * 5760
+    assert np.allclose(stored["vector"], embedder.encode_image(camera / "IMG_0001.jpg", max_pixels=budget)[0], atol=1e-6)
+    assert "0 embedded, 1 rejected" in embed(tmp_path / "small-budget", "--images", str(camera), "--max-pixels", "10000000")
+    (reject,) = pq.read_table(tmp_path / "small-budget" / "rejects-00000.parquet").to_pylist()
+    assert "8660x5760 pixels is more than 10,000,000" in reject["reason"] and "--max-pixels raises the limit" in reject["reason"]
+    assert main(["embed", "--workdir", str(wd.root), "--out", str(tmp_path / "x"), "--images", str(camera),
+                 "--max-pixels", "999999999"]) == 2  # fmt: skip
+    assert "--max-pixels must be between 1 and 178,956,970" in capsys.readouterr().err
+
+    caption = served["caption"]["text"]
+    table = tmp_path / "sentences.csv"
+    table.write_text(f'text,lang\n"{caption}",en\nein blaues Quadrat,de\n', encoding="utf-8")
+    out = tmp_path / "sentence-vectors"
+    embed(out, "--sentences", str(table))
+    table.write_text(f'text,lang\nein roter Kreis,de\n"{caption}",en\nein blaues Quadrat,de\nein blaues Quadrat,de\n',
+                     encoding="utf-8")  # fmt: skip
+    with caplog.at_level("WARNING", logger="mule.embed"):
+        said = embed(out, "--sentences", str(table))
+    assert "1 embedded, 0 rejected" in said and "2 already" in said and "1 repeated rows left out" in said
+    warned = [r.getMessage() for r in caplog.records if "repeat" in r.getMessage()]
+    assert warned == ["1 row repeat the same sentence (language and text) as an earlier row, embedded once (the "
+                      "first): row 4 is row 3's sentence"]  # fmt: skip
+    rows = {r["id"]: r for f in sorted(out.glob("part-*.parquet")) for r in pq.read_table(f).to_pylist()}
+    expected = {content_id(caption, "en"): (caption, "en"), content_id("ein blaues Quadrat", "de"): ("ein blaues Quadrat", "de"),
+                content_id("ein roter Kreis", "de"): ("ein roter Kreis", "de")}  # fmt: skip
+    assert set(rows) == set(expected)
+    for item, (text, lang) in expected.items():  # every id holds its own sentence's vector
+        assert np.allclose(rows[item]["vector"], embedder.encode_text(text, lang)[0], atol=1e-6)
+
+    given = tmp_path / "given.csv"
+    given.write_text("id,text\n7,a red circle\n8,ein blaues Quadrat\n7,a blue square\n", encoding="utf-8")
+    with caplog.at_level("WARNING", logger="mule.embed"):
+        said = embed(tmp_path / "given-vectors", "--sentences", str(given))
+    assert "2 embedded" in said and "1 repeated rows left out" in said
+    assert any("row 3 has row 1's id '7'" in r.getMessage() for r in caplog.records)
+
+
 def test_a_search_over_mule_embed_s_vectors_finds_what_mule_search_finds(served, tmp_path, capsys):
     """The test split's image files through `mule embed` into each store (Parquet parts, a
     LanceDB table, a local Qdrant collection), then the top 10 for a caption by each store's

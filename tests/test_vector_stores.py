@@ -1,0 +1,68 @@
+"""The stores `mule embed` writes (serving/vector_stores.py), on their own: every batch keeps
+its rejects, a rerun reads back exactly what was written, and resuming reads only ids."""
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from mule.serving.batch_embed import content_id, read_sentences
+from mule.serving.vector_stores import Maker, open_store
+
+MAKER = Maker("identity-1", "a model", "images", 4)
+
+
+def unit(n: int) -> np.ndarray:
+    vectors = np.random.default_rng(n).normal(size=(n, 4)).astype(np.float32)
+    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
+def test_parquet_batches_of_rejects_alone_never_write_over_each_other(tmp_path):
+    """Two batches of corrupt files only (no vectors), then one of both: three batches, three
+    numbers; the store holds every reject, and a rerun knows all of them (it redoes none).
+    Reject files were numbered by the vector parts, so the second batch overwrote the first."""
+    store = open_store("parquet", tmp_path, MAKER)
+    store.write([], np.zeros((0, 4), np.float32), {}, [(f"bad-{i}.jpg", "not an image") for i in range(64)])
+    store.write([], np.zeros((0, 4), np.float32), {}, [(f"bad-{i}.jpg", "not an image") for i in range(64, 70)])
+    store.write(["a.jpg", "b.jpg"], unit(2), {}, [("bad-70.jpg", "truncated")])
+    assert sorted(p.name for p in tmp_path.glob("*.parquet")) == [
+        "part-00002.parquet", "rejects-00000.parquet", "rejects-00001.parquet", "rejects-00002.parquet"]  # fmt: skip
+    rejected = [i for p in sorted(tmp_path.glob("rejects-*.parquet")) for i in pq.read_table(p).column("id").to_pylist()]
+    assert sorted(rejected) == sorted(f"bad-{i}.jpg" for i in range(71))
+    again = open_store("parquet", tmp_path, MAKER)
+    assert again.done == {*rejected, "a.jpg", "b.jpg"}
+    again.write(["c.jpg"], unit(1), {}, [])
+    assert (tmp_path / "part-00003.parquet").exists()  # after the store's last batch, whatever it held
+
+
+def test_a_lancedb_store_resumes_reading_its_ids_alone(tmp_path, monkeypatch):
+    """Reopened, a LanceDB store learns which ids it holds without reading its vectors: a
+    table read whole (to_arrow) is refused here."""
+    pytest.importorskip("lancedb")
+    from lancedb.table import LanceTable
+
+    store = open_store("lancedb", tmp_path / "vectors.lance", MAKER)
+    store.write([f"{i}.jpg" for i in range(300)], unit(300), {}, [("bad.jpg", "not an image")])
+    store.close()
+
+    def whole(self, *args, **kwargs):
+        raise AssertionError("the table was read whole, vectors and all")
+
+    monkeypatch.setattr(LanceTable, "to_arrow", whole)
+    again = open_store("lancedb", tmp_path / "vectors.lance", MAKER)
+    assert again.done == {f"{i}.jpg" for i in range(300)} | {"bad.jpg"}
+
+
+def test_sentences_without_an_id_column_are_named_by_their_content(tmp_path):
+    """Without an id column a row's id is a digest of its language and text: a row inserted
+    at the top leaves every other row's id as it was (ids by row number moved them all, and
+    the store then held other sentences' vectors under them); the same text in another
+    language is another sentence."""
+    table = tmp_path / "sentences.csv"
+    table.write_text("text,lang\na red circle,en\nein blaues Quadrat,de\na red circle,\n", encoding="utf-8")
+    before = read_sentences(table, lang="fr").column("id").to_pylist()
+    assert before == [content_id("a red circle", "en"), content_id("ein blaues Quadrat", "de"),
+                      content_id("a red circle", "fr")]  # fmt: skip
+    assert len(set(before)) == 3
+    table.write_text("text,lang\na new first row,en\na red circle,en\nein blaues Quadrat,de\na red circle,\n",
+                     encoding="utf-8")  # fmt: skip
+    assert read_sentences(table, lang="fr").column("id").to_pylist()[1:] == before
