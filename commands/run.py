@@ -171,8 +171,7 @@ def print_results(results: dict, workdir: Workdir, started: float, args: argpars
     if results.get("mlflow_run_id"):
         print(f"MLflow run {results['mlflow_run_id']}: browse with `mule ui --workdir {workdir.root}`")
     else:
-        print(
-            f"MLflow: recorded in a few seconds, by a process of its own; browse with `mule ui --workdir {workdir.root}`"
-        )
+        print(f"MLflow: recorded by the next run, or as `mule ui --workdir {workdir.root}` opens (nothing writes "
+              "the workdir once this returns)")  # fmt: skip
     log = getattr(args, "run_log", None) if args is not None else None
     print(f"wall time: {time.perf_counter() - started:.0f}s" + (f"; the run's whole log: {log}" if log else ""))

@@ -35,6 +35,8 @@ def run(args: argparse.Namespace) -> int:
 
     from mule.process import interrupts
 
+    _record_what_waits(workdir)
+
     # Its own session, so that this process alone decides when it stops (MLflow's server
     # starts workers of its own): Ctrl-C and SIGTERM stop the whole group, and free the port.
     # Without MLflow 3's job runner (GenAI scorers and prompt jobs, which mule never submits):
@@ -46,6 +48,36 @@ def run(args: argparse.Namespace) -> int:
     if args.open and answers(f"{base}/health", server):
         webbrowser.open(runs or base)
     return server.wait()
+
+
+RECORD_EVERY_S = 3.0
+
+
+def _record_what_waits(workdir) -> None:
+    """The runs no-change rebuilds left to record (pipeline.deferred), written into MLflow now
+    and every few seconds while the UI serves, so that a rebuild shows in the UI a few
+    seconds after it returned; never waiting for a run that holds the workdir (it records
+    them itself)."""
+    import threading
+    import time
+
+    from mule.pipeline import deferred
+
+    def record() -> None:
+        if deferred.waiting(workdir):
+            deferred.record_unrecorded(workdir, patience=0)
+
+    def watch() -> None:
+        while True:
+            time.sleep(RECORD_EVERY_S)
+            try:
+                record()
+            except Exception as error:  # noqa: BLE001 - the UI serves on; the next run records them
+                print(f"mule ui: what rebuilds left to record waits for the next run ({error})", flush=True)
+                return
+
+    record()
+    threading.Thread(target=watch, name="mule-ui-recorder", daemon=True).start()
 
 
 def _kill_group(process, signum) -> None:

@@ -1,24 +1,24 @@
-"""A rebuild with nothing to run answers in a second, and is recorded in MLflow right after.
+"""A rebuild with nothing to run answers in a second, and is recorded in MLflow later.
 
 Deciding that every stage is up to date needs the keys, not MLflow (seconds to import and
 open its store) nor Prefect nor torch. So the command writes what MLflow is to record (the
 rebuild's run, a run per stage saying "reused" and why, the test recalls) to
-state/unrecorded/<time>.json and hands it to a process of its own, started detached, that
-records it under the workdir's lock (a run that starts meanwhile waits the seconds it
-takes); the next run that tracks anything records what is left first (a killed recorder,
-a machine switched off). A user sees the run in `mule ui` a few seconds after the command
-returned, tagged `mule.recorded_later`. A record is written once (its runs carry its
-file's name), and one that cannot be written (a config from another version of mule, a
-damaged file) is set aside with one warning: it never blocks a run.
+state/unrecorded/<time>.json, atomically, before it returns, and nothing after: once a
+command has returned, no process of mule's writes the workdir (`mule demo && mv mule-work
+elsewhere`, a backup, `rm -rf` all see it whole). The record is written into MLflow under
+the workdir's lock by whoever opens MLflow next: the next run that tracks anything (first
+thing), and `mule ui` (as it starts, and every few seconds while it serves: a user sees
+the run in the UI), tagged `mule.recorded_later`. A record is written once (its runs carry
+its file's name), and one that cannot be written (a config from another version of mule,
+a damaged file) is set aside with one warning: it never blocks a run.
 
-    python -m mule.pipeline.deferred WORKDIR      # what the command starts
+    python -m mule.pipeline.deferred WORKDIR      # records what waits, now, and returns
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 import uuid
@@ -50,12 +50,9 @@ def defer(workdir: Workdir, cfg: MuleConfig, name: str, decided: dict[str, decis
     return path
 
 
-def start_recorder(workdir: Workdir) -> None:
-    """The detached process that records what was deferred (it outlives the command)."""
-    log = folder(workdir) / "recorder.log"
-    with open(log, "ab") as out:
-        subprocess.Popen([sys.executable, "-m", "mule.pipeline.deferred", str(workdir.root)], stdin=subprocess.DEVNULL,
-                         stdout=out, stderr=out, start_new_session=True, env={**os.environ, "MULE_DEFERRED": "1"})  # fmt: skip
+def waiting(workdir: Workdir) -> int:
+    """How many deferred records wait to be written into MLflow (a glob: nothing imported)."""
+    return len(list(folder(workdir).glob("*.json")))
 
 
 RECORDING = "recording deferred MLflow runs"

@@ -125,9 +125,10 @@ def decide_ahead(wd: Workdir, cfg: MuleConfig, planned: Plan) -> bool:
 
 def finish_unchanged(wd: Workdir, cfg: MuleConfig, planned: Plan, hooks: Sequence[Any]) -> dict:
     """A run where every stage is reused (decide_ahead said so): the results the records
-    hold, at once, without Prefect, MLflow or torch; MLflow records the reuse right after,
-    in a process of its own (pipeline.deferred). When a stage has something left to
-    publish or a sweep is named, it is recorded now, here, with `hooks`."""
+    hold, at once, without Prefect, MLflow or torch; the reuse waits in the workdir for
+    whoever opens MLflow next to record it (pipeline.deferred: the next run, `mule ui`).
+    When a stage has something left to publish or a sweep is named, it is recorded now,
+    here, with `hooks`."""
     from mule.pipeline import deferred
 
     later = not any(decisions.publish_pending(d) for d in planned.decided.values()) and all(
@@ -136,7 +137,6 @@ def finish_unchanged(wd: Workdir, cfg: MuleConfig, planned: Plan, hooks: Sequenc
         return run(wd, cfg, planned, hooks)
     results = {stage: decisions.reused_result(d, wd) for stage, d in planned.decided.items()}
     deferred.defer(wd, cfg, planned.name, planned.decided, results)
-    deferred.start_recorder(wd)
     return results | {"mlflow_run_id": None, "stages": {s: d.describe() for s, d in planned.decided.items()}}
 
 

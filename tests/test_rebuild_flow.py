@@ -172,12 +172,19 @@ def test_a_rebuild_with_nothing_changed_runs_no_stage(rebuilt, tmp_path):
 
 def test_the_command_with_nothing_to_run_records_the_reuse_without_starting_prefect(rebuilt, tmp_path):
     """`mule run all` on an up-to-date workdir: every stage reused, said on the console;
-    neither Prefect nor MLflow nor torch imported (deciding needs only the keys); a process
-    of its own records it in MLflow right after (a run per stage, pointing at the run that
-    made what is reused), and the next run would record it if that process did not."""
+    neither Prefect nor MLflow nor torch imported (deciding needs only the keys). Once it
+    returned nothing writes the workdir (a detached recorder used to write mlflow.db for
+    seconds after: `mule demo && rm -rf mule-work` failed, a backup could hold half a
+    SQLite file): no process of mule's is left, the files stay as they were, the workdir
+    moves and moves back. Whoever opens MLflow next (the next run, `mule ui`) records it: a
+    run per stage, pointing at the run that made what is reused."""
     import subprocess
     import sys
+    import time
 
+    import psutil
+
+    from mule.commands import ui
     from mule.pipeline import deferred
 
     copy = _copy_of(rebuilt, tmp_path)
@@ -188,12 +195,24 @@ def test_the_command_with_nothing_to_run_records_the_reuse_without_starting_pref
     done = subprocess.run([sys.executable, "-c", script, "run", "all", "--workdir", str(copy), *settings],
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
+    left = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"]) if str(copy) in " ".join(p.info["cmdline"] or [])]
+    assert left == [], left
+
+    def files(root) -> dict[str, tuple[int, int]]:
+        return {str(f.relative_to(root)): (f.stat().st_size, f.stat().st_mtime_ns) for f in root.rglob("*") if f.is_file()}
+
+    returned = files(copy)
+    moved = copy.rename(tmp_path / "moved")
+    time.sleep(1.5)
+    assert not copy.exists() and files(moved) == returned  # nothing wrote either path since it returned
+    moved.rename(copy)
     assert "imported: []" in done.stdout
-    assert "every stage is up to date" in done.stdout and "MLflow: recorded in a few seconds" in done.stdout
+    assert "every stage is up to date" in done.stdout and "MLflow: recorded by the next run, or as `mule ui" in done.stdout
     for stage in STAGES:
         assert f"  {stage:<10} reused (key " in done.stdout
-    deferred.record_unrecorded(Workdir.at(copy))  # waits for the recorder it started, or records in its place
-    assert not list(deferred.folder(Workdir.at(copy)).glob("*.json"))
+    assert deferred.waiting(Workdir.at(copy)) == 1
+    ui._record_what_waits(Workdir.at(copy))  # what `mule ui` does as it opens (and every few seconds)
+    assert deferred.waiting(Workdir.at(copy)) == 0
     client = MlflowClient(Workdir.at(copy).mlflow_uri)
     parent = client.search_runs([client.get_experiment_by_name("mule/embedded").experiment_id],
                                 order_by=["attributes.start_time DESC"], max_results=1,
