@@ -11,6 +11,7 @@ import glob
 import json
 import logging
 import re
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,10 @@ from mule.storage.atomic import atomic_path, write_atomic, write_json_atomic, wr
 from mule.storage.workdir import Workdir
 
 log = logging.getLogger("mule.catalog")
+# One refresh of catalog.duckdb at a time in a process: two stages side by side (pipeline.lanes)
+# each refresh it, and DuckDB refuses two connections replacing the same view at once
+# ("Catalog write-write conflict").
+_REFRESHING = threading.Lock()
 VIEWS = ("images", "captions", "rejects", "word_vectors", "subword_vectors", "translations", "features")
 
 class Catalog:
@@ -71,10 +76,14 @@ class Catalog:
         one another process has open (a lock conflict) is left alone, and the next run
         refreshes it. A damaged Parquet file is left out of its view (the stage that wrote
         it runs again: pipeline.decisions checks outputs before reuse)."""
-        from mule.storage.locks import holds_lock
-
         if self.read_only:
             return
+        with _REFRESHING:
+            self._refresh_views()
+
+    def _refresh_views(self) -> None:
+        from mule.storage.locks import holds_lock
+
         path = self.workdir.duckdb_path
         try:
             con = import_duckdb().connect(str(path))
@@ -110,8 +119,9 @@ class Catalog:
             return True
         except import_duckdb().Error:
             readable = [f for f in files if readable_parquet(Path(f))]
-            log.warning("catalog: left out of the %s view, unreadable (damaged?): %s", name,
-                        ", ".join(f for f in files if f not in readable))  # fmt: skip
+            if len(readable) < len(files):  # else no file is damaged: named one by one, they are read
+                log.warning("catalog: left out of the %s view, unreadable (damaged?): %s", name,
+                            ", ".join(f for f in files if f not in readable))  # fmt: skip
             if not readable:
                 return False
             listed = ", ".join(f"'{quoted(f)}'" for f in readable)

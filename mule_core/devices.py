@@ -140,7 +140,7 @@ def follow_share() -> int | None:
     returns the share."""
     share = _SHARES.get(threading.get_ident())
     if share and "torch" in sys.modules:
-        import torch
+        import torch  # waits for another thread's import to finish: never a half-made module
 
         if torch.get_num_threads() != share:
             torch.set_num_threads(share)

@@ -78,6 +78,7 @@ class Lanes:
         self.cores = devices.machine_cores()
         self.main = threading.get_ident()
         self.torch_threads: int | None = None  # the main thread's, while its share lowered them
+        self.in_hand: str | None = None  # the main lane's stage (what failed, when the main lane raises)
 
     def run(self) -> None:
         try:
@@ -95,19 +96,21 @@ class Lanes:
                     continue
                 stage = ready[0] if ready else self.pending[0]
                 self.pending.remove(stage)
+                self.in_hand = stage
                 if self.side is None:
                     self._start_side(next((s for s in ready[1:]), None), stage)
                 beside = self._share_main()
                 with in_lane(stage) if beside else contextlib.nullcontext():  # lines say their stage while two run
                     self.run_one(stage)
                 self.done.add(stage)
+                self.in_hand = None
         except BaseException as error:
             self._stop_side(error)
             raise
         finally:
             devices.share_cores(self.main, None)
             if self.torch_threads is not None:
-                sys.modules["torch"].set_num_threads(self.torch_threads)
+                _torch().set_num_threads(self.torch_threads)
             self.pool.shutdown(wait=False)
 
     def _collect(self) -> None:
@@ -152,14 +155,14 @@ class Lanes:
         running = self.side is not None and not self.side[1].done()
         if running:
             if self.torch_threads is None and "torch" in sys.modules:
-                self.torch_threads = sys.modules["torch"].get_num_threads()
+                self.torch_threads = _torch().get_num_threads()
             devices.share_cores(self.main, self.cores - max(1, self.cores // 2))
             devices.follow_share()
             return True
         else:
             devices.share_cores(self.main, None)
             if self.torch_threads is not None:
-                sys.modules["torch"].set_num_threads(self.torch_threads)
+                _torch().set_num_threads(self.torch_threads)
                 self.torch_threads = None
             return False
 
@@ -181,7 +184,8 @@ class Lanes:
                 # those frames live (the main lane then waits on it, ending its MLflow run)
                 let_go(stopped)
             return
-        logger().warning("%s failed; %s, beside it, finishes first (Ctrl-C stops it)", _stage_of(error), stage)
+        failed = self.in_hand or "the run's own code, between two stages"
+        logger().warning("%s failed; %s, beside it, finishes first (Ctrl-C stops it)", failed, stage)
         beside = future.exception()
         if beside is not None:
             logger().error("%s, beside it, failed too: %s", stage, beside)
@@ -214,8 +218,12 @@ def _raise_in(thread: int, exception: type) -> None:
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread), ctypes.py_object(exception))
 
 
-def _stage_of(error: BaseException) -> str:
-    return locks.last_stage() or "the stage in hand"
+def _torch():
+    """torch, once imported: `import torch` waits while the other lane is still inside its
+    import (sys.modules holds a module half made then: no get_num_threads yet)."""
+    import torch
+
+    return torch
 
 
 def logger() -> logging.Logger:

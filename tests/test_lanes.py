@@ -290,3 +290,86 @@ def test_the_stage_in_hand_gets_every_core_once_the_stage_beside_it_ends(two_cor
 
     lanes.run_stages(list(REBUILD), resolve("demo", {}), run_one)
     assert seen == {"at start": 1, "after features": 2}
+
+
+HALF_IMPORTED = r"""
+import importlib.abc, importlib.machinery, sys, threading, time, types
+
+started, release = threading.Event(), threading.Event()
+
+
+class SlowTorch(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    '''A torch whose import takes a while: in sys.modules, half made (no get_num_threads
+    yet), until `release`, as the real one is for seconds while the other lane imports it.'''
+
+    def find_spec(self, name, path=None, target=None):
+        return importlib.machinery.ModuleSpec("torch", self) if name == "torch" else None
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        started.set()
+        release.wait(10)
+        threads = [2]
+        module.get_num_threads = lambda: threads[0]
+        module.set_num_threads = lambda n: threads.__setitem__(0, n)
+
+
+sys.meta_path.insert(0, SlowTorch())
+from mule.mule_core import devices
+from mule.pipeline import lanes
+
+devices.machine_cores = lambda: 2
+
+
+def run_one(stage):
+    if stage == "beside":  # the side lane imports torch
+        import torch
+    elif stage == "first":  # the main lane's first stage ends once the side lane is inside the import
+        assert started.wait(10)
+        threading.Timer(0.5, release.set).start()
+
+
+lanes.Lanes(["first", "beside", "second"], {"first": set(), "beside": set(), "second": {"first"}}, run_one).run()
+import torch
+
+print("threads after the run:", torch.get_num_threads())
+"""
+
+
+def test_a_stage_starting_while_the_other_lane_imports_torch_waits_for_the_import():
+    """The main lane's next stage starts while the side lane is inside `import torch`: the
+    lane machinery reads torch's thread count once the import is done. It read
+    sys.modules["torch"] as it was then, half made, and failed the run with AttributeError:
+    partially initialized module 'torch' has no attribute 'get_num_threads' (2 tries in 9
+    of `mule demo --force features`). A fresh process, where torch is not yet imported."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", HALF_IMPORTED], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "threads after the run: 2" in done.stdout  # the main lane's count, put back after it was shared
+
+
+def test_the_stage_named_as_failed_is_the_main_lane_s_not_the_last_to_take_the_lock(two_cores, tmp_path, caplog):
+    """The main lane's stage fails while the stage beside it holds the workdir's lock last:
+    the warning names the main lane's stage (it named the last stage to take the lock,
+    process-wide: 'features failed; features, beside it, finishes first')."""
+    wd = Workdir.at(tmp_path)
+    beside_locked = threading.Event()
+
+    def run_one(stage: str) -> None:
+        with locks.workdir_lock(wd, stage):
+            if stage == "features":
+                beside_locked.set()
+                time.sleep(0.2)
+            else:
+                assert beside_locked.wait(10)
+                raise RuntimeError(f"{stage} failed")
+
+    with locks.workdir_lock(wd, "rebuild"), caplog.at_level("WARNING", logger="mule.pipeline"):
+        with pytest.raises(RuntimeError, match="translate failed"):
+            lanes.Lanes(["translate", "features"], {"translate": set(), "features": set()}, run_one).run()
+    warned = [r.getMessage() for r in caplog.records if "beside it, finishes first" in r.getMessage()]
+    assert warned == ["translate failed; features, beside it, finishes first (Ctrl-C stops it)"]
