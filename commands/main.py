@@ -30,7 +30,7 @@ from mule.pipeline.declaration import ALL, REBUILD
 
 DEMO_DATASETS = {"multi30k": "embedded", "coco": "embedded-coco", "table": "embedded-table"}  # mule demo --dataset -> generated dataset
 READING = {"ui": ui.run, "catalog": catalog.run, "search": search.run, "serve": serve.run,
-           "export": export.run, "embed": embed.run}  # read the workdir, never write it
+           "export": export.run, "embed": embed.run}  # read the workdir, never write its data (commands/__init__.py)
 
 
 VERBOSE = "show everything on the console: Prefect's and MLflow's lines, every epoch (the run's log in <workdir>/logs has them)"
