@@ -67,17 +67,22 @@ def _record_what_waits(workdir) -> None:
         if deferred.waiting(workdir):
             deferred.record_unrecorded(workdir, patience=0)
 
+    def recorded() -> bool:
+        try:
+            record()
+            return True
+        except Exception as error:  # noqa: BLE001 - the UI serves on (a read-only workdir); the next run records them
+            print(f"mule ui: what rebuilds left to record waits for the next run ({error})", flush=True)
+            return False
+
     def watch() -> None:
         while True:
             time.sleep(RECORD_EVERY_S)
-            try:
-                record()
-            except Exception as error:  # noqa: BLE001 - the UI serves on; the next run records them
-                print(f"mule ui: what rebuilds left to record waits for the next run ({error})", flush=True)
+            if not recorded():
                 return
 
-    record()
-    threading.Thread(target=watch, name="mule-ui-recorder", daemon=True).start()
+    if recorded():
+        threading.Thread(target=watch, name="mule-ui-recorder", daemon=True).start()
 
 
 def _kill_group(process, signum) -> None:
