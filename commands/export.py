@@ -44,8 +44,8 @@ def run(args: argparse.Namespace) -> int:
     folder = write_model_folder(out, file, model_card(meta, label, evaluation, towers), weights, towers, info,
                                 _workdir_root(args.workdir))  # fmt: skip
     size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
-    print(f"{label} exported to {folder} ({size / 2**20:.1f} MiB; load it with mule.api.load({str(folder)!r}), "
-          f"or engine='onnxruntime' for its ONNX towers)")  # fmt: skip
+    onnx = ", or engine='onnxruntime' for its ONNX towers" if towers else ""
+    print(f"{label} exported to {folder} ({size / 2**20:.1f} MiB; load it with mule.api.load({str(folder)!r}){onnx})")
     return 0
 
 
