@@ -104,7 +104,7 @@ def registered_for(workdir: Workdir, dataset: str, model_identity: str) -> dict[
     _finish_cut_writes(client, name, dataset)
     version = client.get_model_version(name, min(found, key=lambda v: int(v.version)).version)
     settled = _settle(client, name, version)
-    settled["why"] += " (registered before, by the run that trained it)"
+    settled["why"] += " (registered before: these weights are this version, whichever run trained them)"
     return settled
 
 
