@@ -88,9 +88,10 @@ def model_identity(train_record: dict | None) -> str:
 
 
 def registered_for(workdir: Workdir, dataset: str, model_identity: str) -> dict[str, Any] | None:
-    """The version already registered for this train key (a run that registered it and
-    stopped before its record said so), as register() returns it, its champion decision
-    finished if the stop came before that; None when there is none."""
+    """The version already registered for this model identity (its weights: a run that
+    registered it and stopped before its record said so, or another run that trained the
+    same weights), as register() returns it, what stops left undone finished first; None
+    when there is none."""
     if not model_identity:
         return None
     client, name = tracking.client(workdir), model_name(dataset)
