@@ -99,7 +99,7 @@ def registered_for(workdir: Workdir, dataset: str, model_identity: str) -> dict[
         versions = client.search_model_versions(f"name = '{name}'")
     except MlflowException:
         return None
-    found = [v for v in versions if v.tags.get("mule.model_identity") == model_identity]
+    found = [v for v in versions if _identity(workdir, client, v) == model_identity]
     if not found:
         return None
     _finish_cut_writes(client, name, dataset)
@@ -107,6 +107,33 @@ def registered_for(workdir: Workdir, dataset: str, model_identity: str) -> dict[
     settled = _settle(client, name, version)
     settled["why"] += " (registered before: these weights are this version, whichever run trained them)"
     return settled
+
+
+WEIGHTS_DIGEST_LENGTH = 16  # data_catalog.model_files.weights_digest's; identities made before were 24 long
+
+
+def _identity(workdir: Workdir, client, version) -> str:
+    """A version's model identity. One registered before identities were the weights' digest
+    gets it from its run's model.pt (in the workdir's own artifact store), once: it is
+    tagged, so a model trained again after upgrading is found as the version it is."""
+    identity = version.tags.get("mule.model_identity", "")
+    if not identity or len(identity) == WEIGHTS_DIGEST_LENGTH:
+        return identity
+    try:
+        root = client.get_run(version.run_id).info.artifact_uri
+    except MlflowException:
+        return identity
+    if not root.startswith("file://"):
+        return identity
+    path = workdir.here(Path(urlparse(root).path) / "model.pt")
+    if not path.is_file():
+        return identity
+    from mule.data_catalog.model_files import model_digest
+
+    digest = model_digest(path) or identity
+    client.set_model_version_tag(version.name, version.version, "mule.model_identity", digest)
+    version.tags["mule.model_identity"] = digest
+    return digest
 
 
 def _finish_cut_writes(client, name: str, dataset: str) -> None:

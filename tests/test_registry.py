@@ -144,6 +144,38 @@ def test_a_model_with_the_weights_of_a_registered_version_is_that_version():
     assert registry.model_identity(record) == registry.model_identity(again) == "w1" != registry.model_identity(other)
 
 
+def test_a_version_registered_before_identities_were_weights_is_found_by_its_weights(tmp_path):
+    """A version registered under the identity mule used before (a digest of the train
+    stage's key and files, 24 digits long): after upgrading, the train stage runs again to
+    the same weights, and the registry finds that version by its run's model.pt (and tags
+    it with its weights' digest, so the next look reads no file)."""
+    import torch
+
+    from mule.config.resolution import resolve
+    from mule.data_catalog.model_files import model_digest, save_model
+    from mule.mule_core.model import MuleModel
+    from mule.mule_core.vocabulary import Vocab, Vocabulary
+
+    wd = Workdir.at(tmp_path)
+    cfg = resolve("demo", {"text.word_dim": 2, "model.subwords": "false"})
+    torch.manual_seed(0)
+    model = MuleModel(["en"], {"en": 3}, 2, None, cfg.model)
+    file = tmp_path / "model.pt"
+    save_model(file, model, cfg, Vocabulary(["en"], {"en": Vocab(["<pad>", "<unk>", "dog"])}, {"en": torch.randn(3, 2)}))
+    client = tracking.client(wd)
+    run = client.create_run(tracking.experiment_id(wd, "toy")).info.run_id
+    client.log_artifact(run, str(file))
+    old = registry.model_identity({"key": "k1", "outputs": {"models/toy/model.pt": "file digest"}})
+    assert len(old) == 24
+    registry.register(wd, registry.Candidate("toy", run, f"runs:/{run}/model", 50.0, ("en",), registry.split_digest(["a"]),
+                                             "test", old, MEASURE))  # fmt: skip
+    weights = model_digest(file)
+    found = registry.registered_for(wd, "toy", weights)
+    assert found is not None and found["version"] == 1
+    assert client.get_model_version("mule-toy", "1").tags["mule.model_identity"] == weights
+    assert registry.registered_for(wd, "toy", "0123456789abcdef") is None  # other weights: another model
+
+
 class Stopped(KeyboardInterrupt):
     """A Ctrl-C between two of the registry's writes."""
 
