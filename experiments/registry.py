@@ -204,9 +204,11 @@ def _decide(client, name: str, version) -> tuple[bool, str]:
         ("measure", _measure(client, champion), _measure(client, version))) if a != b or a is None]  # fmt: skip
     best, mine_mr = float(tags.get("mule.val_mR", "nan")), float(mine.get("mule.val_mR", "nan"))
     if differs:
+        theirs, ours = _shown(client, champion, differs), _shown(client, version, differs)
+        tail = ours[ours.rfind(" ("):] if ours.endswith(")") and " (" in ours else ""
+        theirs = theirs.removesuffix(tail) if tail and theirs.endswith(tail) else theirs  # a protocol said once
         return False, (f"not comparable with champion v{champion.version} (other {' and '.join(differs)}: "
-                       f"{_shown(client, champion, differs)} against {_shown(client, version, differs)}); "
-                       "promote it by hand if it should serve")  # fmt: skip
+                       f"{theirs} against {ours}); promote it by hand if it should serve")  # fmt: skip
     if mine_mr > best:
         return True, f"val mR {mine_mr:.2f} beats champion v{champion.version} ({best:.2f})"
     return False, f"val mR {mine_mr:.2f} does not beat champion v{champion.version} ({best:.2f})"
