@@ -48,6 +48,14 @@ class DataConfig:
     val_share: float = 0.1
     test_share: float = 0.1
     japanese: str = "all"  # COCO: which Japanese files to read when both are there: all, yj or stair
+    # More human captions of the dataset's own images, in IGLUE's xFlickr&CO layout
+    # (<folder>/<lang>/<name>.jsonl: datasets/readers/xflickrco.py): the folder, and each
+    # file's split by its name, for every language or one (train_100=train,ja/train_1500=train,
+    # test=test_xflickrco). A split the dataset has adds them to its images; another name is a
+    # split of its own over those images, kept apart (never trained on) and measured with
+    # eval.split=<name>. Only data.languages are read.
+    extra_captions: str = ""
+    extra_files: dict[str, str] = field(default_factory=dict)
     # Embedded datasets' sizes (for COCO, val_images and test_images are the split's sizes)
     train_images: int = 3000
     val_images: int = 500

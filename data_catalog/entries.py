@@ -89,7 +89,8 @@ def _base_model(wd: Workdir, catalog: Catalog, cfg) -> list[Path]:
 def _raw_files(wd: Workdir, catalog: Catalog, cfg) -> list[Path]:
     source = locate(wd, cfg.data)
     outside = [] if source.images.is_relative_to(source.root) else [source.images]
-    return [source.root, *outside]
+    extra = [Path(cfg.data.extra_captions).expanduser().resolve()] if cfg.data.extra_captions else []
+    return [source.root, *outside, *extra]
 
 
 def _lexicons(wd: Workdir, catalog: Catalog, cfg) -> list[Path]:

@@ -68,8 +68,10 @@ def training_curves(history, title: str, score_label: str):
     left.legend(fontsize=8)
     scores = [r.score for r in history]
     right.plot(epochs, scores, marker="o", color="tab:green", label=score_label)
-    best = max(range(len(scores)), key=lambda i: scores[i] if scores[i] is not None else -1)
-    right.axvline(epochs[best], color="grey", ls="--", lw=1, label=f"kept: epoch {epochs[best]}")
+    validated = any(score is not None for score in scores)
+    best = max(range(len(scores)), key=lambda i: scores[i] if scores[i] is not None else -1) if validated else -1
+    kept = f"kept: epoch {epochs[best]}" if validated else f"kept: the last, epoch {epochs[best]} (no validation)"
+    right.axvline(epochs[best], color="grey", ls="--", lw=1, label=kept)
     if "lc_accuracy" in history[0].losses:
         twin = right.twinx()
         twin.plot(epochs, [r.losses["lc_accuracy"] for r in history], color="tab:red", alpha=0.5, label="LC accuracy")

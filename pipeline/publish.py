@@ -230,9 +230,9 @@ def extend(wd: Workdir, cfg: MuleConfig, result: dict, run_id: str | None) -> di
     figure = plots.training_curves(_epochs(result["history"]), f"Adding {lang}", score_label=f"val {lang} mR")
     tracker.figure(figure, "add_language_curves.png")
     plots.close(figure)
-    tracker.metrics({"add.trainable_parameters": result["trainable_parameters"],
-                     "add.existing_languages_max_change": result["existing_languages_max_change"],
-                     f"add.val.{lang}.best_mR": result["val_mR"]})  # fmt: skip
+    tracker.metrics(_numbers({"add.trainable_parameters": result["trainable_parameters"],
+                              "add.existing_languages_max_change": result["existing_languages_max_change"],
+                              f"add.val.{lang}.best_mR": result["val_mR"]}))  # no val captions in lang: none  # fmt: skip
     return {}
 
 

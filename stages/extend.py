@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from mule.data_catalog import queries
 from mule.data_catalog.model_files import load_model, save_model
 from mule.data_catalog.splits import load_split, load_vocabulary
 from mule.mule_core.devices import use_cpu_threads
@@ -83,6 +84,13 @@ def compute(ctx: StageContext) -> dict[str, Any]:
 
     started = time.perf_counter()
     loss = replace(cfg.loss, lc=False, nc=True)
+    # Without validation captions in the language (a few-shot set: xFlickr&CO's train_100),
+    # no epoch can be chosen: the last is kept, and the run says so.
+    validated = lang in {val.languages[i] for i in set(val.caption_lang.tolist())}
+    if not validated:
+        log.warning("no %s captions in the validation split: the epochs are not chosen, the last is kept (%d of LP, "
+                    "%d joint); give %s validation captions to choose them", lang, cfg.pretrain.epochs,
+                    cfg.train.epochs, lang)  # fmt: skip
     if cfg.pretrain.enabled and cfg.pretrain.epochs > 0:
 
         def validate_lp(m):
@@ -90,18 +98,23 @@ def compute(ctx: StageContext) -> dict[str, Any]:
             toward = {pair: row for pair, row in table.items() if lang in pair.split("->")}
             return mean_r1(toward), toward
 
-        lp = Trainer(model, train, loss, cfg.train, device, mode="lp", validate=validate_lp, pretrain=cfg.pretrain)
-        lp.fit(lambda r: ctx.report.metrics({"add.lp.val_r1": r.score}, step=r.epoch))
-        log.info("LP of the %s branch: best epoch %d, val cross-lingual R@1 %.1f (pairs with %s)",
-                 lang, lp.best_epoch, lp.best_score, lang, extra=SHOWN)  # fmt: skip
+        lp = Trainer(model, train, loss, cfg.train, device, mode="lp", validate=validate_lp if validated else None,
+                     pretrain=cfg.pretrain)  # fmt: skip
+        lp.fit(lambda r: ctx.report.metrics({"add.lp.val_r1": r.score}, step=r.epoch) if r.score is not None else None)
+        if validated:
+            log.info("LP of the %s branch: best epoch %d, val cross-lingual R@1 %.1f (pairs with %s)",
+                     lang, lp.best_epoch, lp.best_score, lang, extra=SHOWN)  # fmt: skip
 
     def validate(m):
         table = evaluate_split(m, val, device, cfg.eval.ks)
         return table[lang]["mR"], table
 
-    trainer = Trainer(model, train, loss, cfg.train, device, mode="joint", validate=validate)
+    trainer = Trainer(model, train, loss, cfg.train, device, mode="joint", validate=validate if validated else None)
     history = trainer.fit(lambda r: ctx.report.metrics({"add.train.match": r.losses.get("match", 0.0),
-                                                        f"add.val.{lang}.mR": r.score}, step=r.epoch))  # fmt: skip
+                                                        **({f"add.val.{lang}.mR": r.score} if validated else {})},
+                                                       step=r.epoch))  # fmt: skip
+    kept_epoch = trainer.best_epoch if validated else trainer.epoch
+    kept_score = trainer.best_score if validated else None
     unchanged = _max_change(base, model, catalog, dataset, cfg, meta, extractor, device)
     log.info("base languages after adding %s: largest change of any sentence or image embedding on %s = %g",
              lang, cfg.eval.split, unchanged, extra=SHOWN)  # fmt: skip
@@ -109,10 +122,10 @@ def compute(ctx: StageContext) -> dict[str, Any]:
         raise RuntimeError(f"adding {lang} changed the base languages' embeddings (max |diff| {unchanged})")
     path = wd.model_path(dataset, cfg.train.model_name)
     save_model(path, model, replace(cfg, model=base_cfg.model, text=replace(cfg.text, word_dim=base_cfg.text.word_dim, max_tokens=max_tokens)), vocabulary, kind="joint",
-               dataset=dataset, extractor=extractor, best_epoch=trainer.best_epoch, val_score=trainer.best_score,
+               dataset=dataset, extractor=extractor, best_epoch=kept_epoch, val_score=kept_score,
                parameters=counts, base_model=str(base_path), added_language=lang, unchanged=unchanged,
                tokenizers=tokenizers)  # fmt: skip
-    return {"path": str(path), "language": lang, "best_epoch": trainer.best_epoch, "val_mR": trainer.best_score,
+    return {"path": str(path), "language": lang, "best_epoch": kept_epoch, "val_mR": kept_score,
             "trainable_parameters": trainable, "parameters": counts, "existing_languages_max_change": unchanged,
             "seconds": round(time.perf_counter() - started, 1), "history": history_records(history)}  # fmt: skip
 
@@ -120,6 +133,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
 def _max_change(base, model, catalog, dataset, cfg, meta, extractor, device) -> float:
     """Largest |difference| between the base model's and the new model's embeddings of
     the base languages' test sentences (MULE and multimodal layers) and of the images."""
-    data = load_split(catalog, dataset, cfg.eval.split, meta["vocabulary"], meta["cfg"].text.max_tokens, extractor)
+    first = queries.evaluation_splits(catalog, dataset, cfg.eval.split)[0][0]  # eval.split may name several
+    data = load_split(catalog, dataset, first, meta["vocabulary"], meta["cfg"].text.max_tokens, extractor)
     before, after = encode_split(base, data, device), encode_split(model, data, device)
     return max(float((before[k] - after[k]).abs().max()) for k in before)

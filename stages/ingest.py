@@ -7,14 +7,18 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
 from mule.data_catalog import queries
+from mule.data_catalog.schemas import CAPTIONS, REJECTS
 from mule.data_catalog.sources import locate
 from mule.datasets.formats import FORMATS
-from mule.datasets.readers.base import ReadOptions
+from mule.datasets.readers.base import ChainedTables, ReadOptions, ReadResult
+from mule.datasets.readers.xflickrco import parse_files, provided_languages, read_extra_captions
 from mule.mule_core.devices import cpu_threads, process_map
 from mule.mule_core.languages import tokenizer_name
 from mule.mule_core.progress import SHOWN, Progress
@@ -93,6 +97,27 @@ def few_images_warning(images: dict[str, int], cfg, log) -> None:
                         f"{USEFUL_IMAGES:,}", lang)  # fmt: skip
 
 
+def with_extra_captions(result: ReadResult, folder: Path, cfg, options: ReadOptions, log) -> ReadResult:
+    """The dataset's own captions and those data.extra_captions adds to its images (and the
+    rejects of both): datasets/readers/xflickrco.py."""
+    extra = read_extra_captions(folder, cfg.data.extra_files, cfg.data.dataset, result.images, options,
+                                CAPTIONS.remove(CAPTIONS.get_field_index("tokens")), REJECTS)  # fmt: skip
+    said = extra.notes["extra_captions"]
+    log.info("%s: %s", folder, "; ".join(f"{lang} " + ", ".join(f"{n} {split}" for split, n in by_split.items())
+                                          for lang, by_split in said["captions"].items()), extra=SHOWN)  # fmt: skip
+    for key, n in said.items():
+        if key.endswith("_alignment_digits_removed"):
+            log.info("%s: the alignment digits glued to words removed from %d captions (as released; its counts are "
+                     "written in kanji)", key.split("_", 1)[0], n, extra=SHOWN)  # fmt: skip
+    captions = result.captions
+    if isinstance(captions, pa.Table):
+        captions = pa.concat_tables([captions, extra.captions.cast(captions.schema)])
+    else:
+        captions = ChainedTables([captions, extra.captions])
+    return replace(result, captions=captions, rejects=pa.concat_tables([result.rejects, extra.rejects]),
+                   notes={**result.notes, **extra.notes})
+
+
 def compute(ctx: StageContext) -> dict[str, Any]:
     """Reads the raw files (images, captions; bad lines to rejects), tokenises the captions
     and writes the images, captions and rejects tables."""
@@ -100,10 +125,14 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     log = logger()
     source = locate(wd, cfg.data)
     started = time.perf_counter()
-    options = ReadOptions(tuple(cfg.data.languages), cfg.data.strict, cfg.data.max_caption_bytes)
+    extra = Path(cfg.data.extra_captions).expanduser() if cfg.data.extra_captions else None
+    provided = provided_languages(extra, parse_files(cfg.data.extra_files), cfg.data.languages) if extra else ()
+    options = ReadOptions(tuple(cfg.data.languages), cfg.data.strict, cfg.data.max_caption_bytes, provided)
     hasher = FileHasher(wd)  # image digests, cached by stat across runs
     result = FORMATS[cfg.data.format].read(source.root, cfg.data, source.images, hasher.digest, log.info, options)
     hasher.save()
+    if extra is not None:
+        result = with_extra_captions(result, extra, cfg, options, log)
     merged = (
         f"; {result.merged_task1_lines} task1 English lines merged into task2 captions" if result.merged_task1_lines else ""
     )

@@ -26,6 +26,8 @@ class ReadOptions:
     languages: tuple[str, ...] | None = None  # None: every language with caption files
     strict: bool = False  # every soft case (a reject) becomes an error
     max_caption_bytes: int = 2000  # longer caption lines are rejected (Multi30K's longest is ~400)
+    # languages another source brings (data.extra_captions): a reader that has none of them does not fail
+    optional: tuple[str, ...] = ()
 
 
 @dataclass
@@ -242,3 +244,24 @@ class SpooledTable:
 
     def close(self) -> None:
         self._folder.cleanup()
+
+
+@dataclass
+class ChainedTables:
+    """Tables read one after the other as one (a spooled table, then a few rows more): what
+    ingest reads of a reader's captions (num_rows, to_batches, close)."""
+
+    parts: list
+
+    @property
+    def num_rows(self) -> int:
+        return sum(part.num_rows for part in self.parts)
+
+    def to_batches(self, max_chunksize: int | None = None):
+        for part in self.parts:
+            yield from part.to_batches(max_chunksize=max_chunksize)
+
+    def close(self) -> None:
+        for part in self.parts:
+            if hasattr(part, "close"):
+                part.close()

@@ -343,8 +343,9 @@ def _read(root: Path, dataset: str, images_dir: Path | None, hash_images: bool,
                for name in ("train", "val", "test")}  # fmt: skip
     coco_cn = {name: ids for name, ids in coco_cn.items() if ids}
 
-    languages = list(options.languages or sorted({c.lang for c in state.captions}))
     counts = Counter(c.lang for c in state.captions)
+    languages = [lang for lang in options.languages or sorted({c.lang for c in state.captions})
+                 if counts.get(lang) or lang not in options.optional]  # fmt: skip
     expected = {"en": "captions_train2014.json / captions_val2014.json (or dataset_coco.json)",
                 "ja": "yjcaptions26k_clean.json or stair_captions_v1.2_train.json",
                 "zh": "COCO-CN's imageid.human-written-caption.txt"}  # fmt: skip

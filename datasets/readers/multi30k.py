@@ -256,7 +256,7 @@ def _split_entries(root: Path, split1: Path, split2: Path | None, has1: bool, ha
 def _check_languages(split: str, reader: _SplitReader, root: Path, stem1: str, stem2: str | None) -> None:
     """In the splits training and evaluation need, every configured language has captions."""
     for lang in reader.options.languages or ():
-        if reader.counts.get(lang):
+        if reader.counts.get(lang) or lang in reader.options.optional:
             continue
         task1 = root / "data" / "task1" / "raw" / f"{stem1}.{lang}.gz"
         task2 = f" or data/task2/raw/{stem2}.<1..5>.{lang}.gz" if stem2 else ""

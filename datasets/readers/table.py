@@ -402,7 +402,7 @@ def _result(rows_read: _Rows, dataset: str, hash_images, say, options: ReadOptio
     for (_, lang), n in rows_read.counts.items():
         counts[lang] += n
     for lang in options.languages or ():
-        if not counts.get(lang):
+        if not counts.get(lang) and lang not in options.optional:
             found = sorted(set(counts) | set(other_languages))
             raise TableError(f"no usable {lang} captions in the table (its languages: {', '.join(found) or 'none'}); "
                              f"set data.languages to the languages to train on")  # fmt: skip
