@@ -30,7 +30,7 @@ _NOT_DECIDING = {dataclasses.__file__, "<string>"}  # dataclasses' functions, an
 # Who may turn a whole section into a dict without deciding anything by it: they store it.
 STORING = {("model_files.py", "save_model"), ("settings.py", "flatten"), ("overrides.py", "to_dict"),
            ("tracking.py", "run")}  # fmt: skip
-LOCATING = ("data.source", "data.images", "data.dictionaries")
+LOCATING = ("data.source", "data.images", "data.dictionaries", "data.extra_captions")
 KEY_CONTENT = {"ingest", "translate", "features", "query-translation"}  # they read, and key, what is there
 # Operational options a computation may read: they say where or how fast it runs, and what
 # that changes is keyed otherwise (the device's arithmetic, the raw files' content).
@@ -39,7 +39,7 @@ PLACEMENT = {
     "train.threads": "the CPU threads: recorded; 1 and 2 move the weights within rounding (test_stage_keys)",
     # where the raw files are, for the stages that key their content (raw files, lexicons, images)
     "data.source": "where the raw files are", "data.images": "where the image files are",
-    "data.dictionaries": "where the lexicons are",
+    "data.dictionaries": "where the lexicons are", "data.extra_captions": "where more captions are (xFlickr&CO)",
     "translate.concurrency": "how many requests at once", "translate.timeout_s": "how long one waits",
     "translate.retries": "how often a failed one is asked again",
     "features.runner": "threads or Dask", "features.dask_address": "which cluster", "features.dask_workers": "its size",
