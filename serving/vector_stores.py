@@ -50,9 +50,35 @@ class Maker:
             )
 
 
+class NotAStoreError(UserError, ValueError):
+    pass
+
+
+# What a store of each kind holds at its top (a folder holding anything else is not one)
+_STORE_FILES = {"parquet": lambda name: name == "model.json" or name.endswith(".parquet")
+                            or (name.startswith(".") and ".tmp-" in name),  # storage.atomic's, cut by a stop
+                "lancedb": lambda name: name.endswith(".lance"),
+                "qdrant": lambda name: name in (".lock", "meta.json", "collection")}  # fmt: skip
+
+
+def refuse_foreign(kind: str, out: Path) -> None:
+    """--out must be absent, empty, or a store of this kind: a folder of the user's (or a
+    file) is refused, never written into."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise NotAStoreError(f"{out} is a file: --out names the folder of a {kind} store (absent, empty, or one "
+                             "mule embed wrote)")  # fmt: skip
+    foreign = sorted(p.name for p in out.iterdir() if not _STORE_FILES[kind](p.name)) if out.is_dir() else []
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise NotAStoreError(f"{out} holds files that are not a {kind} store's ({shown}): name an absent or empty "
+                             "folder, or a store mule embed wrote")  # fmt: skip
+
+
 def open_store(kind: str, out: Path, made_by: Maker, table: str | None = None):
     if kind not in KINDS:
         raise ValueError(f"store must be one of {', '.join(KINDS)}, got {kind!r}")
+    refuse_foreign(kind, Path(out))
     return {"parquet": ParquetStore, "lancedb": LanceStore, "qdrant": QdrantStore}[kind](Path(out), made_by,
                                                                                          table or made_by.kind)  # fmt: skip
 

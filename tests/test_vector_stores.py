@@ -6,7 +6,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from mule.serving.batch_embed import content_id, read_sentences
-from mule.serving.vector_stores import Maker, open_store
+from mule.serving.vector_stores import Maker, NotAStoreError, open_store
 
 MAKER = Maker("identity-1", "a model", "images", 4)
 
@@ -66,3 +66,26 @@ def test_sentences_without_an_id_column_are_named_by_their_content(tmp_path):
     table.write_text("text,lang\na new first row,en\na red circle,en\nein blaues Quadrat,de\na red circle,\n",
                      encoding="utf-8")  # fmt: skip
     assert read_sentences(table, lang="fr").column("id").to_pylist()[1:] == before
+
+
+@pytest.mark.parametrize("kind", ["parquet", "lancedb", "qdrant"])
+def test_a_folder_of_the_user_s_or_a_file_is_never_written_into(tmp_path, kind):
+    """--out holding a thesis is refused, the folder left as it was; a file too; an empty
+    folder becomes a store, and that store opens again."""
+    pytest.importorskip({"parquet": "pyarrow", "lancedb": "lancedb", "qdrant": "qdrant_client"}[kind])
+    thesis = tmp_path / "thesis"
+    thesis.mkdir()
+    (thesis / "thesis.tex").write_text("\\chapter{MULE}\n")
+    with pytest.raises(NotAStoreError, match=r"holds files that are not a .* store's \(thesis.tex\)"):
+        open_store(kind, thesis, MAKER)
+    assert sorted(p.name for p in thesis.iterdir()) == ["thesis.tex"]
+    (tmp_path / "paper.pdf").write_bytes(b"%PDF")
+    with pytest.raises(NotAStoreError, match="is a file"):
+        open_store(kind, tmp_path / "paper.pdf", MAKER)
+    (tmp_path / "store").mkdir()
+    store = open_store(kind, tmp_path / "store", MAKER)
+    store.write(["a.jpg"], unit(1), {}, [("b.jpg", "not an image")])
+    store.close()
+    again = open_store(kind, tmp_path / "store", MAKER)
+    assert again.done == {"a.jpg", "b.jpg"}
+    again.close()
