@@ -57,6 +57,9 @@ LAYOUT = ("mule_model.json", "model.safetensors", "README.md", "config.json", "v
           "visual/model.onnx", "visual/model.int8.onnx", "visual/preprocess_cfg.json")  # fmt: skip
 
 
+LAYOUT_FOLDERS = {"vocab", "textual", "textual/ngrams", "visual"}
+
+
 class ExportTargetError(UserError, ValueError):
     """`mule export --out` names a folder it must not write: the message says why and what to do."""
 
@@ -172,16 +175,13 @@ def not_written_by_mule(folder: Path) -> list[str]:
     says, or for an export made before it kept one (and a staging folder), the layout."""
     files = _listed_files(folder)
     known = set(files or [])
-    parents = {str(Path(f).parent.as_posix()) for f in known}
+    folders = {parent.as_posix() for f in known for parent in Path(f).parents} if files is not None else LAYOUT_FOLDERS
     found = []
     for path in sorted(folder.rglob("*")):
         name = path.relative_to(folder).as_posix()
         if path.is_dir() and not path.is_symlink():
-            if name in parents or (files is None and name in ("vocab", "textual", "textual/ngrams", "visual")):
-                continue
-            if any(f.startswith(name + "/") for f in known):
-                continue
-            found.append(name + "/")
+            if name not in folders:
+                found.append(name + "/")
         elif not (name in known if files is not None else any(fnmatch.fnmatch(name, p) for p in LAYOUT)):
             found.append(name)
     return found
