@@ -111,9 +111,11 @@ class TrainConfig(model_settings.TrainConfig):
     which language it adds to which model, are the pipeline's."""
 
     model_name: str = "model"  # models/<dataset>/<model_name>.pt; the ablation trains several
-    # Add this language to the trained model train.base_model (default: without-<lang>): only
-    # its word embeddings and MULE FC train (LP, then NC + the image-sentence loss), the
-    # shared model and the other languages stay bit-identical
+    # Add this language to a trained model: only its word embeddings and MULE FC train (LP,
+    # then NC + the image-sentence loss), the shared model and the other languages stay
+    # bit-identical. train.base_model names a model already trained (models/<dataset>/<name>.pt:
+    # measured and extended, nothing retrained); unset, add-language trains without-<lang>
+    # and, to compare, every language from scratch
     add_language: str = ""
     base_model: str = ""
 

@@ -288,6 +288,9 @@ def add_language_report(wd: Workdir, cfg: MuleConfig, lang: str, rows: dict, run
     for label, row in rows.items():
         table, trained = row["evaluation"]["table"], row["train"]
         cells = [f"{table[x]['mR']:.1f}" if x in table else "–" for x in languages]
+        if trained is None:  # train.base_model: a model trained before, measured as it is
+            lines.append(f"| {label} ({cfg.train.base_model}, trained before) | {' | '.join(cells)} | – | – |")
+            continue
         parameters = trained.get("trainable_parameters") or trained["parameters"]["total"]
         seconds = "reused" if trained.get("reused") else trained.get("seconds", "")
         lines.append(f"| {label} | {' | '.join(cells)} | {parameters:,} | {seconds} |")

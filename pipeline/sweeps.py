@@ -253,6 +253,19 @@ def _add_language_variants(wd: Workdir, cfg: MuleConfig) -> list[Variant]:
     if not others:
         raise ConfigError(f"data.languages {list(cfg.data.languages)} has no language besides {lang} to start from")
     base_name, added_name = base_model_name(lang, cfg.train.base_model), added_model_name(lang, cfg.train.base_model)
+    if cfg.train.base_model:
+        # A model the user trained: it is measured as it is and the language added to it;
+        # nothing is retrained (training from scratch, the third row, is the unnamed base's).
+        path = wd.model_path(cfg.data.dataset, base_name)
+        if not path.is_file():
+            raise ConfigError(f"train.base_model={base_name!r}: no model at {path} (train it first, or leave "
+                              f"train.base_model unset to train one without {lang})")  # fmt: skip
+        return [
+            Variant(f"without {lang}", apply_overrides(cfg, {"train.model_name": base_name, "train.add_language": ""}),
+                    ("evaluate",)),
+            Variant(f"without {lang}, then {lang} added", apply_overrides(cfg, {"train.model_name": added_name}),
+                    ("extend", "evaluate")),
+        ]  # fmt: skip
     lp = ("pretrain",) if cfg.pretrain.enabled else ()
     return [
         Variant(f"without {lang}", apply_overrides(cfg, {"data.languages": ",".join(others),
@@ -266,7 +279,7 @@ def _add_language_variants(wd: Workdir, cfg: MuleConfig) -> list[Variant]:
 
 def _add_language_report(wd: Workdir, cfg: MuleConfig, variants: list[Variant], results: dict,
                          run_id: str | None) -> dict[str, Any]:  # fmt: skip
-    rows = {v.label: {"train": results[v.label].get("extend") or results[v.label]["train"],
+    rows = {v.label: {"train": results[v.label].get("extend") or results[v.label].get("train"),
                       "evaluation": results[v.label]["evaluate"]} for v in variants}  # fmt: skip
     return publish.add_language_report(wd, cfg, cfg.train.add_language, rows, run_id)
 
