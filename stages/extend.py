@@ -24,12 +24,9 @@ from mule.data_catalog.splits import load_split, load_vocabulary
 from mule.mule_core.devices import use_cpu_threads
 from mule.mule_core.encoding import cross_lingual, encode_split, evaluate_split
 from mule.mule_core.errors import UserError
-from mule.mule_core.folds import fold_of_images
 from mule.mule_core.metrics import mean_r1
 from mule.mule_core.model import count_parameters, with_added_language
 from mule.mule_core.progress import SHOWN
-from mule.mule_core.settings import PretrainConfig, TrainConfig
-from mule.mule_core.split_tensors import SplitTensors
 from mule.mule_core.trainer import Trainer, resolve_device
 from mule.stages.shared.checkpoints import history_records
 from mule.stages.shared.context import StageContext, logger
@@ -77,13 +74,9 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     val = load_split(catalog, dataset, "val", vocabulary, max_tokens, extractor)
     device = resolve_device(cfg.train.device)
     use_cpu_threads(cfg.train.threads)  # in the key: the count changes the weights
-
-    def fresh_model():
-        torch.manual_seed(cfg.train.seed)
-        return with_added_language(base, base_cfg.model, lang, vocabulary.sizes[lang], vocabulary.vectors[lang],
-                                   vocabulary.vocabs[lang].tokens, (vocabulary.ngram_vectors or {}).get(lang))  # fmt: skip
-
-    model = fresh_model()
+    torch.manual_seed(cfg.train.seed)
+    model = with_added_language(base, base_cfg.model, lang, vocabulary.sizes[lang], vocabulary.vectors[lang],
+                                vocabulary.vocabs[lang].tokens, (vocabulary.ngram_vectors or {}).get(lang))  # fmt: skip
     counts = count_parameters(model)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     log.info("adding %s to %s: %d training images with %s captions (of %d), %s trainable parameters of %s",
@@ -91,30 +84,37 @@ def compute(ctx: StageContext) -> dict[str, Any]:
 
     started = time.perf_counter()
     loss = replace(cfg.loss, lc=False, nc=True)
-    train_cfg, pretrain_cfg, stretch = stretched(cfg.train, cfg.pretrain, train.n_images)
-    if stretch > 1:
-        log.info("%s: %d training images make %d step(s) a pass; up to %d passes (LP %d), the learning rate decaying "
-                 "every %d, so that the step-counted schedules (mining warm-up, weight average) run as on a full dataset",
-                 lang, train.n_images, -(-train.n_images // cfg.train.batch_images), train_cfg.epochs,
-                 pretrain_cfg.epochs, stretch, extra=SHOWN)  # fmt: skip
+    # Without validation captions in the language (a few-shot set: xFlickr&CO's train_100),
+    # no epoch can be chosen: the last is kept, and the run says so.
     validated = lang in {val.languages[i] for i in set(val.caption_lang.tolist())}
-    fitting, held = train, val
     if not validated:
-        fitting, held = held_out(train, cfg.train.seed)
-        if held is None:
-            log.warning("no %s captions in the validation split and too few training images (%d) to hold some out: "
-                        "the epochs are not chosen, the last is kept (%d of LP, %d joint)", lang, train.n_images,
-                        pretrain_cfg.epochs, train_cfg.epochs)  # fmt: skip
-        else:
-            log.info("no %s captions in the validation split: the epochs are chosen on %d of its %d training images "
-                     "held out, then the branch is trained again on all of them for those epochs", lang,
-                     held.n_images, train.n_images, extra=SHOWN)  # fmt: skip
-    run = BranchTraining(ctx, lang, loss, device, cfg.eval.ks)
-    history, lp_epoch, kept_epoch, kept_score = run.fit(model, fitting, held, train_cfg, pretrain_cfg)
-    if not validated and held is not None:  # the epochs are chosen: train again on every image, for them
-        model = fresh_model()
-        history = run.fit(model, train, None, replace(train_cfg, epochs=kept_epoch),
-                          replace(pretrain_cfg, epochs=lp_epoch))[0]  # fmt: skip
+        log.warning("no %s captions in the validation split: the epochs are not chosen, the last is kept (%d of LP, "
+                    "%d joint); give %s validation captions to choose them", lang, cfg.pretrain.epochs,
+                    cfg.train.epochs, lang)  # fmt: skip
+    if cfg.pretrain.enabled and cfg.pretrain.epochs > 0:
+
+        def validate_lp(m):
+            table = cross_lingual(m, val, device, "mule")
+            toward = {pair: row for pair, row in table.items() if lang in pair.split("->")}
+            return mean_r1(toward), toward
+
+        lp = Trainer(model, train, loss, cfg.train, device, mode="lp", validate=validate_lp if validated else None,
+                     pretrain=cfg.pretrain)  # fmt: skip
+        lp.fit(lambda r: ctx.report.metrics({"add.lp.val_r1": r.score}, step=r.epoch) if r.score is not None else None)
+        if validated:
+            log.info("LP of the %s branch: best epoch %d, val cross-lingual R@1 %.1f (pairs with %s)",
+                     lang, lp.best_epoch, lp.best_score, lang, extra=SHOWN)  # fmt: skip
+
+    def validate(m):
+        table = evaluate_split(m, val, device, cfg.eval.ks)
+        return table[lang]["mR"], table
+
+    trainer = Trainer(model, train, loss, cfg.train, device, mode="joint", validate=validate if validated else None)
+    history = trainer.fit(lambda r: ctx.report.metrics({"add.train.match": r.losses.get("match", 0.0),
+                                                        **({f"add.val.{lang}.mR": r.score} if validated else {})},
+                                                       step=r.epoch))  # fmt: skip
+    kept_epoch = trainer.best_epoch if validated else trainer.epoch
+    kept_score = trainer.best_score if validated else None
     unchanged = _max_change(base, model, catalog, dataset, cfg, meta, extractor, device)
     log.info("base languages after adding %s: largest change of any sentence or image embedding on %s = %g",
              lang, cfg.eval.split, unchanged, extra=SHOWN)  # fmt: skip
@@ -137,80 +137,3 @@ def _max_change(base, model, catalog, dataset, cfg, meta, extractor, device) -> 
     data = load_split(catalog, dataset, first, meta["vocabulary"], meta["cfg"].text.max_tokens, extractor)
     before, after = encode_split(base, data, device), encode_split(model, data, device)
     return max(float((before[k] - after[k]).abs().max()) for k in before)
-
-
-# A few-shot language (xFlickr&CO's train_100: 100 images, two joint steps a pass) would
-# otherwise train 32 steps in 16 epochs: fewer than the mining warm-up's 150, and the weight
-# average (0.99 a step) would still be three quarters the untrained branch.
-FEW_SHOT_STEPS = 25  # steps a pass is stretched to, at least (the base's epochs are ~100)
-HELD_OUT_SHARE = 5  # one image in five chooses the epochs when the language has no val captions
-MIN_HELD_OUT = 4  # images; below this nothing is held out
-
-
-def stretched(train: TrainConfig, pretrain: PretrainConfig, images: int) -> tuple[TrainConfig, PretrainConfig, int]:
-    """The schedules of a language with few training images: as many passes as make each
-    configured epoch at least FEW_SHOT_STEPS steps, the learning rate decaying once every
-    that many passes (as once an epoch), LP the same; `factor` is 1 for a language with
-    enough images."""
-    steps = -(-images // train.batch_images)
-    factor = max(1, -(-FEW_SHOT_STEPS // max(steps, 1)))
-    lp_factor = max(1, -(-FEW_SHOT_STEPS // max(-(-images // pretrain.batch_images), 1)))
-    if factor == 1 and lp_factor == 1:
-        return train, pretrain, 1
-    decay = train.decay_steps or factor * steps
-    return (replace(train, epochs=train.epochs * factor, decay_steps=decay),
-            replace(pretrain, epochs=pretrain.epochs * lp_factor), factor)  # fmt: skip
-
-
-def held_out(train: SplitTensors, seed: int) -> tuple[SplitTensors, SplitTensors | None]:
-    """(what trains, what chooses the epochs): a fifth of the images, by a seeded hash of
-    their ids, held out with all their captions; (train, None) when too few to hold any."""
-    if train.n_images < HELD_OUT_SHARE * MIN_HELD_OUT:
-        return train, None
-    held = fold_of_images(train.image_ids, HELD_OUT_SHARE, seed=seed) == 0
-    return train.only_images(~held), train.only_images(held)
-
-
-class BranchTraining:
-    """The new branch's two phases: LP (NC at the MULE layer toward the base languages'
-    sentences of the same images), then NC at both layers plus the image-sentence loss;
-    each validated on `held` (the new language's val captions, or its held-out images)
-    when given, the best epoch kept, else the last."""
-
-    def __init__(self, ctx: StageContext, lang: str, loss, device, ks) -> None:
-        self.ctx, self.lang, self.loss, self.device, self.ks = ctx, lang, loss, device, ks
-
-    def fit(self, model, train: SplitTensors, held: SplitTensors | None, train_cfg: TrainConfig,
-            pretrain: PretrainConfig) -> tuple[list, int, int, float | None]:  # fmt: skip
-        """(history, LP's kept epoch, joint training's kept epoch, its validation mR or None)."""
-        lang, report, log = self.lang, self.ctx.report, logger()
-        lp_epoch = 0
-        if pretrain.enabled and pretrain.epochs > 0:
-
-            def validate_lp(m):
-                table = cross_lingual(m, held, self.device, "mule")
-                toward = {pair: row for pair, row in table.items() if lang in pair.split("->")}
-                return mean_r1(toward), toward
-
-            lp = Trainer(model, train, self.loss, train_cfg, self.device, mode="lp",
-                         validate=validate_lp if held is not None else None, pretrain=pretrain)  # fmt: skip
-            lp.fit(lambda r: report.metrics({"add.lp.val_r1": r.score}, step=r.epoch) if r.score is not None else None)
-            lp_epoch = lp.best_epoch if held is not None else lp.epoch
-            if held is not None:
-                log.info("LP of the %s branch: best pass %d, val cross-lingual R@1 %.1f (pairs with %s)",
-                         lang, lp.best_epoch, lp.best_score, lang, extra=SHOWN)  # fmt: skip
-
-        def validate(m):
-            table = evaluate_split(m, held, self.device, self.ks)
-            return table[lang]["mR"], table
-
-        trainer = Trainer(model, train, self.loss, train_cfg, self.device, mode="joint",
-                          validate=validate if held is not None else None)  # fmt: skip
-        history = trainer.fit(lambda r: report.metrics({"add.train.match": r.losses.get("match", 0.0),
-                                                        **({f"add.val.{lang}.mR": r.score} if r.score is not None else {})},
-                                                       step=r.epoch))  # fmt: skip
-        if held is None:
-            return history, lp_epoch, trainer.epoch, None
-        log.info("joint training of the %s branch: best pass %d of %d, val %s mR %.1f over %d images", lang,
-                 trainer.best_epoch, trainer.epochs, lang, trainer.best_score, held.n_images, extra=SHOWN)  # fmt: skip
-        return history, lp_epoch, trainer.best_epoch, trainer.best_score
