@@ -300,14 +300,19 @@ def add_language_report(wd: Workdir, cfg: MuleConfig, lang: str, rows: dict, run
     if chance:
         cells = [f"{chance[x]['mR']:.1f}" if x in chance else "–" for x in languages]
         lines.append(f"| chance (a random ranking) | {' | '.join(cells)} | – | – |")
-    change = rows[f"without {lang}, then {lang} added"]["train"]["existing_languages_max_change"]
+    added = rows[f"without {lang}, then {lang} added"]["train"]
+    change = added["existing_languages_max_change"]
     markdown = "\n".join(lines) + f"\n\nBase languages' embeddings after adding {lang}: largest change {change:g}.\n"
+    if "lp_images" in added:
+        markdown += (f"{lang} trained on {added['images']} photographed training images; its LP on "
+                     f"{added['lp_images']} (sentences alone: photographed or not).\n")  # fmt: skip
     out = wd.results_dir(cfg.data.dataset) / f"add-language-{lang}.md"
     write_text_atomic(markdown, out)
     Tracker(wd, run_id).artifact(out)
     logging.getLogger("mule.pipeline").info("adding %s (test mR per language):\n%s", lang, markdown)
     return {"rows": {k: v["evaluation"]["table"] for k, v in rows.items()}, "markdown": markdown,
-            "existing_languages_max_change": change, "report": str(out)}  # fmt: skip
+            "existing_languages_max_change": change, "report": str(out),
+            "images": {"joint": added.get("images"), "lp": added.get("lp_images")}}  # fmt: skip
 
 
 def publish(stage: str, wd: Workdir, cfg: MuleConfig, result: Any, run_id: str | None) -> dict:

@@ -71,6 +71,10 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     tokenizers = caption_tokenizers(catalog, dataset, vocabulary.languages, cfg.text.tokenizers, "extend")
     all_train = load_split(catalog, dataset, "train", vocabulary, max_tokens, extractor, cfg.data.captions)
     train = all_train.images_with(lang)  # the others' images teach the new branch nothing
+    # LP reads sentences alone: a training image without a photo still pairs the new
+    # language's captions with the base languages' (xFlickr&CO's ja train_1500: 1,500, 488 photographed)
+    text_only = load_split(catalog, dataset, "train", vocabulary, max_tokens, captions=cfg.data.captions)
+    text_train = text_only.images_with(lang)
     val = load_split(catalog, dataset, "val", vocabulary, max_tokens, extractor)
     device = resolve_device(cfg.train.device)
     use_cpu_threads(cfg.train.threads)  # in the key: the count changes the weights
@@ -79,8 +83,9 @@ def compute(ctx: StageContext) -> dict[str, Any]:
                                 vocabulary.vocabs[lang].tokens, (vocabulary.ngram_vectors or {}).get(lang))  # fmt: skip
     counts = count_parameters(model)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    log.info("adding %s to %s: %d training images with %s captions (of %d), %s trainable parameters of %s",
-             lang, base_path.name, train.n_images, lang, all_train.n_images, f"{trainable:,}", f"{counts['total']:,}", extra=SHOWN)  # fmt: skip
+    log.info("adding %s to %s: %d training images with %s captions (of %d; LP on %d, photographed or not), "
+             "%s trainable parameters of %s", lang, base_path.name, train.n_images, lang, all_train.n_images,
+             text_train.n_images, f"{trainable:,}", f"{counts['total']:,}", extra=SHOWN)  # fmt: skip
 
     started = time.perf_counter()
     loss = replace(cfg.loss, lc=False, nc=True)
@@ -98,7 +103,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
             toward = {pair: row for pair, row in table.items() if lang in pair.split("->")}
             return mean_r1(toward), toward
 
-        lp = Trainer(model, train, loss, cfg.train, device, mode="lp", validate=validate_lp if validated else None,
+        lp = Trainer(model, text_train, loss, cfg.train, device, mode="lp", validate=validate_lp if validated else None,
                      pretrain=cfg.pretrain)  # fmt: skip
         lp.fit(lambda r: ctx.report.metrics({"add.lp.val_r1": r.score}, step=r.epoch) if r.score is not None else None)
         if validated:
@@ -126,6 +131,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
                parameters=counts, base_model=str(base_path), added_language=lang, unchanged=unchanged,
                tokenizers=tokenizers)  # fmt: skip
     return {"path": str(path), "language": lang, "best_epoch": kept_epoch, "val_mR": kept_score,
+            "images": train.n_images, "lp_images": text_train.n_images,
             "trainable_parameters": trainable, "parameters": counts, "existing_languages_max_change": unchanged,
             "seconds": round(time.perf_counter() - started, 1), "history": history_records(history)}  # fmt: skip
 

@@ -70,8 +70,16 @@ def test_spanish_from_100_captions_is_added_and_measured_on_xflickrco_s_human_ca
     picked = {"train": spanish + [i for i in _photographed("train.txt", 260) if i not in set(spanish)][:60],
               "val": _photographed("val.txt", 16), "test_2016": _photographed("test_2016_flickr.txt", 30, tested)}  # fmt: skip
     source = mini_multi30k(tmp_path / "multi30k", picked)
+    # A fifth of the Spanish training images without their photo (links to the others, not copies)
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    unphotographed = set(spanish[::5])
+    for split_ids in picked.values():
+        for image in split_ids:
+            if image not in unphotographed:
+                (photos / f"{image}.jpg").symlink_to(PHOTOS / f"{image}.jpg")
     overrides = {
-        "data.dataset": "multi30k-x", "data.format": "multi30k", "data.source": str(source), "data.images": str(PHOTOS),
+        "data.dataset": "multi30k-x", "data.format": "multi30k", "data.source": str(source), "data.images": str(photos),
         "data.languages": "en,de,fr,cs,es", "data.extra_captions": str(XFLICKRCO),
         "data.extra_files": "es/train_100=train,test=test_xflickrco", "eval.split": "test_xflickrco,test_2016",
         "features.input_size": 64, "text.fasttext_epochs": 3, "text.fasttext_buckets": 100_000, "text.word_dim": 32,
@@ -88,6 +96,8 @@ def test_spanish_from_100_captions_is_added_and_measured_on_xflickrco_s_human_ca
 
     added = add_language_flow(workdir=str(work), preset="demo", overrides={**overrides, "train.add_language": "es"})
     rows = added["rows"]
+    # LP read every Spanish caption; joint training only the photographed images'
+    assert added["images"] == {"joint": 80, "lp": 100}
     assert set(rows["without es"]) == {"en", "de"}  # xFlickr&CO's test has no fr or cs captions
     assert set(rows["without es, then es added"]) == {"en", "de", "es"}
     assert rows["without es, then es added"]["en"] == rows["without es"]["en"]  # English untouched, to the digit
