@@ -117,17 +117,25 @@ def workdir_lock(workdir: Workdir, stage: str, wait: bool = False,
         _last_stage = _in_hand[-1] if _in_hand else outer
         return
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    told, started = None, time.monotonic()
+    told, started, unsaid = None, time.monotonic(), None
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             break
         except BlockingIOError:
             info = holder(workdir) or {}
+            now = time.monotonic()
             # a brief holder is waited for a minute at most (a recorder that hangs is refused);
-            # one that has not said who it is yet, or has just let go, a second
-            limit = max(patience, BRIEF_S) if info.get("brief") else max(patience, 1.0) if not info else patience
-            if not wait and time.monotonic() - started >= limit:
+            # one that has not said who it is yet, or has just let go (its file emptied before
+            # its lock: a brief holder ending after a second of waiting), a second from then
+            unsaid = (unsaid or now) if not info else None
+            if info.get("brief"):
+                late = now - started >= max(patience, BRIEF_S)
+            elif not info:
+                late = now - started >= patience and now - unsaid >= 1.0
+            else:
+                late = now - started >= patience
+            if not wait and late:
                 os.close(fd)
                 raise WorkdirBusyError(
                     f"the workdir {workdir.root} is in use by another mule process ({_describe(info)}): wait for "

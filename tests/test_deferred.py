@@ -111,3 +111,21 @@ def test_the_recorder_writes_under_the_workdir_lock_and_a_run_waits_for_it_rathe
             pass
     holder.wait(timeout=30)
     shutil.rmtree(deferred.folder(wd), ignore_errors=True)
+
+
+def test_a_brief_holder_that_empties_its_file_before_letting_go_is_still_waited_for(tmp_path):
+    """A holder clears the lock file, then unlocks: a run that has waited more than a second
+    for a brief holder sees an empty file for that moment, and still waits it out."""
+    wd = Workdir.at(tmp_path)
+    wd.lock_path.touch()
+    script = (f"import fcntl, json, os, time\nfd = os.open({str(wd.lock_path)!r}, os.O_RDWR)\n"
+              "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+              "os.pwrite(fd, json.dumps({'pid': os.getpid(), 'stage': 'recording', 'brief': True}).encode(), 0)\n"
+              "print('held', flush=True)\ntime.sleep(1.5)\nos.ftruncate(fd, 0)\ntime.sleep(0.6)\n"
+              "fcntl.flock(fd, fcntl.LOCK_UN)\n")  # fmt: skip
+    holder = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    started = time.monotonic()
+    with workdir_lock(wd, "train"):  # not refused after the first second of an empty file
+        assert time.monotonic() - started > 1.5
+    holder.wait(timeout=30)
