@@ -16,6 +16,7 @@ it. e5's vectors are cached beside the workdir's results, so a rerun prints at o
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import time
@@ -49,8 +50,6 @@ def english_only(split, per_image: int):
             seen[int(image)] = seen.get(int(image), 0) + 1
             rows.append(row)
     index = np.asarray(rows)
-    import dataclasses
-
     return dataclasses.replace(split, tokens=split.tokens[torch.from_numpy(index)],
                                lengths=split.lengths[torch.from_numpy(index)], caption_lang=split.caption_lang[index],
                                caption_image=split.caption_image[index],
