@@ -326,7 +326,8 @@ def _command(args: argparse.Namespace) -> int:
                 width = max(map(len, PRESETS))
                 for name in PRESETS:
                     print(f"{name:<{width}}  {SUMMARIES[name]} ({len(PRESETS[name])} options set)")
-                print(f"(files: {FOLDER}; a run that names none: demo on the generated dataset, default on any other)")
+                print(f"(files: {FOLDER}; a run that names none: demo on the generated dataset; on any other "
+                      f"few-photos under 2,000 photos, some-photos under 15,000, else default)")  # fmt: skip
                 return 0
             print(json.dumps(to_dict(resolve(args.preset, overrides_from(args))), indent=2))
             return 0

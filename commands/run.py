@@ -23,7 +23,11 @@ def run(args: argparse.Namespace, stages: list[str], overrides: dict) -> int:
     if unknown:
         raise ConfigError(f"--force {', '.join(unknown)}: not a stage; stages are: {', '.join(REBUILD)}")
     workdir = Workdir.at(args.workdir)
-    cfg = resolve(args.preset, overrides)  # config errors before Prefect starts
+    photos = None if args.preset else photos_for_preset(workdir, overrides)
+    cfg = resolve(args.preset, overrides, photos)  # config errors before Prefect starts
+    if photos and args.preset is None and cfg.preset != "default":
+        print(f"preset {cfg.preset}: {photos:,} photos (config/resolution.py: PHOTO_PRESETS; --preset NAME "
+              f"takes another)", file=sys.stderr)  # fmt: skip
     if "ingest" in stages:
         from mule.data_catalog.sources import locate
 
@@ -67,6 +71,26 @@ def run(args: argparse.Namespace, stages: list[str], overrides: dict) -> int:
             server.stop()  # before the lock goes: the next run starts a server on the same database
     print_results(results, workdir, started, args)
     return 0
+
+
+def photos_for_preset(workdir: Workdir, overrides: dict) -> int | None:
+    """The photos a run without --preset is sized by: those of the folder it names
+    (--images, else <source>/images), else those its workdir's last ingest of the dataset
+    found (so `mule run train` after `mule run all --images ...` keeps that run's preset)."""
+    from mule.config.resolution import photos_given
+    from mule.config.sections import DataConfig
+    from mule.data_catalog.sources import GENERATED
+
+    dataset = str(overrides.get("data.dataset", DataConfig.dataset))
+    if dataset in GENERATED:
+        return None
+    if overrides.get("data.images") or overrides.get("data.source"):
+        return photos_given(overrides)
+    try:
+        record = json.loads(workdir.stage_record_path(dataset, "ingest").read_text(encoding="utf-8"))
+        return int(record["result"]["images_present"]) or None
+    except (OSError, ValueError, KeyError, TypeError):  # not ingested here yet, or a record from before
+        return None
 
 
 def _prefect_ready(workdir: Workdir) -> None:

@@ -3,7 +3,7 @@
 import pytest
 
 from mule.config.overrides import from_dict, option_names, parse_assignments, to_dict
-from mule.config.resolution import resolve
+from mule.config.resolution import PHOTO_PRESETS, count_image_files, default_preset, resolve
 from mule.config.sections import flatten
 from mule.mule_core.settings import ConfigError
 
@@ -28,7 +28,7 @@ def test_presets_differ_where_the_paper_does():
 
 def test_a_run_without_a_preset_gets_its_datasets():
     # the generated Multi30K-style dataset (mule demo, at any size) gets the demo preset;
-    # the real datasets, the other generated layouts and the paper keep the defaults
+    # the real datasets (their photos unknown: see below), the other generated layouts keep the defaults
     assert resolve().preset == "demo" and resolve(None, {"data.dataset": "embedded"}).preset == "demo"
     for dataset in ("multi30k", "coco", "embedded-coco", "embedded-table", "my-photos"):
         assert resolve(None, {"data.dataset": dataset}).preset == "default"
@@ -194,3 +194,46 @@ def test_the_few_photos_preset_is_the_defaults_with_ten_crops_and_24_epochs():
     changed = {k for k in default if few[k] != default[k]}
     assert changed == {"preset", "features.crops", "train.epochs"}
     assert (few["features.crops"], few["train.epochs"]) == ("10", "24")
+
+
+def test_the_some_photos_preset_is_the_defaults_with_ten_crops_and_batches_of_128():
+    # chosen on the 242 val photos of 7,478 real Multi30K photos, three seeds (docs/real-photos.md)
+    some, default = flatten(resolve("some-photos")), flatten(resolve("default"))
+    changed = {k for k in default if some[k] != default[k]}
+    assert changed == {"preset", "features.crops", "train.batch_images"}
+    assert (some["features.crops"], some["train.batch_images"]) == ("10", "128")
+
+
+@pytest.mark.parametrize("dataset, photos, preset", [
+    ("multi30k", 872, "few-photos"), ("multi30k", 1_999, "few-photos"),  # the 872 of flickr-photos' train
+    ("multi30k", 2_000, "some-photos"), ("multi30k", 7_478, "some-photos"), ("coco", 14_999, "some-photos"),
+    ("multi30k", 15_000, "default"), ("coco", 123_287, "default"),  # the defaults were chosen at 29,000
+    ("multi30k", None, "default"), ("multi30k", 0, "default"),  # photos unknown: the defaults
+    ("embedded", 300, "demo"), ("embedded-table", 300, "default"),  # generated pictures are not photos
+])  # fmt: skip
+def test_a_run_naming_no_preset_is_sized_by_its_photos(dataset, photos, preset):
+    assert default_preset(dataset, photos) == preset
+
+
+def test_the_features_stage_tells_one_crop_of_few_photos_at_the_few_photos_bound():
+    from mule.stages.features import FEW_PHOTOS  # kept in that file: a change there reruns every extraction
+
+    assert PHOTO_PRESETS[0] == (FEW_PHOTOS, "few-photos")
+
+
+def test_the_photos_counted_are_the_image_files_below_the_folder_named(tmp_path):
+    photos = tmp_path / "photos"
+    (photos / "nested").mkdir(parents=True)
+    for name in ("a.jpg", "b.JPEG", "nested/c.png", "notes.txt", "nested/captions.csv"):
+        (photos / name).write_bytes(b"")  # names only: nothing is opened
+    (photos / "nested" / "loop").symlink_to(photos, target_is_directory=True)  # a link back up: counted once
+    assert count_image_files(photos) == 3 and count_image_files(tmp_path / "absent") == 0
+    cfg = resolve(None, {"data.dataset": "mine", "data.format": "table", "data.images": str(photos)})
+    assert (cfg.preset, cfg.features.crops, cfg.train.epochs) == ("few-photos", 10, 24)
+    # the source's images folder when --images is not given; a preset named wins
+    (tmp_path / "source").mkdir()
+    (tmp_path / "source" / "images").symlink_to(photos, target_is_directory=True)
+    by_source = {"data.dataset": "mine", "data.format": "table", "data.source": str(tmp_path / "source")}
+    assert resolve(None, by_source).preset == "few-photos"
+    assert resolve("default", {"data.dataset": "mine", "data.images": str(photos)}).features.crops == 1
+    assert resolve(None, {"data.dataset": "mine", "data.format": "table", "data.images": str(tmp_path / "x")}).preset == "default"

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from mule.commands.run import photos_for_preset
 from mule.config.resolution import resolve
 from mule.pipeline.runner import run_alone
 from mule.storage.workdir import Workdir
@@ -96,10 +97,12 @@ def test_a_slice_of_real_multi30k_with_its_real_photos_runs_from_ingest_to_evalu
 
     # the image path on these files, as the features stage reads them (stages/shared/extraction)
     cfg = resolve(None, {**SETTINGS, "data.source": str(tmp_path / "multi30k"), "data.images": str(tmp_path / "photos")})
+    assert (cfg.preset, cfg.features.crops) == ("few-photos", 10)  # no preset named: sized by its 40 photos
+    one = resolve("default", {**SETTINGS, "data.source": str(tmp_path / "multi30k"), "data.images": str(tmp_path / "photos")})
     crops = ImageCrops([str(tmp_path / "photos" / rewritten[k]) for k in ("progressive", "exif")] +
-                       [str(photos / rewritten[k]) for k in ("progressive", "exif")], cfg.features)  # fmt: skip
+                       [str(photos / rewritten[k]) for k in ("progressive", "exif")], one.features)  # fmt: skip
     progressive, rotated, original_landscape, original_portrait = (crops[i][1] for i in range(4))
-    size = cfg.features.input_size
+    size = one.features.input_size
     assert progressive.shape == rotated.shape == (1, 3, size, size)  # a 133 px side upscaled to the crop
     assert Image.open(photos / rewritten["progressive"]).size[1] < size
     # the same pixels as the original photo, up to the JPEG re-encoding
@@ -115,10 +118,15 @@ def test_a_slice_of_real_multi30k_with_its_real_photos_runs_from_ingest_to_evalu
         "SELECT split, count(*) AS n FROM captions WHERE dataset = 'multi30k' GROUP BY split").to_pylist()}  # fmt: skip
     assert 300 < sum(counts.values()) < 700, counts  # a few hundred real captions
     assert ingest["images"] == ingest["images_present"] == len(every)
+    # a later run that names no folder keeps the preset: sized by the photos this ingest found
+    assert photos_for_preset(wd, {"data.dataset": "multi30k"}) == len(every)
     with caplog.at_level("INFO", logger="mule"):
-        features = run_alone(wd, cfg, "features")
-    assert "40 images: with few photos, 10 crops each and 24 joint epochs gained" in caplog.text  # the preset, said
-    assert features["images"] == len(every) and not features.get("rejected"), features
+        one_crop = run_alone(wd, one, "features")
+    # a preset named that takes one crop of so few photos is told what the few-photos preset gained
+    assert "40 images: with few photos, 10 crops each and 24 joint epochs gained" in caplog.text
+    features = run_alone(wd, cfg, "features")
+    assert features["images"] == one_crop["images"] == len(every) and not features.get("rejected"), features
+    assert features["extractor"] != one_crop["extractor"]  # the ten crops' vectors are their own
     run_alone(wd, cfg, "text")
     with caplog.at_level("WARNING", logger="mule"):
         train = run_alone(wd, cfg, "train")
