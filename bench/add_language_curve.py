@@ -1,0 +1,142 @@
+"""New languages from few captions: `mule run add-language` for each language of xFlickr&CO
+at each size of its few-shot files (train_5, train_25, train_100, ...), onto one trained
+model, and the curve of test mR against captions beside the zero-shot peer and chance.
+
+    python bench/add_language_curve.py --workdir W --source ../shared/datasets/multi30k \
+        --images ../shared/datasets/flickr8k-224/images --xflickrco ../shared/datasets/xflickrco \
+        --peer peer.json --out /tmp/curve
+
+W is a workdir (a copy: its catalog takes the nine languages) whose `--base-model` is
+trained. Each size re-ingests the captions of that size for every language (the text stage
+reruns for all of them), then adds one language at a time (`train.base_model`: the base is
+measured as it is and extended, nothing else trains). `--peer` is bench/peer_xflickrco.py's
+`--out` JSON; `--out` gets curve.json and curve.png. Each run's log is in the output folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BASE = ("en", "de", "fr", "cs")
+
+
+def extra_files(sizes: dict[str, int]) -> str:
+    return ",".join(f"{lang}/train_{n}=train" for lang, n in sizes.items()) + ",test=test_xflickrco"
+
+
+def add(args, lang: str, sizes: dict[str, int], log: Path) -> dict:
+    """One `mule run add-language`; its test table (mR per language) from evaluation.json."""
+    languages = ",".join((*BASE, *sizes))
+    command = [sys.executable, "-m", "mule.commands.main", "run", "add-language", "--lang", lang,
+               "--workdir", args.workdir, "--dataset", args.dataset, "--source", args.source, "--images", args.images,
+               "--set", f"data.languages={languages}", "--set", f"data.extra_captions={args.xflickrco}",
+               "--set", f"data.extra_files={extra_files(sizes)}", "--set", f"eval.split={args.split},test_2016",
+               "--set", f"train.base_model={args.base_model}"]  # fmt: skip
+    with log.open("w") as out:
+        code = subprocess.call(command, stdout=out, stderr=subprocess.STDOUT)
+    if code:
+        raise SystemExit(f"add-language {lang} failed (exit {code}): see {log}")
+    folder = Path(args.workdir) / "results" / args.dataset / f"{args.base_model}+{lang}"
+    evaluation = json.loads((folder / "evaluation.json").read_text())
+    assert evaluation["split"] == args.split, evaluation["split"]
+    return {"mR": {k: v["mR"] for k, v in evaluation["table"].items()},
+            "chance": {k: v["mR"] for k, v in evaluation["chance"].items()}}  # fmt: skip
+
+
+def plot(curve: dict, peer: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for lang, points in curve["languages"].items():
+        sizes = sorted(points, key=int)
+        line = axes.plot([int(n) for n in sizes], [points[n] for n in sizes], "o-", label=f"mule, {lang}")[0]
+        if lang in peer:
+            axes.axhline(peer[lang], color=line.get_color(), linestyle=":", linewidth=1)
+    axes.axhline(curve["chance"], color="grey", linestyle="--", linewidth=1, label="chance")
+    axes.plot([], [], "k:", linewidth=1, label="e5-small + ridge, zero-shot (same colour)")
+    axes.set_xscale("log")
+    axes.set_xlabel("captioned training images of the new language (xFlickr&CO train_N)")
+    axes.set_ylabel(f"test mR, {curve['images']} photos, one caption each")
+    axes.set_title("A language added to a trained mule model from few captions")
+    axes.legend(fontsize=8, loc="lower right")
+    figure.tight_layout()
+    figure.savefig(out, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--dataset", default="multi30k")
+    parser.add_argument("--source", required=True)
+    parser.add_argument("--images", required=True)
+    parser.add_argument("--xflickrco", required=True)
+    parser.add_argument("--languages", default="es,id,ja,ru,zh")
+    parser.add_argument("--sizes", default="5,25,100", help="every language at each of these")
+    parser.add_argument("--more", default="ja=500,1500", help="one language further, the others at the last size")
+    parser.add_argument("--base-model", default="model")
+    parser.add_argument("--split", default="test_xflickrco")
+    parser.add_argument("--peer", help="bench/peer_xflickrco.py --out JSON: the zero-shot peer's lines")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--replot", action="store_true", help="no runs: the table and plot of --out's curve.json")
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.replot:
+        curve = json.loads((out / "curve.json").read_text())
+        report(curve, curve.get("peer", {}), list(curve["languages"]), out)
+        return
+    languages, sizes = args.languages.split(","), [int(n) for n in args.sizes.split(",")]
+    runs = [(n, {lang: n for lang in languages}, languages) for n in sizes]
+    if args.more:
+        lang, further = args.more.split("=")
+        runs += [(int(n), {x: (int(n) if x == lang else sizes[-1]) for x in languages}, [lang])
+                 for n in further.split(",")]  # fmt: skip
+    print(f"{platform.processor() or platform.machine()}; {sum(len(r[2]) for r in runs)} additions onto "
+          f"{args.base_model}", flush=True)  # fmt: skip
+    curve: dict = {"languages": {lang: {} for lang in languages}, "base": {}, "chance": None, "images": None}
+    started, done, total = time.perf_counter(), 0, sum(len(r[2]) for r in runs)
+    for n, per_language, adding in runs:
+        for lang in adding:
+            result = add(args, lang, per_language, out / f"{n}-{lang}.log")
+            curve["languages"][lang][str(n)] = round(result["mR"][lang], 1)
+            curve["base"][f"{n}-{lang}"] = {k: round(v, 1) for k, v in result["mR"].items() if k != lang}
+            curve["chance"] = round(result["chance"][lang], 1)
+            done += 1
+            elapsed = time.perf_counter() - started
+            print(f"{lang} from {n}: {result['mR'][lang]:.1f} mR ({done}/{total}, elapsed {elapsed:.0f} s, "
+                  f"ETA {elapsed / done * (total - done):.0f} s)", flush=True)  # fmt: skip
+    evaluation = json.loads((Path(args.workdir) / "results" / args.dataset / f"{args.base_model}+{languages[0]}"
+                             / "evaluation.json").read_text())  # fmt: skip
+    curve["images"] = evaluation["images"]
+    peer = {}
+    if args.peer:
+        tables = json.loads(Path(args.peer).read_text())
+        peer = {lang: row["mR"] for lang, row in tables["splits"][args.split]["table"].items()}
+        curve["peer"] = {k: round(v, 1) for k, v in peer.items()}
+    (out / "curve.json").write_text(json.dumps(curve, indent=1))
+    report(curve, peer, languages, out)
+    print(f"{time.perf_counter() - started:.0f} s")
+
+
+def report(curve: dict, peer: dict, languages: list[str], out: Path) -> None:
+    plot(curve, peer, out / "curve.png")
+    header = sorted({int(n) for points in curve["languages"].values() for n in points})
+    print("\n| captions | " + " | ".join(languages) + " |\n|---|" + "---|" * len(languages))
+    for n in header:
+        print(f"| {n} | " + " | ".join(str(curve["languages"][x].get(str(n), "–")) for x in languages) + " |")
+    if peer:
+        print("| peer (zero-shot) | " + " | ".join(f"{peer[x]:.1f}" for x in languages) + " |")
+    print("| chance | " + " | ".join(str(curve["chance"]) for _ in languages) + " |")
+    print(f"\n{out / 'curve.json'}, {out / 'curve.png'}")
+
+if __name__ == "__main__":
+    main()
