@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from stage_times import cpu_model  # bench/ is on the path
 
 BASE = ("en", "de", "fr", "cs")
 
@@ -100,7 +102,7 @@ def main() -> None:
         lang, further = args.more.split("=")
         runs += [(int(n), {x: (int(n) if x == lang else sizes[-1]) for x in languages}, [lang])
                  for n in further.split(",")]  # fmt: skip
-    print(f"{platform.processor() or platform.machine()}; {sum(len(r[2]) for r in runs)} additions onto "
+    print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; {sum(len(r[2]) for r in runs)} additions onto "
           f"{args.base_model}", flush=True)  # fmt: skip
     curve: dict = {"languages": {lang: {} for lang in languages}, "base": {}, "chance": None, "images": None}
     started, done, total = time.perf_counter(), 0, sum(len(r[2]) for r in runs)
