@@ -47,7 +47,7 @@ def add(args, lang: str, sizes: dict[str, int], log: Path) -> dict:
     folder = Path(args.workdir) / "results" / args.dataset / f"{args.base_model}+{lang}"
     evaluation = json.loads((folder / "evaluation.json").read_text())
     assert evaluation["split"] == args.split, evaluation["split"]
-    return {"mR": {k: v["mR"] for k, v in evaluation["table"].items()},
+    return {"mR": {k: v["mR"] for k, v in evaluation["table"].items()}, "images": evaluation["images"],
             "chance": {k: v["mR"] for k, v in evaluation["chance"].items()}}  # fmt: skip
 
 
@@ -111,14 +111,11 @@ def main() -> None:
             result = add(args, lang, per_language, out / f"{n}-{lang}.log")
             curve["languages"][lang][str(n)] = round(result["mR"][lang], 1)
             curve["base"][f"{n}-{lang}"] = {k: round(v, 1) for k, v in result["mR"].items() if k != lang}
-            curve["chance"] = round(result["chance"][lang], 1)
+            curve["chance"], curve["images"] = round(result["chance"][lang], 1), result["images"]
             done += 1
             elapsed = time.perf_counter() - started
             print(f"{lang} from {n}: {result['mR'][lang]:.1f} mR ({done}/{total}, elapsed {elapsed:.0f} s, "
                   f"ETA {elapsed / done * (total - done):.0f} s)", flush=True)  # fmt: skip
-    evaluation = json.loads((Path(args.workdir) / "results" / args.dataset / f"{args.base_model}+{languages[0]}"
-                             / "evaluation.json").read_text())  # fmt: skip
-    curve["images"] = evaluation["images"]
     peer = {}
     if args.peer:
         tables = json.loads(Path(args.peer).read_text())

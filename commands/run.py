@@ -76,7 +76,8 @@ def run(args: argparse.Namespace, stages: list[str], overrides: dict) -> int:
 def photos_for_preset(workdir: Workdir, overrides: dict) -> int | None:
     """The photos a run without --preset is sized by: those of the folder it names
     (--images, else <source>/images), else those its workdir's last ingest of the dataset
-    found (so `mule run train` after `mule run all --images ...` keeps that run's preset)."""
+    found (so `mule run train` after `mule run all --images ...` keeps that run's preset);
+    None for a generated dataset (its preset is its own) or one not ingested here."""
     from mule.config.resolution import photos_given
     from mule.config.sections import DataConfig
     from mule.data_catalog.sources import GENERATED

@@ -73,12 +73,12 @@ def count_image_files(folder: Path) -> int:
     return count
 
 
-def photos_given(overrides: dict[str, Any]) -> int | None:
-    """The image files of the folder a run names (data.images, else <data.source>/images),
-    None when it names none or that folder has none."""
+def photos_given(overrides: dict[str, Any]) -> int:
+    """The image files of the folder a run names (data.images, else <data.source>/images);
+    0 when it names none or that folder has none."""
     folder = overrides.get("data.images") or (Path(str(overrides["data.source"])) / "images"
                                               if overrides.get("data.source") else None)  # fmt: skip
-    return (count_image_files(Path(str(folder)).expanduser()) or None) if folder else None
+    return count_image_files(Path(str(folder)).expanduser()) if folder else 0
 
 
 def resolve(preset: str | None = None, overrides: dict[str, Any] | None = None,
@@ -86,10 +86,9 @@ def resolve(preset: str | None = None, overrides: dict[str, Any] | None = None,
     """The config of a preset (None: default_preset of the dataset and its photos: `photos`,
     else those of the folder the overrides name) with these overrides."""
     if preset is None:
-        dataset = str((overrides or {}).get("data.dataset", DataConfig.dataset))
-        if photos is None and dataset not in GENERATED:
+        if photos is None:
             photos = photos_given(overrides or {})
-        preset = default_preset(dataset, photos)
+        preset = default_preset(str((overrides or {}).get("data.dataset", DataConfig.dataset)), photos)
     if preset not in PRESETS:
         raise ConfigError(f"unknown preset {preset!r}; presets are: {', '.join(PRESETS)}")
     cfg = apply_overrides(MuleConfig(preset=preset), PRESETS[preset])
