@@ -1,6 +1,6 @@
 """What a checkpoint written beside training costs the training: LP steps on a workdir's
 text, timed after an epoch end that wrote no checkpoint, one written at the same CPU
-priority as training, and one written as the stage writes it (stages/shared/checkpoints.py:
+priority as training, and one written as the stage writes it (tasks/shared/checkpoints.py:
 a thread at nice 19).
 
     python bench/checkpoint_cost.py --workdir W [--dataset multi30k] [--steps 45] [--rounds 2]
@@ -33,8 +33,8 @@ from mule.data_catalog.splits import load_split, load_vocabulary  # noqa: E402
 from mule.data_catalog.tables import Catalog  # noqa: E402
 from mule.mule_core.model import build_model  # noqa: E402
 from mule.mule_core.trainer import Trainer  # noqa: E402
-from mule.stages.shared.checkpoints import snapshot, yield_cpu  # noqa: E402
 from mule.storage.workdir import Workdir  # noqa: E402
+from mule.tasks.shared.checkpoints import snapshot, yield_cpu  # noqa: E402
 
 KINDS = ("none", "same priority", "nice 19")
 

@@ -8,7 +8,7 @@ Trains a toy task that can be learned (image i's captions say word i) and checks
 joint training learns it on the GPU as it does on the CPU; runs the paper's extractor
 (ResNet-152, 10 crops of 448 px, random weights: speed does not depend on them) and the
 demo's (EfficientNet-Lite0, 1 crop of 224 px) over random images through the features
-stage's own code (stages/shared/extraction.py), and prints images/s.
+stage's own code (tasks/shared/extraction.py), and prints images/s.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def training(device: torch.device, n_images: int, epochs: int) -> None:
 def extraction(device: torch.device, images: int) -> None:
     from PIL import Image
 
-    from mule.stages.shared.extraction import ImageCrops, collate, vectors
+    from mule.tasks.shared.extraction import ImageCrops, collate, vectors
 
     folder = Path("/tmp/mule-cuda-images")
     folder.mkdir(exist_ok=True)

@@ -32,8 +32,8 @@ from mule.data_catalog.weights import load_extractor
 from mule.mule_core.backbones import crop_transform, extract, numerics
 from mule.mule_core.devices import resolve_device, torch_threads
 from mule.mule_core.onnx_engine import OnnxExtractor
-from mule.stages.features import batch_size_for, extract_shard, loader_workers_for
 from mule.storage.workdir import Workdir
+from mule.tasks.features import batch_size_for, extract_shard, loader_workers_for
 
 SETTINGS = {"demo": {}, "paper": {"features.weights": "random"}}
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# docs/benchmarks.md's GPU figures on a GPU machine that has torch but not mule's other
+# docs/benchmarks-journal.md's GPU figures on a GPU machine that has torch but not mule's other
 # dependencies: `mule demo` at the demo's size, at Multi30K's (29k) and with the paper
 # preset, and the real Multi30K text with the real photographs (real), each through
 # bench/stage_times.py (the script that measures the CPU's figures), as far as SECONDS
@@ -50,7 +50,7 @@ ln -sfn "$PWD" /tmp/mule-checkout/mule
 export PYTHONPATH=/tmp/site:/tmp/mule-checkout${PYTHONPATH:+:$PYTHONPATH}
 echo "bundle unpacked in $(($(date +%s) - started)) s; $(nproc) CPUs"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-python3 -c "import prefect, mlflow, duckdb, faiss, fasttext, sacremoses, torch, mule.stages.shared.fasttext_worker
+python3 -c "import prefect, mlflow, duckdb, faiss, fasttext, sacremoses, torch, mule.tasks.shared.fasttext_worker
 print('imports: ok; torch', torch.__version__, '; CUDA', torch.cuda.is_available())" || exit 1
 
 run() { # NAME [stage_times.py arguments]: one run, cut off when the budget is spent

@@ -11,7 +11,7 @@ training, with `train.amp` on and off: images/s, seconds per epoch, test mR.
 fastText, 300-d under the paper preset) and the checksums of a few image files. `run`
 regenerates the embedded dataset's images from its generator (the same seed, so the same
 files: the checksums are compared), extracts features through the features stage's own
-crop and batch code (stages/shared/extraction.py, bfloat16 autocast as the stage runs it on CUDA;
+crop and batch code (tasks/shared/extraction.py, bfloat16 autocast as the stage runs it on CUDA;
 float32 timed on a subset), then trains the paper preset with LP as the train stage does
 (bench/train_on_workdir.py), once per `train.amp`.
 """
@@ -116,7 +116,7 @@ def extract_all(paths: list[str], weights: str, device: torch.device, fp32_image
     from torch.utils.data import DataLoader
 
     from mule.mule_core.backbones import extract, extractor_network
-    from mule.stages.shared.extraction import ImageCrops, collate, vectors
+    from mule.tasks.shared.extraction import ImageCrops, collate, vectors
 
     f = replace(resolve("paper", {**overrides, "features.weights": weights}).features, device=str(device))
     net = extractor_network(f, device, None)

@@ -16,8 +16,7 @@ whose recall is the 31 photographed test images' mean mR. Each run starts from a
 folder) and runs the command a user runs; the baseline runs from a git worktree of that
 commit with this interpreter (its code, these libraries); --alternate runs the baseline,
 this checkout, then the baseline again (this VM drifts within the hour). Per stage: the
-seconds it computed (its record's), and when it ended, counted from the command's start
-(stages may run side by side: pipeline.lanes); phases come from the stage's own record
+seconds it computed (its record's), and when it ended, counted from the command's start; phases come from the stage's own record
 (commits from 2026-11-25 on record them).
 
 Before each run the script waits (up to --quiet-wait seconds) until the load average of

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from mule.mule_core.progress import SHOWN, lane_of
+from mule.mule_core.progress import SHOWN
 
 __all__ = ["SHOWN", "setup", "teardown", "run_log_path"]
 
@@ -58,9 +58,6 @@ class ConsoleFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         clock = time.strftime("%H:%M:%S", time.localtime(record.created))
         message = record.getMessage()
-        lane = lane_of()  # a stage beside another (pipeline.lanes): its lines say which
-        if lane and not message.startswith(f"{lane}"):
-            message = f"[{lane}] {message}"
         if record.levelno >= logging.WARNING:
             message = f"{record.levelname.lower()}: {message}"
         if record.exc_info and not getattr(record, "console", False):

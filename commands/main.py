@@ -25,8 +25,7 @@ from mule.config.overrides import parse_assignments, to_dict
 from mule.config.presets import PRESETS
 from mule.config.resolution import resolve
 from mule.mule_core.errors import is_user_error
-from mule.mule_core.settings import ConfigError
-from mule.pipeline.declaration import ALL, REBUILD
+from mule.pipeline.declaration import ALL, REBUILD, checked_stages
 
 DEMO_DATASETS = {"multi30k": "embedded", "coco": "embedded-coco", "table": "embedded-table"}  # mule demo --dataset -> generated dataset
 READING = {"ui": ui.run, "catalog": catalog.run, "search": search.run, "serve": serve.run,
@@ -55,9 +54,8 @@ def _force(parser: argparse.ArgumentParser) -> None:
 
 
 def _sequential(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--sequential", action="store_true",
-                        help="one stage at a time (default: a stage whose inputs are ready runs beside the stage in "
-                        "hand, e.g. features beside the text stages, on its share of the cores)")  # fmt: skip
+    # stages run one at a time since 2026-12-02: the flag that asked for it is still taken, and changes nothing
+    parser.add_argument("--sequential", action="store_true", help=argparse.SUPPRESS)
 
 
 def _wait(parser: argparse.ArgumentParser) -> None:
@@ -313,12 +311,7 @@ def _command(args: argparse.Namespace) -> int:
                     overrides[f"data.{option}"] = getattr(args, option)
             return run.run(args, list(REBUILD), overrides)
         if args.command == "run":
-            stages = list(REBUILD) if args.stages == ["all"] else args.stages
-            unknown = [s for s in stages if s not in ALL]
-            if unknown:
-                names = ", ".join(ALL)
-                raise ConfigError(f"unknown stage(s) {', '.join(unknown)}; stages are: {names}, all")
-            return run.run(args, stages, overrides_from(args))
+            return run.run(args, checked_stages(args.stages), overrides_from(args))
         if args.command == "config":
             if args.list:
                 from mule.config.presets import FOLDER, PRESETS, SUMMARIES

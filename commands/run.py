@@ -44,7 +44,7 @@ def run(args: argparse.Namespace, stages: list[str], overrides: dict) -> int:
         relocation.adopt(workdir)  # a copied or moved workdir becomes its own before anything runs
         from mule.pipeline import rebuild
 
-        planned = rebuild.plan(workdir, cfg, stages, set(args.force), sequential=getattr(args, "sequential", False))
+        planned = rebuild.plan(workdir, cfg, stages, set(args.force))
         if os.environ.get("MULE_UP_TO_DATE_CHECK") != "0" and rebuild.decide_ahead(workdir, cfg, planned):
             from mule.pipeline.hooks import tracked
 
@@ -121,7 +121,7 @@ def _stopped_line(workdir: Workdir, cfg, began: float):
     """The one line printed when a signal stops the run: where it stopped, what it kept."""
 
     def line(signum: int) -> str:
-        from mule.storage.locks import last_stage, stages_in_hand
+        from mule.storage.locks import last_stage
 
         how = interrupts.how
 
@@ -142,14 +142,11 @@ def _stopped_line(workdir: Workdir, cfg, began: float):
             kept.append(
                 f"{', '.join(unpublished)}: computed and recorded, not yet published (the next run publishes it)"
             )
-        side_by_side = [s for s in stages_in_hand() if s in BY_NAME and s not in done]  # pipeline.lanes
-        stages = side_by_side if len(side_by_side) > 1 else [stage]
-        for one in stages:
-            resumes = BY_NAME[one].resumes if one in BY_NAME else ""
-            if resumes and one not in unpublished:
-                kept.append(f"{one}: {resumes}")
-        where = "before any stage started" if stage in ("starting", "rebuild") or stage.startswith("run: ") else (
-            f"in stage {stage}" if len(stages) == 1 else f"in stages {' and '.join(stages)} (side by side)")  # fmt: skip
+        resumes = BY_NAME[stage].resumes if stage in BY_NAME else ""
+        if resumes and stage not in unpublished:
+            kept.append(f"{stage}: {resumes}")
+        where = ("before any stage started" if stage in ("starting", "rebuild") or stage.startswith("run: ")
+                 else f"in stage {stage}")  # fmt: skip
         return (f"mule: stopped by {how(signum)} {where}; kept: {'; '.join(kept) or 'what earlier runs made'}; "
                 "run the same command to resume")  # fmt: skip
 
@@ -157,10 +154,15 @@ def _stopped_line(workdir: Workdir, cfg, began: float):
 
 
 def print_results(results: dict, workdir: Workdir, started: float, args: argparse.Namespace | None = None) -> None:
-    if results.get("stages"):
+    decided = results.get("stages") or {}
+    if any(d.startswith("ran") for d in decided.values()):  # each stage's line, with why, is above
+        ran = [s for s, d in decided.items() if d.startswith("ran")]
+        reused = [s for s in decided if s not in ran]
+        print(f"\nStages: ran {', '.join(ran)}" + (f"; reused {', '.join(reused)}" if reused else ""))
+    elif decided:
         print("\nStages:")
-        for stage, decision in results["stages"].items():
-            print(f"  {stage:<{max(10, *map(len, results['stages']))}} {decision}")
+        for stage, decision in decided.items():
+            print(f"  {stage:<{max(10, *map(len, decided))}} {decision}")
     evaluation = results.get("evaluate")
     if evaluation and not evaluation["table"]:
         from mule.experiments.report import cross_lingual_markdown

@@ -87,7 +87,7 @@ class TextConfig(model_settings.TextConfig):
     # captions, one language at a time) or "multilingual-e5" (each vocabulary word through
     # the bundled multilingual-e5-small, every language projected by one shared PCA to
     # word_dim: aligned across languages from the start; needs the e5 extra,
-    # stages/shared/e5_vectors.py)
+    # tasks/shared/e5_vectors.py)
     init: str = "fasttext"
     fasttext_model: str = "skipgram"
     # fastText's own default. LP and joint training fine-tune the vectors: on the real

@@ -1,5 +1,5 @@
 """Where a gallery's approximate index lives and how it is written and read: the index
-stage's output (stages/index.py), what `mule serve` searches past a size threshold.
+stage's output (tasks/index.py), what `mule serve` searches past a size threshold.
 
     catalog/index/<dataset>/<model name>/index.faiss   FAISS's own file (data_catalog.ann)
                                          rows.parquet  image id of each row, in order

@@ -96,7 +96,7 @@ def load_split(
         keep = np.asarray([bool(f) and i in available for i, f in zip(image_col, rows["has_file"].to_pylist())])
         left_out = {i for i, k in zip(image_col, keep) if not k}
         if left_out:
-            logging.getLogger("mule.stages").warning(
+            logging.getLogger("mule.tasks").warning(
                 "%s: %d images have no features (no file, or a file that does not decode: see the rejects "
                 "table) and are left out with their %d captions", selector, len(left_out), int((~keep).sum()),
             )  # fmt: skip

@@ -39,8 +39,8 @@ from mule.storage.atomic import atomic_path, write_atomic, write_json_atomic, wr
 from mule.storage.workdir import Workdir
 
 log = logging.getLogger("mule.catalog")
-# One refresh of catalog.duckdb at a time in a process: two stages side by side (pipeline.lanes)
-# each refresh it, and DuckDB refuses two connections replacing the same view at once
+# One refresh of catalog.duckdb at a time in a process: two threads that each refresh it (a
+# Dask worker's, a server's) conflict, and DuckDB refuses two connections replacing the same view at once
 # ("Catalog write-write conflict").
 _REFRESHING = threading.Lock()
 VIEWS = ("images", "captions", "rejects", "word_vectors", "subword_vectors", "translations", "features")

@@ -124,7 +124,7 @@ def cross_lingual_heatmap(table: dict[str, dict[str, float]], languages: list[st
 
 # The retrieved-images figure is one picture drawn on one axes: a grid of matplotlib
 # axes (one per image, 60 for the demo) took 1.3-1.5 s to draw against about 0.4 s
-# (docs/benchmarks.md, 2026-11-26 night).
+# (docs/benchmarks-journal.md, 2026-11-26 night).
 _TILE, _GAP, _TITLE, _HEADER = 160, 10, 24, 34  # pixels at save()'s 110 dpi
 _HIT = np.array([50, 205, 50], dtype=np.uint8)  # limegreen
 

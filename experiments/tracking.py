@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from mule.experiments.mlflow_store import seed_store, store_exists
 from mule.mule_core.errors import is_user_error
 from mule.mule_core.settings import flatten
+from mule.process import interrupts
 from mule.storage.workdir import Workdir
 
 if TYPE_CHECKING:  # MLflow is imported when a run is tracked, not by checking the store (seconds)
@@ -295,8 +296,8 @@ def run(workdir: Workdir, cfg, stage: str, parent_run_id: str | None = None,
         experiment_id(workdir, cfg.data.dataset), run_name=stage, tags=_run_tags(cfg, stage, parent_run_id) | (tags or {})
     )
     run_id = created.info.run_id
-    # open from its creation on: a stop while its config is logged (the side lane stopped as
-    # its stage starts) ends it KILLED, as the cleanups end the open runs; it stayed RUNNING
+    # open from its creation on: a stop while its config is logged (as its stage starts)
+    # ends it KILLED, as the cleanups end the open runs; it stayed RUNNING
     _open_runs[run_id] = workdir
     status = "FAILED"
     try:
@@ -306,7 +307,7 @@ def run(workdir: Workdir, cfg, stage: str, parent_run_id: str | None = None,
         yield run_id
         status = "FINISHED"
     except BaseException as error:
-        if _is_stop(error):  # Ctrl-C or SIGTERM (process.interrupts): stopped, not failed
+        if interrupts.is_stop(error, caused=True):  # Ctrl-C or SIGTERM, or what they caused: stopped, not failed
             status = "KILLED"
             let_go(error)
             c.set_tag(run_id, "mule.error_kind", "interrupted")
@@ -323,39 +324,13 @@ def run(workdir: Workdir, cfg, stage: str, parent_run_id: str | None = None,
 
 def let_go(stop: BaseException) -> None:
     """The frames a stop went through drop what they held, before this process writes to
-    MLflow's SQLite store again (here, and in pipeline.lanes for a stopped side lane). A
+    MLflow's SQLite store again. A
     stop that lands inside a transaction, or while a query's rows are read, leaves that
     connection or cursor alive in those frames, and with it SQLite's lock (Python's sqlite3
     does not reset a statement on rollback): no other connection of this process could then
-    commit. The side lane's commit waited for it while holding the write lock the main lane
-    needed to end its run, and the stop went to the watchdog's deadline (3.6-4.6 s)."""
+    commit, and the stop went to the watchdog's deadline (3.6-4.6 s)."""
     if stop.__traceback__ is not None:
         traceback.clear_frames(stop.__traceback__)  # the frames still running are left as they are
-
-
-def _is_stop(error: BaseException) -> bool:
-    """A signal stopping the run: Ctrl-C, or SIGTERM as mule raises it (a KeyboardInterrupt)
-    or as Prefect's flow engine does while a flow runs (its TerminationSignal); or any error
-    raised once a stop signal came (DuckDB turns the KeyboardInterrupt it sees mid-query into
-    its own RuntimeError('Query interrupted'), dropping the original; Prefect says `Task run
-    is not set` when the signal lands before its task run exists): the stop's doing, not a
-    failure."""
-    if _stop_signalled():
-        return True
-    seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        if isinstance(error, KeyboardInterrupt) or any(c.__name__ == "ExternalSignal" for c in type(error).__mro__):
-            return True
-        seen.add(id(error))
-        error = error.__cause__ or error.__context__
-    return False
-
-
-def _stop_signalled() -> bool:
-    """Whether the command's signal handling (process.interrupts, above this package: looked
-    up, never imported) has seen Ctrl-C or SIGTERM in this process."""
-    interrupts = sys.modules.get("mule.process.interrupts")
-    return interrupts is not None and interrupts.stopping() is not None
 
 
 _open_runs: dict[str, Workdir] = {}  # run id -> workdir, for the runs this process has not ended yet

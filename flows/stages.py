@@ -31,8 +31,8 @@ from mule.flows.runtime import dask_task_runner, quiet_user_errors, yield_to_ser
 from mule.mule_core.errors import is_user_error
 from mule.mule_core.settings import ConfigError
 from mule.pipeline import rebuild
-from mule.pipeline.declaration import ALL, REBUILD, STAGES, Stage, in_pipeline_order
-from mule.pipeline.hooks import tracked
+from mule.pipeline.declaration import ALL, STAGES, Stage, checked_stages
+from mule.pipeline.hooks import Hook, tracked
 from mule.pipeline.runner import Runner
 from mule.pipeline.sweeps import run_sweep
 from mule.storage.locks import holds_lock, workdir_lock
@@ -98,7 +98,7 @@ def _features_on_dask(ctx) -> dict:
     """The features stage with features.runner=dask: its shards mapped over Dask workers."""
     from dataclasses import asdict
 
-    from mule.stages.features import compute, extract_shard, finish_features, plan_features
+    from mule.tasks.features import compute, extract_shard, finish_features, plan_features
 
     if ctx.cfg.features.runner != "dask":
         return compute(ctx)
@@ -118,7 +118,7 @@ def _features_on_dask(ctx) -> dict:
     return finish_features(ctx, plan, shards_flow())
 
 
-class PrefectTasks:
+class PrefectTasks(Hook):
     """A hook (pipeline.hooks): each stage's computation a Prefect task run of the flow
     that runs it (the rebuild's, a stage's, a sweep's); the features stage with
     features.runner=dask, its own flow of shards on a Dask cluster."""
@@ -180,14 +180,6 @@ globals().update({f.fn.__name__: f for f in STAGE_FLOWS.values()})
 assert set(STAGE_FLOWS) == set(ALL), "a declared stage without a flow"
 
 
-def check_stages(stages: list[str] | None) -> list[str]:
-    stages = list(stages or REBUILD)
-    unknown = [s for s in stages if s not in ALL]
-    if unknown:
-        raise ConfigError(f"unknown stage(s) {', '.join(unknown)}; stages are: {', '.join(ALL)}")
-    return in_pipeline_order(stages)
-
-
 @flow(name="rebuild")
 def rebuild_flow(workdir: str | None = None, preset: str | None = None, overrides: dict[str, Any] | None = None,
                  stages: list[str] | None = None, force: list[str] | None = None, config: Any = None,
@@ -197,16 +189,15 @@ def rebuild_flow(workdir: str | None = None, preset: str | None = None, override
     when named in `force`; the others are reused, and the run says which and why.
     `config`: the config already resolved (by the command); `plan`: the run already
     planned, with the decisions taken so far (by the command: each stage is decided once).
-    `sequential`: one stage at a time (else a stage whose inputs are ready runs beside the
-    stage in hand: pipeline.lanes)."""
-    return _failing_quietly(partial(_rebuild, workdir, preset, overrides, stages, force, config, plan, sequential))
+    `sequential`: changes nothing (stages run one at a time since 2026-12-02); taken still,
+    so that a deployment saved with it runs."""
+    return _failing_quietly(partial(_rebuild, workdir, preset, overrides, stages, force, config, plan))
 
 
 def _rebuild(workdir: str | None, preset: str, overrides: dict[str, Any] | None, stages: list[str] | None,
-             force: list[str] | None, resolved: Any, planned: rebuild.Plan | None,
-             sequential: bool = False) -> dict:  # fmt: skip
-    named, forced = check_stages(stages), set(check_stages(force) if force else [])
+             force: list[str] | None, resolved: Any, planned: rebuild.Plan | None) -> dict:  # fmt: skip
+    named, forced = checked_stages(stages), set(checked_stages(force) if force else [])
     label = planned.name if planned is not None else rebuild.run_name(named)
     with _working(workdir, preset, overrides, label, resolved) as (wd, cfg):
-        planned = planned if planned is not None else rebuild.plan(wd, cfg, named, forced, sequential)
+        planned = planned if planned is not None else rebuild.plan(wd, cfg, named, forced)
         return rebuild.run(wd, cfg, planned, hooks())

@@ -1,5 +1,8 @@
-"""The model library: PyTorch and numpy only, no files, Prefect or MLflow; it needs
-nothing else of mule (as open_clip's model code needs nothing of its training app).
+"""The model library: PyTorch and numpy, with the libraries its parts need (ONNX and ONNX
+Runtime for the CPU extractor, timm and torchvision for the backbones, Pillow for images,
+sacremoses, janome, jieba, regex and langcodes for tokenising); no pipeline state, file
+layouts, Prefect or MLflow, and nothing else of mule (as open_clip's model code needs
+nothing of its training app).
 
 What a user of a trained model needs is `mule.api.load`, which returns this library's
 Embedder. For building on the model itself:

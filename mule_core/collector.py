@@ -11,7 +11,7 @@ weight average (GBs on the real text) can be garbage in cycles when the next sta
 loading, and must not outlive its loading.
 
 The pause is the process's (the collector has no other kind): several threads may hold
-it at once (a stage beside another), and it ends when the last lets go. A collector
+it at once (a stage's loaders and a Dask worker's), and it ends when the last lets go. A collector
 someone else had switched off stays off.
 """
 

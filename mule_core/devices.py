@@ -6,7 +6,6 @@ import functools
 import logging
 import os
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -97,10 +96,8 @@ def cpu_threads(requested: int) -> int:
 
 
 def usable_cores() -> int:
-    """The cores this thread's work may use: its share while stages run side by side
-    (pipeline.lanes: `share_cores`), else every core this process may run on."""
-    share = _SHARES.get(threading.get_ident())
-    return share if share else machine_cores()
+    """The cores this process may run on (a stage has them all: stages run one at a time)."""
+    return machine_cores()
 
 
 def machine_cores() -> int:
@@ -109,42 +106,6 @@ def machine_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
-
-
-# thread ident -> the cores the stage on that thread may use, while stages run side by side
-_SHARES: dict[int, int] = {}
-
-
-def share_cores(thread: int, cores: int | None) -> None:
-    """The stage on `thread` may use `cores` from now on (None: all of them again). Stages
-    size their pools and torch's threads from usable_cores when they start, and a features
-    shard when it starts (follow_share): two stages on two cores take one each."""
-    if cores:
-        _SHARES[thread] = cores
-    else:
-        _SHARES.pop(thread, None)
-
-
-def current_share() -> int | None:
-    """This thread's share of the cores while its stage runs beside another, else None."""
-    return _SHARES.get(threading.get_ident())
-
-
-def cores_of(thread: int) -> int:
-    """usable_cores() of the stage on `thread`, asked from another thread (a stage's own pool)."""
-    return _SHARES.get(thread) or machine_cores()
-
-
-def follow_share() -> int | None:
-    """This thread's torch on its share of the cores, when it has one (a stage beside another);
-    returns the share."""
-    share = _SHARES.get(threading.get_ident())
-    if share and "torch" in sys.modules:
-        import torch  # waits for another thread's import to finish: never a half-made module
-
-        if torch.get_num_threads() != share:
-            torch.set_num_threads(share)
-    return share
 
 
 def worker_processes(count: int) -> ProcessPoolExecutor:

@@ -67,8 +67,7 @@ class OnnxExtractor:
         self.use_threads(threads)
 
     def use_threads(self, threads: int) -> None:
-        """Slices of a batch run on `threads` threads from the next call on (a features stage
-        beside another takes its share of the cores, and all of them once it runs alone)."""
+        """Slices of a batch run on `threads` threads from the next call on."""
         self.threads = max(1, threads)
         if self.threads > 1 and (self._pool is None or self._pool._max_workers < self.threads - 1):
             self._pool = ThreadPoolExecutor(self.threads - 1, "onnx")

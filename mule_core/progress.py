@@ -1,4 +1,4 @@
-"""Progress lines for long work: done/total, rate and ETA, at most every few seconds.
+"""Progress lines for long work: done/total, rate and ETA, at most every 20 seconds.
 
 Goes through `logging` (logger "mule.*"), which Prefect adds to its run logs.
 """
@@ -6,32 +6,11 @@ Goes through `logging` (logger "mule.*"), which Prefect adds to its run logs.
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 # `extra=SHOWN` on a log record: a line for people, shown on the console (commands/console.py);
 # the others go to the run's log file only
 SHOWN = {"console": True}
-
-_LANES: dict[int, str] = {}  # thread ident -> the stage it computes beside another (pipeline.lanes)
-
-
-@contextmanager
-def in_lane(stage: str) -> Iterator[None]:
-    """This thread computes `stage` beside the main thread's stages: its lines say which."""
-    _LANES[threading.get_ident()] = stage
-    try:
-        yield
-    finally:
-        _LANES.pop(threading.get_ident(), None)
-
-
-def lane_of() -> str | None:
-    """The stage of the thread logging now when it computes beside another stage, else None."""
-    return _LANES.get(threading.get_ident())
-
 
 def format_seconds(seconds: float) -> str:
     seconds = max(0, int(round(seconds)))
@@ -49,7 +28,7 @@ class Progress:
         total: int,
         unit: str = "items",
         logger: logging.Logger | None = None,
-        interval: float = 10.0,
+        interval: float = 20.0,
         clock=time.perf_counter,
         done: int = 0,
         base: int | None = None,

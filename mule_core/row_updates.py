@@ -18,7 +18,7 @@ This is another optimiser than dense Adam, whose momentum keeps moving a row for
 1 / (1 - beta1) = 10 steps after a batch read it (and whose L2 pull, normalised by Adam,
 keeps pulling rows no batch reads): a word read once moves about a tenth as far. On the
 real text LP's epochs are 10-35% faster and its validation R@1 about a point lower over
-three seeds (docs/benchmarks.md, "Row-wise updates"), so `dense` stays the default.
+three seeds (docs/benchmarks-journal.md, "Row-wise updates"), so `dense` stays the default.
 """
 
 from __future__ import annotations

@@ -119,7 +119,7 @@ class TrainConfig:
     # How the word and n-gram tables step: "dense" (every row every step: Adam's momentum keeps
     # moving a row after a batch read it) or "rows" (the rows a batch read, with their own Adam
     # moments, L2 pull and average: mule_core/row_updates.py; LP steps 10-35% faster on the real
-    # text, and its val R@1 is about a point lower: docs/benchmarks.md, "Row-wise updates")
+    # text, and its val R@1 is about a point lower: docs/benchmarks-journal.md, "Row-wise updates")
     word_updates: str = "dense"
     grad_clip: float = 2.0
     # lang -> sentences per image in a batch; languages left out: sentences_per_image_many

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from mule.mule_core.settings import LossConfig, PretrainConfig, TrainConfig
 
 log = logging.getLogger("mule.training")
-PROGRESS_EVERY = 10.0  # seconds between epoch lines on the console (each epoch's losses: the run's log)
+PROGRESS_EVERY = 20.0  # seconds between epoch lines on the console (each epoch's losses: the run's log)
 
 
 def sentences_per_image(
@@ -455,7 +455,7 @@ class Trainer:
             score = "" if result.score is None else f"; val {result.score:.2f}{' (best)' if result.is_best else ''}"
             log.info("%s epoch %d/%d: %s; %.0f sentences/s%s; ETA %s", self.mode, result.epoch, self.epochs,
                      losses, result.sentences_per_second, score, eta)  # fmt: skip
-            if now - shown >= PROGRESS_EVERY or self.epoch == self.epochs:  # the console: every 10 s, and the last
+            if now - shown >= PROGRESS_EVERY or self.epoch == self.epochs:  # the console: every 20 s, and the last
                 shown = now
                 log.info("%s: epoch %d/%d (%.1f s/epoch, %.0f sentences/s%s, ETA %s)", self.mode, result.epoch,
                          self.epochs, per_epoch, result.sentences_per_second, score, eta, extra=SHOWN)  # fmt: skip

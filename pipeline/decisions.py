@@ -110,7 +110,7 @@ def input_parts(wd: Workdir, catalog: Catalog, cfg: MuleConfig, stage: Stage, ha
 
 
 def code_parts(stage: Stage, repo: Path | None = None) -> dict[str, str]:
-    """ "code stages/train.py", "code library torch": so a rerun's reason names the file.
+    """ "code tasks/train.py", "code library torch": so a rerun's reason names the file.
     The computing module's closure only: its publisher (pipeline.publish) is not in it."""
     return {f"code {k.removeprefix('file ')}": v
             for k, v in code_digests.code_parts(stage.module, repo or code_digests.REPO).items()}  # fmt: skip

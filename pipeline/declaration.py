@@ -147,20 +147,20 @@ _PUBLISH = "mule.pipeline.publish:"
 
 STAGES: tuple[Stage, ...] = (
     Stage("ingest", "Raw dataset files -> images, captions, rejects (generating the embedded dataset if needed).",
-          task="mule.stages.ingest:compute", publish=_PUBLISH + "ingest", prepare="mule.stages.shared.preparation:generated_dataset",
+          task="mule.tasks.ingest:compute", publish=_PUBLISH + "ingest", prepare="mule.tasks.shared.preparation:generated_dataset",
           reads=("raw files",),
           config=("data.", "text.tokenizers"),
           operational=frozenset({"data.source", "data.images", "data.dictionaries", "data.extra_captions"}),
           ignores=frozenset({"data.captions"})),
     Stage("translate", "Human captions -> machine-translated captions (translate.backend; cached, resumable).",
-          task="mule.stages.translate:compute", publish=_PUBLISH + "translate",
+          task="mule.tasks.translate:compute", publish=_PUBLISH + "translate",
           reads=("captions", Read("lexicons", _lexicon_backend, "translate.backend=lexicon")),
           config=("translate.", "data.dataset", "data.languages", "data.format", "data.captions", "text.tokenizers",
                   *_WHERE),
           operational=frozenset({"translate.concurrency", "translate.timeout_s", "translate.retries"}) | frozenset(_WHERE), resumes="the sentences translated so far"),
     Stage("features", "Image files -> CNN features, stored under what made them (extractor, weights, code).",
-          task="mule.stages.features:compute", publish=_PUBLISH + "features",
-          prepare="mule.stages.shared.preparation:extractor_weights", reads=("images", "extractor weights"),
+          task="mule.tasks.features:compute", publish=_PUBLISH + "features",
+          prepare="mule.tasks.shared.preparation:extractor_weights", reads=("images", "extractor weights"),
           config=("features.", "data.strict", "data.dataset", "data.source"),
           # engine and device are where it runs; the arithmetic they imply is in the vectors'
           # identity (mule_core.backbones.numerics)
@@ -168,42 +168,42 @@ STAGES: tuple[Stage, ...] = (
                                  "features.batch_size", "features.loader_workers", "features.shard_images",
                                  "features.engine", "features.device", "data.source"}), resumes="the images extracted so far"),
     Stage("text", "Captions -> vocabulary and word vectors per language (fastText, or multilingual-e5: text.init).",
-          task="mule.stages.text:compute", publish=_PUBLISH + "text",
+          task="mule.tasks.text:compute", publish=_PUBLISH + "text",
           reads=("captions", _MT, "vector files"),
           # model.subwords / ngram_lengths: which n-grams get the word-vector model's vectors
           config=("text.", "data.dataset", "data.languages", "data.captions", "data.seed", "model.subwords",
                   "model.ngram_lengths")),
     Stage("pretrain", "LP: the MULE layers on sentences of the same image across languages.",
-          task="mule.stages.pretrain:compute", publish=_PUBLISH + "pretrain",
+          task="mule.tasks.pretrain:compute", publish=_PUBLISH + "pretrain",
           reads=("captions", _MT, "word vectors"), slot="LP model",
           config=(*_TRAINING, "data.dataset", "data.languages", "data.captions", "text.max_tokens", "text.tokenizers"),
           operational=_PLACEMENT, ignores=_NOT_LP, threaded=True, resumes="its checkpoint of the last finished epoch"),
     Stage("train", "Joint training (triplet + NC + LC), best epoch on validation mR; registers the champion.",
-          task="mule.stages.train:compute", publish=_PUBLISH + "train",
+          task="mule.tasks.train:compute", publish=_PUBLISH + "train",
           reads=("captions", _MT, "word vectors", "images", "features", _LP), slot="model",
           config=(*_TRAINING, "data.dataset", "data.languages", "data.captions", "text.max_tokens", "text.tokenizers", "eval.ks",
                   *_FEATURE_IDENTITY),
           operational=_PLACEMENT, ignores=frozenset({"train.add_language", "train.base_model"}), threaded=True, resumes="its checkpoint of the last finished epoch"),
     Stage("evaluate", "Recall table per language on the test split, cross-lingual retrieval, figures.",
-          task="mule.stages.evaluate:compute", publish=_PUBLISH + "evaluate",
+          task="mule.tasks.evaluate:compute", publish=_PUBLISH + "evaluate",
           # the LP model is what a dataset without images is evaluated with
           reads=("captions", "images", "features", "model", _LP), slot="model",
           config=("eval.", "data.dataset", "train.model_name", "data.train_images", "data.val_images",
                   "data.test_images", "data.seed", "data.image_size", "data.source", "train.device"),
           operational=frozenset({"train.device"}), presence=frozenset({"data.source"})),
     Stage("index", "The gallery's approximate index (FAISS HNSW or IVF, 8-bit) over the model's image vectors, for mule serve.",
-          task="mule.stages.index:compute", publish=_PUBLISH + "index",
+          task="mule.tasks.index:compute", publish=_PUBLISH + "index",
           reads=("images", "features", "model"), slot="model",
           config=("index.kind", "index.cells", "data.dataset", "train.model_name")),
     Stage("extend", "Trains a new language's branch onto a frozen trained model (add-language's step).",
-          task="mule.stages.extend:compute", publish=_PUBLISH + "extend", kind="step",
+          task="mule.tasks.extend:compute", publish=_PUBLISH + "extend", kind="step",
           reads=("captions", _MT, "word vectors", "images", "features", "base model"),
           slot="model",
           config=(*_TRAINING, "data.dataset", "data.languages", "data.captions", "text.tokenizers", "eval.ks", "eval.split",
                   *_FEATURE_IDENTITY),
           operational=_PLACEMENT, threaded=True),
     Stage("query-translation", "An English model searched with other languages' queries translated word by word.",
-          task="mule.stages.query_translation:compute", publish=_PUBLISH + "query_translation",
+          task="mule.tasks.query_translation:compute", publish=_PUBLISH + "query_translation",
           kind="step", reads=("captions", "word vectors", "images", "features", "model", "lexicons"), slot="model",
           config=("eval.", "data.dataset", "data.languages", "train.model_name", "train.device", *_WHERE),
           operational=frozenset({"train.device"}) | frozenset(_WHERE)),
@@ -220,6 +220,18 @@ REBUILD: tuple[str, ...] = tuple(s.name for s in STAGES if s.kind == "rebuild") 
 SWEEPS: tuple[str, ...] = tuple(s.name for s in STAGES if s.kind == "sweep")
 STEPS: tuple[str, ...] = tuple(s.name for s in STAGES if s.kind == "step")
 ALL: tuple[str, ...] = REBUILD + SWEEPS  # what `mule run` takes
+
+
+def checked_stages(names: list[str] | None) -> list[str]:
+    """The stages a command or a flow names, in pipeline order: none or "all" is the
+    rebuild; a name that is no stage is refused, with the names there are."""
+    from mule.mule_core.settings import ConfigError
+
+    stages = list(REBUILD) if not names or list(names) == ["all"] else list(names)
+    unknown = [s for s in stages if s not in ALL]
+    if unknown:
+        raise ConfigError(f"unknown stage(s) {', '.join(unknown)}; stages are: {', '.join(ALL)}, all")
+    return in_pipeline_order(stages)
 
 
 def in_pipeline_order(stages) -> list[str]:

@@ -6,8 +6,10 @@ one who runs stages picks them:
     Runner(workdir, hooks=tracked())                           # MLflow, publishing, timing
     Runner(workdir, hooks=[*tracked(), PrefectTasks()])        # and each computation a Prefect task (flows/)
 
-A hook implements any of these (Kedro's before/after_pipeline_run, before/after_node_run and
-on_node_error; around_compute and on_stage_reused are mule's):
+A hook is a `Hook`: it overrides any of these (Kedro's before/after_pipeline_run,
+before/after_node_run and on_node_error; around_compute and on_stage_reused are mule's).
+`check_hooks` refuses a hook with a method of another name (a misspelt point would never
+be called), and the runner calls it on the hooks it is handed:
 
     before_pipeline_run(whole)       a run of several stages starts (the rebuild's MLflow run)
     after_pipeline_run(whole)        every stage done (the run's tables and recalls published)
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +39,36 @@ from mule.mule_core.progress import SHOWN
 from mule.pipeline import decisions
 from mule.pipeline.declaration import Stage
 from mule.storage.workdir import Workdir
+
+
+class Hook:
+    """The points a hook may act at, each doing nothing until a hook overrides it."""
+
+    def before_pipeline_run(self, whole) -> None: ...
+    def after_pipeline_run(self, whole) -> None: ...
+    def before_stage_run(self, run: StageRun) -> None: ...
+    def around_compute(self, run: StageRun, compute: Callable) -> Callable:
+        return compute
+    def after_stage_run(self, run: StageRun) -> None: ...
+    def on_stage_error(self, run: StageRun, error: BaseException) -> None: ...
+    def on_stage_reused(self, run: StageRun) -> None: ...
+
+
+POINTS = frozenset(name for name in vars(Hook) if not name.startswith("_"))
+
+
+def check_hooks(hooks: Sequence[Any]) -> list[Hook]:
+    """`hooks` as given, once each is a Hook whose public methods are all points: a
+    method named otherwise (`after_stage_runs`) is an error here, not a hook never called."""
+    for hook in hooks:
+        if not isinstance(hook, Hook):
+            raise TypeError(f"{type(hook).__name__} is not a mule.pipeline.hooks.Hook")
+        strays = sorted(name for name in dir(type(hook)) if not name.startswith("_") and name not in POINTS
+                        and callable(getattr(type(hook), name)))  # fmt: skip
+        if strays:
+            raise TypeError(f"{type(hook).__name__} has {', '.join(strays)}, which is no hook point; "
+                            f"the points are {', '.join(sorted(POINTS))}")  # fmt: skip
+    return list(hooks)
 
 
 @dataclass
@@ -52,7 +85,7 @@ class StageRun:
     exits: ExitStack = field(default_factory=ExitStack)
 
 
-class MlflowTracking:
+class MlflowTracking(Hook):
     """A run of several stages is an MLflow run, and each stage a run under it (or under
     the sweep's): its params, the tags that say why it ran or was reused, live metrics
     while it computes."""
@@ -78,7 +111,7 @@ class MlflowTracking:
         run.report.tags(decisions.tags(run.decision))
 
 
-class Publishing:
+class Publishing(Hook):
     """After a stage computed: its figures, reports, MLflow metrics and artifacts, and for
     the train stage the registered model (pipeline.publish). A reused stage whose run
     stopped before publishing is published now. Without MLflow (no run id) a stage that
@@ -115,7 +148,7 @@ class Publishing:
                                  if k not in ("reused", "stage_key", "reused_from_run")}, run.run_id)  # fmt: skip
 
 
-class Timing:
+class Timing(Hook):
     """One line per stage: what it did and how long it took."""
 
     def before_stage_run(self, run: StageRun) -> None:
@@ -129,7 +162,7 @@ class Timing:
         decisions.logger().info("%s: reused from MLflow run %s", run.stage.name, run.decision.record.get("run_id"))
 
 
-class LiveReport:
+class LiveReport(Hook):
     """Live metrics to a reporter of one's own (tests, benches), where no MLflow run is."""
 
     def __init__(self, report) -> None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mule.config.sections import MuleConfig
-from mule.pipeline import decisions, lanes
+from mule.pipeline import decisions
 from mule.pipeline.declaration import BY_NAME, REBUILD, in_pipeline_order, with_upstream, writers_upstream
 from mule.pipeline.runner import Runner, prepare
 from mule.storage.workdir import Workdir
@@ -40,7 +40,6 @@ class Plan:
     forced: set[str] = field(default_factory=set)
     decided: dict[str, decisions.Decision] = field(default_factory=dict)
     sweeps_decided: dict[str, dict[tuple[str, str], decisions.Decision]] = field(default_factory=dict)
-    sequential: bool = False  # one stage at a time (else independent stages side by side: pipeline.lanes)
 
     @property
     def name(self) -> str:
@@ -64,8 +63,7 @@ def run_name(stages: list[str]) -> str:
     return "rebuild" if list(stages) == list(REBUILD) else "run: " + " ".join(stages)
 
 
-def plan(wd: Workdir, cfg: MuleConfig, named: list[str], forced: set[str] | None = None,
-         sequential: bool = False) -> Plan:  # fmt: skip
+def plan(wd: Workdir, cfg: MuleConfig, named: list[str], forced: set[str] | None = None) -> Plan:
     """The stages a run of `named` runs, in order: the named ones, what the sweeps among
     them need, and any stage upstream whose outputs were damaged since it wrote them
     (it runs again first, so that no stage reads a damaged file)."""
@@ -80,7 +78,7 @@ def plan(wd: Workdir, cfg: MuleConfig, named: list[str], forced: set[str] | None
         logger().warning("text.tokenizers changed since the captions were tokenised (%s): %s run first, each reused "
                          "where its key says so", retokenise, ", ".join(upstream) or "ingest")  # fmt: skip
         stages = [*stages, *upstream]
-    return Plan(named, in_pipeline_order([*stages, *damaged]), set(forced or ()), sequential=sequential)
+    return Plan(named, in_pipeline_order([*stages, *damaged]), set(forced or ()))
 
 
 def _tokenizers_changed(wd: Workdir, cfg: MuleConfig, stages: list[str]) -> str:
@@ -90,7 +88,7 @@ def _tokenizers_changed(wd: Workdir, cfg: MuleConfig, stages: list[str]) -> str:
     if not any(_declares(BY_NAME[s], "text.tokenizers") for s in steps if s != "ingest"):
         return ""
     from mule.data_catalog.tables import Catalog
-    from mule.stages.shared.token_identity import changed
+    from mule.tasks.shared.token_identity import changed
 
     differ = changed(Catalog(wd), cfg.data.dataset, cfg.data.languages, cfg.text.tokenizers)
     return ", ".join(f"{lang}: {old} -> {new}" for lang, (old, new) in differ.items())
@@ -164,8 +162,10 @@ def run(wd: Workdir, cfg: MuleConfig, planned: Plan, hooks: Sequence[Any]) -> di
 
     with whole.exits:
         _call(hooks, "before_pipeline_run", whole)
-        # each stage after those whose outputs it reads; two at once where they allow (pipeline.lanes)
-        lanes.run_stages(planned.stages, cfg, run_one, sequential=planned.sequential)
+        # one at a time, in pipeline order: each after the stages whose outputs it reads
+        # (docs/architecture.md, "One stage at a time": side by side on threads bought nothing)
+        for stage in planned.stages:
+            run_one(stage)
         whole.results = {s: whole.results[s] for s in planned.stages if s in whole.results}  # pipeline order
         whole.described = {s: whole.described[s] for s in planned.stages if s in whole.described}
         _call(hooks, "after_pipeline_run", whole)
@@ -174,9 +174,7 @@ def run(wd: Workdir, cfg: MuleConfig, planned: Plan, hooks: Sequence[Any]) -> di
 
 def _call(hooks: Sequence[Any], point: str, whole: PipelineRun) -> None:
     for hook in hooks:
-        method = getattr(hook, point, None)
-        if method is not None:
-            method(whole)
+        getattr(hook, point)(whole)
 
 
 def _sweep_line(result: dict) -> str:

@@ -16,16 +16,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from mule.config.sections import MuleConfig
 from mule.config.stage_view import declared_sections
 from mule.pipeline import decisions
 from mule.pipeline.declaration import BY_NAME
-from mule.pipeline.hooks import Publishing, StageRun, Timing
-from mule.stages.shared.context import Silent, StageContext
+from mule.pipeline.hooks import Hook, Publishing, StageRun, Timing, check_hooks
 from mule.storage.locks import end_commit, holds_lock, workdir_lock
 from mule.storage.workdir import Workdir
+from mule.tasks.shared.context import Silent, StageContext
 
 
 def prepare(wd: Workdir, cfg: MuleConfig, name: str, act: bool = True) -> bool:
@@ -38,7 +37,10 @@ def prepare(wd: Workdir, cfg: MuleConfig, name: str, act: bool = True) -> bool:
 @dataclass
 class Runner:
     workdir: Workdir
-    hooks: Sequence[Any] = field(default_factory=list)
+    hooks: Sequence[Hook] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.hooks = check_hooks(self.hooks)
 
     def decide(self, cfg: MuleConfig, name: str, force: bool = False) -> decisions.Decision:
         prepare(self.workdir, cfg, name)
@@ -73,8 +75,7 @@ class Runner:
                            entries=frozenset(stage.entries_read(run.cfg)) | frozenset(stage.writes))  # fmt: skip
         compute: Callable[[StageContext], dict] = stage.load_task()
         for hook in self.hooks:
-            if hasattr(hook, "around_compute"):
-                compute = hook.around_compute(run, compute)
+            compute = hook.around_compute(run, compute)
         started = time.perf_counter()
         decisions.mark_running(self.workdir, run.cfg, decision)  # a stop before the record: the next run says so
         try:
@@ -90,9 +91,7 @@ class Runner:
 
     def _call(self, point: str, run: StageRun, *args) -> None:
         for hook in self.hooks:
-            method = getattr(hook, point, None)
-            if method is not None:
-                method(run, *args)
+            getattr(hook, point)(run, *args)
 
 
 def untracked(report=None) -> list:

@@ -244,7 +244,7 @@ def _ablation_report(wd: Workdir, cfg: MuleConfig, variants: list[Variant], resu
 def _add_language_variants(wd: Workdir, cfg: MuleConfig) -> list[Variant]:
     """A model trained without train.add_language, that language added to it (only its
     branch trains), and the model trained on every language from scratch; each evaluated."""
-    from mule.stages.extend import added_model_name, base_model_name
+    from mule.tasks.extend import added_model_name, base_model_name
 
     lang = cfg.train.add_language
     if not lang:

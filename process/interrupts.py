@@ -19,7 +19,7 @@ a signal arrived: the one line says what happened.
 
 from __future__ import annotations
 
-import ctypes
+import _thread
 import logging
 import os
 import signal
@@ -56,6 +56,7 @@ class _State:
         self.installed = False
         self.armed: int | None = None  # the first signal, once the watchdog knows of it
         self.raised = False  # Interrupted was raised in the main thread
+        self.again = False  # the signal is delivered again: a finaliser swallowed its stop
         self.arming = threading.Lock()
         self.finishing = threading.Lock()
         self.finished = False
@@ -97,7 +98,7 @@ def _unraisable(shown: Callable) -> Callable:
     def hook(unraisable) -> None:
         error = unraisable.exc_value
         if isinstance(error, BaseException) and not isinstance(error, Exception):
-            if _is_stop(error) and threading.current_thread() is threading.main_thread():
+            if is_stop(error) and threading.current_thread() is threading.main_thread():
                 _debug(f"{type(error).__name__} swallowed in {unraisable.object!r}: raised again"[:300])
                 _raise_again_in_main(error)
             return  # KeyboardInterrupt, TerminationSignal, SystemExit: a stop on its way
@@ -106,25 +107,35 @@ def _unraisable(shown: Callable) -> Callable:
     return hook
 
 
-def _is_stop(error: BaseException) -> bool:
-    """What a stop raises: ours (Interrupted), Python's KeyboardInterrupt, or Prefect's
-    TerminationSignal (an exception with the signal's number in `signal`)."""
-    return isinstance(error, KeyboardInterrupt) or getattr(error, "signal", None) in SIGNALS
+def is_stop(error: BaseException | None, caused: bool = False) -> bool:
+    """Whether `error` is what a stop raises: ours (Interrupted), Python's KeyboardInterrupt,
+    or Prefect's TerminationSignal (an exception with the signal's number in `signal`; its
+    engine's ExternalSignal). With `caused`, also an error a stop caused: any error once a
+    signal is stopping this process (DuckDB turns the KeyboardInterrupt it sees mid-query
+    into RuntimeError('Query interrupted'); Prefect says `Task run is not set` when the
+    signal lands before its task run exists), or one whose cause or context holds a stop."""
+    if caused and _state.armed is not None:
+        return True
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if (isinstance(error, KeyboardInterrupt) or getattr(error, "signal", None) in SIGNALS
+                or any(c.__name__ == "ExternalSignal" for c in type(error).__mro__)):  # fmt: skip
+            return True
+        if not caused:
+            return False
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def _raise_again_in_main(error: BaseException) -> None:
-    """Raises `error` again in the main thread, as the signal raised it, once the main thread
-    is out of the finaliser that swallowed it (a weakref callback of a WeakValueDictionary
-    took a stop in the text stage: the stage went on until the watchdog's deadline). From a
-    thread of its own: raised from here, in the hook, it would be swallowed again."""
-    kind = type(error)
-
-    def same(self) -> None:  # an async exception is raised as a class, built without arguments
-        self.args = error.args
-        self.__dict__.update(vars(error))
-
-    again = type(kind.__name__, (kind,), {"__init__": same, "__module__": kind.__module__})
-    main = threading.main_thread().ident
+    """The stop again in the main thread, as the signal raised it, once the main thread is
+    out of the finaliser that swallowed it (a weakref callback of a WeakValueDictionary took
+    a stop in the text stage: the stage went on until the watchdog's deadline): the signal
+    is delivered again (`_thread.interrupt_main`), so the handler in front raises it, ours or
+    Prefect's, at the main thread's next Python line. Nothing is raised into a thread from
+    outside. From a thread of its own: from here, in the hook, it would be swallowed again."""
+    signum = getattr(error, "signum", None) or getattr(error, "signal", None) or signal.SIGINT
 
     def later() -> None:
         # not inside an import: one stopped half way leaves a module half made, which the
@@ -133,11 +144,12 @@ def _raise_again_in_main(error: BaseException) -> None:
         deadline = time.monotonic() + GRACE_S
         while time.monotonic() < deadline:
             time.sleep(0.02)
-            frame = sys._current_frames().get(main)
+            frame = sys._current_frames().get(threading.main_thread().ident)
             if frame is None:
                 return
             if not _importing(frame):
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(main), ctypes.py_object(again))
+                _state.again = True  # ours raises again, not taken for the second signal
+                _thread.interrupt_main(signum)
                 return
 
     threading.Thread(target=later, name="mule-stop-again", daemon=True).start()
@@ -204,7 +216,7 @@ def _deadline() -> None:
 
         names = {thread.ident: thread.name for thread in threading.enumerate()}
         main = threading.main_thread().ident
-        # the main thread first and deepest; then the others (a lane holding a lock the main thread waits for)
+        # the main thread first and deepest; then the others (one holding a lock the main thread waits for)
         for ident, frame in sorted(sys._current_frames().items(), key=lambda item: item[0] != main):
             _debug(f" thread {names.get(ident, ident)}:")
             for line in traceback.format_stack(frame)[-(24 if ident == main else 10):]:
@@ -213,6 +225,9 @@ def _deadline() -> None:
 
 
 def _handler(signum: int, frame) -> None:
+    if _state.again:  # the stop a finaliser swallowed, raised again (_raise_again_in_main)
+        _state.again = False
+        raise Interrupted(_state.armed or signum)
     if _state.raised:  # the second signal: no more waiting
         _exit_now(_state.armed or signum, wait=0)
     _state.raised = True

@@ -54,8 +54,8 @@ def _host() -> str:
 
 def temporary_name(path: Path) -> Path:
     """Where `path` is written before it takes its name: .<name>.tmp-<host>-<pid>; from a
-    thread other than the main one (a stage beside another: pipeline.lanes, which may write
-    the same file), .<name>.t<thread>.tmp-<host>-<pid>."""
+    thread other than the main one (two threads may write the same file: a Dask worker's
+    thread, a server's), .<name>.t<thread>.tmp-<host>-<pid>."""
     thread = "" if threading.current_thread() is threading.main_thread() else f".t{threading.get_native_id()}"
     return path.with_name(f".{path.name}{thread}.tmp-{_host()}-{os.getpid()}")
 

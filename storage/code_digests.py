@@ -3,7 +3,7 @@ their source, and the versions of the libraries those files import.
 
 Three things are keyed by code: a stage (pipeline.decisions: the import closure of the
 module that computes it), the image features (the code that turns an image into a
-vector: stages/features.py) and the generated datasets and their ceiling
+vector: tasks/features.py) and the generated datasets and their ceiling
 (embedded). A hand list of "the code train depends on" drifts as soon as
 someone adds an import; the import closure cannot.
 
@@ -289,7 +289,7 @@ def libraries(top_level_names: set[str]) -> dict[str, str]:
 @functools.cache
 def code_parts(module: str | tuple[str, ...], repo: Path = REPO) -> dict[str, str]:
     """What a change of code means for what `module` (or several) computes: each reached
-    file's digest ("file stages/train.py"), each library's version ("library torch")."""
+    file's digest ("file tasks/train.py"), each library's version ("library torch")."""
     reached, outside = closure(module, repo)
     parts = {f"file {path.relative_to(repo)}": _digest(_stamp(path)) for path in sorted(reached.values())}
     parts |= {f"library {name}": v for name, v in libraries(outside).items()}

@@ -23,7 +23,6 @@ import json
 import os
 import socket
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -106,7 +105,7 @@ def workdir_lock(workdir: Workdir, stage: str, wait: bool = False,
     runs: seconds) is waited for, up to BRIEF_S."""
     global _last_stage
     path = str(workdir.lock_path)
-    if path in _held:  # this process already holds it (a stage inside rebuild; two, side by side)
+    if path in _held:  # this process already holds it (a stage inside the rebuild, a step inside a sweep)
         fd, outer = _held[path], _outer.get(path)
         _in_hand.append(stage)
         _write_holder(fd, " + ".join(_in_hand), time.time(), _runs[path])
@@ -162,19 +161,14 @@ def workdir_lock(workdir: Workdir, stage: str, wait: bool = False,
 
 _last_stage: str | None = None
 _outer: dict[str, str] = {}  # lock file -> what took it (the rebuild, a stage's own flow)
-# The stages this process computes under its lock now, in the order they started (two when
-# stages run side by side: pipeline.lanes); a stage that raised stays, as the one it stopped in
+# The stages this process computes under its lock now, outermost first (a sweep's step
+# inside the sweep); a stage that raised stays, as the one it stopped in
 _in_hand: list[str] = []
 
 
 def last_stage() -> str | None:
     """The stage this process's lock named last: the one in hand, or the one a run stopped in."""
     return _last_stage
-
-
-def stages_in_hand() -> list[str]:
-    """Every stage in hand (or stopped in), oldest first: two when stages ran side by side."""
-    return list(_in_hand)
 
 
 def describe(info: dict) -> str:
@@ -185,43 +179,29 @@ class CatalogBusyError(UserError):
     pass
 
 
-# catalog.lock -> (descriptor, the lanes writing), while this process writes what readers see
-_commits: dict[str, tuple[int, set]] = {}
-_lane = threading.local()  # the stage a thread computes when stages run side by side (pipeline.lanes)
-
-
-def set_lane(stage: str | None) -> None:
-    """This thread computes `stage` beside another stage: its commits are its own."""
-    _lane.stage = stage
+# catalog.lock -> its descriptor, while this process writes what readers see
+_commits: dict[str, int] = {}
 
 
 def committing(workdir: Workdir) -> None:
     """This process is about to change what readers see: readers wait until end_commit
-    (waits itself for the readers loading now, seconds at most). Two stages side by side
-    each end their own commit: the lock is let go when neither writes."""
+    (waits itself for the readers loading now, seconds at most)."""
     path = str(workdir.catalog_lock_path)
-    writer = getattr(_lane, "stage", None)
     if path in _commits:
-        _commits[path][1].add(writer)
         return
     workdir.catalog_lock_path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     fcntl.flock(fd, fcntl.LOCK_EX)
-    _commits[path] = (fd, {writer})
+    _commits[path] = fd
 
 
 def end_commit(workdir: Workdir) -> None:
-    """The stage is recorded: readers may read again (once no stage beside it writes)."""
-    path = str(workdir.catalog_lock_path)
-    entry = _commits.get(path)
-    if entry is None:
+    """The stage is recorded: readers may read again."""
+    fd = _commits.pop(str(workdir.catalog_lock_path), None)
+    if fd is None:
         return
-    entry[1].discard(getattr(_lane, "stage", None))
-    if entry[1]:
-        return
-    del _commits[path]
-    fcntl.flock(entry[0], fcntl.LOCK_UN)
-    os.close(entry[0])
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
 
 
 @contextmanager

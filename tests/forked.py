@@ -33,8 +33,8 @@ PRELOAD = r"""
 import importlib
 import mule.commands.main, mule.flows.stages  # noqa: F401 - the imports every child shares
 for name in ("torch", "torchvision", "timm", "onnxruntime", "fasttext", "duckdb", "faiss", "sacremoses",
-             "mule.stages.ingest", "mule.stages.translate", "mule.stages.features", "mule.stages.text",
-             "mule.stages.pretrain", "mule.stages.train", "mule.stages.evaluate", "mule.stages.index",
+             "mule.tasks.ingest", "mule.tasks.translate", "mule.tasks.features", "mule.tasks.text",
+             "mule.tasks.pretrain", "mule.tasks.train", "mule.tasks.evaluate", "mule.tasks.index",
              "mule.serving.mlflow_model", "mule.embedded.scenes", "mule.storage.store_templates",
              "mule.pipeline.deferred", "mule.experiments.relocation", "mlflow.pyfunc", "mlflow.models",
              "mlflow.store.tracking.sqlalchemy_store", "alembic.command", "prefect.flow_engine", "prefect.task_engine",

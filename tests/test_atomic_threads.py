@@ -1,4 +1,4 @@
-"""Two stages side by side (pipeline.lanes) may write the same file at once (the digests'
+"""Two threads of one process may write the same file at once (the digests'
 cache): each writer thread has a temporary name of its own, so both writes land whole."""
 
 import json

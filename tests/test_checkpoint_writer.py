@@ -1,5 +1,5 @@
 """A training checkpoint is written on a thread of its own while the next epoch trains
-(stages/shared/checkpoints.py): it holds the state of the epoch that ended, a stop waits
+(tasks/shared/checkpoints.py): it holds the state of the epoch that ended, a stop waits
 for it, a failed write is raised in the stage; the writer takes the cycles training leaves
 idle, and where it cannot, long writes are spaced out."""
 
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mule.stages.shared.checkpoints import Checkpoints, read_checkpoint
+from mule.tasks.shared.checkpoints import Checkpoints, read_checkpoint
 
 
 class Trainer:
@@ -111,7 +111,7 @@ def test_a_yielding_writer_checkpoints_every_epoch_that_ends_after_the_last_writ
     """The writer takes idle cycles: no spacing. Epochs of 3 s; writes of 0.5 s, then 5 s
     from epoch 3 on: the epochs that end while a write is in flight write none; the last
     writes none."""
-    from mule.stages.shared import checkpoints as module
+    from mule.tasks.shared import checkpoints as module
 
     monkeypatch.setattr(module, "yield_cpu", lambda: True)
     monkeypatch.setattr(Checkpoints, "YIELD_BYTES", 0)  # every checkpoint a large one
@@ -145,7 +145,7 @@ def test_long_writes_come_no_more_often_than_five_times_their_duration(tmp_path,
     epoch; a 2 s write is followed by none until 10 s after it began (the writes' share of
     the time at most a fifth); the last epoch writes none (the stage saves its model next)."""
     from mule.data_catalog import model_files
-    from mule.stages.shared import checkpoints as module
+    from mule.tasks.shared import checkpoints as module
 
     monkeypatch.setattr(module, "yield_cpu", lambda: False)
     clock = Clock()

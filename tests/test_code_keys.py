@@ -14,14 +14,14 @@ def reached(module: str, repo: Path = REPO) -> set[str]:
 
 def test_train_reaches_what_it_imports_indirectly_and_not_the_rest():
     files = reached(BY_NAME["train"].module)
-    # stages/train.py -> data_catalog/splits.py -> mule_core/vocabulary.py (Vocab, pad_batch); the
+    # tasks/train.py -> data_catalog/splits.py -> mule_core/vocabulary.py (Vocab, pad_batch); the
     # config through data_catalog/model_files.py: both missing from the old hand list.
-    assert {"stages/train.py", "data_catalog/splits.py", "mule_core/vocabulary.py", "mule_core/settings.py"} <= files
-    assert {"stages/__init__.py", "mule_core/__init__.py"} <= files  # packages run their __init__ first
-    assert not files & {"stages/translate.py", "clients/googletrans.py", "serving/retrieval.py", "flows/stages.py"}
+    assert {"tasks/train.py", "data_catalog/splits.py", "mule_core/vocabulary.py", "mule_core/settings.py"} <= files
+    assert {"tasks/__init__.py", "mule_core/__init__.py"} <= files  # packages run their __init__ first
+    assert not files & {"tasks/translate.py", "clients/googletrans.py", "serving/retrieval.py", "flows/stages.py"}
     # nor what turns images into vectors (the features stage's business), nor the model as a
     # function (serving's)
-    assert not files & {"stages/shared/extraction.py", "mule_core/backbones.py", "mule_core/embedder.py"}
+    assert not files & {"tasks/shared/extraction.py", "mule_core/backbones.py", "mule_core/embedder.py"}
 
 
 def test_no_stage_s_code_reaches_publishing_tracking_or_orchestration():
@@ -32,7 +32,7 @@ def test_no_stage_s_code_reaches_publishing_tracking_or_orchestration():
             continue
         modules, outside = closure(stage.module)
         packages = {name.split(".")[1] for name in modules if name != "mule"}
-        assert packages <= {"stages", "config", "clients", "datasets", "data_catalog", "embedded", "storage", "mule_core"}, (
+        assert packages <= {"tasks", "config", "clients", "datasets", "data_catalog", "embedded", "storage", "mule_core"}, (
             stage.name, packages)
         assert not outside & {"prefect", "mlflow", "matplotlib", "pandas", "fastapi", "uvicorn"}, (stage.name, outside)
 
@@ -63,7 +63,7 @@ def test_an_edit_reruns_the_stages_that_reach_it_and_no_other(repo_copy):
     after = {stage: code_digest(BY_NAME[stage].module, repo_copy) for stage in REBUILD}
     changed = {stage for stage in REBUILD if before[stage] != after[stage]}
     assert "train" in changed and "evaluate" in changed and "pretrain" in changed
-    assert "features" not in changed  # stages/features.py never imports the tokenisers
+    assert "features" not in changed  # tasks/features.py never imports the tokenisers
 
     code_parts.cache_clear()
     edit(repo_copy / "clients" / "googletrans.py")  # the translate stage's network client

@@ -59,7 +59,7 @@ def test_a_collector_switched_off_elsewhere_stays_off():
 
 def test_the_bulk_loaders_build_with_the_collector_paused():
     from mule.data_catalog.splits import load_split, load_vocabulary
-    from mule.stages.text import language_vocabulary
+    from mule.tasks.text import language_vocabulary
 
     seen = []
     record = collector.bulk(lambda: seen.append(gc.isenabled()) or "result")

@@ -216,7 +216,7 @@ def test_a_run_naming_no_preset_is_sized_by_its_photos(dataset, photos, preset):
 
 
 def test_the_features_stage_tells_one_crop_of_few_photos_at_the_few_photos_bound():
-    from mule.stages.features import FEW_PHOTOS  # kept in that file: a change there reruns every extraction
+    from mule.tasks.features import FEW_PHOTOS  # kept in that file: a change there reruns every extraction
 
     assert PHOTO_PRESETS[0] == (FEW_PHOTOS, "few-photos")
 

@@ -64,7 +64,7 @@ def test_cropping_imports_no_torchvision():
     """torchvision costs about 2 s to import; a process that only crops and extracts with
     ONNX Runtime (the CPU's engine) or serves queries never pays it."""
     script = (
-        "import sys\nfrom PIL import Image\nfrom mule.stages.shared.extraction import ImageCrops\n"
+        "import sys\nfrom PIL import Image\nfrom mule.tasks.shared.extraction import ImageCrops\n"
         "from mule.mule_core.backbones import crop_transform\n"
         "crop_transform(32, 0, 10)(Image.new('RGB', (50, 40)))\nprint('torchvision' in sys.modules)"
     )

@@ -13,8 +13,8 @@ from mule.config.resolution import resolve
 from mule.data_catalog.tables import Catalog
 from mule.experiments.relocation import adopt
 from mule.pipeline.runner import run_alone
-from mule.stages.shared.preparation import write_generated
 from mule.storage.workdir import Workdir
+from mule.tasks.shared.preparation import write_generated
 from tests.test_image_kinds import png_claiming_size
 
 TINY = {"data.train_images": 24, "data.val_images": 8, "data.test_images": 8, "data.image_size": 48,
@@ -85,7 +85,7 @@ def test_bad_images_become_rejects_and_the_stage_completes(tmp_path, caplog):
     run_alone(wd, cfg, "text")
     vocabulary = load_vocabulary(catalog, "embedded", ["en", "de", "fr", "cs"])
     extractor = catalog.current_extractor("embedded", cfg.features)
-    with caplog.at_level(logging.WARNING, logger="mule.stages"):
+    with caplog.at_level(logging.WARNING, logger="mule.tasks"):
         split = load_split(catalog, "embedded", "train", vocabulary, 32, extractor)
     left_out = {stem(name) for name in (gone_before_ingest, truncated, not_an_image, gone_after_ingest, bomb)}
     train_ids = set(catalog.query("SELECT image_id FROM images WHERE role = 'train'")["image_id"].to_pylist())
@@ -134,9 +134,9 @@ def test_a_worker_whose_run_stopped_writes_nothing(tmp_path):
     from dataclasses import asdict
 
     from mule.pipeline.runner import prepare
-    from mule.stages.features import extract_shard, plan_features
-    from mule.stages.shared.context import StageContext
     from mule.storage.locks import run_token, workdir_lock
+    from mule.tasks.features import extract_shard, plan_features
+    from mule.tasks.shared.context import StageContext
 
     wd, cfg = ingested(tmp_path / "work", {**TINY, "data.train_images": 8, "data.val_images": 4, "data.test_images": 4})
     prepare(wd, cfg, "features")
@@ -145,7 +145,7 @@ def test_a_worker_whose_run_stopped_writes_nothing(tmp_path):
         token = run_token(wd)
     assert plan["shards"] and all(s["run"] == token for s in plan["shards"])
     # the run is over: the shard, finished now on a "remote" worker (another process), is dropped
-    code = (f"from mule.stages.features import extract_shard; r = extract_shard({str(wd.root)!r}, "
+    code = (f"from mule.tasks.features import extract_shard; r = extract_shard({str(wd.root)!r}, "
             f"{asdict(cfg.features)!r}, 'embedded', {plan['extractor']!r}, {plan['shards'][0]!r}, 16); "
             "print(r.get('discarded'), r['part'])")  # fmt: skip
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

@@ -1,5 +1,5 @@
 """The project's shape, checked: the floors import only downwards, SQL over the catalog
-lives in data_catalog, and the README's stage table is the declaration's."""
+lives in data_catalog, and the stage table (docs/operations.md) is the declaration's."""
 
 import re
 import tomllib
@@ -24,14 +24,14 @@ FLOORS = {
     "config": _DATA,  # the one typed config: its sections sit below every stage
     "clients": {"mule_core"},
     # the stages compute; they never publish (experiments) nor serve
-    "stages": {"config", "clients", *_DATA},
-    "experiments": {"config", *_DATA},
+    "tasks": {"config", "clients", *_DATA},
+    "experiments": {"config", "process", *_DATA},
     # the front door: a trained model, from a workdir, a file or an MLflow URI
     "api": {"experiments", "config", *_DATA},
     # the model in use: never the stages, so never Prefect
     "serving": {"api", "experiments", "process", "config", *_DATA},
-    "pipeline": {"stages", "serving", "api", "experiments", "clients", "process", "config", *_DATA},
-    "flows": {"pipeline", "serving", "api", "stages", "experiments", "clients", "process", "config", *_DATA},
+    "pipeline": {"tasks", "serving", "api", "experiments", "clients", "process", "config", *_DATA},
+    "flows": {"pipeline", "serving", "api", "tasks", "experiments", "clients", "process", "config", *_DATA},
     # the command line: commands that run stages (through flows), and those that read
     "commands": {"flows", "pipeline", "serving", "api", "experiments", "process", "config", *_DATA},
 }
@@ -44,7 +44,7 @@ def _modules(package: str):
 
 
 def _folder(imported: str) -> str:
-    """mule.stages.train -> tasks (the folder); a library's top-level name as it is."""
+    """mule.tasks.train -> tasks (the folder); a library's top-level name as it is."""
     parts = imported.split(".")
     return parts[1] if parts[0] == "mule" and len(parts) > 1 else parts[0]
 
@@ -84,11 +84,11 @@ def test_no_sql_over_the_catalog_outside_data_catalog():
     assert not offenders, offenders
 
 
-def test_the_readme_stage_table_is_the_declarations():
-    readme = (REPO / "README.md").read_text()
-    table = re.search(r"<!-- stages: python -m mule.pipeline.declaration -->\n(.*?)<!-- /stages -->", readme, re.S)
-    assert table, "README.md lost its stage table markers"
-    assert table.group(1) == markdown_table(), "README's stage table is stale: python -m mule.pipeline.declaration"
+def test_the_stage_table_is_the_declarations():
+    page = (REPO / "docs" / "operations.md").read_text()
+    table = re.search(r"<!-- stages: python -m mule.pipeline.declaration -->\n(.*?)<!-- /stages -->", page, re.S)
+    assert table, "docs/operations.md lost its stage table markers"
+    assert table.group(1) == markdown_table(), "docs/operations.md's stage table is stale: python -m mule.pipeline.declaration"
 
 
 def test_the_architecture_page_s_key_table_is_the_code_s():

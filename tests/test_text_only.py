@@ -5,8 +5,8 @@ import pytest
 
 from mule.config.resolution import resolve
 from mule.pipeline.runner import run_alone
-from mule.stages.shared.context import NoImagesError
 from mule.storage.workdir import Workdir
+from mule.tasks.shared.context import NoImagesError
 
 
 def test_text_only_dataset(tiny_multi30k, tmp_path):

@@ -78,7 +78,7 @@ def test_a_served_caption_has_the_tokens_it_was_stored_with_in_every_language_an
 
 
 def test_a_changed_tokenizer_runs_ingest_again_before_the_stages_that_use_the_tokens(tmp_path):
-    from mule.stages.shared.token_identity import TokenizerChangedError
+    from mule.tasks.shared.token_identity import TokenizerChangedError
 
     source = _dataset(tmp_path / "data")
     wd = Workdir.at(tmp_path / "work")

@@ -12,8 +12,8 @@ from mule.config.resolution import resolve
 from mule.data_catalog.splits import load_split
 from mule.data_catalog.tables import Catalog
 from mule.pipeline.runner import run_alone
-from mule.stages import translate as stage
 from mule.storage.workdir import Workdir
+from mule.tasks import translate as stage
 from tests.test_googletrans_backend import FakeService
 
 

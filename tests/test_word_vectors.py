@@ -12,8 +12,8 @@ import pytest
 
 from mule.datasets.vector_files import VectorFile, VectorFileError
 from mule.mule_core.subwords import ngram_table
-from mule.stages import text
-from mule.stages.shared import fasttext_worker
+from mule.tasks import text
+from mule.tasks.shared import fasttext_worker
 
 
 def test_fasttext_learns_vectors_for_corpus_words_and_unseen_words(tmp_path):
@@ -27,7 +27,7 @@ def test_fasttext_learns_vectors_for_corpus_words_and_unseen_words(tmp_path):
     check = f"""
 import numpy as np
 from pathlib import Path
-from mule.stages.shared import fasttext_worker
+from mule.tasks.shared import fasttext_worker
 model = fasttext_worker.fit(Path({str(tmp_path / "corpus.txt")!r}), dim=8, model="skipgram", epochs=5, min_count=1,
                             threads=1)
 print(model.get_word_vector("red").shape[0], float(np.abs(model.get_word_vector("circles")).sum()))
@@ -106,7 +106,7 @@ def long_fasttext_job(directory):
     directory.mkdir()
     words = [[f"w{i}", f"w{i + 1}", f"w{i + 2}"] for i in range(1000)]  # all rare: none is sampled away
     fasttext_job(directory, words, epochs=100_000)  # minutes of training
-    return f"{sys.executable} -m mule.stages.shared.fasttext_worker {directory}"
+    return f"{sys.executable} -m mule.tasks.shared.fasttext_worker {directory}"
 
 
 def test_a_fasttext_worker_ends_when_the_stage_that_started_it_is_gone(tmp_path):

@@ -23,8 +23,8 @@ from mule.mule_core.devices import cpu_threads, process_map
 from mule.mule_core.languages import tokenizer_name
 from mule.mule_core.progress import SHOWN, Progress
 from mule.mule_core.tokenizers import tokenize_all, tokenizer_version
-from mule.stages.shared.context import StageContext, logger
 from mule.storage.content_digests import FileHasher
+from mule.tasks.shared.context import StageContext, logger
 
 # Below this many captions the pool's start (a few tenths of a second) costs more than it saves.
 TOKENISE_IN_PROCESSES_FROM = 20_000

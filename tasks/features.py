@@ -3,7 +3,7 @@ features table in parts, under the extractor's identity.
 
 The identity (`extractor_identity`) is everything that made the vectors: the setting
 (architecture, weights, input size, crops, pooling), the weights file's SHA-256 and the
-extraction code's key (stages/shared/extraction.py's import closure, with its libraries'
+extraction code's key (tasks/shared/extraction.py's import closure, with its libraries'
 versions). New weights, an edit to the extraction code or a torch upgrade is a new
 identity, extracted anew; the old vectors stay readable (a model trained on them still
 finds them) until removed. Within one identity, a rerun extracts what is missing: new
@@ -33,18 +33,17 @@ from mule.data_catalog import queries
 from mule.data_catalog.schemas import REJECTS
 from mule.data_catalog.tables import Catalog, write_json_atomic
 from mule.data_catalog.weights import load_extractor
-from mule.mule_core import devices
 from mule.mule_core.backbones import ExtractorError, backbone, engine_for, numerics
-from mule.mule_core.devices import current_share, follow_share, resolve_device, torch_threads
+from mule.mule_core.devices import resolve_device, torch_threads
 from mule.mule_core.errors import UserError
 from mule.mule_core.extractor_names import identity_name, resize_for, setting
 from mule.mule_core.onnx_engine import OnnxExtractor
 from mule.mule_core.progress import SHOWN, Progress
-from mule.stages.shared import extraction
-from mule.stages.shared.context import NoImagesError, StageContext, images_with_files, logger
 from mule.storage.code_digests import code_parts
 from mule.storage.locks import run_token, still_running
 from mule.storage.workdir import Workdir
+from mule.tasks.shared import extraction
+from mule.tasks.shared.context import NoImagesError, StageContext, images_with_files, logger
 
 if TYPE_CHECKING:
     from mule.config.sections import FeaturesConfig
@@ -193,15 +192,13 @@ def extract_shard(workdir: str, features: dict, dataset: str, identity: str, sha
         raise ExtractorError(f"features {identity} are computed in {made_by.get('numerics')}, and this worker's "
                              f"{device} computes in {numerics(device, engine_for(f, device))}: their vectors would differ; give the "
                              "cluster's workers one kind of device, or features.device")  # fmt: skip
-    follow_share()  # beside another stage, this shard's share of the cores (all of them once it runs alone)
     net, _ = load_extractor(f, device)
     if isinstance(net, OnnxExtractor):
         net.use_threads(torch.get_num_threads())
     image_ids = [i for i, _, _ in shard["images"]]
     paths = [p for _, p, _ in shard["images"]]
     sha_of = {i: sha for i, _, sha in shard["images"]}
-    # beside another stage, batches sized for every core: its share may grow to all of them before the shard ends
-    threads = devices.machine_cores() if current_share() else torch.get_num_threads()
+    threads = torch.get_num_threads()
     batches = prefetched_batches(extraction.ImageCrops(paths, f), batch_size_for(f, device, threads),
                                  loader_workers_for(f, device))  # fmt: skip
     # in this process after the shards before it (`started`: when the first began), else alone (a Dask worker)
@@ -213,8 +210,6 @@ def extract_shard(workdir: str, features: dict, dataset: str, identity: str, sha
     started = time.perf_counter()
     with torch_threads(1 if isinstance(net, OnnxExtractor) else torch.get_num_threads()):
         for positions, crops, bad in batches:
-            if (share := current_share()) and isinstance(net, OnnxExtractor):  # beside another stage: its share now
-                net.use_threads(share)
             rejects += [{"path": paths[i], "reason": reason} for i, reason in bad]
             if crops is not None:
                 vectors.append(extraction.vectors(net, crops, device))

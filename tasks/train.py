@@ -1,7 +1,7 @@
 """Joint training: image-sentence triplet loss + NC + LC, starting from LP's MULE layers.
 
 Validation mR after every epoch picks the model that is kept. A checkpoint after the
-epochs (written at the lowest CPU priority beside the next: stages/shared/checkpoints.py) lets an interrupted run
+epochs (written at the lowest CPU priority beside the next: tasks/shared/checkpoints.py) lets an interrupted run
 resume where it stopped: only a run under the same stage key (the same inputs, config and
 code) resumes it.
 """
@@ -24,10 +24,10 @@ from mule.mule_core.metrics import chance_table, mean_mr
 from mule.mule_core.model import build_model, count_parameters
 from mule.mule_core.progress import SHOWN
 from mule.mule_core.trainer import Trainer, resolve_device
-from mule.stages.shared.checkpoints import Checkpoints, divergence_tags, history_records, phase_seconds
-from mule.stages.shared.context import StageContext, images_with_files, logger
-from mule.stages.shared.token_identity import caption_tokenizers
 from mule.storage.content_digests import ids_digest
+from mule.tasks.shared.checkpoints import Checkpoints, divergence_tags, history_records, phase_seconds
+from mule.tasks.shared.context import StageContext, images_with_files, logger
+from mule.tasks.shared.token_identity import caption_tokenizers
 
 # Below this many validation images, the run says that its epoch choice is noisy (34 real
 # Multi30K val photos: chance mR 15; even folds of 290 real photos differ by up to 4 mR).

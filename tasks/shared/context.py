@@ -92,4 +92,4 @@ def images_with_files(catalog: Catalog, dataset: str) -> tuple[list[str], list[s
 def logger() -> logging.Logger:
     """The stages' logger. In a Prefect run its records reach the run's log too (flows.runtime
     names "mule" among Prefect's extra loggers)."""
-    return logging.getLogger("mule.stages")
+    return logging.getLogger("mule.tasks")

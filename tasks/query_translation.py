@@ -17,7 +17,7 @@ from mule.datasets.lexicons import english_lexicons
 from mule.mule_core.encoding import evaluate_split
 from mule.mule_core.trainer import resolve_device
 from mule.mule_core.vocabulary import translate_tokens, word_translator
-from mule.stages.shared.context import StageContext, logger
+from mule.tasks.shared.context import StageContext, logger
 
 
 def compute(ctx: StageContext) -> dict[str, Any]:

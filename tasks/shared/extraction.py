@@ -7,7 +7,7 @@ This module's import closure is the code part of the vectors' identity
 the backbones, the engines, how images are decoded) makes new vectors under a new
 identity, and a library upgrade (torch, torchvision, timm, ONNX Runtime, Pillow) does too.
 How the stage finds the weights, plans, shards and records its work (data_catalog.weights,
-stages/features.py) is not part of it: editing that reruns the stage, which finds the
+tasks/features.py) is not part of it: editing that reruns the stage, which finds the
 vectors it already has.
 """
 

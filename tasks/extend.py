@@ -28,9 +28,9 @@ from mule.mule_core.metrics import mean_r1
 from mule.mule_core.model import count_parameters, with_added_language
 from mule.mule_core.progress import SHOWN
 from mule.mule_core.trainer import Trainer, resolve_device
-from mule.stages.shared.checkpoints import history_records
-from mule.stages.shared.context import StageContext, logger
-from mule.stages.shared.token_identity import caption_tokenizers
+from mule.tasks.shared.checkpoints import history_records
+from mule.tasks.shared.context import StageContext, logger
+from mule.tasks.shared.token_identity import caption_tokenizers
 
 
 class AddLanguageError(UserError, ValueError):

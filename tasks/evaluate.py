@@ -26,7 +26,7 @@ from mule.mule_core.errors import MissingInputError
 from mule.mule_core.metrics import chance_table, mean_mr
 from mule.mule_core.progress import SHOWN
 from mule.mule_core.split_tensors import SplitTensors
-from mule.stages.shared.context import StageContext, logger
+from mule.tasks.shared.context import StageContext, logger
 
 
 def retrieval_examples(model, data: SplitTensors, catalog, dataset: str, device, per_language: int,

@@ -1,5 +1,5 @@
 """One language's fastText, trained in a process of its own: `python -m
-mule.stages.shared.fasttext_worker JOB_DIR`.
+mule.tasks.shared.fasttext_worker JOB_DIR`.
 
 Why a process: a model's vectors then depend on its job alone. Trained inside the stage's
 process (one model at a time, or several side by side on threads), the same job gave

@@ -35,9 +35,9 @@ from mule.mule_core.progress import SHOWN, Progress
 from mule.mule_core.tokenizers import tokenizer_names
 from mule.mule_core.vocabulary import tokenize
 from mule.mule_core.word_translation import WordTable, best_translations, ibm_model1
-from mule.stages.shared.context import StageContext, logger
-from mule.stages.shared.token_identity import caption_tokenizers
 from mule.storage.atomic import point
+from mule.tasks.shared.context import StageContext, logger
+from mule.tasks.shared.token_identity import caption_tokenizers
 
 if TYPE_CHECKING:
     from mule.config.sections import MuleConfig

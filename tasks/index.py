@@ -14,8 +14,8 @@ from mule.data_catalog import ann, index_files
 from mule.data_catalog.model_files import load_model
 from mule.mule_core.embedder import Embedder
 from mule.mule_core.progress import SHOWN
-from mule.stages.shared.context import StageContext, logger
 from mule.storage.content_digests import sha256_file
+from mule.tasks.shared.context import StageContext, logger
 
 
 def compute(ctx: StageContext) -> dict[str, Any]:

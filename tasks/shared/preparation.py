@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from mule.data_catalog.sources import GENERATED, locate
 from mule.datasets.generated import generated_and_current, prepare
 from mule.mule_core.progress import SHOWN, Progress
-from mule.stages.shared.context import logger
+from mule.tasks.shared.context import logger
 
 if TYPE_CHECKING:
     from mule.config.sections import MuleConfig

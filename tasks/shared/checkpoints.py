@@ -12,7 +12,7 @@ from pathlib import Path
 from time import monotonic
 
 from mule.mule_core.progress import SHOWN
-from mule.stages.shared.context import StageContext, logger
+from mule.tasks.shared.context import StageContext, logger
 
 
 def divergence_tags(trainer, result, stage: str) -> dict[str, str]:

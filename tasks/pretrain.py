@@ -17,9 +17,9 @@ from mule.mule_core.metrics import mean_r1
 from mule.mule_core.model import build_model
 from mule.mule_core.progress import SHOWN
 from mule.mule_core.trainer import Trainer, resolve_device
-from mule.stages.shared.checkpoints import Checkpoints, divergence_tags, history_records, phase_seconds
-from mule.stages.shared.context import StageContext, logger
-from mule.stages.shared.token_identity import caption_tokenizers
+from mule.tasks.shared.checkpoints import Checkpoints, divergence_tags, history_records, phase_seconds
+from mule.tasks.shared.context import StageContext, logger
+from mule.tasks.shared.token_identity import caption_tokenizers
 
 
 def compute(ctx: StageContext) -> dict[str, Any]:

@@ -30,9 +30,9 @@ from mule.mule_core.errors import InputError
 from mule.mule_core.progress import SHOWN, format_seconds
 from mule.mule_core.subwords import ngram_table
 from mule.mule_core.vocabulary import PAD, UNK
-from mule.stages.shared import fasttext_worker
-from mule.stages.shared.context import StageContext, logger
-from mule.stages.shared.token_identity import caption_tokenizers
+from mule.tasks.shared import fasttext_worker
+from mule.tasks.shared.context import StageContext, logger
+from mule.tasks.shared.token_identity import caption_tokenizers
 
 
 @contextlib.contextmanager
@@ -81,42 +81,20 @@ def fasttext_lookups(jobs: dict[str, dict[str, Any]], t) -> dict[str, dict[str, 
                 "seconds": time.perf_counter() - started}  # fmt: skip
 
     threads = max(1, t.fasttext_threads)
-    stage = threading.get_ident()
     most = max(1, min(len(jobs), devices.machine_cores() // threads))
-    running, gate = [0], threading.Condition()
-
-    def allowed() -> int:
-        # this stage's share of the cores now: one while another stage runs beside it
-        # (pipeline.lanes), all of them once it has ended
-        return max(1, devices.cores_of(stage) // threads)
-
     stopped = threading.Event()
     workers: set[subprocess.Popen] = set()  # the fastText processes running: a stop kills them
 
-    turn = [0]  # the next job to start, in longest_first's order (the pool's threads may wake in any)
-
-    def gated(lang: str, words: dict[str, Any], ticket: int) -> dict[str, Any] | None:
-        with gate:
-            while (running[0] >= allowed() or turn[0] != ticket) and not stopped.is_set():
-                gate.wait(1.0)  # a stage beside this one may end meanwhile: its cores come to this one
-            if stopped.is_set():
-                return None
-            running[0] += 1
-            turn[0] += 1
-            gate.notify_all()
-        try:
-            return one(lang, words)
-        finally:
-            with gate:
-                running[0] -= 1
-                gate.notify_all()
+    def job(lang: str, words: dict[str, Any]) -> dict[str, Any] | None:
+        return None if stopped.is_set() else one(lang, words)
 
     if most > 1:
         logger().info("fastText: %d languages, up to %d at a time", len(jobs), most, extra=SHOWN)
     pool = ThreadPoolExecutor(most, thread_name_prefix="fasttext")
     try:
-        # the longest first (LPT): the last to start is a short one, not German's 90 s on the real text
-        futures = {lang: pool.submit(gated, lang, jobs[lang], ticket) for ticket, lang in enumerate(longest_first(jobs))}
+        # the longest first (LPT; the pool starts them in this order): the last to start is
+        # a short one, not German's 90 s on the real text
+        futures = {lang: pool.submit(job, lang, jobs[lang]) for lang in longest_first(jobs)}
         # waited for in short turns: a stop raised again in the main thread (process.interrupts:
         # one a finaliser swallowed) is raised when it runs Python code, never inside an untimed wait
         while True:
@@ -126,8 +104,6 @@ def fasttext_lookups(jobs: dict[str, dict[str, Any]], t) -> dict[str, dict[str, 
         return {lang: futures[lang].result() for lang in jobs}
     except BaseException:  # a stop or an error: no job starts after it, and the stage does not wait for those running
         stopped.set()
-        with gate:
-            gate.notify_all()
         # their threads wait for their processes, and the interpreter's exit for the pool's
         # threads: the processes go now (a stop in the text stage took 3.6 s, past the grace)
         for worker in list(workers):
@@ -148,7 +124,7 @@ def longest_first(jobs: dict[str, dict[str, Any]]) -> list[str]:
 def run_worker(directory: Path, lang: str, running: set | None = None) -> None:
     """Runs fasttext_worker on `directory`; the worker is killed if this one is stopped.
     `running`: where the process is while it runs (the stage kills those on a stop)."""
-    command = [sys.executable, "-m", "mule.stages.shared.fasttext_worker", str(directory), str(os.getpid())]
+    command = [sys.executable, "-m", "mule.tasks.shared.fasttext_worker", str(directory), str(os.getpid())]
     # fastText computes on its own threads; numpy's BLAS pool would only spin up at import (0.1 s a worker)
     env = os.environ | {"OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
     with subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -223,7 +199,7 @@ def vector_column(vectors: list[np.ndarray]) -> pa.Array:
 def multilingual_e5_lookups(vocabs: dict[str, list[str]], dim: int) -> dict[str, Any]:
     """word -> vector per language, from multilingual-e5 projected to `dim` (one shared
     projection: the languages stay aligned)."""
-    from mule.stages.shared import e5_vectors as e5
+    from mule.tasks.shared import e5_vectors as e5
 
     words = {lang: [w for w in vocab if w not in (PAD, UNK)] for lang, vocab in vocabs.items()}
     logger().info("%s: %d words in %s, projected to %d dimensions", e5.NAME, sum(map(len, words.values())),
@@ -250,7 +226,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     from_e5 = [lang for lang in languages if lang not in t.vectors] if t.init == "multilingual-e5" else []
     e5_lookups = multilingual_e5_lookups({lang: words[lang]["vocab"] for lang in from_e5}, t.word_dim) if from_e5 else {}
     if from_e5:
-        from mule.stages.shared.e5_vectors import encoder_version
+        from mule.tasks.shared.e5_vectors import encoder_version
 
         e5_origin = f"multilingual-e5:{encoder_version()}:pca{t.word_dim}"
     trained = [lang for lang in languages if lang not in t.vectors and lang not in e5_lookups]
