@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 
@@ -159,6 +160,9 @@ def print_results(results: dict, workdir: Workdir, started: float, args: argpars
         ran = [s for s, d in decided.items() if d.startswith("ran")]
         reused = [s for s in decided if s not in ran]
         print(f"\nStages: ran {', '.join(ran)}" + (f"; reused {', '.join(reused)}" if reused else ""))
+        for stage in reused:  # what the console's line could not say yet (published now, for a stopped run)
+            if not re.fullmatch(r"reused \(key \w+\)", decided[stage]):
+                print(f"  {stage:<10} {decided[stage]}")
     elif decided:
         print("\nStages:")
         for stage, decision in decided.items():
