@@ -148,24 +148,21 @@ def run(wd: Workdir, cfg: MuleConfig, planned: Plan, hooks: Sequence[Any]) -> di
     runner = Runner(wd, hooks)
     whole = PipelineRun(wd, cfg, planned)
 
-    def run_one(stage: str) -> None:
-        if BY_NAME[stage].kind == "sweep":
-            from mule.pipeline import sweeps
-
-            whole.results[stage] = sweeps.run_sweep(stage, runner, cfg, whole.run_id,
-                                                    planned.sweeps_decided.get(stage))  # fmt: skip
-            whole.described[stage] = _sweep_line(whole.results[stage])
-            return
-        decision = planned.decided.get(stage) or runner.decide(cfg, stage, stage in planned.forced)
-        whole.results[stage] = runner.run(cfg, stage, whole.run_id, decision=decision)
-        whole.described[stage] = decision.describe()
-
     with whole.exits:
         _call(hooks, "before_pipeline_run", whole)
         # one at a time, in pipeline order: each after the stages whose outputs it reads
-        # (docs/architecture.md, "One stage at a time": side by side on threads bought nothing)
+        # (docs/architecture.md, "One stage at a time")
         for stage in planned.stages:
-            run_one(stage)
+            if BY_NAME[stage].kind == "sweep":
+                from mule.pipeline import sweeps
+
+                whole.results[stage] = sweeps.run_sweep(stage, runner, cfg, whole.run_id,
+                                                        planned.sweeps_decided.get(stage))  # fmt: skip
+                whole.described[stage] = _sweep_line(whole.results[stage])
+                continue
+            decision = planned.decided.get(stage) or runner.decide(cfg, stage, stage in planned.forced)
+            whole.results[stage] = runner.run(cfg, stage, whole.run_id, decision=decision)
+            whole.described[stage] = decision.describe()
         whole.results = {s: whole.results[s] for s in planned.stages if s in whole.results}  # pipeline order
         whole.described = {s: whole.described[s] for s in planned.stages if s in whole.described}
         _call(hooks, "after_pipeline_run", whole)
