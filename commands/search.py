@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
             found = retrieval.search_image(searcher, Path(args.image), args.k, args.split)
     if args.text:
         print(f"{found['model']}; query in {found['lang']} ({found['language']}); "
-              f"{found['gallery']} images ({found['split']})")  # fmt: skip
+              f"{found['gallery']} images ({found['split']}; {found['searched']})")  # fmt: skip
         composed = set(found["composed_words"])
         unknown = [w for w in found["unknown_words"] if w not in composed]
         if composed:

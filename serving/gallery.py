@@ -1,25 +1,39 @@
-"""What `mule serve` searches: the catalog's images and captions, embedded once.
+"""What `mule serve` and `mule search` search: the catalog's images and captions, embedded
+once, and the one way they are searched (Gallery.top_images, Gallery.top_captions).
 
 At start-up every image with features from the model's extractor is pushed through the
 model's image branch and every caption through its language's branch; a query is then
 one matrix-vector product over unit vectors (cosine similarity) and a partial sort. A
 large gallery is searched through its approximate index instead (the index stage's,
 memory-mapped): no image features or vectors are loaded at all. The gallery also knows
-each image's file, by image id: the only files the server ever opens.
+each image's file, by image id: the only files the server ever opens. Every image vector
+here is Embedder.images_from_features's, the function `mule embed` and mule.api's
+encode_image end in, so the three agree on every image.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from mule.config.sections import IndexConfig
 from mule.data_catalog import ann, index_files, queries
 from mule.mule_core.embedder import Embedder
 from mule.mule_core.encoding import encode_split
-from mule.serving.retrieval import Searcher
 from mule.storage.content_digests import sha256_file
+
+if TYPE_CHECKING:
+    from mule.serving.retrieval import Searcher
+
+log = logging.getLogger("mule.serve")
+
+# Below this many images a gallery is scanned exactly even when the index stage built an index
+MIN_INDEXED_IMAGES = IndexConfig.min_images
 
 
 @dataclass
@@ -97,34 +111,61 @@ def stored_index(searcher: Searcher, model_name: str = "model", breadth: int = 0
     return (index, ids), f"gallery index of {len(ids):,} images"
 
 
-def load_gallery(searcher: Searcher, split: str = "all", stored: tuple[object, list[str]] | None = None) -> Gallery:
+def open_gallery(searcher: Searcher, split: str = "all", index: str = "auto", breadth: int = 0,
+                 min_images: int = MIN_INDEXED_IMAGES, images: bool = True, captions: bool = True) -> tuple[Gallery, str]:
+    """The gallery `mule serve` and `mule search` search, and how its images are searched.
+    index: "auto" (the index stage's index when it is this model's and covers at least
+    min_images), "on" (whenever it is usable) or "off" (the exact scan); only split "all"
+    has one. images / captions: leave out what a caller never searches."""
+    stored, how = None, "exact scan"
+    if images and index != "off" and split == "all":
+        stored, why = stored_index(searcher, breadth=breadth)
+        if stored is not None and (len(stored[1]) >= min_images or index == "on"):
+            how = why
+        else:
+            if index == "on":
+                log.warning("%s: scanning every image exactly", why)
+            stored = None
+    gallery = load_gallery(searcher, split, stored, images=images, captions=captions)
+    return gallery, (gallery.index_kind if stored is not None else how)
+
+
+def load_gallery(searcher: Searcher, split: str = "all", stored: tuple[object, list[str]] | None = None,
+                 images: bool = True, captions: bool = True) -> Gallery:
     """The dataset's images (with features from the model's extractor) and captions, of
     one split or all, embedded by the searcher's model. stored: (the stored index, its
     image ids; stored_index's) to search the images with instead of their vectors (split
-    "all" only)."""
+    "all" only). images / captions False: that side is left empty (no vectors made)."""
     if stored is not None and split != "all":
         raise ValueError("a gallery index covers every split: search one split with the exact scan")
-    data = searcher.split(split, with_features=stored is None)
-    encoded = encode_split(searcher.model, data, searcher.device)  # no features: the captions only
-    image_ids = list(stored[1]) if stored is not None else list(data.image_ids)
+    data = searcher.split(split, with_features=images and stored is None)
+    dim = searcher.meta["cfg"].model.joint_dim
+    image_ids = list(stored[1]) if stored is not None else list(data.image_ids) if images else []
     # an indexed gallery can be millions of images: every row at once, not an IN list of them
     named = None if stored is not None else image_ids
-    rows = {r["image_id"]: r for r in queries.image_rows(searcher.catalog, searcher.dataset, named)}
+    rows = {r["image_id"]: r for r in queries.image_rows(searcher.catalog, searcher.dataset, named)} if image_ids else {}
     files = {i: Path(r["path"]) for i, r in rows.items() if r["exists"] and r["path"]}
+    splits = [rows[i]["split"] if i in rows else "" for i in image_ids]
+    vectors = np.zeros((0, dim), np.float32)
+    if images and stored is None:
+        vectors = searcher.embedder.images_from_features(data.features)
+    by_language = _captions(searcher, dataclasses.replace(data, features=None)) if captions else {}
+    return Gallery(image_ids, splits, vectors, files, by_language, stored[0] if stored is not None else None)
+
+
+def _captions(searcher: Searcher, data) -> dict[str, Captions]:
+    """Every caption of the split, per language, as the evaluate stage embeds them."""
+    encoded = encode_split(searcher.model, data, searcher.device)
     texts = queries.caption_texts(searcher.catalog, searcher.dataset, data.caption_ids)
     caption_vectors = _unit(encoded["caption_joint"].cpu().numpy())
-    captions = {}
+    out = {}
     for index, lang in enumerate(data.languages):
         picked = np.nonzero(data.caption_lang == index)[0]
         ids = [data.caption_ids[r] for r in picked]
-        captions[lang] = Captions(ids, [texts.get(c, "") for c in ids],
-                                  [data.image_ids[data.caption_image[r]] for r in picked],
-                                  np.ascontiguousarray(caption_vectors[picked]))  # fmt: skip
-    splits = [rows[i]["split"] if i in rows else "" for i in image_ids]
-    if stored is not None:
-        return Gallery(image_ids, splits, np.zeros((0, searcher.meta["cfg"].model.joint_dim), np.float32), files,
-                       captions, stored[0])  # fmt: skip
-    return Gallery(image_ids, splits, _unit(encoded["image"].cpu().numpy()), files, captions)
+        out[lang] = Captions(ids, [texts.get(c, "") for c in ids],
+                             [data.image_ids[data.caption_image[r]] for r in picked],
+                             np.ascontiguousarray(caption_vectors[picked]))  # fmt: skip
+    return out
 
 
 def synthetic_gallery(embedder: Embedder, n: int, seed: int = 0) -> Gallery:

@@ -48,7 +48,7 @@ class Request:
     split: str = "all"
     index: str = "auto"  # auto | on | off (the index stage's approximate index)
     breadth: int = 0
-    min_images: int = 100_000
+    min_images: int = galleries.MIN_INDEXED_IMAGES
 
 
 def what(request: Request) -> What:
@@ -68,20 +68,10 @@ def load(request: Request) -> tuple[Served, What, str]:
     with catalog_reading(request.workdir):
         source = what(request)
         opened = retrieval.open_searcher(request.workdir, request.dataset, request.run, request.version)
-        index, how = None, "exact scan"
-        if request.index != "off" and request.split == "all":
-            index, why = galleries.stored_index(opened, breadth=request.breadth)
-            enough = index is not None and len(index[1]) >= request.min_images
-            if index is not None and (enough or request.index == "on"):
-                how = why
-            else:
-                if request.index == "on":
-                    log.warning("mule serve: %s: scanning every image exactly", why)
-                index = None
-        gallery = galleries.load_gallery(opened, request.split, index)
+        gallery, how = galleries.open_gallery(opened, request.split, request.index, request.breadth, request.min_images)
     embedder = retrieval.embedder(opened)
     note = f"{opened.label}, loaded {time.strftime('%Y-%m-%d %H:%M:%S')}"
-    return Served(embedder, gallery, note), source, (gallery.index_kind if index is not None else how)
+    return Served(embedder, gallery, note), source, how
 
 
 class Reloader(threading.Thread):

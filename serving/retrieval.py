@@ -2,7 +2,9 @@
 
 The model is the registry's champion for the dataset (or a train run named by id); the
 gallery is the catalog's images that have features from the model's extractor (or the
-captions, for an image query), of every split unless one is named.
+captions, for an image query), of every split unless one is named. A query is searched
+as `mule serve` searches it: the query through mule_core.embedder.Embedder, the gallery
+through serving.gallery (its vectors, or the index stage's index past index.min_images).
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ from mule.data_catalog.splits import load_split
 from mule.data_catalog.tables import Catalog
 from mule.datasets.image_files import MAX_PIXELS
 from mule.mule_core.embedder import Embedder, EmbedError
-from mule.mule_core.encoding import encode_split
 from mule.mule_core.errors import InputError, UserError
 from mule.mule_core.model import MuleModel
 from mule.mule_core.split_tensors import SplitTensors
+from mule.serving import gallery as galleries
 from mule.storage.content_digests import sha256_file
 from mule.storage.workdir import Workdir
 
@@ -84,23 +86,18 @@ def _encode_text(searcher: Searcher, text: str, lang: str | None):
         raise SearchError(str(error)) from None
 
 
-def search_text(searcher: Searcher, text: str, lang: str | None = None, k: int = 5, split: str = "all") -> dict:
-    """The k images closest to the sentence, best first."""
+def search_text(searcher: Searcher, text: str, lang: str | None = None, k: int = 5, split: str = "all",
+                min_images: int = galleries.MIN_INDEXED_IMAGES) -> dict:
+    """The k images closest to the sentence, best first; the index stage's index searched
+    for a gallery of min_images or more (as mule serve's index.min_images)."""
     found = _encode_text(searcher, text, lang)
-    query = torch.from_numpy(found.vector)
-    data = searcher.split(split, with_features=True)
-    with torch.no_grad():
-        images = torch.cat([searcher.model.encode_image(data.features[s : s + 1024])
-                            for s in range(0, len(data.features), 1024)])  # fmt: skip
-    scores = images @ query
-    top = torch.topk(scores, min(k, len(scores)))
-    ids = [data.image_ids[i] for i in top.indices.tolist()]
-    info = _image_info(searcher, ids)
-    results = [{"rank": r + 1, "image_id": i, "score": float(s), **info[i]}
-               for r, (i, s) in enumerate(zip(ids, top.values.tolist()))]  # fmt: skip
+    gallery, how = galleries.open_gallery(searcher, split, min_images=min_images, captions=False)
+    results = gallery.top_images(found.vector, k)
+    paths = {i: r["path"] for i, r in _image_info(searcher, [r["image_id"] for r in results]).items()}
+    results = [{**r, "path": paths.get(r["image_id"], "")} for r in results]
     return {"query": text, "lang": found.lang, "language": found.language, "unknown_words": found.unknown_words,
-            "composed_words": found.composed_words, "model": searcher.label,
-            "split": split, "gallery": len(data.image_ids), "results": results}  # fmt: skip
+            "composed_words": found.composed_words, "model": searcher.label, "split": split,
+            "gallery": len(gallery.image_ids), "searched": how, "results": results}  # fmt: skip
 
 
 def _image_info(searcher: Searcher, image_ids: list[str]) -> dict[str, dict]:
@@ -130,26 +127,10 @@ def image_features(searcher: Searcher, path: Path) -> tuple[torch.Tensor, str]:
 def search_image(searcher: Searcher, path: Path, k: int = 5, split: str = "all") -> dict:
     """The k sentences closest to the image, per language, best first."""
     features, origin = image_features(searcher, Path(path))
-    with torch.no_grad():
-        query = searcher.model.encode_image(features)[0]
-    data = searcher.split(split, with_features=False)
-    captions = encode_split(searcher.model, data, searcher.device)["caption_joint"]
-    scores = captions @ query
-    texts = _caption_texts(searcher, data.caption_ids)
-    per_language = {}
-    for index, lang in enumerate(data.languages):
-        rows = np.nonzero(data.caption_lang == index)[0]
-        if len(rows) == 0:
-            continue
-        top = torch.topk(scores[rows], min(k, len(rows)))
-        per_language[lang] = [
-            {"rank": r + 1, "score": float(s), "caption_id": data.caption_ids[rows[i]],
-             "image_id": data.image_ids[data.caption_image[rows[i]]], "text": texts[data.caption_ids[rows[i]]]}
-            for r, (i, s) in enumerate(zip(top.indices.tolist(), top.values.tolist()))
-        ]  # fmt: skip
+    try:
+        query = embedder(searcher).images_from_features(features)[0]
+    except EmbedError as error:
+        raise SearchError(str(error)) from None
+    gallery, _ = galleries.open_gallery(searcher, split, images=False)
     return {"image": str(path), "features": origin, "model": searcher.label, "split": split,
-            "results": per_language}  # fmt: skip
-
-
-def _caption_texts(searcher: Searcher, caption_ids: list[str]) -> dict[str, str]:
-    return queries.caption_texts(searcher.catalog, searcher.dataset, caption_ids)
+            "results": {lang: found for lang, found in gallery.top_captions(query, k).items() if found}}

@@ -237,3 +237,27 @@ def test_the_photos_counted_are_the_image_files_below_the_folder_named(tmp_path)
     assert resolve(None, by_source).preset == "few-photos"
     assert resolve("default", {"data.dataset": "mine", "data.images": str(photos)}).features.crops == 1
     assert resolve(None, {"data.dataset": "mine", "data.format": "table", "data.images": str(tmp_path / "x")}).preset == "default"
+
+
+def test_every_option_is_defined_once_across_the_model_library_and_the_pipeline():
+    """The pipeline's sections extend the model library's (features, text, train): each
+    field has one definition, the library's or the pipeline's, never both; and every
+    section the library defines is the one the pipeline's config holds or extends."""
+    import dataclasses
+
+    from mule.config.sections import MuleConfig
+    from mule.mule_core import settings
+
+    library = {"features": settings.ExtractorConfig, "text": settings.TextConfig, "model": settings.ModelConfig,
+               "loss": settings.LossConfig, "train": settings.TrainConfig, "pretrain": settings.PretrainConfig}
+    twice = []
+    for section in dataclasses.fields(MuleConfig):
+        if not isinstance(section.type, str) or section.name == "preset":
+            continue
+        cls = type(getattr(MuleConfig(), section.name))
+        if section.name in library:
+            assert issubclass(cls, library[section.name]), f"{section.name}: {cls} is not the library's section"
+        for base in cls.__mro__[1:]:
+            twice += [f"{section.name}.{name}" for name in vars(cls).get("__annotations__", {})
+                      if name in vars(base).get("__annotations__", {})]  # fmt: skip
+    assert not twice, f"defined in the library and again in the pipeline: {twice}"

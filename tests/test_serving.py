@@ -377,6 +377,33 @@ def test_the_index_stage_s_index_serves_what_the_exact_scan_finds(served):
     assert np.mean(overlap) >= 0.95, overlap
 
 
+def test_mule_search_answers_what_mule_serve_answers(served, tmp_path):
+    """One search path: `mule search` ranks a sentence's images and an image's sentences as
+    `mule serve` does (the same gallery, the same scores), and past index.min_images it
+    searches the index stage's index as mule serve does."""
+    from mule.serving import gallery as galleries
+    from mule.serving import retrieval
+
+    caption, api = served["caption"], client(served["app"])
+    searched = retrieval.search_text(served["searcher"], caption["text"], k=10)
+    answered = api.get("/api/search", params={"q": caption["text"], "k": 10}).json()
+    assert searched["searched"] == "exact scan"
+    assert [(r["image_id"], r["split"]) for r in searched["results"]] == \
+        [(r["image_id"], r["split"]) for r in answered["results"]]  # fmt: skip
+    assert [r["score"] for r in searched["results"]] == pytest.approx([r["score"] for r in answered["results"]], abs=1e-6)
+    photo = tmp_path / "photo.jpg"
+    photo.write_bytes(_image_file(served["wd"], caption["image_id"]).read_bytes())
+    by_image = retrieval.search_image(served["searcher"], photo, k=5)["results"]
+    posted = api.post("/api/image", params={"k": 5}, content=photo.read_bytes()).json()["results"]
+    assert set(by_image) == set(posted) and {"en", "de"} <= set(by_image)
+    for lang in by_image:
+        assert [r["caption_id"] for r in by_image[lang]] == [r["caption_id"] for r in posted[lang]], lang
+    assert galleries.MIN_INDEXED_IMAGES > len(served["gallery"].image_ids)
+    indexed = retrieval.search_text(served["searcher"], caption["text"], k=10, min_images=1)  # a large gallery
+    assert indexed["searched"].startswith("hnsw-sq8"), indexed["searched"]
+    assert len({r["image_id"] for r in indexed["results"]} & {r["image_id"] for r in searched["results"]}) >= 8
+
+
 def test_the_search_breadth_is_given_to_mule_serve_not_read_from_the_model(served):
     """index.breadth is a serving option: `mule serve --set index.breadth=N` sets it on the
     stored index, whatever config the model was trained under; other options are refused."""
