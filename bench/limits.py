@@ -1,0 +1,366 @@
+"""What mule adds to the work it runs: four ratios against the bare libraries doing the
+same work on the same cores, measured side by side in one sitting. A ratio holds on any
+host where an absolute time does not (this VM moves between hosts and drifts within the hour).
+
+    python bench/limits.py [--workdir W] [--dataset D --source S [--images I]] [--preset P]
+                           [--set KEY=VALUE ...] [--repeats 3] [--feature-images 600] [--steps 0]
+
+Without --dataset it runs `mule demo` (the embedded dataset); with it, `mule run all
+--dataset D --source S [--images I]`. The workdir (default: a new temporary one) must be
+empty: the first ratio is a rebuild from nothing.
+
+1. rebuild: the command's wall time over the sum of its stages' computations (each stage
+   record's seconds): what starting Python, orchestration (Prefect), tracking (MLflow),
+   publishing (figures, the registry) and waiting add. Target <= 1.25 (demo), 1.10 (real).
+2. features: the features stage's shard path (tasks.features.extract_shard: decoding, the
+   extractor through mule's engine, the Parquet part written) over the same work done bare,
+   on the same images with the same threads: Pillow + torchvision decoding and cropping,
+   then a bare ONNX Runtime InferenceSession (its default threads) of the same exported
+   network, one after the other. Beside it: ORT alone and PyTorch alone on the decoded
+   crops, and decoding alone. Alternated: bare, stage, bare. Target >= 0.9.
+3. training: the train and pretrain stages' seconds per epoch in that rebuild (validation,
+   checkpoints, progress, the weight average and hooks included) over a bare loop of the
+   same model, losses and optimizer over the same tensors and batches: forward, backward,
+   the gradients of the tables, clipping, the step, nothing else. The bare loop is timed
+   for one epoch before hardest-negative mining starts and one after (or --steps steps of
+   each) and weighted as the stage's epochs were. Target >= 0.9.
+4. no change: the same command again on the built workdir over `python -c "import
+   mule.commands.main"` and over `python -c pass`; alternated, the median of --repeats
+   each. Also: how long after the command returned the workdir's MLflow database was last
+   written (a process left behind). Target <= 2x the import.
+
+Every figure names the CPU it ran on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+
+STAGES = ("ingest", "translate", "features", "text", "pretrain", "train", "evaluate", "index")
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_line() -> str:
+    fields = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    family = f", family {fields['cpu family']} model {fields['model']}" if "cpu family" in fields else ""
+    return f"{cpu_name()}{family}, {os.cpu_count()} cores"
+
+
+def command(args: argparse.Namespace, workdir: Path) -> list[str]:
+    """The command a user runs for this workdir and dataset."""
+    settings = [a for s in args.set for a in ("--set", s)]
+    preset = ["--preset", args.preset] if args.preset else []
+    if not args.dataset:
+        return [sys.executable, "-m", "mule.commands", "demo", "--workdir", str(workdir), *preset, *settings]
+    images = ["--images", args.images] if args.images else []
+    return [sys.executable, "-m", "mule.commands", "run", "all", "--dataset", args.dataset, "--source", args.source,
+            *images, "--workdir", str(workdir), *preset, *settings]  # fmt: skip
+
+
+def timed(cmd: list[str], log: Path | None = None) -> float:
+    started = time.perf_counter()
+    with open(log or os.devnull, "a") as out:
+        done = subprocess.run(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+    seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}); its output: {log}")
+    return seconds
+
+
+def records(workdir: Path, dataset: str) -> dict[str, dict]:
+    folder = workdir / "state" / "stages" / dataset
+    return {s: json.loads((folder / f"{s}.json").read_text()) for s in STAGES if (folder / f"{s}.json").exists()}
+
+
+# -- 1. the rebuild ---------------------------------------------------------------------
+
+
+def rebuild_ratio(args, workdir: Path, dataset: str) -> dict:
+    wall = timed(command(args, workdir), workdir.parent / f"{workdir.name}-rebuild.log")
+    found = records(workdir, dataset)
+    computed = {s: float(r.get("seconds") or 0.0) for s, r in found.items() if r.get("status", "ran") != "reused"}
+    total = sum(computed.values())
+    print(f"\n1. rebuild from an empty workdir: {wall:.1f} s wall; the stages computed {total:.1f} s "
+          f"({', '.join(f'{s} {v:.1f}' for s, v in computed.items())})")  # fmt: skip
+    print(f"   wall / computations = {wall / total:.2f}   (target <= {1.25 if not args.dataset else 1.10}; "
+          f"{wall - total:.1f} s outside the stages)", flush=True)  # fmt: skip
+    return {"wall_s": wall, "computed_s": computed, "ratio": wall / total}
+
+
+# -- 2. features --------------------------------------------------------------------------
+
+
+def features_ratio(cfg, workdir: Path, dataset: str, n: int, scratch: Path) -> dict:
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+    from features_throughput import catalog_with
+    from PIL import Image
+
+    from mule.data_catalog import queries
+    from mule.data_catalog.tables import Catalog
+    from mule.data_catalog.weights import extractor_module
+    from mule.mule_core.backbones import crop_transform, engine_for, extract, numerics, prepare_for_inference
+    from mule.mule_core.devices import resolve_device
+    from mule.mule_core.onnx_engine import export
+    from mule.storage.workdir import Workdir
+    from mule.tasks.features import batch_size_for, extract_shard
+
+    f = cfg.features
+    device = resolve_device(f.device)
+    paths = sorted(Path(p) for p in queries.image_paths(Catalog(Workdir.at(workdir), read_only=True), dataset).values()
+                   if p and Path(p).is_file())[:n]  # fmt: skip
+    n = len(paths)
+    threads = torch.get_num_threads()
+    batch = batch_size_for(f, device, threads)
+    transform = crop_transform(f.input_size, f.resize, f.crops)
+    module, _ = extractor_module(f)
+    session = ort.InferenceSession(export(module, f.input_size), providers=["CPUExecutionProvider"])  # ORT's defaults
+    network = prepare_for_inference(module, torch.device("cpu"))
+
+    def decode(chunk):
+        out = []
+        for path in chunk:
+            with Image.open(path) as image:
+                out.append(transform(image.convert("RGB")))
+        return torch.stack(out)
+
+    def ort_run(crops):
+        return session.run(None, {"crops": np.ascontiguousarray(crops.flatten(0, 1).numpy())})[0]
+
+    def bare() -> dict:
+        t = time.perf_counter()
+        decoded = [decode(paths[b : b + batch]) for b in range(0, n, batch)]
+        times = {"decode": time.perf_counter() - t}
+        t = time.perf_counter()
+        for crops in decoded:
+            ort_run(crops)
+        times["ort"] = time.perf_counter() - t
+        t = time.perf_counter()
+        with torch.inference_mode():
+            for crops in decoded:
+                extract(network, crops)
+        times["torch"] = time.perf_counter() - t
+        t = time.perf_counter()
+        for b in range(0, n, batch):  # what the stage does, bare: decode a batch, run it
+            ort_run(decode(paths[b : b + batch]))
+        times["decode+ort"] = time.perf_counter() - t
+        return times
+
+    def stage(k: int) -> float:
+        work = Workdir.at(scratch / f"features-{k}")
+        catalog_with(work, paths)
+        Catalog(work).write_extractor_info("bench", "bench-extractor", {"numerics": numerics(device, engine_for(f, device))})
+        shard = {"name": "bench", "images": [(p.stem, str(p), None) for p in paths], "offset": 0}
+        return extract_shard(str(work.root), asdict(f), "bench", "bench-extractor", shard, n)["seconds"]
+
+    ort_run(decode(paths[:batch]))  # warm-up: the session's first run, the files in the page cache
+    stage(0)
+    first = bare()
+    shard = stage(1)
+    second = bare()
+    mean = {k: (first[k] + second[k]) / 2 for k in first}
+    rate = {k: n / v for k, v in mean.items()}
+    spread = max(abs(first[k] - second[k]) / mean[k] for k in first)
+    print(f"\n2. features, {n} images, {f.arch} {f.crops}x{f.input_size}px, batch {batch}, {threads} threads, "
+          f"engine {engine_for(f, device)}")  # fmt: skip
+    print(f"   stage's shard path {n / shard:7.1f} images/s")
+    print(f"   bare decode + ORT  {rate['decode+ort']:7.1f} images/s   (decode alone {rate['decode']:.1f}, "
+          f"ORT alone {rate['ort']:.1f}, PyTorch alone {rate['torch']:.1f}; the two bare runs differ by up to "
+          f"{100 * spread:.0f}%)")  # fmt: skip
+    ratio = (n / shard) / rate["decode+ort"]
+    print(f"   stage / bare decode + ORT = {ratio:.2f}   (target >= 0.9); stage / ORT alone = "
+          f"{(n / shard) / rate['ort']:.2f}", flush=True)  # fmt: skip
+    return {"images": n, "stage_per_s": n / shard, "bare_per_s": rate, "ratio": ratio}
+
+
+# -- 3. training --------------------------------------------------------------------------
+
+
+def bare_training(cfg, workdir: Path, dataset: str, mode: str, steps: int) -> dict:
+    """Seconds of the bare loop for one epoch before mining starts and one after (or `steps`
+    steps of each, scaled to an epoch), and the steps an epoch has."""
+    import torch
+
+    from mule.data_catalog.splits import load_split, load_vocabulary
+    from mule.data_catalog.tables import Catalog
+    from mule.mule_core.devices import use_cpu_threads
+    from mule.mule_core.model import build_model
+    from mule.mule_core.trainer import Trainer, resolve_device
+    from mule.storage.workdir import Workdir
+
+    catalog = Catalog(Workdir.at(workdir), read_only=True)
+    joint = mode == "joint"
+    vocabulary = load_vocabulary(catalog, dataset, cfg.data.languages, cfg.model)
+    extractor = catalog.require_current_extractor(dataset, cfg.features) if joint else None
+    train = load_split(catalog, dataset, "train", vocabulary, cfg.text.max_tokens, extractor, cfg.data.captions)
+    device = resolve_device(cfg.train.device)
+    use_cpu_threads(cfg.train.threads)
+    torch.manual_seed(cfg.train.seed)
+    model = build_model(cfg.model, vocabulary, image_dim=train.features.shape[1] if joint else None)
+    if joint:
+        model.set_image_normalization(train.features)
+    trainer = Trainer(model, train, cfg.loss, cfg.train, device, mode=mode, pretrain=cfg.pretrain)
+    params = [p for p in (model.parameters() if joint else model.mule_parameters()) if p.requires_grad]
+    per_epoch = len(trainer.sampler)
+
+    def loop(epoch: int) -> float:
+        model.train()
+        done, started = 0, time.perf_counter()
+        for batch in trainer.sampler.batches(epoch):
+            parts = trainer.losses(batch)
+            total = sum(v for k, v in parts.items() if k != "lc_accuracy")
+            trainer.optimizer.zero_grad(set_to_none=True)
+            total.backward()
+            if trainer.dense_tables is not None:
+                trainer.dense_tables.gradients()
+            if cfg.train.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], cfg.train.grad_clip)
+            trainer.optimizer.step()
+            trainer.scheduler.step()
+            done += 1
+            if steps and done == steps:
+                break
+        return (time.perf_counter() - started) * per_epoch / done
+
+    warm = loop(1)
+    trainer.scheduler.last_epoch = max(trainer.scheduler.last_epoch, trainer.mining_warmup_steps)
+    mining = loop(2)
+    return {"warm_s": warm, "mining_s": mining, "steps_per_epoch": per_epoch, "mining_from": trainer.mining_warmup_steps}
+
+
+def training_ratio(cfg, workdir: Path, dataset: str, found: dict, steps: int) -> dict:
+    out = {}
+    print(f"\n3. training: the stage's seconds per epoch over a bare loop ({'a whole epoch' if not steps else f'{steps} steps'} "
+          "of each phase, weighted as the stage's epochs were)")  # fmt: skip
+    for stage, mode in (("pretrain", "lp"), ("train", "joint")):
+        record = found.get(stage) or {}
+        result = record.get("result") or {}
+        history = result.get("history") or []
+        if not history or record.get("status") == "reused":
+            print(f"   {stage}: not run in this rebuild")
+            continue
+        bare = bare_training(cfg, workdir, dataset, mode, steps)
+        epochs = len(history)
+        total_steps = epochs * bare["steps_per_epoch"]
+        warm_steps = min(bare["mining_from"], total_steps)
+        bare_s = (warm_steps * bare["warm_s"] + (total_steps - warm_steps) * bare["mining_s"]) / bare["steps_per_epoch"]
+        stage_s = float(result.get("seconds") or record.get("seconds"))
+        loops = sum(float(h.get("seconds") or 0.0) for h in history)
+        ratio = bare_s / stage_s
+        print(f"   {stage:<8} {epochs} epochs of {bare['steps_per_epoch']} steps: stage {stage_s / epochs:6.2f} s/epoch "
+              f"(its loops {loops / epochs:.2f}), bare {bare_s / epochs:6.2f} (before mining {bare['warm_s']:.2f}, "
+              f"mining {bare['mining_s']:.2f})   bare / stage = {ratio:.2f}   (target >= 0.9)", flush=True)  # fmt: skip
+        out[stage] = {"stage_s": stage_s, "loops_s": loops, "bare_s": bare_s, "epochs": epochs, "ratio": ratio}
+    return out
+
+
+# -- 4. no change -------------------------------------------------------------------------
+
+
+def last_write_after(path: Path, returned: float, watch_s: float) -> float | None:
+    """Seconds after `returned` (time.time()) that `path` (or its -wal/-journal) was last
+    written, watched for watch_s; None: not written after it."""
+    deadline = time.time() + watch_s
+    last = None
+    while time.time() < deadline:
+        for f in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-journal")):
+            try:
+                mtime = f.stat().st_mtime
+            except OSError:
+                continue
+            if mtime > returned:
+                last = max(last or 0.0, mtime - returned)
+        time.sleep(0.1)
+    return last
+
+
+def no_change_ratio(args, workdir: Path, repeats: int) -> dict:
+    cmd = command(args, workdir)
+    times: dict[str, list[float]] = {"pass": [], "import": [], "no change": []}
+    late = None
+    for r in range(repeats):
+        times["pass"].append(timed([sys.executable, "-c", "pass"]))
+        times["import"].append(timed([sys.executable, "-c", "import mule.commands.main"]))
+        times["no change"].append(timed(cmd, workdir.parent / f"{workdir.name}-nochange.log"))
+        if r == 0:
+            late = last_write_after(workdir / "mlflow.db", time.time(), 8.0)
+    median = {k: statistics.median(v) for k, v in times.items()}
+    print(f"\n4. no change, median of {repeats}: the command {median['no change']:.2f} s, "
+          f"`import mule.commands.main` {median['import']:.2f} s, `python -c pass` {median['pass']:.3f} s")  # fmt: skip
+    print(f"   no change / import = {median['no change'] / median['import']:.2f}   (target <= 2); "
+          f"/ pass = {median['no change'] / median['pass']:.0f}; mlflow.db "
+          f"{'not written after the command returned' if late is None else f'last written {late:.1f} s after it returned'}",
+          flush=True)  # fmt: skip
+    return {"median_s": median, "ratio": median["no change"] / median["import"], "mlflow_written_after_s": late}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workdir", type=Path, help="an empty folder (default: a new temporary one)")
+    parser.add_argument("--dataset", default="", help="a dataset other than the embedded one (with --source)")
+    parser.add_argument("--source", default="")
+    parser.add_argument("--images", default="")
+    parser.add_argument("--preset", default="")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--feature-images", type=int, default=600)
+    parser.add_argument("--steps", type=int, default=0, help="bare training steps per phase (0: a whole epoch)")
+    parser.add_argument("--json", type=Path, help="write the figures here too")
+    args = parser.parse_args()
+    if args.dataset and not args.source:
+        parser.error("--dataset needs --source")
+    import torch
+
+    from mule.config.overrides import from_dict
+
+    print(f"machine: {platform.node()}, {cpu_line()}, torch {torch.__version__} ({torch.get_num_threads()} threads), "
+          f"{time.strftime('%Y-%m-%d %H:%M')}", flush=True)  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="mule-limits-") as tmp:
+        workdir = (args.workdir or Path(tmp) / "work").resolve()
+        if workdir.exists() and any(workdir.iterdir()):
+            raise SystemExit(f"{workdir} is not empty: the first ratio is a rebuild from nothing")
+        workdir.mkdir(parents=True, exist_ok=True)
+        dataset = args.dataset or "embedded"
+        figures = {"cpu": cpu_line(), "command": " ".join(command(args, workdir)[1:])}
+        figures["rebuild"] = rebuild_ratio(args, workdir, dataset)
+        found = records(workdir, dataset)
+        model_file = workdir / "models" / dataset / "model.pt"
+        cfg = from_dict(torch.load(model_file, map_location="cpu", weights_only=True)["config"])
+        figures["features"] = features_ratio(cfg, workdir, dataset, args.feature_images, Path(tmp))
+        figures["training"] = training_ratio(cfg, workdir, dataset, found, args.steps)
+        figures["no_change"] = no_change_ratio(args, workdir, args.repeats)
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=1))
+
+
+if __name__ == "__main__":
+    main()
