@@ -2,12 +2,13 @@
 same work on the same cores, measured side by side in one sitting. A ratio holds on any
 host where an absolute time does not (this VM moves between hosts and drifts within the hour).
 
-    python bench/limits.py [--workdir W] [--dataset D --source S [--images I]] [--preset P]
+    python bench/limits.py [--workdir W [--built]] [--dataset D --source S [--images I]] [--preset P]
                            [--set KEY=VALUE ...] [--repeats 3] [--feature-images 600] [--steps 0]
 
 Without --dataset it runs `mule demo` (the embedded dataset); with it, `mule run all
 --dataset D --source S [--images I]`. The workdir (default: a new temporary one) must be
-empty: the first ratio is a rebuild from nothing.
+empty: the first ratio is a rebuild from nothing (--built: a workdir this command built
+before; the first ratio is then left out).
 
 1. rebuild: the command's wall time over the sum of its stages' computations (each stage
    record's seconds): what starting Python, orchestration (Prefect), tracking (MLflow),
@@ -18,12 +19,13 @@ empty: the first ratio is a rebuild from nothing.
    then a bare ONNX Runtime InferenceSession (its default threads) of the same exported
    network, one after the other. Beside it: ORT alone and PyTorch alone on the decoded
    crops, and decoding alone. Alternated: bare, stage, bare. Target >= 0.9.
-3. training: the train and pretrain stages' seconds per epoch in that rebuild (validation,
-   checkpoints, progress, the weight average and hooks included) over a bare loop of the
-   same model, losses and optimizer over the same tensors and batches: forward, backward,
-   the gradients of the tables, clipping, the step, nothing else. The bare loop is timed
-   for one epoch before hardest-negative mining starts and one after (or --steps steps of
-   each) and weighted as the stage's epochs were. Target >= 0.9.
+3. training: the pretrain and train stages' seconds per epoch (validation, checkpoints,
+   progress, the weight average included), each forced to run again as a user would
+   (`--force STAGE`: in its flow, tracked, its hooks), over a bare loop of the same model,
+   losses and optimizer over the same tensors and batches: forward, backward, the tables'
+   gradients, clipping, the step, nothing else. The bare loop is timed for one epoch
+   before hardest-negative mining starts and one after (or --steps steps of each),
+   weighted as the stage's epochs were; alternated: bare, stage, bare. Target >= 0.9.
 4. no change: the same command again on the built workdir over `python -c "import
    mule.commands.main"` and over `python -c pass`; alternated, the median of --repeats
    each. Also: how long after the command returned the workdir's MLflow database was last
@@ -232,7 +234,7 @@ def bare_training(cfg, workdir: Path, dataset: str, mode: str, steps: int) -> di
     params = [p for p in (model.parameters() if joint else model.mule_parameters()) if p.requires_grad]
     per_epoch = len(trainer.sampler)
 
-    def loop(epoch: int) -> float:
+    def loop(epoch: int, limit: int = steps) -> float:
         model.train()
         done, started = 0, time.perf_counter()
         for batch in trainer.sampler.batches(epoch):
@@ -247,39 +249,49 @@ def bare_training(cfg, workdir: Path, dataset: str, mode: str, steps: int) -> di
             trainer.optimizer.step()
             trainer.scheduler.step()
             done += 1
-            if steps and done == steps:
+            if limit and done == limit:
                 break
         return (time.perf_counter() - started) * per_epoch / done
 
+    loop(1, 3)  # untimed: the first steps' allocations and the libraries' lazy set-up
     warm = loop(1)
     trainer.scheduler.last_epoch = max(trainer.scheduler.last_epoch, trainer.mining_warmup_steps)
     mining = loop(2)
     return {"warm_s": warm, "mining_s": mining, "steps_per_epoch": per_epoch, "mining_from": trainer.mining_warmup_steps}
 
 
-def training_ratio(cfg, workdir: Path, dataset: str, found: dict, steps: int) -> dict:
+def training_ratio(args, cfg, workdir: Path, dataset: str, steps: int) -> dict:
+    """Per stage: the bare loop, the stage forced to run again as a user would (`--force
+    STAGE`: in its flow, with its tracking and hooks), the bare loop again."""
     out = {}
-    print(f"\n3. training: the stage's seconds per epoch over a bare loop ({'a whole epoch' if not steps else f'{steps} steps'} "
-          "of each phase, weighted as the stage's epochs were)")  # fmt: skip
+    print(f"\n3. training: the stage's seconds per epoch, forced again, over a bare loop ({'a whole epoch' if not steps else f'{steps} steps'} "
+          "of each phase before and after mining starts, weighted as the stage's epochs were; bare, stage, bare)")  # fmt: skip
     for stage, mode in (("pretrain", "lp"), ("train", "joint")):
-        record = found.get(stage) or {}
+        if stage not in records(workdir, dataset):
+            print(f"   {stage}: not in this rebuild")
+            continue
+        first = bare_training(cfg, workdir, dataset, mode, steps)
+        timed([*command(args, workdir), "--force", stage], workdir.parent / f"{workdir.name}-force-{stage}.log")
+        record = records(workdir, dataset)[stage]
+        second = bare_training(cfg, workdir, dataset, mode, steps)
         result = record.get("result") or {}
         history = result.get("history") or []
-        if not history or record.get("status") == "reused":
-            print(f"   {stage}: not run in this rebuild")
-            continue
-        bare = bare_training(cfg, workdir, dataset, mode, steps)
-        epochs = len(history)
-        total_steps = epochs * bare["steps_per_epoch"]
-        warm_steps = min(bare["mining_from"], total_steps)
-        bare_s = (warm_steps * bare["warm_s"] + (total_steps - warm_steps) * bare["mining_s"]) / bare["steps_per_epoch"]
+        epochs, per_epoch = len(history), first["steps_per_epoch"]
+        total_steps = epochs * per_epoch
+        warm_steps = min(first["mining_from"], total_steps)
+
+        both = [(warm_steps * b["warm_s"] + (total_steps - warm_steps) * b["mining_s"]) / per_epoch for b in (first, second)]
+        bare_s = sum(both) / 2
+        spread = abs(both[0] - both[1]) / bare_s
         stage_s = float(result.get("seconds") or record.get("seconds"))
         loops = sum(float(h.get("seconds") or 0.0) for h in history)
+        phases = result.get("phases") or {}
         ratio = bare_s / stage_s
-        print(f"   {stage:<8} {epochs} epochs of {bare['steps_per_epoch']} steps: stage {stage_s / epochs:6.2f} s/epoch "
-              f"(its loops {loops / epochs:.2f}), bare {bare_s / epochs:6.2f} (before mining {bare['warm_s']:.2f}, "
-              f"mining {bare['mining_s']:.2f})   bare / stage = {ratio:.2f}   (target >= 0.9)", flush=True)  # fmt: skip
-        out[stage] = {"stage_s": stage_s, "loops_s": loops, "bare_s": bare_s, "epochs": epochs, "ratio": ratio}
+        print(f"   {stage:<8} {epochs} epochs of {per_epoch} steps: stage {stage_s / epochs:6.2f} s/epoch (its loops "
+              f"{loops / epochs:.2f}, validation {phases.get('validation', 0) / epochs:.2f}), bare {bare_s / epochs:6.2f} "
+              f"(the two differ by {100 * spread:.0f}%)   bare / stage = {ratio:.2f}   (target >= 0.9)", flush=True)  # fmt: skip
+        out[stage] = {"stage_s": stage_s, "loops_s": loops, "bare_s": bare_s, "epochs": epochs, "ratio": ratio,
+                      "bare_spread": spread, "phases": phases}  # fmt: skip
     return out
 
 
@@ -334,6 +346,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--feature-images", type=int, default=600)
     parser.add_argument("--steps", type=int, default=0, help="bare training steps per phase (0: a whole epoch)")
+    parser.add_argument("--built", action="store_true",
+                        help="the workdir was built by this command already: ratio 1 is not measured, the others are")
     parser.add_argument("--json", type=Path, help="write the figures here too")
     args = parser.parse_args()
     if args.dataset and not args.source:
@@ -346,17 +360,21 @@ def main() -> None:
           f"{time.strftime('%Y-%m-%d %H:%M')}", flush=True)  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="mule-limits-") as tmp:
         workdir = (args.workdir or Path(tmp) / "work").resolve()
-        if workdir.exists() and any(workdir.iterdir()):
-            raise SystemExit(f"{workdir} is not empty: the first ratio is a rebuild from nothing")
+        if args.built and not args.workdir:
+            parser.error("--built needs --workdir")
+        if not args.built and workdir.exists() and any(workdir.iterdir()):
+            raise SystemExit(f"{workdir} is not empty: the first ratio is a rebuild from nothing (--built skips it)")
         workdir.mkdir(parents=True, exist_ok=True)
         dataset = args.dataset or "embedded"
         figures = {"cpu": cpu_line(), "command": " ".join(command(args, workdir)[1:])}
-        figures["rebuild"] = rebuild_ratio(args, workdir, dataset)
-        found = records(workdir, dataset)
+        if args.built:
+            print("\n1. rebuild: not measured (--built)")
+        else:
+            figures["rebuild"] = rebuild_ratio(args, workdir, dataset)
         model_file = workdir / "models" / dataset / "model.pt"
         cfg = from_dict(torch.load(model_file, map_location="cpu", weights_only=True)["config"])
         figures["features"] = features_ratio(cfg, workdir, dataset, args.feature_images, Path(tmp))
-        figures["training"] = training_ratio(cfg, workdir, dataset, found, args.steps)
+        figures["training"] = training_ratio(args, cfg, workdir, dataset, args.steps)
         figures["no_change"] = no_change_ratio(args, workdir, args.repeats)
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1))
