@@ -4,6 +4,7 @@ host where an absolute time does not (this VM moves between hosts and drifts wit
 
     python bench/limits.py [--workdir W [--built]] [--dataset D --source S [--images I]] [--preset P]
                            [--set KEY=VALUE ...] [--repeats 3] [--feature-images 600] [--steps 0]
+                           [--ratios 1234] [--train-stages pretrain,train]
 
 Without --dataset it runs `mule demo` (the embedded dataset); with it, `mule run all
 --dataset D --source S [--images I]`. The workdir (default: a new temporary one) must be
@@ -267,6 +268,8 @@ def training_ratio(args, cfg, workdir: Path, dataset: str, steps: int) -> dict:
     print(f"\n3. training: the stage's seconds per epoch, forced again, over a bare loop ({'a whole epoch' if not steps else f'{steps} steps'} "
           "of each phase before and after mining starts, weighted as the stage's epochs were; bare, stage, bare)")  # fmt: skip
     for stage, mode in (("pretrain", "lp"), ("train", "joint")):
+        if stage not in args.train_stages.split(","):
+            continue
         if stage not in records(workdir, dataset):
             print(f"   {stage}: not in this rebuild")
             continue
@@ -346,6 +349,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--feature-images", type=int, default=600)
     parser.add_argument("--steps", type=int, default=0, help="bare training steps per phase (0: a whole epoch)")
+    parser.add_argument("--ratios", default="1234", help="which ratios to measure (default: all four)")
+    parser.add_argument("--train-stages", default="pretrain,train", help="the stages of ratio 3")
     parser.add_argument("--built", action="store_true",
                         help="the workdir was built by this command already: ratio 1 is not measured, the others are")
     parser.add_argument("--json", type=Path, help="write the figures here too")
@@ -369,13 +374,18 @@ def main() -> None:
         figures = {"cpu": cpu_line(), "command": " ".join(command(args, workdir)[1:])}
         if args.built:
             print("\n1. rebuild: not measured (--built)")
-        else:
+        elif "1" in args.ratios:
             figures["rebuild"] = rebuild_ratio(args, workdir, dataset)
+        else:
+            timed(command(args, workdir), workdir.parent / f"{workdir.name}-rebuild.log")
         model_file = workdir / "models" / dataset / "model.pt"
         cfg = from_dict(torch.load(model_file, map_location="cpu", weights_only=True)["config"])
-        figures["features"] = features_ratio(cfg, workdir, dataset, args.feature_images, Path(tmp))
-        figures["training"] = training_ratio(args, cfg, workdir, dataset, args.steps)
-        figures["no_change"] = no_change_ratio(args, workdir, args.repeats)
+        if "2" in args.ratios:
+            figures["features"] = features_ratio(cfg, workdir, dataset, args.feature_images, Path(tmp))
+        if "3" in args.ratios:
+            figures["training"] = training_ratio(args, cfg, workdir, dataset, args.steps)
+        if "4" in args.ratios:
+            figures["no_change"] = no_change_ratio(args, workdir, args.repeats)
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1))
 
