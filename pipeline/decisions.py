@@ -163,12 +163,15 @@ def _changes(old: dict, new: dict, limit: int = 4) -> str:
     return "; ".join(names[:limit]) + more
 
 
-def decide(wd: Workdir, cfg: MuleConfig, name: str, force: bool = False, repo: Path | None = None) -> Decision:
+def decide(wd: Workdir, cfg: MuleConfig, name: str, force: bool = False, repo: Path | None = None,
+           hasher: FileHasher | None = None) -> Decision:  # fmt: skip
     """Whether stage `name` must run, and why: forced, never run, its key changed (saying
     which part: a file of its code, an option, an input), or an output missing or changed
-    since it was written. `repo`: the code to key (default: this checkout)."""
+    since it was written. `repo`: the code to key (default: this checkout); `hasher`: one
+    shared by the stages decided together (its cache of file digests read once, not once
+    a stage)."""
     stage = BY_NAME[name]
-    catalog, hasher = Catalog(wd), FileHasher(wd)
+    catalog, hasher = Catalog(wd), hasher or FileHasher(wd)
     try:
         slot = slot_for(wd, catalog, cfg, stage)
         parts = {**code_parts(stage, repo), **config_parts(cfg, stage), **runtime_parts(cfg, stage),

@@ -27,6 +27,7 @@ from mule.config.sections import MuleConfig
 from mule.pipeline import decisions
 from mule.pipeline.declaration import BY_NAME, REBUILD, in_pipeline_order, with_upstream, writers_upstream
 from mule.pipeline.runner import Runner, prepare
+from mule.storage.content_digests import FileHasher
 from mule.storage.workdir import Workdir
 
 
@@ -104,6 +105,7 @@ def decide_ahead(wd: Workdir, cfg: MuleConfig, planned: Plan) -> bool:
     must be prepared first (a dataset to generate) is left to decide when it runs."""
     if planned.forced:
         return False
+    hasher = FileHasher(wd)
     for stage in planned.stages:
         if BY_NAME[stage].kind == "sweep":
             from mule.pipeline import sweeps  # its variants' reports: imported only for a sweep
@@ -115,7 +117,7 @@ def decide_ahead(wd: Workdir, cfg: MuleConfig, planned: Plan) -> bool:
             continue
         if not prepare(wd, cfg, stage, act=False):
             return False
-        planned.decided[stage] = decisions.decide(wd, cfg, stage)
+        planned.decided[stage] = decisions.decide(wd, cfg, stage, hasher=hasher)
         if planned.decided[stage].run:
             return False
     return True

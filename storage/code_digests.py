@@ -255,8 +255,50 @@ def _installed_signature() -> str:
     return value.hexdigest()[:16]
 
 
+class _InstalledCache:
+    """Import name -> its distributions, and distribution -> version, kept in the user's
+    cache for one set of installed distributions (_installed_signature: their dist-info
+    folders, whose names carry the versions). Reading them from the distributions'
+    METADATA files costs a tenth of a second on every no-change rebuild; a new or upgraded
+    library is a new signature, so a new cache."""
+
+    def __init__(self) -> None:
+        self.path = cache_dir() / f"installed-{_installed_signature()}.json"
+        try:
+            found = json.loads(self.path.read_text())
+            self.names: dict[str, list[str]] = dict(found["names"])
+            self.versions: dict[str, str | None] = dict(found["versions"])
+        except (OSError, ValueError, KeyError, TypeError):
+            self.names, self.versions = {}, {}
+        self.changed = False
+
+    def save(self) -> None:
+        if not self.changed:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
+            tmp.write_text(json.dumps({"names": self.names, "versions": self.versions}))
+            os.replace(tmp, self.path)
+            self.changed = False
+        except OSError:  # no writable cache: read from the metadata again next time
+            pass
+
+
 @functools.cache
+def _installed_cache() -> _InstalledCache:
+    return _InstalledCache()
+
+
 def _distributions_of(name: str) -> tuple[str, ...]:
+    cache = _installed_cache()
+    if name not in cache.names:
+        cache.names[name] = list(_read_distributions_of(name))
+        cache.changed = True
+    return tuple(cache.names[name])
+
+
+def _read_distributions_of(name: str) -> tuple[str, ...]:
     if name in _top_level_names():
         return tuple(dist.metadata["Name"] for dist in _top_level_names()[name])
     try:
@@ -270,7 +312,16 @@ def _distributions_of(name: str) -> tuple[str, ...]:
 
 def installed_version(dist: str) -> str:
     """An installed distribution's version (tests replace this to simulate an upgrade)."""
-    return version(dist)
+    cache = _installed_cache()
+    if dist not in cache.versions:
+        try:
+            cache.versions[dist] = version(dist)
+        except PackageNotFoundError:
+            cache.versions[dist] = None
+        cache.changed = True
+    if cache.versions[dist] is None:
+        raise PackageNotFoundError(dist)
+    return cache.versions[dist]
 
 
 def libraries(top_level_names: set[str]) -> dict[str, str]:
@@ -294,6 +345,7 @@ def code_parts(module: str | tuple[str, ...], repo: Path = REPO) -> dict[str, st
     parts = {f"file {path.relative_to(repo)}": _digest(_stamp(path)) for path in sorted(reached.values())}
     parts |= {f"library {name}": v for name, v in libraries(outside).items()}
     _import_cache().save()
+    _installed_cache().save()
     return parts
 
 
@@ -309,5 +361,6 @@ def code_digest(module: str | tuple[str, ...], repo: Path = REPO) -> str:
 
 
 def forget() -> None:
-    """Forgets the keys read so far (after an edit, in tests and long-lived processes)."""
+    """Forgets the keys read so far (after an edit, an install, in tests and long-lived processes)."""
     code_parts.cache_clear()
+    _installed_cache.cache_clear()

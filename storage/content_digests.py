@@ -49,28 +49,30 @@ def arrow_digest(table: pa.Table) -> str:
 
 
 def _files_under(root: Path):
-    """(name relative to root, path) of every non-hidden file under root, in name order,
-    following linked folders except those that lead back to a folder on the way down."""
+    """(name relative to root, path as a string) of every non-hidden file under root, in
+    name order, following linked folders except those that lead back to a folder on the
+    way down. Strings, not Paths: a no-change rebuild walks every photo of a dataset, and
+    a Path per file was half of that walk."""
 
-    def walk(folder: Path, prefix: str, ancestors: frozenset):
+    def walk(folder: str, prefix: str, ancestors: frozenset):
         try:
-            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+            with os.scandir(folder) as found:
+                entries = sorted(found, key=lambda e: e.name)
         except (FileNotFoundError, NotADirectoryError):  # a dangling link: nothing under it
             return
         for entry in entries:
             if entry.name.startswith("."):
                 continue
-            path = Path(entry.path)
-            if entry.is_dir(follow_symlinks=True):
-                stat = path.stat()
+            if entry.is_dir():  # links followed
+                stat = entry.stat()
                 identity = (stat.st_dev, stat.st_ino)
                 if identity not in ancestors:  # else a loop: a link to a folder above
-                    yield from walk(path, f"{prefix}{entry.name}/", ancestors | {identity})
-            elif entry.is_file(follow_symlinks=True):
-                yield f"{prefix}{entry.name}", path
+                    yield from walk(entry.path, f"{prefix}{entry.name}/", ancestors | {identity})
+            elif entry.is_file():
+                yield f"{prefix}{entry.name}", entry.path
 
     stat = root.stat()
-    yield from walk(root, "", frozenset({(stat.st_dev, stat.st_ino)}))
+    yield from walk(str(root), "", frozenset({(stat.st_dev, stat.st_ino)}))
 
 
 class FileHasher:
@@ -84,7 +86,7 @@ class FileHasher:
             self.cache = {}
         self.changed = False
 
-    def digest(self, path: Path) -> str | None:
+    def digest(self, path: Path | str) -> str | None:
         """The file's SHA-256, or None when it does not exist."""
         try:
             stat = os.stat(path)
@@ -121,7 +123,7 @@ class FileHasher:
             return self.digest(root)
         parts: dict[str, str | None] = {}
         for relative, path in _files_under(Path(root)):
-            if any(fnmatch.fnmatch(path.name, pattern) for pattern in exclude):
+            if exclude and any(fnmatch.fnmatch(relative.rpartition("/")[2], pattern) for pattern in exclude):
                 continue
             parts[relative] = self.digest(path)
         return combine(parts)

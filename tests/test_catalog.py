@@ -261,3 +261,17 @@ def test_a_stage_s_catalog_reaches_only_the_entries_it_declares(tmp_path):
     with pytest.raises(UndeclaredEntryError, match="'mt captions'"):
         seen.write_table("captions", "d.mt", pa.table({}))
     assert table_entry("rejects", "d.images") == "image rejects" and seen.has_table("rejects", "d")
+
+
+def test_a_dataset_s_languages_are_the_ones_its_captions_use(tmp_path):
+    """Read from the lang column's dictionary (no pyarrow.compute): a dictionary entry no
+    row uses, and a null, are not languages; machine-translated captions add theirs."""
+    import pyarrow.parquet as pq
+
+    wd = Workdir.at(tmp_path)
+    human = wd.table_path("captions", "d")
+    human.parent.mkdir(parents=True)
+    lang = pa.DictionaryArray.from_arrays(pa.array([1, 1, None, 2], pa.int32()), pa.array(["fr", "en", "de"]))
+    pq.write_table(pa.table({"lang": lang}), human, row_group_size=2)  # two row groups: two dictionaries
+    pq.write_table(pa.table({"lang": ["cs", "en"]}), wd.table_path("captions", "d.mt"))
+    assert Catalog(wd, read_only=True).languages("d") == ["cs", "de", "en"]

@@ -1,6 +1,7 @@
 """A stage's code is what its task module imports, followed through the repository: never
 a hand list. Edits are made in a copy of the repository."""
 
+import json
 from pathlib import Path
 
 from mule.pipeline.declaration import BY_NAME, REBUILD
@@ -76,3 +77,31 @@ def test_library_versions_are_part_of_the_key_but_not_the_runners():
     parts = code_parts(BY_NAME["train"].module)
     assert "library torch" in parts and "library numpy" in parts
     assert not [p for p in parts if p in ("library prefect", "library mlflow", "library mlflow-skinny")]
+
+
+def test_library_versions_come_from_the_user_s_cache_while_the_same_distributions_are_installed(tmp_path, monkeypatch):
+    """Versions read from METADATA files once per set of installed distributions: an
+    upgrade is a new dist-info folder (its name carries the version), so a new cache."""
+    import numpy
+
+    from mule.storage import code_digests
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    code_digests.forget()
+    try:
+        assert code_digests.libraries({"numpy"}) == {"numpy": numpy.__version__}
+        code_digests._installed_cache().save()
+        (cache,) = (tmp_path / "mule").glob("installed-*.json")
+        held = json.loads(cache.read_text())
+        assert held["versions"]["numpy"] == numpy.__version__ and held["names"]["numpy"] == ["numpy"]
+        held["versions"]["numpy"] = "0.0-from-the-cache"  # what the cache says is what is used
+        cache.write_text(json.dumps(held))
+        code_digests.forget()
+        assert code_digests.libraries({"numpy"}) == {"numpy": "0.0-from-the-cache"}
+        monkeypatch.setattr(code_digests, "_installed_signature", lambda: "another-install")
+        code_digests.forget()  # another set of distributions: read from their metadata again
+        assert code_digests.libraries({"numpy"}) == {"numpy": numpy.__version__}
+        assert code_digests.libraries({"no_such_module_anywhere"}) == {}
+    finally:
+        monkeypatch.undo()
+        code_digests.forget()

@@ -62,6 +62,19 @@ def test_the_tokeniser_is_chosen_by_language_code():
         tokenizer_name("th", {"th": "icu"})
 
 
+def test_the_codes_language_code_passes_without_langcodes_are_already_standard():
+    """language_code answers mule's own tokeniser codes without importing langcodes (a tenth
+    of a no-change rebuild): each must be a valid tag that langcodes would leave as it is."""
+    import langcodes
+
+    from mule.mule_core.languages import STANDARD, language_code
+
+    for code in sorted(STANDARD):
+        assert langcodes.tag_is_valid(code) and langcodes.standardize_tag(code) == code, code
+        assert language_code(code) == code
+    assert language_code("pt_br") == "pt-BR" and language_code(" de ") == "de"
+
+
 def test_languages_without_a_rule_of_their_own_are_split_at_unicode_word_boundaries():
     # Swahili and Amharic: words and punctuation (UAX #29); an apostrophe inside a word stays
     assert tokenize("Mtoto anacheza mpira, uwanjani.", "sw") == ["mtoto", "anacheza", "mpira", ",", "uwanjani", "."]
