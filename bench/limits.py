@@ -27,6 +27,8 @@ before; the first ratio is then left out).
    gradients, clipping, the step, nothing else. The bare loop is timed for one epoch
    before hardest-negative mining starts and one after (or --steps steps of each),
    weighted as the stage's epochs were; alternated: bare, stage, bare. Target >= 0.9.
+   Beside it, the bare loop with the weight average (train.ema) done bare too, one more
+   epoch after mining: how much of the gap is the average, which a bare loop leaves out.
 4. no change: the same command again on the built workdir over `python -c "import
    mule.commands.main"` and over `python -c pass`; alternated, the median of --repeats
    each. Also: how long after the command returned the workdir's MLflow database was last
@@ -106,16 +108,31 @@ def records(workdir: Path, dataset: str) -> dict[str, dict]:
 # -- 1. the rebuild ---------------------------------------------------------------------
 
 
+def outside_the_stages(found: dict[str, dict], started: float, ended: float) -> dict[str, float]:
+    """Where the wall time outside the stages' computations went: before the first stage
+    began (Python, the config, the MLflow and Prefect set-up), between stages (deciding,
+    publishing, Prefect's task runs) and after the last (the results, the exit); from each
+    record's finish time and seconds (time.time())."""
+    spans = sorted((r["finished"] - float(r.get("seconds") or 0.0), r["finished"]) for r in found.values() if r.get("finished"))
+    if not spans:
+        return {}
+    between = sum(max(0.0, b[0] - a[1]) for a, b in zip(spans, spans[1:]))
+    return {"before": spans[0][0] - started, "between": between, "after": ended - spans[-1][1]}
+
+
 def rebuild_ratio(args, workdir: Path, dataset: str) -> dict:
+    started = time.time()
     wall = timed(command(args, workdir), workdir.parent / f"{workdir.name}-rebuild.log")
     found = records(workdir, dataset)
     computed = {s: float(r.get("seconds") or 0.0) for s, r in found.items() if r.get("status", "ran") != "reused"}
     total = sum(computed.values())
+    outside = outside_the_stages(found, started, time.time())
     print(f"\n1. rebuild from an empty workdir: {wall:.1f} s wall; the stages computed {total:.1f} s "
           f"({', '.join(f'{s} {v:.1f}' for s, v in computed.items())})")  # fmt: skip
     print(f"   wall / computations = {wall / total:.2f}   (target <= {1.25 if not args.dataset else 1.10}; "
-          f"{wall - total:.1f} s outside the stages)", flush=True)  # fmt: skip
-    return {"wall_s": wall, "computed_s": computed, "ratio": wall / total}
+          f"{wall - total:.1f} s outside the stages: {', '.join(f'{k} {v:.1f}' for k, v in outside.items())})",
+          flush=True)  # fmt: skip
+    return {"wall_s": wall, "computed_s": computed, "ratio": wall / total, "outside_s": outside}
 
 
 # -- 2. features --------------------------------------------------------------------------
@@ -235,7 +252,13 @@ def bare_training(cfg, workdir: Path, dataset: str, mode: str, steps: int) -> di
     params = [p for p in (model.parameters() if joint else model.mule_parameters()) if p.requires_grad]
     per_epoch = len(trainer.sampler)
 
-    def loop(epoch: int, limit: int = steps) -> float:
+    # the weight average (train.ema), done bare: every parameter lerped towards the live
+    # weights after each step, as torch's own EMA helpers do (swa_utils: _foreach_lerp_)
+    decay = cfg.pretrain.ema if not joint else cfg.train.ema
+    live = [p for p in model.parameters()]
+    averaged = [p.detach().clone() for p in live] if decay > 0 else []
+
+    def loop(epoch: int, limit: int = steps, average: bool = False) -> float:
         model.train()
         done, started = 0, time.perf_counter()
         for batch in trainer.sampler.batches(epoch):
@@ -249,6 +272,9 @@ def bare_training(cfg, workdir: Path, dataset: str, mode: str, steps: int) -> di
                 torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], cfg.train.grad_clip)
             trainer.optimizer.step()
             trainer.scheduler.step()
+            if average and averaged:
+                with torch.no_grad():
+                    torch._foreach_lerp_(averaged, [p.detach() for p in live], 1.0 - decay)
             done += 1
             if limit and done == limit:
                 break
@@ -258,7 +284,9 @@ def bare_training(cfg, workdir: Path, dataset: str, mode: str, steps: int) -> di
     warm = loop(1)
     trainer.scheduler.last_epoch = max(trainer.scheduler.last_epoch, trainer.mining_warmup_steps)
     mining = loop(2)
-    return {"warm_s": warm, "mining_s": mining, "steps_per_epoch": per_epoch, "mining_from": trainer.mining_warmup_steps}
+    averaging = loop(3, average=True) if averaged else mining  # after mining starts, with the average
+    return {"warm_s": warm, "mining_s": mining, "averaging_s": averaging, "steps_per_epoch": per_epoch,
+            "mining_from": trainer.mining_warmup_steps, "averaged_floats": sum(p.numel() for p in averaged)}  # fmt: skip
 
 
 def training_ratio(args, cfg, workdir: Path, dataset: str, steps: int) -> dict:
@@ -286,6 +314,8 @@ def training_ratio(args, cfg, workdir: Path, dataset: str, steps: int) -> dict:
         both = [(warm_steps * b["warm_s"] + (total_steps - warm_steps) * b["mining_s"]) / per_epoch for b in (first, second)]
         bare_s = sum(both) / 2
         spread = abs(both[0] - both[1]) / bare_s
+        # the same loop with the weight average done bare too: what of the gap is the average's
+        average_s = sum(b["averaging_s"] - b["mining_s"] for b in (first, second)) / 2 * epochs
         stage_s = float(result.get("seconds") or record.get("seconds"))
         loops = sum(float(h.get("seconds") or 0.0) for h in history)
         phases = result.get("phases") or {}
@@ -293,8 +323,13 @@ def training_ratio(args, cfg, workdir: Path, dataset: str, steps: int) -> dict:
         print(f"   {stage:<8} {epochs} epochs of {per_epoch} steps: stage {stage_s / epochs:6.2f} s/epoch (its loops "
               f"{loops / epochs:.2f}, validation {phases.get('validation', 0) / epochs:.2f}), bare {bare_s / epochs:6.2f} "
               f"(the two differ by {100 * spread:.0f}%)   bare / stage = {ratio:.2f}   (target >= 0.9)", flush=True)  # fmt: skip
+        if first["averaged_floats"]:
+            print(f"            the weight average done bare ({first['averaged_floats'] / 1e6:.1f} M floats a step) adds "
+                  f"{average_s / epochs:.2f} s/epoch: bare with it / stage = {(bare_s + average_s) / stage_s:.2f}",
+                  flush=True)  # fmt: skip
         out[stage] = {"stage_s": stage_s, "loops_s": loops, "bare_s": bare_s, "epochs": epochs, "ratio": ratio,
-                      "bare_spread": spread, "phases": phases}  # fmt: skip
+                      "bare_spread": spread, "phases": phases, "bare_average_s": average_s,
+                      "ratio_with_average": (bare_s + average_s) / stage_s}  # fmt: skip
     return out
 
 

@@ -181,6 +181,12 @@ class Trainer:
             for name, p in model.named_parameters():
                 if any(p is t for t in self.tables):
                     self.row_averages[id(p)] = RowAverage(averaged[name].data, p.data, self.ema_decay, 0)
+            # Averaged step by step: what the optimizer moves. The rest (LP's shared encoder
+            # and image branch, frozen weights) equals its average from the copy on, and a
+            # lerp towards itself leaves it so: skipped, the same numbers.
+            moving = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
+            self._averaged_pairs = [(averaged[name], p) for name, p in model.named_parameters()
+                                    if id(p) in moving and id(p) not in self.row_averages]  # fmt: skip
         self.stopped: str | None = None  # why training stopped early, if it did
         self.history: list[EpochResult] = []
 
@@ -360,7 +366,7 @@ class Trainer:
         """This step's average: every parameter's, except the tables averaged row by row
         (row_averages): those, of the rows that moved."""
         weight = ema_weight(self.ema_decay, self.step)
-        pairs = [(a, p) for a, p in zip(self.ema.parameters(), self.model.parameters()) if id(p) not in self.row_averages]
+        pairs = self._averaged_pairs
         torch._foreach_lerp_([a for a, _ in pairs], [p.detach() for _, p in pairs], weight)
         for key, rows in (moved or {}).items():
             self.row_averages[key].lerp(rows, weight, self.step)
