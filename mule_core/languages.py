@@ -31,7 +31,7 @@ class LanguageCodeError(ValueError):
     pass
 
 
-# Tags already in standard form that mule's own tokeniser rules name (tests/test_languages.py
+# Tags already in standard form that mule's own tokeniser rules name (tests/test_text.py
 # checks each against langcodes): every config names some, and langcodes' import and
 # registry are a tenth of a no-change rebuild.
 STANDARD = frozenset(MOSES) | frozenset(SEGMENTED)
@@ -40,7 +40,7 @@ STANDARD = frozenset(MOSES) | frozenset(SEGMENTED)
 def language_code(value: str) -> str:
     """`value` as a standard BCP 47 tag ("EN" -> "en", "pt_br" -> "pt-BR"), or
     LanguageCodeError naming what is wrong."""
-    if value in STANDARD:
+    if isinstance(value, str) and value in STANDARD:
         return value
     import langcodes
 

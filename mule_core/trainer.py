@@ -363,8 +363,8 @@ class Trainer:
 
     @torch.no_grad()
     def _update_ema(self, moved: dict[int, torch.Tensor] | None = None) -> None:
-        """This step's average: every parameter's, except the tables averaged row by row
-        (row_averages): those, of the rows that moved."""
+        """This step's average: every parameter the optimizer moves, except the tables
+        averaged row by row (row_averages): those, of the rows that moved."""
         weight = ema_weight(self.ema_decay, self.step)
         pairs = self._averaged_pairs
         torch._foreach_lerp_([a for a, _ in pairs], [p.detach() for _, p in pairs], weight)

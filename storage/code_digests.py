@@ -71,6 +71,19 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mule"
 
 
+def _write_cache(path: Path, value) -> bool:
+    """`value` as JSON at `path` in the user's cache, atomically; False when the cache is
+    not writable (what it holds is computed again next time)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(value))
+        os.replace(tmp, path)
+        return True
+    except OSError:
+        return False
+
+
 class _ImportCache:
     """File digest, module -> the names its imports load, kept in the user's cache: parsing
     every file a stage reaches costs a second on a busy machine, and the answer depends
@@ -91,14 +104,8 @@ class _ImportCache:
             return
         if len(self.entries) > self.MAX:  # old edits' entries: keep the newest
             self.entries = dict(list(self.entries.items())[-self.MAX // 2 :])
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
-            tmp.write_text(json.dumps(self.entries))
-            os.replace(tmp, self.path)
+        if _write_cache(self.path, self.entries):  # else parsed again next time
             self.changed = False
-        except OSError:  # no writable cache: parsed again next time
-            pass
 
 
 @functools.cache
@@ -225,13 +232,7 @@ def _packages_distributions() -> dict[str, list[str]]:
     except (OSError, ValueError):
         pass
     found = packages_distributions()
-    try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_name(f".{cache.name}.tmp-{os.getpid()}")
-        tmp.write_text(json.dumps(found))
-        os.replace(tmp, cache)
-    except OSError:  # no writable cache: computed again next time
-        pass
+    _write_cache(cache, found)
     return found
 
 
@@ -275,14 +276,8 @@ class _InstalledCache:
     def save(self) -> None:
         if not self.changed:
             return
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
-            tmp.write_text(json.dumps({"names": self.names, "versions": self.versions}))
-            os.replace(tmp, self.path)
+        if _write_cache(self.path, {"names": self.names, "versions": self.versions}):
             self.changed = False
-        except OSError:  # no writable cache: read from the metadata again next time
-            pass
 
 
 @functools.cache
