@@ -14,6 +14,11 @@ Every write a stop can cut is finished by the next publish of any model of the d
 before that model is decided: a candidate whose version was never made (its run carries
 the intent, `mule.registry_candidate`) is registered, and every version whose decision was
 not carried out is decided, oldest first; the registry ends as an uninterrupted run's.
+An intent ends the moment its version is written (its tag is deleted), so a version or a
+registered model deleted by hand is never made again; a champion set by hand stays until
+a better comparable model is published. Intents written before they ended (without
+`"ends": true`) are taken as ended: a stop that cut one still has its stage record
+unpublished, and the next run publishes that model again (pipeline.hooks).
 """
 
 from __future__ import annotations
@@ -170,14 +175,25 @@ def _intended(client, name: str, dataset: str) -> list[Candidate]:
     for run in runs:
         try:
             data = json.loads(run.data.tags[INTENT])
+            if not (isinstance(data, dict) and data.pop("ends", False) is True):
+                raise ValueError("an intent from before intents ended")
             candidate = Candidate(**{**data, "languages": tuple(data["languages"])})
         except (TypeError, ValueError, KeyError):
-            continue  # not a candidate this mule wrote: left alone
+            _end_intent(client, run.info.run_id)  # not one this mule carries out: its version exists or was deleted
+            continue
         if candidate.model_identity in identities if candidate.model_identity else (run.info.run_id, "") in registered:
+            _end_intent(client, run.info.run_id)  # written, and stopped before the intent ended
             continue
         wanted.append(candidate)
         identities.add(candidate.model_identity)
     return wanted
+
+
+def _end_intent(client, run_id: str) -> None:
+    try:
+        client.delete_tag(run_id, INTENT)
+    except MlflowException:  # the run is gone: nothing left to carry out
+        pass
 
 
 def _champion(client, name: str):
@@ -270,7 +286,7 @@ def register(workdir: Workdir, candidate: Candidate) -> dict[str, Any]:
     doc), after finishing whatever an earlier stop left undone."""
     client, name = tracking.client(workdir), model_name(candidate.dataset)
     # the intent first: a stop from here on leaves it for the next publish to carry out
-    client.set_tag(candidate.run_id, INTENT, json.dumps(dataclasses.asdict(candidate)))
+    client.set_tag(candidate.run_id, INTENT, json.dumps(dataclasses.asdict(candidate) | {"ends": True}))
     try:
         client.get_registered_model(name)
     except MlflowException:
@@ -288,7 +304,11 @@ def register(workdir: Workdir, candidate: Candidate) -> dict[str, Any]:
 
 
 def _create_version(client, name: str, candidate: Candidate):
-    return client.create_model_version(name, candidate.source, run_id=candidate.run_id, tags=_tags(candidate))
+    """The candidate's version; its intent ends with it (a stop between the two: the next
+    publish finds the version and ends the intent)."""
+    version = client.create_model_version(name, candidate.source, run_id=candidate.run_id, tags=_tags(candidate))
+    _end_intent(client, candidate.run_id)
+    return version
 
 
 def tag_test_results(workdir: Workdir, dataset: str, train: dict | None, split: str, mean_mr: float | None,

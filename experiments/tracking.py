@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mule.experiments.mlflow_store import seed_store, store_exists
+from mule.experiments.mlflow_store import WorkdirError, seed_store, store_exists
 from mule.mule_core.errors import is_user_error
 from mule.mule_core.settings import flatten
 from mule.process import interrupts
@@ -98,6 +98,8 @@ def experiment_id(workdir: Workdir, dataset: str) -> str:
     c = client(workdir)
     name = f"mule/{dataset}"
     experiment = c.get_experiment_by_name(name)
+    if experiment is not None and experiment.lifecycle_stage == "deleted":
+        raise WorkdirError(deleted_experiment(workdir, name, experiment.experiment_id))
     if experiment is None:
         workdir.artifacts_dir.mkdir(parents=True, exist_ok=True)
         note = f"mule runs on dataset {dataset}: one parent run per rebuild, a child run per stage."
@@ -107,6 +109,37 @@ def experiment_id(workdir: Workdir, dataset: str) -> str:
         if experiment.tags.get(key) != value:
             c.set_experiment_tag(experiment.experiment_id, key, value)
     return experiment.experiment_id
+
+
+def deleted_experiment(workdir: Workdir, name: str, experiment: str) -> str:
+    """What to do about a dataset's experiment deleted by hand (MLflow's UI keeps it, deleted,
+    until it is removed for good): mule will not log into it, nor make another of its name."""
+    uri = workdir.mlflow_uri
+    return (f"the MLflow experiment {name!r} (id {experiment}) in {uri.removeprefix('sqlite:///')} was deleted: "
+            f"restore it (`mlflow experiments restore --experiment-id {experiment}` with "
+            f"MLFLOW_TRACKING_URI={uri}), or remove it for good (`mlflow gc --backend-store-uri {uri} "
+            f"--experiment-ids {experiment}`) so the next run starts a new one, or run in another workdir")
+
+
+def run_alive(workdir: Workdir, run_id: str | None) -> bool:
+    """Whether the run is in the store and not deleted (by hand, in MLflow's UI)."""
+    from mlflow.exceptions import MlflowException
+
+    if not run_id:
+        return False
+    try:
+        return client(workdir).get_run(run_id).info.lifecycle_stage == "active"
+    except MlflowException:
+        return False
+
+
+def finish_stopped_run(workdir: Workdir, run_id: str, by_run: str | None) -> None:
+    """A run that stopped before publishing what it computed, once a later run (`by_run`)
+    published it into it: it ends FINISHED, saying by whom."""
+    c = client(workdir)
+    c.set_tag(run_id, "mule.published_by_run", by_run or "a run without MLflow")
+    if c.get_run(run_id).info.status != "FINISHED":
+        c.set_terminated(run_id, "FINISHED")
 
 
 def runs_address(workdir: Workdir, base: str, dataset: str | None = None) -> str | None:
@@ -169,7 +202,9 @@ class Tracker:
             return
         from mlflow.entities import Param
 
-        items = [Param(k, str(v)[:6000]) for k, v in values.items()]
+        # a dict in key order: the same value logged again (a stopped run's publish finished later, its
+        # result read back from its record) is the same text, which MLflow requires of a param
+        items = [Param(k, str(dict(sorted(v.items())) if isinstance(v, dict) else v)[:6000]) for k, v in values.items()]
         for start in range(0, len(items), 100):
             self.client.log_batch(self.run_id, params=items[start : start + 100])
 

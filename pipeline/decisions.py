@@ -311,14 +311,16 @@ def runtime_record(cfg: MuleConfig, stage: Stage) -> dict[str, Any]:
 
 
 def mark_published(wd: Workdir, cfg: MuleConfig, decision: Decision, result: Any, run_id: str | None,
-                   seconds: float | None = None) -> None:  # fmt: skip
+                   seconds: float | None = None, key: str | None = None) -> None:  # fmt: skip
     """The stage's publishing is done (in run `run_id`): its record says so, with what the
-    publisher added to the result (a registered version)."""
-    if not decision.key:
+    publisher added to the result (a registered version). `key`: the record's, when it is
+    not the decision's (a pending result published before a run under a new key replaces it)."""
+    key = key or decision.key
+    if not key:
         return
     path = wd.stage_record_path(cfg.data.dataset, decision.stage, decision.slot)
     current = _read_record(path)
-    if current is None or current["key"] != decision.key:
+    if current is None or current["key"] != key:
         return
     write_json_atomic({**current, "result": result, "published": True, "published_in_run": run_id,
                        "publish_seconds": None if seconds is None else round(seconds, 2)}, path)  # fmt: skip
@@ -327,6 +329,29 @@ def mark_published(wd: Workdir, cfg: MuleConfig, decision: Decision, result: Any
 def publish_pending(decision: Decision) -> bool:
     """The stage was computed and recorded, and its run stopped before publishing it."""
     return bool(decision.record) and decision.record.get("published") is False
+
+
+def pending_changed(wd: Workdir, decision: Decision) -> str:
+    """Why the unpublished result of `decision.record` can no longer be published as it was
+    computed (an output missing or changed since: edited, or damaged); "" when it can."""
+    return _outputs_changed(wd, FileHasher(wd), decision.record) if decision.record else "no record"
+
+
+def recorded_config(cfg: MuleConfig, record: dict) -> MuleConfig:
+    """The config a recorded result was computed under, as far as the stage reads it: `cfg`
+    with the options its record's key was made of (a pending result is published with the
+    settings that made it, not those of the run that publishes it)."""
+    from mule.config.overrides import apply_overrides
+    from mule.mule_core.settings import ConfigError
+
+    stage = BY_NAME[record.get("stage") or ""] if record.get("stage") in BY_NAME else None
+    presence = stage.presence if stage else frozenset()
+    options = {k.removeprefix("config "): v for k, v in record.get("parts", {}).items()
+               if k.startswith("config ") and k.removeprefix("config ") not in presence}  # fmt: skip
+    try:
+        return apply_overrides(cfg, options)
+    except (ConfigError, ValueError, TypeError):  # an option since renamed or retired: today's value
+        return cfg
 
 
 def reused_result(decision: Decision, wd: Workdir) -> dict:

@@ -113,15 +113,21 @@ class MlflowTracking(Hook):
 
 class Publishing(Hook):
     """After a stage computed: its figures, reports, MLflow metrics and artifacts, and for
-    the train stage the registered model (pipeline.publish). A reused stage whose run
-    stopped before publishing is published now. Without MLflow (no run id) a stage that
-    has something to publish stays marked unpublished: the next tracked run publishes it."""
+    the train stage the registered model (pipeline.publish). A result whose run stopped
+    before publishing it is published first, into the run that computed it, whether the
+    stage is reused now or is about to compute again under another key (and so overwrite
+    it). Without MLflow (no run id) a stage that has something to publish stays marked
+    unpublished: the next tracked run publishes it."""
 
     def after_pipeline_run(self, whole) -> None:
         """The run's own MLflow run: each stage's decision, the test recalls, the tables."""
         from mule.pipeline.publish import publish_rebuild
 
         publish_rebuild(whole.workdir, whole.cfg, whole.results, whole.described, whole.run_id)
+
+    def before_stage_run(self, run: StageRun) -> None:
+        if decisions.publish_pending(run.decision):  # what would be overwritten is published first
+            _publish_pending(run, replaced=True)
 
     def after_stage_run(self, run: StageRun) -> None:
         from mule.pipeline.publish import publish
@@ -133,19 +139,52 @@ class Publishing(Hook):
                                      time.perf_counter() - started)  # fmt: skip
 
     def on_stage_reused(self, run: StageRun) -> None:
-        if not (run.run_id and decisions.publish_pending(run.decision)):
-            return
-        from mule.pipeline.publish import publish
+        if decisions.publish_pending(run.decision):
+            published = _publish_pending(run, replaced=False)
+            if published is not None:
+                run.result = run.result | published
 
-        decision = run.decision
-        decisions.logger().warning("%s: reused (key %s); the run that computed it (MLflow %s) stopped before "
-                                   "publishing it: publishing it now", decision.stage, decision.key[:12],
-                                   decision.record.get("run_id"))  # fmt: skip
-        run.result = run.result | publish(decision.stage, run.workdir, run.cfg, run.result, run.run_id)
-        run.report.tags({"mule.published_here": f"for run {decision.record.get('run_id')}, which stopped before "
-                                                "publishing"})  # fmt: skip
-        decisions.mark_published(run.workdir, run.cfg, decision, {k: v for k, v in run.result.items()
-                                 if k not in ("reused", "stage_key", "reused_from_run")}, run.run_id)  # fmt: skip
+
+def _publish_pending(run: StageRun, replaced: bool) -> dict | None:
+    """Publishes the result a stopped run computed and recorded but never published: into
+    that run when it is still in the store (it then ends FINISHED), else into this stage's
+    run, or, when this stage computes again next (`replaced`: its outputs are overwritten),
+    into a run of its own. Returns what the publisher added, or None when nothing could be
+    published (said in one line)."""
+    from mule.experiments import tracking
+    from mule.pipeline.publish import publish
+
+    wd, decision, record = run.workdir, run.decision, run.decision.record
+    stopped = record.get("run_id")
+    alive = tracking.run_alive(wd, stopped)
+    if not alive and run.run_id is None:
+        return None  # no MLflow here: the next tracked run publishes it (or, replaced, it was never tracked)
+    what = f"{decision.stage}: MLflow run {stopped} (key {record['key'][:12]}) computed a result"
+    changed = decisions.pending_changed(wd, decision)
+    if changed:
+        logger().warning("%s and stopped before publishing it; it cannot be published now (%s)%s", what, changed,
+                         ": this run replaces it" if replaced else "", extra=SHOWN)  # fmt: skip
+        return None
+    logger().warning("%s and stopped before publishing it: publishing it %s", what,
+                     "before this run replaces it" if replaced else "now", extra=SHOWN)  # fmt: skip
+    cfg = decisions.recorded_config(run.cfg, record)
+    result = {k: v for k, v in decisions.reused_result(decision, wd).items()
+              if k not in ("reused", "stage_key", "reused_from_run")}  # fmt: skip
+    with ExitStack() as own:
+        if alive:
+            target = stopped
+        elif replaced:  # never into the run that computes the next result: one model.pt per run
+            target = own.enter_context(tracking.run(wd, cfg, decision.stage, run.parent_run_id,
+                                                    tags={"mule.published_for": f"run {stopped}, deleted"}))  # fmt: skip
+        else:
+            target = run.run_id
+        added = publish(decision.stage, wd, cfg, result, target)
+        decisions.mark_published(wd, run.cfg, decision, result | added, target, key=record["key"])
+    if alive:
+        tracking.finish_stopped_run(wd, stopped, run.run_id)
+    if run.report is not None and target != run.run_id:
+        run.report.tags({"mule.published_for": f"run {stopped}, which stopped before publishing"})
+    return added
 
 
 class Timing(Hook):

@@ -184,7 +184,7 @@ class StoppingClient:
     """MLflow's client, stopped (Ctrl-C) just before its n-th write; counts the writes."""
 
     WRITES = ("create_registered_model", "create_model_version", "set_registered_model_alias", "set_model_version_tag",
-              "set_tag")  # fmt: skip
+              "set_tag", "delete_tag")  # fmt: skip
 
     def __init__(self, client, stop_before: int | None):
         self.client, self.stop_before, self.writes = client, stop_before, 0
@@ -260,3 +260,67 @@ def test_the_champion_is_a_fact_after_a_stop_between_any_two_registry_writes(tmp
         assert _state(wd) == want, f"stopped before write {stop_before}"
         publish(wd, *following)  # and the one after changes nothing
         assert _state(wd) == want
+
+
+def _publish(wd: Workdir, val_mr: float, identity: str) -> dict:
+    """What the train publisher does with a trained model: the version its weights have, else a new one."""
+    client = tracking.client(wd)
+    found = registry.registered_for(wd, "toy", identity)
+    if found is not None:
+        return found
+    run = client.create_run(tracking.experiment_id(wd, "toy")).info.run_id
+    return registry.register(wd, registry.Candidate("toy", run, f"runs:/{run}/model", val_mr, ("en",),
+                                                    registry.split_digest(["a"]), "test", identity, MEASURE))  # fmt: skip
+
+
+def test_a_version_deleted_by_hand_never_comes_back_and_a_champion_set_by_hand_stays(tmp_path):
+    """docs/operations.md: delete the champion in MLflow's UI and set `champion` on another
+    version; the next model published (worse than the deleted one, not better than the one
+    chosen) is registered beside them, and the choice stands."""
+    wd = Workdir.at(tmp_path)
+    client = tracking.client(wd)
+    assert [_publish(wd, mr, f"model-{mr:g}")["version"] for mr in (31.72, 37.72)] == [1, 2]
+    assert str(client.get_model_version_by_alias("mule-toy", "champion").version) == "2"
+    client.delete_model_version("mule-toy", "2")  # as MLflow's UI does
+    client.set_registered_model_alias("mule-toy", "champion", "1")
+
+    decided = _publish(wd, 29.74, "model-29.74")
+    versions = {str(v.version): v.tags["mule.val_mR"] for v in client.search_model_versions("name = 'mule-toy'")}
+    assert versions == {"1": "31.7200", "3": "29.7400"}  # v2 stays deleted
+    assert decided == {"model": "mule-toy", "version": 3, "champion": False,
+                       "why": "val mR 29.74 does not beat champion v1 (31.72)"}
+    assert str(client.get_model_version_by_alias("mule-toy", "champion").version) == "1"
+    assert _publish(wd, 33.0, "model-33")["champion"] is True  # until a better comparable model comes
+    assert not any(registry.INTENT in r.data.tags for r in client.search_runs([tracking.experiment_id(wd, "toy")]))
+
+
+def test_a_registered_model_deleted_by_hand_starts_again_with_the_next_model_alone(tmp_path):
+    wd = Workdir.at(tmp_path)
+    client = tracking.client(wd)
+    for mr in (40.0, 50.0):
+        _publish(wd, mr, f"model-{mr:g}")
+    client.delete_registered_model("mule-toy")
+    decided = _publish(wd, 45.0, "model-45")
+    assert [(str(v.version), v.tags["mule.val_mR"]) for v in client.search_model_versions("name = 'mule-toy'")] == [
+        ("1", "45.0000")]
+    assert decided["champion"] is True and decided["why"] == "first model of this dataset"
+
+
+def test_an_intent_written_before_intents_ended_is_not_carried_out(tmp_path):
+    """Workdirs from before: every registered run still carries its intent, without
+    `"ends": true`. Such an intent is taken as ended (and removed), so a version deleted
+    before the upgrade does not come back either."""
+    import dataclasses
+    import json
+
+    wd = Workdir.at(tmp_path)
+    client = tracking.client(wd)
+    _publish(wd, 40.0, "model-40")
+    run = client.create_run(tracking.experiment_id(wd, "toy")).info.run_id
+    old = registry.Candidate("toy", run, f"runs:/{run}/model", 90.0, ("en",), registry.split_digest(["a"]), "test",
+                             "deleted-by-hand", MEASURE)  # fmt: skip
+    client.set_tag(run, registry.INTENT, json.dumps(dataclasses.asdict(old)))  # as mule wrote it before
+    _publish(wd, 45.0, "model-45")
+    assert sorted(v.tags["mule.val_mR"] for v in client.search_model_versions("name = 'mule-toy'")) == [
+        "40.0000", "45.0000"]
+    assert registry.INTENT not in client.get_run(run).data.tags
