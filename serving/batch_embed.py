@@ -102,6 +102,9 @@ def content_id(text: str | None, lang: str | None) -> str:
     return "s" + hashlib.sha256(f"{lang or ''}\n{text or ''}".encode()).hexdigest()[:24]
 
 
+TEXT_COLUMNS = ("text", "caption", "sentence")
+
+
 def read_sentences(path: Path, lang: str | None = None) -> pa.Table:
     """A table of sentences: CSV, TSV, JSON Lines or Parquet, with a `text` column (or
     `caption`, `sentence`), and optionally `id` and `lang`; without an id column, each
@@ -119,18 +122,28 @@ def read_sentences(path: Path, lang: str | None = None) -> pa.Table:
         elif suffix in (".jsonl", ".json"):
             table = pjson.read_json(path)
         else:
+            # every cell as written: ids 007 and 7 are two ids, and NA, null or nan are words, not missing values
             delimiter = "\t" if suffix == ".tsv" else ","
+            as_text = dict.fromkeys(("id", "lang", *TEXT_COLUMNS), pa.string())
             table = pcsv.read_csv(path, parse_options=pcsv.ParseOptions(delimiter=delimiter, newlines_in_values=True),
-                                  convert_options=pcsv.ConvertOptions(strings_can_be_null=True))  # fmt: skip
+                                  convert_options=pcsv.ConvertOptions(column_types=as_text, null_values=[],
+                                                                      strings_can_be_null=False))  # fmt: skip
     except pa.ArrowInvalid as error:
         raise InputError(f"{path}: not a table mule can read ({str(error).splitlines()[0]})") from None
-    text = next((c for c in ("text", "caption", "sentence") if c in table.column_names), None)
+    text = next((c for c in TEXT_COLUMNS if c in table.column_names), None)
     if text is None:
         raise InputError(f"{path}: no text column (text, caption or sentence); its columns: {', '.join(table.column_names)}")
     langs = table.column("lang").cast(pa.string()) if "lang" in table.column_names else pa.nulls(table.num_rows, pa.string())
     texts = table.column(text).cast(pa.string())
     if "id" in table.column_names:
-        return pa.table({"id": table.column("id").cast(pa.string()), "text": texts, "lang": langs})
+        ids = table.column("id").cast(pa.string())
+        missing = [n for n, value in enumerate(ids.to_pylist(), start=1) if value is None or not value.strip()]
+        if missing:
+            rows = ", ".join(map(str, missing[:5])) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+            raise InputError(f"{path}: {len(missing)} row{'s' if len(missing) > 1 else ''} without an id (row "
+                             f"{rows}, counting from the first row after any header): give every row one, or drop "
+                             "the id column to have each row's id made from its text")  # fmt: skip
+        return pa.table({"id": ids, "text": texts, "lang": langs})
     ids = pa.array([content_id(t, row_lang or lang) for t, row_lang in zip(texts.to_pylist(), langs.to_pylist())],
                    pa.string())  # fmt: skip
     return pa.table({"id": ids, "text": texts, "lang": langs}).replace_schema_metadata({"mule.ids": "content"})

@@ -5,6 +5,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from mule.mule_core.errors import InputError
 from mule.serving.batch_embed import content_id, read_sentences
 from mule.serving.vector_stores import Maker, NotAStoreError, open_store
 
@@ -66,6 +67,34 @@ def test_sentences_without_an_id_column_are_named_by_their_content(tmp_path):
     table.write_text("text,lang\na new first row,en\na red circle,en\nein blaues Quadrat,de\na red circle,\n",
                      encoding="utf-8")  # fmt: skip
     assert read_sentences(table, lang="fr").column("id").to_pylist()[1:] == before
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv"])
+def test_sentence_ids_are_kept_as_written(tmp_path, suffix):
+    """ids are text: 007, 7 and 0042 are three ids (a number type made 7 of the first two and
+    dropped one as a repeat), and NA, N/A, null, nan are ids like any other, not missing
+    values; a text that reads as a number or as NA stays as written too."""
+    sep = "\t" if suffix == ".tsv" else ","
+    ids = ["007", "7", "0042", "NA", "N/A", "null", "nan", "1e3", "TRUE"]
+    rows = [sep.join((i, f"sentence {n}" if n % 2 else "NA", "en")) for n, i in enumerate(ids)]
+    table = tmp_path / f"sentences{suffix}"
+    table.write_text(sep.join(("id", "text", "lang")) + "\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    read = read_sentences(table)
+    assert read.column("id").to_pylist() == ids and read.column("id").null_count == 0
+    assert read.column("text").to_pylist()[:2] == ["NA", "sentence 1"]
+
+
+def test_a_sentence_without_an_id_is_refused_naming_its_rows(tmp_path):
+    table = tmp_path / "sentences.csv"
+    table.write_text("id,text\n1,a dog\n,a cat\n3,a car\n  ,a bird\n", encoding="utf-8")
+    with pytest.raises(InputError, match=r"sentences.csv: 2 rows without an id \(row 2, 4, counting"):
+        read_sentences(table)
+    jsonl = tmp_path / "sentences.jsonl"
+    jsonl.write_text('{"id": "a", "text": "a dog"}\n{"id": null, "text": "a cat"}\n{"id": "7", "text": "x"}\n')
+    with pytest.raises(InputError, match=r"1 row without an id \(row 2,"):
+        read_sentences(jsonl)
+    jsonl.write_text('{"id": 7, "text": "a dog"}\n{"id": 70, "text": "a cat"}\n')  # JSON's numbers, as text
+    assert read_sentences(jsonl).column("id").to_pylist() == ["7", "70"]
 
 
 @pytest.mark.parametrize("kind", ["parquet", "lancedb", "qdrant"])
