@@ -116,9 +116,9 @@ def deleted_experiment(workdir: Workdir, name: str, experiment: str) -> str:
     until it is removed for good): mule will not log into it, nor make another of its name."""
     uri = workdir.mlflow_uri
     return (f"the MLflow experiment {name!r} (id {experiment}) in {uri.removeprefix('sqlite:///')} was deleted: "
-            f"restore it (`mlflow experiments restore --experiment-id {experiment}` with "
-            f"MLFLOW_TRACKING_URI={uri}), or remove it for good (`mlflow gc --backend-store-uri {uri} "
-            f"--experiment-ids {experiment}`) so the next run starts a new one, or run in another workdir")
+            f"restore it (in MLflow's UI, or `MLFLOW_TRACKING_URI={uri} mlflow experiments restore --experiment-id "
+            f"{experiment}`), or remove it for good with its runs (`MLFLOW_TRACKING_URI={uri} mlflow gc "
+            f"--backend-store-uri {uri} --experiment-ids {experiment}`) so that the next run starts a new one")
 
 
 def run_alive(workdir: Workdir, run_id: str | None) -> bool:

@@ -247,3 +247,28 @@ def test_a_run_stopped_after_writing_its_output_and_before_its_record_is_finishe
     assert "damaged" not in decision.reason
     Runner(wd, untracked()).run(cfg, "train", decision=decision)
     assert not Runner(wd).decide(cfg, "train").run  # recorded now: the marker is gone
+
+
+def test_a_deleted_mlflow_experiment_stops_a_run_with_one_line_saying_what_to_do(copy, capsys):
+    """Deleting the dataset's experiment in MLflow's UI keeps it, deleted, in the store: MLflow
+    refuses every run in it (a 28-frame traceback). mule says so in one line, naming the
+    store and the two ways out, and changes nothing."""
+    from mlflow.tracking import MlflowClient
+
+    from mule.commands.main import main
+
+    wd, _, _ = copy
+    from mule.experiments import tracking
+
+    experiment = tracking.experiment_id(wd, "embedded")  # as a run makes it (these stages ran untracked)
+    MlflowClient(wd.mlflow_uri).delete_experiment(experiment)
+    records = sorted((wd.root / "state" / "stages").rglob("*.json"))
+    before = {p: p.read_bytes() for p in records}
+    options = [a for k, v in TINY.items() for a in ("--set", f"{k}={v}")]
+    assert main(["run", "train", "--workdir", str(wd.root), "--force", "train", *options]) == 2
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("mule:")]
+    assert len(said) == 1 and "Traceback" not in said[0], said
+    assert said[0].startswith(f"mule: error: the MLflow experiment 'mule/embedded' (id {experiment}) in "
+                              f"{wd.root / 'mlflow.db'} was deleted: restore it")  # fmt: skip
+    assert f"mlflow experiments restore --experiment-id {experiment}" in said[0] and "mlflow gc" in said[0]
+    assert {p: p.read_bytes() for p in records} == before
