@@ -23,7 +23,7 @@ from pathlib import Path
 from mule.data_catalog import index_files
 from mule.data_catalog.sources import locate
 from mule.data_catalog.tables import Catalog
-from mule.storage.atomic import write_json_atomic
+from mule.storage.atomic import is_map_of, read_json_cache, write_json_atomic
 from mule.storage.workdir import Workdir
 
 
@@ -59,16 +59,12 @@ def weights_file(wd: Workdir, f) -> Path | None:
             return Path(getattr(importlib.import_module(module_name), class_name).get_model_file_path())
         except ImportError:
             return None
-    import json
     import os
     from importlib.metadata import version
 
     cache = wd.state_dir / "weights_files.json"
     key = f"{f.arch} torchvision={version('torchvision')} TORCH_HOME={os.environ.get('TORCH_HOME', '')}"
-    try:
-        known = json.loads(cache.read_text())
-    except (OSError, ValueError):
-        known = {}
+    known = read_json_cache(cache, lambda v: is_map_of(v, lambda path: isinstance(path, str))) or {}
     if key not in known:
         known[key] = str(weights.torchvision_file(f.arch))
         write_json_atomic(known, cache, crash_point=False)

@@ -126,3 +126,24 @@ def write_json_atomic(data: Any, path: Path, compact: bool = False, crash_point:
     text = (json.dumps(data, separators=(",", ":")) if compact
             else json.dumps(data, indent=2, sort_keys=True, default=str))  # fmt: skip
     return write_text_atomic(text, path, crash_point)
+
+
+def read_json_cache(path: Path, valid: Callable[[Any], bool]) -> Any:
+    """A cache file's content when it reads as JSON of the shape `valid` accepts; None when
+    it is missing, unreadable or of another shape (edited by hand, or by another version of
+    mule): the caller computes what it held again and writes it back, so a bad cache costs
+    time once, never a run."""
+    try:
+        value = json.loads(Path(path).read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return value if valid(value) else None
+
+
+def is_map_of(value: Any, valid: Callable[[Any], bool]) -> bool:
+    """A JSON object whose keys are strings and whose values `valid` accepts."""
+    return isinstance(value, dict) and all(isinstance(k, str) and valid(v) for k, v in value.items())
+
+
+def is_strings(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)

@@ -25,6 +25,8 @@ import sys
 from importlib.metadata import PackageNotFoundError, distribution, distributions, packages_distributions, version
 from pathlib import Path
 
+from mule.storage.atomic import is_map_of, is_strings, read_json_cache
+
 REPO = Path(__file__).resolve().parents[1]
 
 # Libraries that run and record a stage but do not compute what it writes: upgrading
@@ -93,10 +95,7 @@ class _ImportCache:
 
     def __init__(self) -> None:
         self.path = cache_dir() / "imports.json"
-        try:
-            self.entries: dict[str, list[str]] = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            self.entries = {}
+        self.entries: dict[str, list[str]] = read_json_cache(self.path, lambda v: is_map_of(v, is_strings)) or {}
         self.changed = False
 
     def save(self) -> None:
@@ -227,10 +226,9 @@ def _packages_distributions() -> dict[str, list[str]]:
     the same distributions are installed (their dist-info folders, listed in milliseconds)."""
     signature = _installed_signature()
     cache = cache_dir() / f"packages-{signature}.json"
-    try:
-        return json.loads(cache.read_text())
-    except (OSError, ValueError):
-        pass
+    found = read_json_cache(cache, lambda v: is_map_of(v, is_strings))
+    if found is not None:
+        return found
     found = packages_distributions()
     _write_cache(cache, found)
     return found
@@ -265,12 +263,11 @@ class _InstalledCache:
 
     def __init__(self) -> None:
         self.path = cache_dir() / f"installed-{_installed_signature()}.json"
-        try:
-            found = json.loads(self.path.read_text())
-            self.names: dict[str, list[str]] = dict(found["names"])
-            self.versions: dict[str, str | None] = dict(found["versions"])
-        except (OSError, ValueError, KeyError, TypeError):
-            self.names, self.versions = {}, {}
+        found = read_json_cache(self.path, lambda v: isinstance(v, dict) and set(v) == {"names", "versions"}
+                                and is_map_of(v["names"], is_strings)
+                                and is_map_of(v["versions"], lambda x: x is None or isinstance(x, str)))  # fmt: skip
+        self.names: dict[str, list[str]] = found["names"] if found else {}
+        self.versions: dict[str, str | None] = found["versions"] if found else {}
         self.changed = False
 
     def save(self) -> None:

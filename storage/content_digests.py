@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from mule.storage.atomic import write_json_atomic
+from mule.storage.atomic import read_json_cache, write_json_atomic
 from mule.storage.workdir import Workdir
 
 CHUNK = 1 << 20
@@ -80,10 +80,10 @@ class FileHasher:
 
     def __init__(self, workdir: Workdir):
         self.path = workdir.state_dir / "file_hashes.json"
-        try:
-            self.cache: dict[str, list] = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            self.cache = {}
+        # path -> [size, mtime, inode, digest]; a derived value's name -> its text (any other entry: computed again)
+        found = read_json_cache(self.path, lambda v: isinstance(v, dict)) or {}
+        self.cache: dict[str, list | str | None] = {k: v for k, v in found.items() if v is None or isinstance(v, str) or (
+            isinstance(v, list) and len(v) == 4 and all(isinstance(x, int) for x in v[:3]) and isinstance(v[3], str))}
         self.changed = False
 
     def digest(self, path: Path | str) -> str | None:

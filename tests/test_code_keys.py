@@ -1,8 +1,11 @@
 """A stage's code is what its task module imports, followed through the repository: never
 a hand list. Edits are made in a copy of the repository."""
 
+import hashlib
 import json
 from pathlib import Path
+
+import pytest
 
 from mule.pipeline.declaration import BY_NAME, REBUILD
 from mule.storage.code_digests import REPO, closure, code_digest, code_parts
@@ -105,3 +108,48 @@ def test_library_versions_come_from_the_user_s_cache_while_the_same_distribution
     finally:
         monkeypatch.undo()
         code_digests.forget()
+
+
+@pytest.mark.parametrize("held", ["[]", "null", '"text"', "7", '{"numpy": 7}', '{"names": {"torch": 7}}',
+                                  '{"names": {}, "versions": {"numpy": ["1"]}}', "{not json", b"\xff\xfe"])  # fmt: skip
+def test_a_cache_file_of_any_shape_is_computed_again_never_a_crash(tmp_path, monkeypatch, held):
+    """mule's files in the user's cache (imports, installed libraries, packages) and the
+    workdir's digest cache, edited by hand or written by another version: each is read as
+    missing, the keys come out as with no cache at all, and the file is written afresh."""
+    from mule.storage import code_digests
+    from mule.storage.content_digests import FileHasher
+    from mule.storage.workdir import Workdir
+
+    def fresh() -> None:
+        code_digests.forget()
+        for cached in (code_digests._import_cache, code_digests._imports_in, code_digests._packages_distributions):
+            cached.cache_clear()
+
+    module = BY_NAME["train"].module
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "clean"))
+    fresh()
+    try:
+        expected, packages = code_parts(module), code_digests.installed_packages()
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "bad"))
+        folder = tmp_path / "bad" / "mule"
+        folder.mkdir(parents=True)
+        signature = code_digests._installed_signature()
+        names = ("imports.json", f"installed-{signature}.json", f"packages-{signature}.json")
+        for name in names:
+            (folder / name).write_bytes(held if isinstance(held, bytes) else held.encode())
+        fresh()
+        assert code_parts(module) == expected and code_digests.installed_packages() == packages
+        for name in ("imports.json", f"installed-{signature}.json"):  # written again, of the right shape
+            assert isinstance(json.loads((folder / name).read_text()), dict), name
+    finally:
+        monkeypatch.undo()
+        fresh()
+    wd = Workdir.at(tmp_path / "work")
+    wd.state_dir.mkdir(parents=True, exist_ok=True)
+    (wd.state_dir / "file_hashes.json").write_bytes(held if isinstance(held, bytes) else held.encode())
+    some = tmp_path / "some.txt"
+    some.write_text("text")
+    hasher = FileHasher(wd)
+    assert hasher.digest(some) == hashlib.sha256(b"text").hexdigest()
+    hasher.save()
+    assert FileHasher(wd).digest(some) == hasher.digest(some)
