@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -43,8 +44,10 @@ import torch
 from mule.mule_core.errors import InputError, MissingInputError, UserError
 from mule.mule_core.extractor_names import resize_for
 from mule.mule_core.model import MuleModel
+from mule.mule_core.progress import SHOWN
 from mule.mule_core.settings import settings_from_dict
 from mule.mule_core.vocabulary import Vocab, Vocabulary
+from mule.storage.locks import folder_lock
 
 FOLDER_FORMAT = "mule-folder-1"
 MARKER = "mule_model.json"
@@ -57,6 +60,7 @@ LAYOUT = ("mule_model.json", "model.safetensors", "README.md", "config.json", "v
           "visual/model.onnx", "visual/model.int8.onnx", "visual/preprocess_cfg.json")  # fmt: skip
 
 
+log = logging.getLogger("mule.export")
 LAYOUT_FOLDERS = {"vocab", "textual", "textual/ngrams", "visual"}
 
 
@@ -76,16 +80,21 @@ def write_model_folder(folder: Path, model_file: Path, card: str, weights_file: 
     what textual/tower.json says of the text tower's inputs; `workdir`: the workdir the
     folder must not be (or be inside). Where `folder` may not be written: ExportTargetError."""
     folder = check_export_target(folder, workdir)
-    _put_back(folder)
-    data = torch.load(Path(model_file), map_location="cpu", weights_only=True)
-    staging = _beside(folder, "exporting")
-    _clear_leftover(staging)
-    try:
-        _write_staging(staging, data, model_file, card, weights_file, towers, tower_info)
-        _swap_in(staging, folder)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)  # only ever mule's: made above
-        raise
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    # one export at a time next to the folder: they share its staging and aside names
+    with folder_lock(folder.parent, lambda: log.warning("another mule export is writing in %s: waiting for it to "
+                                                        "finish", folder.parent, extra=SHOWN)):  # fmt: skip
+        folder = check_export_target(folder, workdir)  # again: the export waited for may have changed it
+        _put_back(folder)
+        data = torch.load(Path(model_file), map_location="cpu", weights_only=True)
+        staging = _beside(folder, "exporting")
+        _clear_leftover(staging)
+        try:
+            _write_staging(staging, data, model_file, card, weights_file, towers, tower_info)
+            _swap_in(staging, folder)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)  # only ever mule's: made above
+            raise
     return folder
 
 

@@ -14,7 +14,9 @@ A batch is written rejects first, vectors last: a batch whose vectors are stored
 from __future__ import annotations
 
 import json
+import logging
 import uuid
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -23,7 +25,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from mule.mule_core.errors import UserError
+from mule.mule_core.progress import SHOWN
 from mule.storage.atomic import write_atomic, write_json_atomic
+from mule.storage.locks import folder_lock
 
 KINDS = ("parquet", "lancedb", "qdrant")
 META_KEY = "mule"  # LanceDB: the schema's metadata key; Qdrant: the collection's metadata key
@@ -76,18 +80,48 @@ def refuse_foreign(kind: str, out: Path) -> None:
 
 
 def open_store(kind: str, out: Path, made_by: Maker, table: str | None = None):
+    """The store at `out`, for this process's writes alone until it is closed: a second
+    `mule embed` into it says so in one line and waits (its batches would be numbered as
+    the first's, and each would embed what the other is embedding)."""
     if kind not in KINDS:
         raise ValueError(f"store must be one of {', '.join(KINDS)}, got {kind!r}")
-    refuse_foreign(kind, Path(out))
-    return {"parquet": ParquetStore, "lancedb": LanceStore, "qdrant": QdrantStore}[kind](Path(out), made_by,
+    out = Path(out)
+    refuse_foreign(kind, out)
+    out.mkdir(parents=True, exist_ok=True)
+    held = ExitStack()
+    held.enter_context(folder_lock(out, lambda: logging.getLogger("mule.embed").warning(
+        "another mule embed is writing into %s: waiting for it to finish", out, extra=SHOWN)))  # fmt: skip
+    try:
+        store = {"parquet": ParquetStore, "lancedb": LanceStore, "qdrant": QdrantStore}[kind](out, made_by,
                                                                                          table or made_by.kind)  # fmt: skip
+    except BaseException:
+        held.close()
+        raise
+    store.held = held  # closed with the store
+    return store
 
 
 def _vector_array(vectors: np.ndarray) -> pa.FixedSizeListArray:
     return pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), vectors.shape[1])
 
 
-class ParquetStore:
+class _Store:
+    """What every store does on close: its own closing, then letting go of the folder (open_store)."""
+
+    held: ExitStack | None = None
+
+    def close(self) -> None:
+        try:
+            self._close()
+        finally:
+            if self.held is not None:
+                self.held.close()
+
+    def _close(self) -> None:
+        pass
+
+
+class ParquetStore(_Store):
     """<out>/model.json (the maker), part-NNNNN.parquet (id, vector[, lang]), rejects-NNNNN.parquet
     (id, reason): NNNNN numbers the batch, so a batch's rejects and vectors share it and no
     batch writes over another's (every batch after the store's last one, whatever it held)."""
@@ -115,11 +149,7 @@ class ParquetStore:
             table = pa.table({"id": ids, **columns, "vector": _vector_array(vectors)})
             write_atomic(self.out / f"part-{number:05d}.parquet", lambda tmp: pq.write_table(table, tmp))
 
-    def close(self) -> None:
-        pass
-
-
-class LanceStore:
+class LanceStore(_Store):
     """A LanceDB database at <out>: table <table> (id, vector[, lang]; the maker in the
     schema's metadata) and <table>_rejects (id, reason). Each add is one Lance commit."""
 
@@ -153,16 +183,12 @@ class LanceStore:
             else:
                 self.table.add(data)
 
-    def close(self) -> None:
-        pass
-
-
 def _lance_ids(table) -> list[str]:
     """A LanceDB table's ids, read alone (Lance reads the columns asked for: not the vectors)."""
     return table.search().select(["id"]).limit(None).to_arrow().column("id").to_pylist()
 
 
-class QdrantStore:
+class QdrantStore(_Store):
     """A local Qdrant (qdrant_client's embedded mode) at <out>: collection <table> (cosine;
     a point per item, its id in the payload; the maker in the collection's metadata) and
     <table>_rejects (payload id, reason; no vectors)."""
@@ -209,5 +235,5 @@ class QdrantStore:
                                    payload={"id": item, **{k: v[n] for k, v in columns.items()}})
                 for n, item in enumerate(ids)])  # fmt: skip
 
-    def close(self) -> None:
+    def _close(self) -> None:
         self.client.close()

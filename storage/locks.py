@@ -229,3 +229,32 @@ def catalog_reading(workdir: Workdir, timeout: float = 120.0) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # releases the shared lock
+
+
+@contextmanager
+def folder_lock(folder, waiting: Callable[[], None] | None = None) -> Iterator[None]:
+    """`folder` (which exists) for this process's writes alone: an flock on the folder itself,
+    so no file is left in it or beside it, and the kernel lets go when the holder dies. A
+    second writer (another `mule export` next to the same folder, another `mule embed` into
+    the same store) is told once through `waiting()`, then waits for the first."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    stat = os.fstat(fd)
+    which = (stat.st_dev, stat.st_ino)
+    if which in _folders:  # this process's own second writer would wait for itself forever
+        os.close(fd)
+        raise RuntimeError(f"{folder} is open for writing in this process already: close that first")
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if waiting:
+                waiting()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        _folders.add(which)
+        yield
+    finally:
+        _folders.discard(which)
+        os.close(fd)  # lets go of the lock
+
+
+_folders: set[tuple[int, int]] = set()  # the folders this process holds (folder_lock)

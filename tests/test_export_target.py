@@ -165,3 +165,57 @@ def test_an_export_made_before_exports_listed_their_files_is_still_replaced(mode
     assert exported_models.not_written_by_mule(out) == []
     (out / "thesis.tex").write_text("mine\n")
     assert exported_models.not_written_by_mule(out) == ["thesis.tex"]
+
+
+EXPORT = """
+import sys
+from pathlib import Path
+from mule.commands import console
+console.setup("export", None)  # the console a command has: its warnings on stderr
+from mule.data_catalog.exported_models import write_model_folder
+write_model_folder(Path(sys.argv[2]), Path(sys.argv[1]), "# a card\\n")
+print("exported", flush=True)
+"""
+
+
+def _start_export(model_file: Path, out: Path, log: Path):
+    import subprocess
+    import sys
+
+    with open(log, "w") as handle:
+        return subprocess.Popen([sys.executable, "-c", EXPORT, str(model_file), str(out)], stdout=handle,
+                                stderr=subprocess.STDOUT)  # fmt: skip
+
+
+def test_a_second_export_to_the_same_folder_waits_for_the_first_saying_so(model_file, tmp_path):
+    """Two `mule export --out SAME` at once shared one staging folder: one could rename the
+    other's away mid-write (FileNotFoundError) or both said done over a mix. The second now
+    says it waits, and writes once the first is done."""
+    import time
+
+    from mule.storage.locks import folder_lock
+
+    out = tmp_path / "exports" / "model"
+    out.parent.mkdir()
+    with folder_lock(out.parent):  # an export in progress next to it
+        second = _start_export(model_file, out, tmp_path / "second.log")
+        deadline = time.monotonic() + 60
+        while "waiting" not in (tmp_path / "second.log").read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)
+        assert second.poll() is None and not out.exists() and leftovers(out.parent) == []
+    assert second.wait(60) == 0
+    said = (tmp_path / "second.log").read_text()
+    assert f"another mule export is writing in {out.parent}: waiting for it to finish" in said
+    assert is_model_folder(out) and "exported" in said and leftovers(out.parent) == []
+
+
+def test_two_exports_to_the_same_folder_at_once_both_finish_with_one_whole_export(model_file, tmp_path):
+    reference = export(model_file, tmp_path / "reference")
+    for attempt in range(3):
+        out = tmp_path / f"try-{attempt}" / "model"
+        out.parent.mkdir()
+        runs = [_start_export(model_file, out, tmp_path / f"{attempt}-{n}.log") for n in range(2)]
+        assert [run.wait(120) for run in runs] == [0, 0], [(tmp_path / f"{attempt}-{n}.log").read_text()[-2000:]
+                                                          for n in range(2)]  # fmt: skip
+        assert tree(out) == tree(reference) and leftovers(out.parent) == []

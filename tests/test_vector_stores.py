@@ -29,10 +29,12 @@ def test_parquet_batches_of_rejects_alone_never_write_over_each_other(tmp_path):
         "part-00002.parquet", "rejects-00000.parquet", "rejects-00001.parquet", "rejects-00002.parquet"]  # fmt: skip
     rejected = [i for p in sorted(tmp_path.glob("rejects-*.parquet")) for i in pq.read_table(p).column("id").to_pylist()]
     assert sorted(rejected) == sorted(f"bad-{i}.jpg" for i in range(71))
+    store.close()
     again = open_store("parquet", tmp_path, MAKER)
     assert again.done == {*rejected, "a.jpg", "b.jpg"}
     again.write(["c.jpg"], unit(1), {}, [])
     assert (tmp_path / "part-00003.parquet").exists()  # after the store's last batch, whatever it held
+    again.close()
 
 
 def test_a_lancedb_store_resumes_reading_its_ids_alone(tmp_path, monkeypatch):
@@ -51,6 +53,7 @@ def test_a_lancedb_store_resumes_reading_its_ids_alone(tmp_path, monkeypatch):
     monkeypatch.setattr(LanceTable, "to_arrow", whole)
     again = open_store("lancedb", tmp_path / "vectors.lance", MAKER)
     assert again.done == {f"{i}.jpg" for i in range(300)} | {"bad.jpg"}
+    again.close()
 
 
 def test_sentences_without_an_id_column_are_named_by_their_content(tmp_path):
@@ -118,3 +121,45 @@ def test_a_folder_of_the_user_s_or_a_file_is_never_written_into(tmp_path, kind):
     again = open_store(kind, tmp_path / "store", MAKER)
     assert again.done == {"a.jpg", "b.jpg"}
     again.close()
+
+
+SECOND_WRITER = """
+import sys
+from pathlib import Path
+import numpy as np
+from mule.commands import console
+console.setup("embed", None)
+from mule.serving.vector_stores import Maker, open_store
+store = open_store("parquet", Path(sys.argv[1]), Maker("identity-1", "a model", "images", 4))
+print("already", sorted(store.done), flush=True)
+store.write(["c.jpg"], np.ones((1, 4), np.float32) / 2, {}, [])
+store.close()
+"""
+
+
+def test_a_second_writer_of_a_parquet_store_waits_and_numbers_its_parts_after_the_first_s(tmp_path):
+    """Two `mule embed` into one Parquet store numbered their parts the same way (each from
+    what was there when it opened): the second writer's part replaced the first's. The
+    second now says it waits, and opens the store once the first closed it."""
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "vectors"
+    first = open_store("parquet", out, MAKER)
+    with open(tmp_path / "second.log", "w") as log:
+        second = subprocess.Popen([sys.executable, "-c", SECOND_WRITER, str(out)], stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while "waiting" not in (tmp_path / "second.log").read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    first.write(["a.jpg", "b.jpg"], unit(2), {}, [])
+    time.sleep(0.5)
+    assert second.poll() is None  # still waiting
+    first.close()
+    assert second.wait(60) == 0
+    said = (tmp_path / "second.log").read_text()
+    assert f"another mule embed is writing into {out}: waiting for it to finish" in said
+    assert "already ['a.jpg', 'b.jpg']" in said
+    assert sorted(p.name for p in out.glob("part-*")) == ["part-00000.parquet", "part-00001.parquet"]
+    ids = [i for p in sorted(out.glob("part-*")) for i in pq.read_table(p).column("id").to_pylist()]
+    assert ids == ["a.jpg", "b.jpg", "c.jpg"]
