@@ -14,11 +14,11 @@ def run(args: argparse.Namespace) -> int:
 
     workdir = reading_workdir(args.workdir, "catalog")
     catalog = Catalog(workdir, read_only=True)
+    if getattr(args, "rejects", None) is not None:  # an ingest that stopped keeps its rejects, and no images
+        return _rejects(catalog, workdir, args.rejects, args.limit)
     if not catalog.datasets():
         print(f"the catalog in {workdir.root} is empty: run `mule demo` or `mule run ingest ...`")
         return 0
-    if getattr(args, "rejects", None) is not None:
-        return _rejects(catalog, workdir, args.rejects, args.limit)
     print(f"catalog: {workdir.duckdb_path}")
     with catalog_reading(workdir):
         held = queries.summary(catalog)

@@ -50,6 +50,29 @@ def language_code(value: str) -> str:
     return langcodes.standardize_tag(text)
 
 
+def language_named(name: str) -> str | None:
+    """The code of a language written by its name, in English or in the language itself
+    ("English" -> "en", "Deutsch" -> "de", "русский" -> "ru"), from CLDR's names
+    (langcodes' data); None when no language has that name."""
+    import langcodes
+
+    try:
+        return langcodes.find(str(name).strip()).to_tag() if str(name).strip() else None
+    except LookupError:
+        return None
+
+
+def within(code: str, wanted) -> str | None:
+    """The language among `wanted` that `code` is a variety of, when `code` itself is not
+    there: en-US -> en, zh-Hant-TW -> zh-Hant or zh (subtags dropped from the right)."""
+    parts = code.split("-")
+    for end in range(len(parts) - 1, 0, -1):
+        shorter = "-".join(parts[:end])
+        if shorter in wanted:
+            return shorter
+    return None
+
+
 def base(lang: str) -> str:
     """The language subtag: pt-BR -> pt, zh-Hant -> zh."""
     return lang.split("-", 1)[0].lower()

@@ -17,7 +17,7 @@ from mule.data_catalog import queries
 from mule.data_catalog.schemas import CAPTIONS, REJECTS
 from mule.data_catalog.sources import locate
 from mule.datasets.formats import FORMATS
-from mule.datasets.readers.base import ChainedTables, ReadOptions, ReadResult
+from mule.datasets.readers.base import ChainedTables, DatasetReadError, ReadOptions, ReadResult
 from mule.datasets.readers.xflickrco import parse_files, provided_languages, read_extra_captions
 from mule.mule_core.devices import cpu_threads, process_map
 from mule.mule_core.languages import tokenizer_name
@@ -129,7 +129,12 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     provided = provided_languages(extra, parse_files(cfg.data.extra_files), cfg.data.languages) if extra else ()
     options = ReadOptions(tuple(cfg.data.languages), cfg.data.strict, cfg.data.max_caption_bytes, provided)
     hasher = FileHasher(wd)  # image digests, cached by stat across runs
-    result = FORMATS[cfg.data.format].read(source.root, cfg.data, source.images, hasher.digest, log.info, options)
+    try:
+        result = FORMATS[cfg.data.format].read(source.root, cfg.data, source.images, hasher.digest, log.info, options)
+    except DatasetReadError as error:
+        if error.rejects is not None and error.rejects.num_rows:  # why rows were left out: kept for the user
+            catalog.write_table("rejects", cfg.data.dataset, error.rejects)
+        raise
     hasher.save()
     if extra is not None:
         result = with_extra_captions(result, extra, cfg, options, log)

@@ -138,11 +138,39 @@ def test_mule_catalog_lists_the_rejected_rows_with_file_line_and_reason(tmp_path
     photos.mkdir()
     Image.new("RGB", (20, 20), (200, 10, 10)).save(photos / "a.jpg")
     (photos / "captions.csv").write_text("image,text,language\na.jpg,Un zapato rojo.,es\nb.jpg,Un zapato.,es\n"
-                                         "a.jpg,Czerwony but.,polish\n", encoding="utf-8")  # fmt: skip
+                                         "a.jpg,Czerwony but.,xyzzy\n", encoding="utf-8")  # fmt: skip
     cfg = resolve("demo", {"data.dataset": "shop", "data.source": str(photos), "data.languages": "es"})
     run_alone(Workdir.at(tmp_path / "work"), cfg, "ingest")
     assert main(["catalog", "--workdir", str(tmp_path / "work"), "--rejects"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "shop  captions.csv:3  no_image: image file 'b.jpg' not found (looked in " + str(photos) + ")"
     assert out[1] == "    b.jpg,Un zapato.,es"
-    assert out[2].startswith("shop  captions.csv:4  bad_language: column 'language': 'polish' is not a language code")
+    assert out[2].startswith("shop  captions.csv:4  bad_language: column 'language': 'xyzzy' is not a language code")
+
+
+def test_an_ingest_that_finds_no_usable_caption_keeps_its_rejects_for_mule_catalog(tmp_path, capsys):
+    """A Parquet lang column of numbers: ingest stops (no es caption is left), and the rows
+    it rejected, with why, are what `mule catalog --rejects` shows: the error says so."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    from mule.commands.main import main
+    from mule.config.resolution import resolve
+    from mule.pipeline.runner import run_alone
+    from mule.storage.workdir import Workdir
+
+    photos = tmp_path / "my-photos"
+    photos.mkdir()
+    Image.new("RGB", (20, 20), (200, 10, 10)).save(photos / "a.jpg")
+    pq.write_table(pa.table({"file_name": ["a.jpg", "a.jpg"], "caption": ["Un zapato rojo.", "Un zapato."],
+                             "lang": [1, 2]}), photos / "metadata.parquet")  # fmt: skip
+    cfg = resolve("demo", {"data.dataset": "shop", "data.source": str(photos), "data.languages": "es"})
+    with pytest.raises(Exception, match=r"no usable es captions in the table \(its languages: none; 2 rejected for a "
+                                        r"lang that names no language: `mule catalog --rejects` lists them\)"):  # fmt: skip
+        run_alone(Workdir.at(tmp_path / "work"), cfg, "ingest")
+    assert main(["catalog", "--workdir", str(tmp_path / "work"), "--rejects"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == ("shop  metadata.parquet:1  bad_language: column 'lang': 1 is a number, not a language code (a BCP "
+                      "47 tag such as es, pl or pt-BR, or a language's name)")  # fmt: skip
+    assert any(line.startswith("shop  metadata.parquet:2  bad_language: column 'lang': 2 is a number") for line in out)

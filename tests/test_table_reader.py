@@ -158,7 +158,7 @@ def test_bad_rows_are_rejected_with_file_line_and_reason(tmp_path):
         "photos/missing.jpg,Una cruz.,es,train",  # 3: no such image
         "photos/broken.jpg,Una cruz.,es,train",  # 4: not an image
         "photos/b.jpg,   ,es,train",  # 5: empty caption
-        "photos/b.jpg,Una estrella.,spanish,train",  # 6: no language code
+        "photos/b.jpg,Una estrella.,xyzzy,train",  # 6: neither a language code nor a language's name
         "photos/a.jpg,Un círculo rojo.,es,train",  # 7: the same row as line 2
         "photos/b.jpg,Una estrella.,es,holdout",  # 8: no split
         "photos/b.jpg,Una,estrella,es,train",  # 9: an unquoted comma
@@ -177,7 +177,7 @@ def test_bad_rows_are_rejected_with_file_line_and_reason(tmp_path):
         (9, "bad_record"), (10, "split_conflict")]  # fmt: skip
     reasons = dict((line, reason) for line, _, reason in got)
     assert "'photos/missing.jpg' not found" in reasons[3]
-    assert "'spanish' is not a language code" in reasons[6]
+    assert "'xyzzy' is not a language code (a BCP 47 tag such as es, pl, pt-BR or th), nor a language's name" in reasons[6]
     assert "as line 2" in reasons[7]
     assert "5 fields, the header has 4" in reasons[9]
     assert "in split train on line 2, here test" in reasons[10]
@@ -220,6 +220,42 @@ def test_a_table_that_cannot_be_read_is_one_clear_error(tmp_path):
     got = rejects(read(tmp_path, languages=("es",)))
     assert [(line, kind) for line, kind, _ in got] == [(2, "bad_record"), (3, "bad_record")]
     assert "a JSON list, not an object" in got[0][2] and "not valid JSON at column 2" in got[1][2]
+
+
+@pytest.mark.parametrize("name", ["captions.csv", "captions.parquet"])
+def test_a_language_s_name_or_a_region_tag_is_read_as_its_code_and_said(tmp_path, name, caplog):
+    """`lang` columns as people fill them: English, German (any case, in English or in the
+    language itself), en-US where data.languages has en (the region left out), each said
+    once with its count; a value that names no language (a number in Parquet) is a reject."""
+    images(tmp_path)
+    rows = [("photos/a.jpg", "A red circle.", "English", "train"), ("photos/a.jpg", "Ein roter Kreis.", "German", "train"),
+            ("photos/b.jpg", "A blue star.", "en-US", "train"), ("photos/b.jpg", "Ein blauer Stern.", "Deutsch", "train"),
+            ("photos/c.jpg", "A green heart.", "english", "val"), ("photos/c.jpg", "Ein grünes Herz.", "de-AT", "val"),
+            ("photos/d.jpg", "Two crosses.", "xyzzy", "test"), ("photos/d.jpg", "Zwei Kreuze.", "de", "test")]  # fmt: skip
+    write_long(tmp_path / name, rows)
+    result = read(tmp_path, languages=("en", "de"))
+    assert [(c[0], c[1]) for c in captions(result)] == [("photos/a.jpg", "de"), ("photos/a.jpg", "en"),
+        ("photos/b.jpg", "de"), ("photos/b.jpg", "en"), ("photos/c.jpg", "de"), ("photos/c.jpg", "en"),
+        ("photos/d.jpg", "de")]  # fmt: skip
+    assert [(line, kind) for line, kind, _ in rejects(result)] == [(8 if name.endswith(".csv") else 7, "bad_language")]
+    said = [r.getMessage() for r in caplog.records if "read as" in r.getMessage()]
+    assert f"{name}: 1 caption with lang 'English' read as en (its name)" in said
+    assert f"{name}: 1 caption with lang 'en-US' read as en (data.languages has en without en-US's subtags)" in said
+    assert f"{name}: 1 caption with lang 'Deutsch' read as de (its name)" in said and len(said) == 6
+
+
+def test_a_lang_column_that_names_no_language_keeps_its_rejects_and_says_where_they_are(tmp_path):
+    """Integers in a Parquet lang column: every row is a reject with its reason, and the
+    error that no en caption is left points at them instead of only at data.languages."""
+    images(tmp_path)
+    write_long(tmp_path / "captions.parquet", [("photos/a.jpg", "A red circle.", 1, "train"),
+                                              ("photos/b.jpg", "A blue star.", 2, "train")])  # fmt: skip
+    with pytest.raises(TableError, match=r"no usable en captions in the table \(its languages: none; 2 rejected for "
+                                         r"a lang that names no language: `mule catalog --rejects` lists them\)") as error:  # fmt: skip
+        read(tmp_path, languages=("en",))
+    reasons = error.value.rejects.column("reason").to_pylist()
+    assert reasons == ["column 'lang': 1 is a number, not a language code (a BCP 47 tag such as es, pl or pt-BR, or a "
+                       "language's name)", reasons[0].replace("1", "2")]  # fmt: skip
 
 
 def test_languages_outside_data_languages_are_left_out_and_said(tmp_path):

@@ -18,7 +18,10 @@ from mule.storage.content_digests import sha256_file
 
 
 class DatasetReadError(UserError, ValueError):
-    """Input a reader cannot go on with: names the file, the line (or record) and the fault."""
+    """Input a reader cannot go on with: names the file, the line (or record) and the fault.
+    `rejects`: the rows rejected before it stopped (kept: `mule catalog --rejects` shows why)."""
+
+    rejects = None
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ there) is one error naming the file and the line.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 from collections import Counter
@@ -55,7 +56,8 @@ from mule.datasets.readers.base import (
     image_record,
 )
 from mule.datasets.readers.table_files import ROLES, WIDE, TableError, table_records
-from mule.mule_core.languages import LanguageCodeError, language_code
+from mule.mule_core.languages import LanguageCodeError, language_code, language_named, within
+from mule.mule_core.progress import SHOWN
 
 CAPTION_COLUMNS = CAPTIONS.remove(CAPTIONS.get_field_index("tokens"))  # what ingest adds the tokens to
 
@@ -228,6 +230,11 @@ def read_table(root: Path, dataset: str, images_dir: Path | None, hash_images,
         raise
 
 
+def _key(value):
+    """A lang cell as a dict key (a JSON list or object is not hashable)."""
+    return value if isinstance(value, str | int | float | bool | None) else repr(value)
+
+
 class _Rows:
     """The table's records read one by one into images and captions; what is wrong with a
     record goes to the rejects with its line."""
@@ -245,6 +252,8 @@ class _Rows:
         self.captioned: set[str] = set()  # images with a caption kept
         self.other_languages: Counter = Counter()
         self.wanted = set(options.languages) if options.languages else None
+        self.codes: dict = {}  # a lang cell as written -> (its code, how it was read) or the reason it is none
+        self.read_as: Counter = Counter()  # (cell, code, how) -> rows read so: a name, a region of a wanted language
 
     def reject(self, line: int, kind: str, reason: str, raw: bytes) -> None:
         self.rejects.add(self.where, line, kind, reason, raw)
@@ -336,16 +345,49 @@ class _Rows:
         lang = wide_lang
         if lang is None:
             value = self.roles.single if self.roles.lang is None else record.get(self.roles.lang)
-            try:
-                lang = language_code(str(value if value is not None else ""))
-            except LanguageCodeError as error:
-                return self.reject(line, "bad_language", f"column {self.roles.lang!r}: {error}", raw)
+            lang = self.language(value)
+            if lang is None:
+                return self.reject(line, "bad_language", f"column {self.roles.lang!r}: {self.codes[_key(value)]}", raw)
         many = isinstance(cell, (list, tuple))  # JSONL or Parquet: a list of captions in one cell
         if self.wanted is not None and lang not in self.wanted:
             self.other_languages[lang] += len(cell) if many else 1
             return
         for k, one in enumerate(cell if many else [cell]):
             self.one_caption(line, image_id, lang, column, one, f":{k}" if many else "", raw)
+
+    def language(self, value) -> str | None:
+        """The code a lang cell names, decided once per value: a code as written (EN -> en);
+        a language's name (English, Deutsch) or a region tag of a language data.languages
+        has without its region (en-US when it has en) read as that code, and counted (said
+        after reading); None when it names no language (the reason in `codes`)."""
+        key = _key(value)
+        if key not in self.codes:
+            self.codes[key] = self._decide(value)
+        found = self.codes[key]
+        if isinstance(found, str):
+            return None
+        code, how = found
+        if how:
+            self.read_as[str(value), code, how] += 1
+        return code
+
+    def _decide(self, value) -> tuple[str, str] | str:
+        if not isinstance(value, str):
+            what = "a number" if isinstance(value, int | float) and not isinstance(value, bool) else type(value).__name__
+            return (f"{value!r} is {what}, not a language code (a BCP 47 tag such as es, pl or pt-BR, or a "
+                    "language's name)")  # fmt: skip
+        how = ""
+        try:
+            code = language_code(value)
+        except LanguageCodeError as error:
+            code, how = language_named(value), "its name"
+            if code is None:
+                return f"{error.args[0]}, nor a language's name"
+        if self.wanted is not None and code not in self.wanted:
+            shorter = within(code, self.wanted)
+            if shorter:
+                code, how = shorter, f"{how} and " * bool(how) + f"data.languages has {shorter} without {code}'s subtags"
+        return code, how
 
     def one_caption(self, line: int, image_id: str, lang: str, column: str, cell, part: str, raw: bytes) -> None:
         # a line break inside a quoted cell is layout, not part of the sentence
@@ -401,14 +443,23 @@ def _result(rows_read: _Rows, dataset: str, hash_images, say, options: ReadOptio
     counts = Counter()
     for (_, lang), n in rows_read.counts.items():
         counts[lang] += n
+    shown = logging.getLogger("mule.ingest")
+    for (value, code, how), n in sorted(rows_read.read_as.items()):
+        shown.warning("%s: %d caption%s with %s %r read as %s (%s)", rows_read.where, n, "s" * (n > 1),
+                      roles.lang, value, code, how, extra=SHOWN)  # fmt: skip
     for lang in options.languages or ():
         if not counts.get(lang) and lang not in options.optional:
             found = sorted(set(counts) | set(other_languages))
-            raise TableError(f"no usable {lang} captions in the table (its languages: {', '.join(found) or 'none'}); "
-                             f"set data.languages to the languages to train on")  # fmt: skip
+            bad = [kind for kind in rows_read.rejects.rows.columns.get("kind", []) if kind == "bad_language"]
+            error = TableError(f"no usable {lang} captions in the table (its languages: {', '.join(found) or 'none'}"
+                               + (f"; {len(bad)} rejected for a {roles.lang} that names no language: "
+                                  "`mule catalog --rejects` lists them" if bad else "")
+                               + "); set data.languages to the languages to train on")  # fmt: skip
+            error.rejects = rows_read.rejects.rows.table(REJECTS)
+            raise error
     if other_languages:
-        say("captions in languages outside data.languages, left out: "
-            + ", ".join(f"{n} {lang}" for lang, n in other_languages.most_common()))  # fmt: skip
+        shown.warning("captions in languages outside data.languages, left out: %s",
+                      ", ".join(f"{n} {lang}" for lang, n in other_languages.most_common()), extra=SHOWN)  # fmt: skip
     stats: dict[str, dict[str, int]] = {}
     chunks, rows = [], Rows()
     for image_id in sorted(images):
