@@ -349,8 +349,15 @@ def resolve_model_file(
                 else client.get_model_version_by_alias(name, CHAMPION)
             )
         except MlflowException:
-            what = f"version {version}" if version else f"no {CHAMPION}"
-            raise RegistryError(f"registered model {name} has {what} in {workdir.root}: train a model first "
+            if version:
+                try:
+                    held = sorted(int(v.version) for v in client.search_model_versions(f"name = '{name}'"))
+                except MlflowException:
+                    held = []
+                listed = f"its versions: {', '.join(map(str, held))}" if held else "it has none"
+                raise RegistryError(f"registered model {name} has no version {version} in {workdir.root} ({listed}): "
+                                    "pass one of them, or --run RUN_ID") from None  # fmt: skip
+            raise RegistryError(f"registered model {name} has no {CHAMPION} in {workdir.root}: train a model first "
                                 "(mule demo, or mule run train), or pass --run RUN_ID") from None  # fmt: skip
         run_id, label = found.run_id, f"{name} v{found.version}" + (" (champion)" if not version else "")
     else:

@@ -324,3 +324,12 @@ def test_an_intent_written_before_intents_ended_is_not_carried_out(tmp_path):
     assert sorted(v.tags["mule.val_mR"] for v in client.search_model_versions("name = 'mule-toy'")) == [
         "40.0000", "45.0000"]
     assert registry.INTENT not in client.get_run(run).data.tags
+
+
+def test_a_version_that_is_not_there_is_said_with_the_versions_that_are(tmp_path):
+    wd = Workdir.at(tmp_path)
+    for mr in (40.0, 50.0):
+        _publish(wd, mr, f"model-{mr:g}")
+    with pytest.raises(registry.RegistryError, match=r"^registered model mule-toy has no version 99 in .* \(its "
+                                                     r"versions: 1, 2\): pass one of them, or --run RUN_ID$"):  # fmt: skip
+        registry.resolve_model_file(wd, "toy", version="99")
