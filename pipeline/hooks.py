@@ -156,9 +156,11 @@ def _publish_pending(run: StageRun, replaced: bool) -> dict | None:
 
     wd, decision, record = run.workdir, run.decision, run.decision.record
     stopped = record.get("run_id")
+    if replaced and stopped is None:
+        return None  # computed without MLflow (a test, a bench script): no run stopped, nothing to finish
     alive = tracking.run_alive(wd, stopped)
     if not alive and run.run_id is None:
-        return None  # no MLflow here: the next tracked run publishes it (or, replaced, it was never tracked)
+        return None  # no MLflow here: the next tracked run publishes it
     what = f"{decision.stage}: MLflow run {stopped} (key {record['key'][:12]}) computed a result"
     changed = decisions.pending_changed(wd, decision)
     if changed:
