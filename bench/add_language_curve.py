@@ -29,7 +29,9 @@ BASE = ("en", "de", "fr", "cs")
 
 
 def extra_files(sizes: dict[str, int]) -> str:
-    return ",".join(f"{lang}/train_{n}=train" for lang, n in sizes.items()) + ",test=test_xflickrco"
+    """xFlickr&CO's files of these sizes (0: none of the language's training captions, its test
+    captions only: it is read zero-shot from its aligned start)."""
+    return ",".join([*(f"{lang}/train_{n}=train" for lang, n in sizes.items() if n), "test=test_xflickrco"])
 
 
 def add(args, lang: str, sizes: dict[str, int], log: Path) -> dict:
@@ -39,7 +41,7 @@ def add(args, lang: str, sizes: dict[str, int], log: Path) -> dict:
                "--workdir", args.workdir, "--dataset", args.dataset, "--source", args.source, "--images", args.images,
                "--set", f"data.languages={languages}", "--set", f"data.extra_captions={args.xflickrco}",
                "--set", f"data.extra_files={extra_files(sizes)}", "--set", f"eval.split={args.split},test_2016",
-               "--set", f"train.base_model={args.base_model}"]  # fmt: skip
+               "--set", f"train.base_model={args.base_model}", *(a for kv in args.sets for a in ("--set", kv))]  # fmt: skip
     with log.open("w") as out:
         code = subprocess.call(command, stdout=out, stderr=subprocess.STDOUT)
     if code:
@@ -65,7 +67,7 @@ def plot(curve: dict, peer: dict, out: Path) -> None:
             axes.axhline(peer[lang], color=line.get_color(), linestyle=":", linewidth=1)
     axes.axhline(curve["chance"], color="grey", linestyle="--", linewidth=1, label="chance")
     axes.plot([], [], "k:", linewidth=1, label="e5-small + ridge, zero-shot (same colour)")
-    axes.set_xscale("log")
+    axes.set_xscale("symlog", linthresh=1)  # 0 captions (zero-shot) on the same axis
     axes.set_xlabel("captioned training images of the new language (xFlickr&CO train_N)")
     axes.set_ylabel(f"test mR, {curve['images']} photos, one caption each")
     axes.set_title("A language added to a trained mule model from few captions")
@@ -82,9 +84,11 @@ def main() -> None:
     parser.add_argument("--images", required=True)
     parser.add_argument("--xflickrco", required=True)
     parser.add_argument("--languages", default="es,id,ja,ru,zh")
-    parser.add_argument("--sizes", default="5,25,100", help="every language at each of these")
+    parser.add_argument("--sizes", default="0,5,25,100", help="every language at each of these (0: zero-shot)")
     parser.add_argument("--more", default="ja=500,1500", help="one language further, the others at the last size")
     parser.add_argument("--base-model", default="model")
+    parser.add_argument("--set", action="append", default=[], dest="sets", metavar="KEY=VALUE",
+                        help="passed to every `mule run add-language` (train.add_start=captions: the paper's start)")
     parser.add_argument("--split", default="test_xflickrco")
     parser.add_argument("--peer", help="bench/peer_xflickrco.py --out JSON: the zero-shot peer's lines")
     parser.add_argument("--out", required=True)

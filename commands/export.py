@@ -102,6 +102,18 @@ def _weights_file(workdir: Workdir | None, features: dict) -> Path | None:
         return None
 
 
+def _kept(meta: dict) -> str:
+    """Which epoch the model is, for its card."""
+    epoch, score = meta.get("best_epoch"), meta.get("val_score")
+    if epoch is None:
+        return "- epoch kept: not recorded"
+    if epoch == 0 and meta.get("added_language"):
+        return f"- {meta['added_language']}: not trained (no captions): its aligned start, read zero-shot"
+    if score is None:
+        return f"- kept epoch {epoch}, the last (no validation captions to choose one)"
+    return f"- kept epoch {epoch} (best validation mean mR {score:.1f})"
+
+
 def model_card(meta: dict, label: str, evaluation: dict | None, towers: dict | None = None) -> str:
     """README.md of an exported folder: what it is, what it was trained on, how it was
     measured and on which split, its limits, how to load it."""
@@ -137,8 +149,7 @@ def model_card(meta: dict, label: str, evaluation: dict | None, towers: dict | N
         + (", unseen words composed from character n-grams" if model.get("subwords") else ""),
         f"- image features: {features.get('arch')} ({features.get('weights')} weights), {features.get('input_size')} "
         f"px, {features.get('crops')} crop(s), `{meta.get('extractor')}`",
-        f"- kept epoch {meta.get('best_epoch')} (best validation mean mR {meta.get('val_score', 0):.1f})"
-        if meta.get("best_epoch") is not None else "- epoch kept: not recorded", "",
+        _kept(meta), "",
         "## Evaluation", "",
     ]  # fmt: skip
     if evaluation and evaluation.get("table"):

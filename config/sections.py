@@ -118,6 +118,14 @@ class TrainConfig(model_settings.TrainConfig):
     # and, to compare, every language from scratch
     add_language: str = ""
     base_model: str = ""
+    # How the added language's branch starts: "aligned" (its captions' words and wordfreq's
+    # commonest add_words, each at the MULE feature of its nearest trained words by
+    # multilingual-e5: it reads the language zero-shot, captions or not;
+    # tasks/shared/aligned_start.py) or "captions" (word vectors from the text stage, the FC
+    # random: what the paper does). 50,000 words: 26.8 held-out val mR against 23.7 for 20,000
+    # and 18.4 for 5,000 (bench/aligned_start_val.py, docs/real-photos.md)
+    add_start: str = "aligned"
+    add_words: int = 50000
 
 
 @dataclass

@@ -92,6 +92,10 @@ def validate(cfg: MuleConfig) -> None:
             "train.add_language needs model.sharing=mule: a language is added through its own MULE branch"
         )
     tr = cfg.train
+    if tr.add_start not in ("aligned", "captions"):
+        raise ConfigError(f"train.add_start must be aligned or captions, got {tr.add_start!r}")
+    if tr.add_words < 0:
+        raise ConfigError(f"train.add_words must be 0 or more, got {tr.add_words}")
     if tr.divergence not in ("rollback", "stop", "warn", "off"):
         raise ConfigError(f"train.divergence must be rollback, stop, warn or off, got {tr.divergence!r}")
     if tr.word_updates not in ("rows", "dense"):

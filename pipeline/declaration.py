@@ -140,7 +140,8 @@ _WHERE = ("data.source", "data.images", "data.dictionaries")
 # image-sentence loss; the names of trained models.
 _NOT_LP = frozenset({"train.epochs", "train.lr", "train.lr_decay", "train.decay_steps", "train.warmup_steps",
                      "train.ema", "train.batch_images", "train.sentences_per_image_many", "train.model_name",
-                     "train.add_language", "train.base_model", "loss.match_weight", "loss.nc", "loss.nc_weight"})  # fmt: skip
+                     "train.add_language", "train.base_model", "train.add_start", "train.add_words", "loss.match_weight",
+                     "loss.nc", "loss.nc_weight"})  # fmt: skip
 _MT = Read("mt captions", _uses_mt, "data.captions uses MT")
 _LP = Read("LP model", _lp_on, "pretrain.enabled")
 _PUBLISH = "mule.pipeline.publish:"
@@ -183,7 +184,7 @@ STAGES: tuple[Stage, ...] = (
           reads=("captions", _MT, "word vectors", "images", "features", _LP), slot="model",
           config=(*_TRAINING, "data.dataset", "data.languages", "data.captions", "text.max_tokens", "text.tokenizers", "eval.ks",
                   *_FEATURE_IDENTITY),
-          operational=_PLACEMENT, ignores=frozenset({"train.add_language", "train.base_model"}), threaded=True, resumes="its checkpoint of the last finished epoch"),
+          operational=_PLACEMENT, ignores=frozenset({"train.add_language", "train.base_model", "train.add_start", "train.add_words"}), threaded=True, resumes="its checkpoint of the last finished epoch"),
     Stage("evaluate", "Recall table per language on the test split, cross-lingual retrieval, figures.",
           task="mule.tasks.evaluate:compute", publish=_PUBLISH + "evaluate",
           # the LP model is what a dataset without images is evaluated with

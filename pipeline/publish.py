@@ -227,9 +227,12 @@ def evaluate(wd: Workdir, cfg: MuleConfig, result: dict, run_id: str | None) -> 
 
 def extend(wd: Workdir, cfg: MuleConfig, result: dict, run_id: str | None) -> dict:
     tracker, lang = Tracker(wd, run_id), result["language"]
-    figure = plots.training_curves(_epochs(result["history"]), f"Adding {lang}", score_label=f"val {lang} mR")
-    tracker.figure(figure, "add_language_curves.png")
-    plots.close(figure)
+    if result["history"]:  # none when the language had no captions: its aligned start is the model
+        figure = plots.training_curves(_epochs(result["history"]), f"Adding {lang}", score_label=f"val {lang} mR")
+        tracker.figure(figure, "add_language_curves.png")
+        plots.close(figure)
+    if result.get("aligned"):
+        tracker.params({f"add.aligned.{k}": v for k, v in result["aligned"].items()})
     tracker.metrics(_numbers({"add.trainable_parameters": result["trainable_parameters"],
                               "add.existing_languages_max_change": result["existing_languages_max_change"],
                               f"add.val.{lang}.best_mR": result["val_mR"]}))  # no val captions in lang: none  # fmt: skip

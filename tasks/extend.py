@@ -28,9 +28,13 @@ from mule.mule_core.metrics import mean_r1
 from mule.mule_core.model import count_parameters, with_added_language
 from mule.mule_core.progress import SHOWN
 from mule.mule_core.trainer import Trainer, resolve_device
+from mule.tasks.shared.aligned_start import aligned_start
 from mule.tasks.shared.checkpoints import history_records
 from mule.tasks.shared.context import StageContext, logger
 from mule.tasks.shared.token_identity import caption_tokenizers
+
+
+FIT_WORDS = 10000  # each trained language's commonest words, to fit an aligned start's FC on
 
 
 class AddLanguageError(UserError, ValueError):
@@ -59,16 +63,26 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     if lang in base.languages:
         raise AddLanguageError(f"{base_path} already reads {lang}")
     vocabulary = load_vocabulary(catalog, dataset, [*base.languages, lang], meta["cfg"].model)
-    if lang not in vocabulary.languages:
-        raise AddLanguageError(
-            f"no {lang} word vectors in dataset {dataset!r}: run the text stage with {lang} in data.languages"
-        )
+    aligned = cfg.train.add_start == "aligned"
+    if lang not in vocabulary.languages and not aligned:
+        raise AddLanguageError(f"no {lang} word vectors in dataset {dataset!r}: run the text stage with {lang} in "
+                               "data.languages (or start it aligned: train.add_start=aligned needs no captions)")  # fmt: skip
     for other in base.languages:
         if meta["vocabulary"].vocabs[other].tokens != vocabulary.vocabs[other].tokens:
             raise AddLanguageError(f"the {other} word vectors changed since {base_path} was trained; retrain it")
     base_cfg, extractor = meta["cfg"], meta["extractor"]
     max_tokens = base_cfg.text.max_tokens
-    tokenizers = caption_tokenizers(catalog, dataset, vocabulary.languages, cfg.text.tokenizers, "extend")
+    tokenizers = caption_tokenizers(catalog, dataset, [x for x in vocabulary.languages if x != lang] + [lang],
+                                    cfg.text.tokenizers, "extend")  # fmt: skip
+    start = None
+    if aligned:  # the branch's words, their vectors and its FC, from e5 and the trained languages
+        captioned = vocabulary.vocabs[lang].tokens[2:] if lang in vocabulary.languages else []
+        start = aligned_start(base, vocabulary, lang, captioned, cfg.train.add_words, FIT_WORDS, cfg.text.tokenizers)
+        vocabulary = replace(vocabulary, languages=[*base.languages, lang],
+                             vocabs={**vocabulary.vocabs, lang: start.vocab},
+                             vectors={**vocabulary.vectors, lang: start.vectors},
+                             ngram_vectors=None if vocabulary.ngram_vectors is None
+                             else {**vocabulary.ngram_vectors, lang: start.ngrams})  # fmt: skip
     all_train = load_split(catalog, dataset, "train", vocabulary, max_tokens, extractor, cfg.data.captions)
     train = all_train.images_with(lang)  # the others' images teach the new branch nothing
     # LP reads sentences alone: a training image without a photo still pairs the new
@@ -81,6 +95,10 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     torch.manual_seed(cfg.train.seed)
     model = with_added_language(base, base_cfg.model, lang, vocabulary.sizes[lang], vocabulary.vectors[lang],
                                 vocabulary.vocabs[lang].tokens, (vocabulary.ngram_vectors or {}).get(lang))  # fmt: skip
+    if start is not None:
+        with torch.no_grad():
+            model.branches[lang].fc.weight.copy_(start.fc_weight)
+            model.branches[lang].fc.bias.copy_(start.fc_bias)
     counts = count_parameters(model)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     log.info("adding %s to %s: %d training images with %s captions (of %d; LP on %d, photographed or not), "
@@ -92,6 +110,14 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     # Without validation captions in the language (a few-shot set: xFlickr&CO's train_100),
     # no epoch can be chosen: the last is kept, and the run says so.
     validated = lang in {val.languages[i] for i in set(val.caption_lang.tolist())}
+    if not text_train.n_images:  # nothing to train on: the aligned start is the model
+        if start is None:
+            raise AddLanguageError(f"no {lang} training captions to add it from (train.add_start=aligned reads it "
+                                   "without any)")  # fmt: skip
+        log.warning("no %s training captions: the branch is its aligned start, read zero-shot (nothing trained)",
+                    lang, extra=SHOWN)  # fmt: skip
+        return _finish(ctx, base, base_path, model, meta, vocabulary, counts, trainable, lang, train, text_train,
+                       [], 0, None, started, extractor, device, max_tokens, tokenizers, start)  # fmt: skip
     if not validated:
         log.warning("no %s captions in the validation split: the epochs are not chosen, the last is kept (%d of LP, "
                     "%d joint); give %s validation captions to choose them", lang, cfg.pretrain.epochs,
@@ -120,6 +146,15 @@ def compute(ctx: StageContext) -> dict[str, Any]:
                                                        step=r.epoch))  # fmt: skip
     kept_epoch = trainer.best_epoch if validated else trainer.epoch
     kept_score = trainer.best_score if validated else None
+    return _finish(ctx, base, base_path, model, meta, vocabulary, counts, trainable, lang, train, text_train,
+                   history, kept_epoch, kept_score, started, extractor, device, max_tokens, tokenizers, start)  # fmt: skip
+
+
+def _finish(ctx, base, base_path, model, meta, vocabulary, counts, trainable, lang, train, text_train, history,
+            kept_epoch, kept_score, started, extractor, device, max_tokens, tokenizers, start) -> dict[str, Any]:  # fmt: skip
+    """The base languages checked unchanged, the model saved, the step's summary."""
+    wd, catalog, cfg, log, dataset = ctx.workdir, ctx.catalog, ctx.cfg, logger(), ctx.cfg.data.dataset
+    base_cfg = meta["cfg"]
     unchanged = _max_change(base, model, catalog, dataset, cfg, meta, extractor, device)
     log.info("base languages after adding %s: largest change of any sentence or image embedding on %s = %g",
              lang, cfg.eval.split, unchanged, extra=SHOWN)  # fmt: skip
@@ -133,6 +168,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     return {"path": str(path), "language": lang, "best_epoch": kept_epoch, "val_mR": kept_score,
             "images": train.n_images, "lp_images": text_train.n_images,
             "trainable_parameters": trainable, "parameters": counts, "existing_languages_max_change": unchanged,
+            "start": cfg.train.add_start, **({"aligned": start.summary} if start is not None else {}),
             "seconds": round(time.perf_counter() - started, 1), "history": history_records(history)}  # fmt: skip
 
 

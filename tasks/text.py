@@ -230,9 +230,15 @@ def compute(ctx: StageContext) -> dict[str, Any]:
 
         e5_origin = f"multilingual-e5:{encoder_version()}:pca{t.word_dim}"
     trained = [lang for lang in languages if lang not in t.vectors and lang not in e5_lookups]
-    for lang in trained:
-        if not words[lang]["train"]:
-            raise InputError(f"no training captions in {lang!r} to train word vectors on")
+    captionless = [lang for lang in trained if not words[lang]["train"]]
+    if captionless == languages:
+        raise InputError(f"no training captions in {', '.join(map(repr, captionless))} to train word vectors on")
+    if captionless:  # test captions alone (xFlickr&CO's): a language add-language reads zero-shot
+        log.warning("no training captions in %s: no word vectors for it (`mule run add-language --lang %s` adds it to "
+                    "a trained model, started aligned: no captions needed)", ", ".join(captionless), captionless[0],
+                    extra=SHOWN)  # fmt: skip
+        languages = [lang for lang in languages if lang not in captionless]
+        trained = [lang for lang in trained if lang not in captionless]
     for lang in languages:  # built once: 2 s for the real German vocabulary
         words[lang]["ngram_table"] = ngram_table(words[lang]["vocab"], lengths) if lengths else None
     fasttext = fasttext_lookups({lang: words[lang] for lang in trained}, t)

@@ -19,6 +19,7 @@ from tests.test_serving import _wait_for, free_port
 
 TINY = {
     "data.dataset": "embedded-table",
+    "train.add_words": 1000,  # an added language's commonest words read by e5: the mechanics, not the default 50,000
     "data.train_images": 64,
     "data.val_images": 16,
     "data.test_images": 16,

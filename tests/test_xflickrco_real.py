@@ -80,17 +80,17 @@ def test_spanish_from_100_captions_is_added_and_measured_on_xflickrco_s_human_ca
                 (photos / f"{image}.jpg").symlink_to(PHOTOS / f"{image}.jpg")
     overrides = {
         "data.dataset": "multi30k-x", "data.format": "multi30k", "data.source": str(source), "data.images": str(photos),
-        "data.languages": "en,de,fr,cs,es", "data.extra_captions": str(XFLICKRCO),
+        "data.languages": "en,de,fr,cs,es,id", "data.extra_captions": str(XFLICKRCO),
         "data.extra_files": "es/train_100=train,test=test_xflickrco", "eval.split": "test_xflickrco,test_2016",
         "features.input_size": 64, "text.fasttext_epochs": 3, "text.fasttext_buckets": 100_000, "text.word_dim": 32,
         "pretrain.epochs": 2, "pretrain.batch_images": 16, "train.epochs": 3, "train.batch_images": 16,
-        "eval.examples": 0,
+        "eval.examples": 0, "train.add_words": 2000,
     }  # fmt: skip
     work = tmp_path / "work"
     results = rebuild_flow(workdir=str(work), preset="demo", overrides=overrides,
                            stages=["ingest", "features", "text", "pretrain", "train", "evaluate"])  # fmt: skip
     said = results["ingest"]["extra_captions"]["captions"]
-    assert said["es"] == {"train": 100, "test_xflickrco": 30}
+    assert said["es"] == {"train": 100, "test_xflickrco": 30} and said["id"] == {"test_xflickrco": 30}
     assert said["en"] == said["de"] == {"test_xflickrco": 30}  # en/de files named for test only
     assert results["ingest"]["per_split"]["test_2016"]["images"] == 30
 
@@ -98,7 +98,7 @@ def test_spanish_from_100_captions_is_added_and_measured_on_xflickrco_s_human_ca
     rows = added["rows"]
     # LP read every Spanish caption; joint training only the photographed images'
     assert added["images"] == {"joint": 80, "lp": 100}
-    assert set(rows["without es"]) == {"en", "de"}  # xFlickr&CO's test has no fr or cs captions
+    assert set(rows["without es"]) == {"en", "de"}  # xFlickr&CO's test has no fr or cs captions (id: not added yet)
     assert set(rows["without es, then es added"]) == {"en", "de", "es"}
     assert rows["without es, then es added"]["en"] == rows["without es"]["en"]  # English untouched, to the digit
     assert added["existing_languages_max_change"] == 0.0
@@ -109,3 +109,10 @@ def test_spanish_from_100_captions_is_added_and_measured_on_xflickrco_s_human_ca
     assert evaluation["chance"]["es"]["mR"] == pytest.approx(evaluation["chance"]["en"]["mR"])
     assert 0 <= spanish_row["mR"] <= 100
     assert set(evaluation["splits"]["test_2016"]["table"]) == {"en", "de", "fr", "cs"}  # Multi30K's own, as before
+
+    # Indonesian has test captions alone: added with none, read zero-shot from its aligned start
+    indonesian = add_language_flow(workdir=str(work), preset="demo",
+                                   overrides={**overrides, "train.add_language": "id"})  # fmt: skip
+    assert indonesian["images"] == {"joint": 0, "lp": 0}
+    evaluation = json.loads((work / "results" / "multi30k-x" / "without-id+id" / "evaluation.json").read_text())
+    assert evaluation["table"]["id"]["sentences"] == 30 and 0 <= evaluation["table"]["id"]["mR"] <= 100

