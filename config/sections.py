@@ -151,7 +151,9 @@ class IndexConfig:
 
 @dataclass
 class TranslateConfig:
-    backend: str = "lexicon"  # lexicon (MUSE files), induced (IBM Model 1 on task1), googletrans, argos
+    # lexicon (MUSE files), induced (IBM Model 1 on task1), aligned (each word's nearest word of
+    # the other language by multilingual-e5: any pair, no parallel text), googletrans, argos
+    backend: str = "lexicon"
     # "src-dest" pairs; empty: English into every other language and every other language into English
     pairs: tuple[str, ...] = ()
     splits: tuple[str, ...] = ("train", "val")  # test captions are never translated into training data
@@ -159,6 +161,9 @@ class TranslateConfig:
     timeout_s: float = 10.0  # googletrans: per request
     retries: int = 5  # googletrans: per sentence, with exponential backoff and jitter
     induced_iterations: int = 5  # IBM Model 1 EM iterations
+    # aligned: how many of the target language's commonest words (wordfreq) a caption word may
+    # become, beside the target's own caption words
+    aligned_words: int = 50_000
 
 
 @dataclass

@@ -67,11 +67,13 @@ def validate(cfg: MuleConfig) -> None:
     if cfg.data.captions not in ("human", "human+mt", "mt"):
         raise ConfigError(f"data.captions must be 'human', 'human+mt' or 'mt', got {cfg.data.captions!r}")
     t = cfg.translate
-    if t.backend not in ("lexicon", "induced", "googletrans", "argos"):
-        raise ConfigError(f"translate.backend must be lexicon, induced, googletrans or argos, got {t.backend!r}")
+    if t.backend not in ("lexicon", "induced", "aligned", "googletrans", "argos"):
+        raise ConfigError(f"translate.backend must be lexicon, induced, aligned, googletrans or argos, got {t.backend!r}")
     for pair in t.pairs:
         if pair.count("-") != 1 or pair.split("-")[0] == pair.split("-")[1]:
             raise ConfigError(f"translate.pairs: {pair!r} is not 'src-dest' (e.g. en-de)")
+    if t.aligned_words < 0:
+        raise ConfigError(f"translate.aligned_words must be 0 or more, got {t.aligned_words}")
     if any(s.startswith("test") for s in t.splits):
         raise ConfigError("translate.splits: test captions are never translated into training data")
     for key, value in (

@@ -70,3 +70,15 @@ def neighbour_mix(queries: np.ndarray, keys: np.ndarray, values: np.ndarray, k: 
         weights = torch.softmax(scores / temperature, dim=1)
         out[start : start + chunk] = (weights[..., None] * values_t[nearest]).sum(1)
     return out.numpy()
+
+
+def nearest(queries: np.ndarray, keys: np.ndarray, chunk: int = 4096) -> tuple[np.ndarray, np.ndarray]:
+    """(index of each query's nearest key by cosine, that cosine)."""
+    q = torch.from_numpy(queries).float()
+    q = q / q.norm(dim=1, keepdim=True).clamp(min=1e-12)
+    keys_t = torch.from_numpy(keys).float()
+    keys_t = keys_t / keys_t.norm(dim=1, keepdim=True).clamp(min=1e-12)
+    index, score = torch.empty(len(q), dtype=torch.long), torch.empty(len(q))
+    for start in range(0, len(q), chunk):
+        score[start : start + chunk], index[start : start + chunk] = (q[start : start + chunk] @ keys_t.T).max(1)
+    return index.numpy(), score.numpy()

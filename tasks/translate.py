@@ -133,6 +133,28 @@ def induced_backend(cfg: MuleConfig, catalog: Catalog, pairs) -> WordByWord:
     return WordByWord("induced", f"ibm1-{cfg.translate.induced_iterations}it-{digest.hexdigest()[:12]}", tables)
 
 
+def aligned_backend(cfg: MuleConfig, catalog: Catalog, pairs, captions: list[dict]) -> WordByWord:
+    """Each source word (of the captions to translate) to its nearest target word by
+    multilingual-e5 (tasks/shared/aligned_start.py: word_table): the target's caption words
+    and its commonest words. No parallel text and no lexicon, for any pair e5 reads."""
+    from mule.tasks.shared.aligned_start import common_words, word_table
+    from mule.tasks.shared.e5_vectors import encoder_version
+
+    words: dict[str, dict[str, None]] = {}
+    for caption in captions:
+        words.setdefault(caption["lang"], {}).update(dict.fromkeys(caption["tokens"] or ()))
+    tables = {}
+    for src, dest in pairs:
+        candidates = list(dict.fromkeys([*words.get(dest, {}),
+                                         *common_words(dest, cfg.translate.aligned_words, cfg.text.tokenizers)]))  # fmt: skip
+        if not words.get(src) or not candidates:
+            raise TranslateError(f"the aligned backend has no {src} words to translate or no {dest} words to "
+                                 "translate into")  # fmt: skip
+        tables[(src, dest)] = WordTable(word_table(list(words[src]), src, dest, candidates, cfg.text.tokenizers))
+    digest = hashlib.sha256(repr(sorted((k, sorted(v.entries.items())) for k, v in tables.items())).encode())
+    return WordByWord("aligned", f"e5-nearest-{encoder_version().replace(' ', '-')}-{digest.hexdigest()[:12]}", tables)
+
+
 class ArgosBackend:
     name = "argos"
 
@@ -156,12 +178,14 @@ class ArgosBackend:
             on_result(index, self._argos.translate(text, src, dest), "")
 
 
-def make_backend(cfg: MuleConfig, wd, catalog: Catalog, pairs):
+def make_backend(cfg: MuleConfig, wd, catalog: Catalog, pairs, captions: list[dict]):
     backend = cfg.translate.backend
     if backend == "lexicon":  # without MT in training (data.captions=human), a missing lexicon skips its pair
         return lexicon_backend(cfg, wd, pairs, required=cfg.data.captions != "human")
     if backend == "induced":
         return induced_backend(cfg, catalog, pairs)
+    if backend == "aligned":
+        return aligned_backend(cfg, catalog, pairs, captions)
     if backend == "googletrans":
         from mule.clients.googletrans import GoogleOptions, GoogleTranslateBackend
 
@@ -245,7 +269,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     # MT captions are split into words as the human ones were, by the tokenisers that made those
     tokenizers = tokenizer_names(caption_tokenizers(catalog, dataset, cfg.data.languages, cfg.text.tokenizers,
                                                     "translate"))  # fmt: skip
-    backend = make_backend(cfg, wd, catalog, pairs)
+    backend = make_backend(cfg, wd, catalog, pairs, captions)
     missing = getattr(backend, "missing", {})
     if missing:
         log.warning("translate: no lexicon for %s (looked for %s): left untranslated; training reads human captions "

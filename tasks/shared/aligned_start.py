@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from mule.mule_core.aligned_words import fit_ngram_means, neighbour_mix
+from mule.mule_core.aligned_words import fit_ngram_means, nearest, neighbour_mix
 from mule.mule_core.errors import UserError
 from mule.mule_core.model import MuleModel
 from mule.mule_core.progress import SHOWN
@@ -145,3 +145,36 @@ def _carrying(features: np.ndarray, word_dim: int) -> tuple[np.ndarray, tuple[np
     basis = axes[:word_dim].T.astype(np.float32)  # mule_dim x word_dim
     vectors[2:] = (features - centre) @ basis
     return vectors, (basis, centre.astype(np.float32))
+
+
+def word_table(words: list[str], lang: str, into: str, candidates: list[str],
+               tokenizers: dict[str, str] | None = None) -> dict[str, str]:  # fmt: skip
+    """A word table from `lang` into `into`: each of `words` to its nearest of `candidates`
+    by multilingual-e5 (each language centred on its commonest words, as the aligned start
+    reads them); what translation by nearest word is, for any two languages e5 reads."""
+    centres = {x: common_words(x, MEAN_WORDS, tokenizers) for x in (lang, into)}
+    candidates = _of_the_language(candidates, into, lang)
+    every = list(dict.fromkeys([*words, *candidates, *centres[lang], *centres[into]]))
+    read = dict(zip(every, e5_words.word_vectors(every, f"e5 words ({lang}, {into})", logger=logger())))
+
+    def centred(ws: list[str], x: str) -> np.ndarray:
+        own = np.stack([read[w] for w in ws])
+        centre = np.stack([read[w] for w in centres[x]]).mean(0) if centres[x] else own.mean(0)
+        return own - centre
+
+    index, _ = nearest(centred(words, lang), centred(candidates, into))
+    return {word: candidates[i] for word, i in zip(words, index)}
+
+
+def _of_the_language(candidates: list[str], lang: str, other: str) -> list[str]:
+    """The candidates that are `lang`'s words rather than `other`'s: wordfreq's lists are read
+    off the web, where a Spanish page quotes English ("man", "dog"), so a word more frequent
+    in `other` than in `lang` is a borrowing, not a translation (a translation by nearest
+    word would otherwise keep every word as it is)."""
+    import wordfreq
+
+    from mule.mule_core.languages import base
+
+    mine, theirs = (wordfreq.get_frequency_dict(base(x)) if base(x) in wordfreq.available_languages() else {}
+                    for x in (lang, other))  # fmt: skip
+    return [w for w in candidates if mine.get(w, 0.0) >= theirs.get(w, 0.0)]
