@@ -8,9 +8,9 @@ seen a caption: with no captions the language is read zero-shot, and captions tr
 from there. The branch carries those features exactly: they fill the first mule_dim
 coordinates of its word vectors, and its FC into MULE starts by passing them on.
 
-Unseen words: each of the branch's character n-grams is the mean of the words that hold
-it (mule_core.aligned_words.fit_ngram_means), so a word outside its vocabulary is composed
-among the words spelled like it; serving, `mule search`, the export and the ONNX text tower
+Unseen words: the branch's character n-grams are fitted (ridge least squares,
+mule_core.aligned_words.fit_ngram_means) so that each word's mean of its n-grams is near its
+vector, so a word outside its vocabulary is composed among the words spelled like it; serving, `mule search`, the export and the ONNX text tower
 read any word that way. Words are read by e5 once per machine (tasks/shared/e5_words.py).
 """
 
@@ -33,8 +33,8 @@ from mule.tasks.shared.context import logger
 
 MEAN_WORDS = 1000  # a language's commonest words: its centre in e5's space (comparable across languages)
 # Chosen on the validation photos by taking each trained language out in turn and starting it
-# again from the others (bench/aligned_start_val.py; docs/real-photos.md): 10 neighbours at 0.1
-NEIGHBOURS, TEMPERATURE = 10, 0.1
+# again from the others (bench/aligned_start_val.py; docs/real-photos.md): 20 neighbours at 0.1
+NEIGHBOURS, TEMPERATURE = 20, 0.1
 
 
 class OpenWordsMissing(UserError, RuntimeError):
