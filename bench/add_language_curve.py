@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -53,25 +54,41 @@ def add(args, lang: str, sizes: dict[str, int], log: Path) -> dict:
             "chance": {k: v["mR"] for k, v in evaluation["chance"].items()}}  # fmt: skip
 
 
-def plot(curve: dict, peer: dict, out: Path) -> None:
+def plot(curve: dict, peer: dict, out: Path, before: dict | None = None) -> None:
+    """The curve (0 captions, zero-shot, at the axis's left end), the peer's line per language, chance;
+    `before`: an earlier curve drawn faded and dashed in the same colours (another start)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(figsize=(7, 4.5))
+    figure, axes = plt.subplots(figsize=(7.5, 5.6))
+    sizes_seen = set()
     for lang, points in curve["languages"].items():
         sizes = sorted(points, key=int)
-        line = axes.plot([int(n) for n in sizes], [points[n] for n in sizes], "o-", label=f"mule, {lang}")[0]
+        sizes_seen |= {int(n) for n in sizes}
+        spread = curve.get("std", {}).get(lang)
+        line = axes.errorbar([int(n) for n in sizes], [points[n] for n in sizes], fmt="o-", capsize=3,
+                             yerr=[spread[n] for n in sizes] if spread else None, label=f"mule, {lang}")[0]
         if lang in peer:
             axes.axhline(peer[lang], color=line.get_color(), linestyle=":", linewidth=1)
+        earlier = (before or {}).get("languages", {}).get(lang)
+        if earlier:
+            steps = sorted(earlier, key=int)
+            sizes_seen |= {int(n) for n in steps}
+            axes.plot([int(n) for n in steps], [earlier[n] for n in steps], "--", color=line.get_color(), alpha=0.35)
     axes.axhline(curve["chance"], color="grey", linestyle="--", linewidth=1, label="chance")
     axes.plot([], [], "k:", linewidth=1, label="e5-small + ridge, zero-shot (same colour)")
+    if before:
+        axes.plot([], [], "k--", alpha=0.35, label=before.get("label", "before"))
     axes.set_xscale("symlog", linthresh=1)  # 0 captions (zero-shot) on the same axis
-    axes.set_xlabel("captioned training images of the new language (xFlickr&CO train_N)")
-    axes.set_ylabel(f"test mR, {curve['images']} photos, one caption each")
-    axes.set_title("A language added to a trained mule model from few captions")
-    axes.legend(fontsize=8, loc="lower right")
+    ticks = sorted(sizes_seen)
+    axes.set_xticks(ticks, [str(n) for n in ticks])
+    axes.set_xlabel("captioned training images of the new language (xFlickr&CO train_N; 0: none, zero-shot)")
+    seeds = f", mean ± std of {curve['seeds']} seeds" if curve.get("seeds", 1) > 1 else ""
+    axes.set_ylabel(f"test mR, {curve['images']} photos, one caption each{seeds}")
+    axes.set_title(curve.get("label", "A language added to a trained mule model from few captions"))
+    axes.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)  # below: the lines fill the axes
     figure.tight_layout()
     figure.savefig(out, dpi=120)
 
@@ -93,12 +110,20 @@ def main() -> None:
     parser.add_argument("--peer", help="bench/peer_xflickrco.py --out JSON: the zero-shot peer's lines")
     parser.add_argument("--out", required=True)
     parser.add_argument("--replot", action="store_true", help="no runs: the table and plot of --out's curve.json")
+    parser.add_argument("--before", help="an earlier curve.json, drawn faded beside this one (its 'label' says what)")
+    parser.add_argument("--seeds", nargs="+", metavar="DIR",
+                        help="with --replot: other seeds' --out folders; the table gives mean ± std over the "
+                             "points every seed has, and --out gets seeds.json")  # fmt: skip
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.replot:
         curve = json.loads((out / "curve.json").read_text())
-        report(curve, curve.get("peer", {}), list(curve["languages"]), out)
+        before = json.loads(Path(args.before).read_text()) if args.before else None
+        if args.seeds:
+            curve = over_seeds([curve, *(json.loads((Path(d) / "curve.json").read_text()) for d in args.seeds)])
+            (out / "seeds.json").write_text(json.dumps(curve, indent=1))
+        report(curve, curve.get("peer", {}), list(curve["languages"]), out, before)
         return
     languages, sizes = args.languages.split(","), [int(n) for n in args.sizes.split(",")]
     runs = [(n, {lang: n for lang in languages}, languages) for n in sizes]
@@ -130,12 +155,32 @@ def main() -> None:
     print(f"{time.perf_counter() - started:.0f} s")
 
 
-def report(curve: dict, peer: dict, languages: list[str], out: Path) -> None:
-    plot(curve, peer, out / "curve.png")
+def over_seeds(curves: list[dict]) -> dict:
+    """One curve of the points every seed's curve has: each the mean, with "std" beside (sample std)."""
+    mean: dict = {"languages": {}, "std": {}, "seeds": len(curves), "chance": curves[0]["chance"],
+                  "images": curves[0]["images"], "peer": curves[0].get("peer", {})}  # fmt: skip
+    for lang, points in curves[0]["languages"].items():
+        shared = [n for n in points if all(n in c["languages"].get(lang, {}) for c in curves)]
+        values = {n: [c["languages"][lang][n] for c in curves] for n in shared}
+        mean["languages"][lang] = {n: round(statistics.fmean(v), 1) for n, v in values.items()}
+        mean["std"][lang] = {n: round(statistics.stdev(v), 1) if len(v) > 1 else 0.0 for n, v in values.items()}
+    return mean
+
+
+def cell(curve: dict, lang: str, n: int) -> str:
+    value = curve["languages"][lang].get(str(n))
+    if value is None:
+        return "–"
+    spread = curve.get("std", {}).get(lang, {}).get(str(n))
+    return f"{value} ± {spread}" if spread is not None else str(value)
+
+
+def report(curve: dict, peer: dict, languages: list[str], out: Path, before: dict | None = None) -> None:
+    plot(curve, peer, out / "curve.png", before)
     header = sorted({int(n) for points in curve["languages"].values() for n in points})
     print("\n| captions | " + " | ".join(languages) + " |\n|---|" + "---|" * len(languages))
     for n in header:
-        print(f"| {n} | " + " | ".join(str(curve["languages"][x].get(str(n), "–")) for x in languages) + " |")
+        print(f"| {n} | " + " | ".join(cell(curve, x, n) for x in languages) + " |")
     if peer:
         print("| peer (zero-shot) | " + " | ".join(f"{peer[x]:.1f}" for x in languages) + " |")
     print("| chance | " + " | ".join(str(curve["chance"]) for _ in languages) + " |")
