@@ -69,7 +69,7 @@ def plot(curve: dict, peer: dict, out: Path, before: dict | None = None) -> None
         sizes_seen |= {int(n) for n in sizes}
         spread = curve.get("std", {}).get(lang)
         line = axes.errorbar([int(n) for n in sizes], [points[n] for n in sizes], fmt="o-", capsize=3,
-                             yerr=[spread[n] for n in sizes] if spread else None, label=f"mule, {lang}")[0]
+                             yerr=[spread.get(n, 0.0) for n in sizes] if spread else None, label=f"mule, {lang}")[0]
         if lang in peer:
             axes.axhline(peer[lang], color=line.get_color(), linestyle=":", linewidth=1)
         earlier = (before or {}).get("languages", {}).get(lang)
@@ -85,7 +85,7 @@ def plot(curve: dict, peer: dict, out: Path, before: dict | None = None) -> None
     ticks = sorted(sizes_seen)
     axes.set_xticks(ticks, [str(n) for n in ticks])
     axes.set_xlabel("captioned training images of the new language (xFlickr&CO train_N; 0: none, zero-shot)")
-    seeds = f", mean ± std of {curve['seeds']} seeds" if curve.get("seeds", 1) > 1 else ""
+    seeds = f",\nmean ± std of {curve['seeds']} seeds where bars are drawn" if curve.get("seeds", 1) > 1 else ""
     axes.set_ylabel(f"test mR, {curve['images']} photos, one caption each{seeds}")
     axes.set_title(curve.get("label", "A language added to a trained mule model from few captions"))
     axes.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)  # below: the lines fill the axes
@@ -156,14 +156,15 @@ def main() -> None:
 
 
 def over_seeds(curves: list[dict]) -> dict:
-    """One curve of the points every seed's curve has: each the mean, with "std" beside (sample std)."""
+    """One curve over seeds: each point the mean of the seeds that have it, with "std" beside
+    (sample std) where every seed has it; a point only the first seed has stays as it is."""
     mean: dict = {"languages": {}, "std": {}, "seeds": len(curves), "chance": curves[0]["chance"],
-                  "images": curves[0]["images"], "peer": curves[0].get("peer", {})}  # fmt: skip
+                  "images": curves[0]["images"], "peer": curves[0].get("peer", {}),
+                  "label": curves[0].get("label", "A language added to a trained mule model")}  # fmt: skip
     for lang, points in curves[0]["languages"].items():
-        shared = [n for n in points if all(n in c["languages"].get(lang, {}) for c in curves)]
-        values = {n: [c["languages"][lang][n] for c in curves] for n in shared}
+        values = {n: [c["languages"][lang][n] for c in curves if n in c["languages"].get(lang, {})] for n in points}
         mean["languages"][lang] = {n: round(statistics.fmean(v), 1) for n, v in values.items()}
-        mean["std"][lang] = {n: round(statistics.stdev(v), 1) if len(v) > 1 else 0.0 for n, v in values.items()}
+        mean["std"][lang] = {n: round(statistics.stdev(v), 1) for n, v in values.items() if len(v) == len(curves) > 1}
     return mean
 
 
