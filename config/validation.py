@@ -32,6 +32,9 @@ def validate(cfg: MuleConfig) -> None:
         raise ConfigError(f"text.fasttext_buckets must be at least 1, got {cfg.text.fasttext_buckets}")
     if cfg.model.subwords and (not cfg.model.ngram_lengths or min(cfg.model.ngram_lengths) < 1):
         raise ConfigError(f"model.ngram_lengths must be positive lengths (e.g. 3,4,5), got {cfg.model.ngram_lengths}")
+    for name, value in (("train.patience", cfg.train.patience), ("pretrain.patience", cfg.pretrain.patience)):
+        if value < 0:
+            raise ConfigError(f"{name} must be 0 (run every epoch) or a number of epochs, got {value}")
     if cfg.model.sharing not in ("mule", "parallel"):
         raise ConfigError(f"model.sharing must be 'mule' or 'parallel', got {cfg.model.sharing!r}")
     d = cfg.data

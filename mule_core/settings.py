@@ -106,6 +106,9 @@ class TrainConfig:
     # learning rate x divergence_lr_factor; at most divergence_retries times, then stop),
     # "stop", "warn" (log and tag only) or "off"
     divergence: str = "rollback"
+    # Stop after this many epochs without a better validation score (0: run every epoch). The
+    # best epoch is kept either way: a run whose best came before the stop is the same model
+    patience: int = 0
     divergence_drop: float = 0.5
     divergence_lr_factor: float = 0.5
     divergence_retries: int = 2
@@ -144,6 +147,7 @@ class PretrainConfig:
     enabled: bool = True  # LP: pretrain the MULE layers on sentences of the same image
     # LP's length; the kept epoch is the best on validation
     epochs: int = 10
+    patience: int = 0  # LP's own train.patience
     lr: float = 1e-3
     batch_images: int = 256
     # LP's own train.sentences_per_image_many: sentences per image for languages with several

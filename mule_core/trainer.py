@@ -189,6 +189,9 @@ class Trainer:
                                     if id(p) in moving and id(p) not in self.row_averages]  # fmt: skip
         self.stopped: str | None = None  # why training stopped early, if it did
         self.history: list[EpochResult] = []
+        # epochs without a better validation score after which training stops (0: never); the
+        # best epoch is kept either way, so a run whose best came before the stop is the same model
+        self.patience = section.patience
 
     def mixed_precision(self, on: bool) -> None:
         """train.amp's arithmetic: float16 autocast and a GradScaler on the trainer's device.
@@ -465,11 +468,22 @@ class Trainer:
                 shown = now
                 log.info("%s: epoch %d/%d (%.1f s/epoch, %.0f sentences/s%s, ETA %s)", self.mode, result.epoch,
                          self.epochs, per_epoch, result.sentences_per_second, score, eta, extra=SHOWN)  # fmt: skip
+            self._stop_without_progress(result)
             if on_epoch_end is not None:
                 on_epoch_end(result)
         if self.best_state is not None:
             self.model.load_state_dict(self.best_state)
         return self.history
+
+    def _stop_without_progress(self, result: EpochResult) -> None:
+        """train.patience (pretrain.patience for LP): stop once that many epochs have passed
+        without a better validation score, before the epoch's checkpoint records it."""
+        if self.patience and not self.stopped and result.score is not None and self.epoch < self.epochs:
+            if self.epoch - self.best_epoch >= self.patience:
+                self.stopped = (f"no better validation score for {self.epoch - self.best_epoch} epochs after epoch "
+                                f"{self.best_epoch} ({self.best_score:.2f}): patience {self.patience}")  # fmt: skip
+                log.info("%s: stopped at epoch %d of %d: %s", self.mode, self.epoch, self.epochs, self.stopped,
+                         extra=SHOWN)  # fmt: skip
 
     # -- checkpoints ----------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -107,6 +107,43 @@ def test_the_best_validation_epoch_is_kept():
         assert torch.equal(value, kept[2][key]), key  # the model holds epoch 2's weights, not epoch 3's
 
 
+@pytest.mark.parametrize("mode", ["joint", "lp"])
+def test_patience_stops_after_epochs_without_a_better_score_and_keeps_the_same_best_model(mode):
+    """Scores 1, 5, 3, 4, 2, 6: with patience 3 the run stops after epoch 5 (three epochs
+    since epoch 2's 5.0) and holds epoch 2's weights, the very weights a run of every epoch
+    keeps when its best stays epoch 2 (scores 1, 5, 3, 4, 2, 4)."""
+
+    def run(scores: list[float], patience: int) -> tuple[Trainer, dict]:
+        queue, kept = iter(scores), {}
+
+        def validate(m):
+            kept[len(kept) + 1] = {k: v.clone() for k, v in m.state_dict().items()}
+            return next(queue), {}
+
+        train, pre = replace(optim(6), patience=patience), replace(lp(6), patience=patience)
+        trainer = Trainer(toy_model(), toy_split(), LOSS, train, torch.device("cpu"), mode=mode, validate=validate,
+                          pretrain=pre)  # fmt: skip
+        trainer.fit()
+        return trainer, kept
+
+    stopped, kept = run([1.0, 5.0, 3.0, 4.0, 2.0, 6.0], patience=3)
+    assert [r.epoch for r in stopped.history] == [1, 2, 3, 4, 5] and stopped.best_epoch == 2
+    assert stopped.stopped.startswith("no better validation score for 3 epochs after epoch 2 (5.00)")
+    every, _ = run([1.0, 5.0, 3.0, 4.0, 2.0, 4.0], patience=0)
+    assert len(every.history) == 6 and every.best_epoch == 2 and every.stopped is None
+    for key, value in stopped.model.state_dict().items():
+        assert torch.equal(value, kept[2][key]), key
+        assert torch.equal(value, every.model.state_dict()[key]), key
+
+
+def test_a_negative_patience_is_refused():
+    from mule.config.resolution import resolve
+    from mule.mule_core.settings import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^train.patience must be 0 \(run every epoch\) or a number of epochs, got -1$"):
+        resolve("demo", {"train.patience": "-1"})
+
+
 @pytest.mark.parametrize("updates", ["dense", "rows"])
 def test_weight_averaging_validates_and_keeps_the_average_of_the_steps(updates):
     """train.ema: after step t, average <- average + w_t (weights - average), with Adam's bias
