@@ -28,7 +28,7 @@ from mule.mule_core.encoding import encode_split
 from mule.storage.content_digests import sha256_file
 
 if TYPE_CHECKING:
-    from mule.serving.retrieval import Searcher
+    from mule.serving.searcher import Searcher
 
 log = logging.getLogger("mule.serve")
 

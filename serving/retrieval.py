@@ -9,7 +9,6 @@ through serving.gallery (its vectors, or the index stage's index past index.min_
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -17,55 +16,13 @@ import torch
 
 from mule import api
 from mule.data_catalog import queries
-from mule.data_catalog.splits import load_split
 from mule.data_catalog.tables import Catalog
 from mule.datasets.image_files import MAX_PIXELS
 from mule.mule_core.embedder import Embedder, EmbedError
-from mule.mule_core.errors import InputError, UserError
-from mule.mule_core.model import MuleModel
-from mule.mule_core.split_tensors import SplitTensors
 from mule.serving import gallery as galleries
+from mule.serving.searcher import Searcher, SearchError
 from mule.storage.content_digests import sha256_file
 from mule.storage.workdir import Workdir
-
-
-class SearchError(UserError, ValueError):
-    pass
-
-
-@dataclass
-class Searcher:
-    embedder: Embedder  # the model as a function
-    dataset: str
-    catalog: Catalog
-    model_file: Path | None = None  # the file it was read from (the gallery index names the model by its sha256)
-
-    @property
-    def model(self) -> MuleModel:
-        return self.embedder.model
-
-    @property
-    def meta(self) -> dict:
-        return self.embedder.meta
-
-    @property
-    def label(self) -> str:
-        return self.embedder.label
-
-    @property
-    def device(self) -> torch.device:
-        return self.embedder.device
-
-    @property
-    def languages(self) -> list[str]:
-        return list(self.meta["vocabulary"].languages)
-
-    def split(self, selector: str, with_features: bool) -> SplitTensors:
-        try:
-            return load_split(self.catalog, self.dataset, selector, self.meta["vocabulary"],
-                              self.meta["cfg"].text.max_tokens, self.meta["extractor"] if with_features else None)  # fmt: skip
-        except InputError as error:
-            raise SearchError(str(error)) from None
 
 
 def open_searcher(workdir: Workdir, dataset: str, run_id: str | None = None, version: str | None = None) -> Searcher:
