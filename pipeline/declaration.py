@@ -52,7 +52,7 @@ class Read:
 class Stage:
     name: str
     summary: str  # one line: the README's table, the flow's and the deployment's description
-    # "module:compute(ctx: stages.shared.context.StageContext) -> dict": what the stage computes; its
+    # "module:compute(ctx: tasks.shared.context.StageContext) -> dict": what the stage computes; its
     # module's import closure is the code part of the stage's key. None for a sweep.
     task: str | None
     # "module:function(workdir, config, result, run_id) -> dict": the figures, reports, MLflow

@@ -4,7 +4,7 @@
 
 `run` takes the stage's decision (pipeline.decisions; one the caller already took, or
 takes it now) and either reuses the stage (the result its record holds) or computes it
-(stages.*: the catalog in, the catalog out, a summary back) and records the key, the
+(tasks.*: the catalog in, the catalog out, a summary back) and records the key, the
 outputs' digests and the summary. Everything else (MLflow, publishing, Prefect's task
 around the computation, timing lines) is a hook (pipeline.hooks) the caller hands in.
 The rebuild's stages and the sweeps' steps all run here: one way a stage runs and one

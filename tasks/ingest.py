@@ -153,7 +153,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     progress = Progress("tokenising", result.captions.num_rows, unit="captions", logger=log)
     try:
         with tokeniser(result.captions.num_rows, overrides, progress) as words:
-            # the tokenisers' identities travel with the tokens they made (stages.shared.token_identity)
+            # the tokenisers' identities travel with the tokens they made (tasks.shared.token_identity)
             catalog.write_table_batches("captions", cfg.data.dataset, with_tokens(result.captions, words),
                                         notes={"tokenizers": versions})  # fmt: skip
     finally:

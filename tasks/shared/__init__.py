@@ -1,4 +1,7 @@
 """What the stages share, none of it a stage: what a computation is handed (context.py), the
-training stages' checkpoints and records (training.py), how an image becomes a vector
-(extraction.py: its import closure is the features' identity), and what must be in place
-before a stage's key is taken (prepare.py)."""
+training stages' checkpoints and records (checkpoints.py), how an image becomes a vector
+(extraction.py: its import closure is the features' identity), what must be in place
+before a stage's key is taken (preparation.py), the tokenisers' identities
+(token_identity.py), fastText in a process of its own (fasttext_worker.py), and
+multilingual-e5's sentence and word vectors with an added language's aligned start
+(e5_vectors.py, e5_words.py, aligned_start.py)."""

