@@ -53,9 +53,16 @@ def _force(parser: argparse.ArgumentParser) -> None:
                         help="run this stage even if its inputs, config and code are unchanged (repeatable)")  # fmt: skip
 
 
+class _Removed(argparse.Action):
+    """A flag that no longer exists, refused in one line saying why (argparse would only say
+    "unrecognized arguments")."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} was removed on 2026-12-06: stages run one at a time always; drop the flag")
+
+
 def _sequential(parser: argparse.ArgumentParser) -> None:
-    # stages run one at a time since 2026-12-02: the flag that asked for it is still taken, and changes nothing
-    parser.add_argument("--sequential", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--sequential", nargs=0, action=_Removed, help=argparse.SUPPRESS)
 
 
 def _wait(parser: argparse.ArgumentParser) -> None:

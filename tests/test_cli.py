@@ -33,6 +33,16 @@ def test_force_names_stages(capsys, tmp_path):
     assert "--force featurs: not a stage; stages are: ingest, translate," in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", [["run", "all"], ["demo"]])
+def test_the_removed_sequential_flag_is_refused_saying_why(capsys, tmp_path, command):
+    with pytest.raises(SystemExit) as stop:
+        main([*command, "--sequential", "--workdir", str(tmp_path)])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith(
+        "error: --sequential was removed on 2026-12-06: stages run one at a time always; drop the flag")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_search_needs_a_sentence_or_an_image_and_a_trained_model(capsys, tmp_path):
     assert main(["search", "--workdir", str(tmp_path)]) == 2
     assert "search needs a sentence or --image PATH" in capsys.readouterr().err
