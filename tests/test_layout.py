@@ -228,3 +228,15 @@ def test_the_slow_mark_sits_on_tests():
                 if any(ast.unparse(d) == "pytest.mark.slow" for d in node.decorator_list):
                     misplaced.append(f"{path.name}: {node.name}")
     assert not misplaced, misplaced
+
+
+def test_every_environment_switch_the_code_reads_is_in_the_operations_table():
+    """docs/operations.md, "Environment switches": one place for every MULE_* variable."""
+    text = (REPO / "docs" / "operations.md").read_text()
+    table = text[text.index("## Environment switches") :].split("\n## ", 1)[0]
+    listed = set(re.findall(r"MULE_[A-Z_]+", table))
+    read = set()
+    for folder in FLOORS:
+        for path, _ in _modules(folder):
+            read |= set(re.findall(r"MULE_[A-Z_]+", path.read_text()))
+    assert read and read <= listed, sorted(read - listed)
