@@ -20,6 +20,15 @@ TRANSLATIONS = {"rojo": "red", "azul": "blue", "verde": "green", "negro": "black
                 "grande": "large", "pequeño": "small", "círculo": "circle", "estrellas": "star"}  # fmt: skip
 
 
+def word_features(model, vocabulary, lang: str, words: list[str]) -> torch.Tensor:
+    """Each word's MULE feature in `lang`'s branch (a word outside its vocabulary composed from its n-grams)."""
+    encoded = vocabulary.encode(lang, [[w] for w in words])
+    with torch.no_grad():
+        rows, inverse = model.branches[lang].distinct_features(torch.tensor([i[0] for i in encoded.ids]),
+                                                               encoded.unseen)  # fmt: skip
+    return rows[inverse]
+
+
 @pytest.fixture(scope="module")
 def spanish_added(rebuilt, tmp_path_factory):
     """(workdir, the extend step's result, its config): Spanish added to a copy of the rebuilt model."""
@@ -62,11 +71,7 @@ def test_a_word_no_caption_holds_starts_nearer_its_translation_than_chance(spani
     vocabulary = meta["vocabulary"]
 
     def features(lang: str, words: list[str]) -> torch.Tensor:
-        encoded = vocabulary.encode(lang, [[w] for w in words])
-        with torch.no_grad():
-            rows, inverse = model.branches[lang].distinct_features(torch.tensor([i[0] for i in encoded.ids]),
-                                                                   encoded.unseen)  # fmt: skip
-        found = rows[inverse]
+        found = word_features(model, vocabulary, lang, words)
         return found / found.norm(dim=1, keepdim=True)
 
     english = vocabulary.vocabs["en"].tokens[2:]
@@ -98,17 +103,9 @@ def test_a_word_outside_the_vocabulary_is_composed_nearer_its_translation_than_c
     spanish, english = vocabulary.vocabs["es"].tokens[2:], vocabulary.vocabs["en"].tokens[2:]
     assert not set(UNSEEN) & set(spanish)
 
-    def features(lang: str, words: list[str], composed: bool = False) -> torch.Tensor:
-        encoded = vocabulary.encode(lang, [[w] for w in words])
-        if composed:
-            assert encoded.composed == [[w] for w in words]  # each built from its n-grams, none <unk>
-        with torch.no_grad():
-            rows, inverse = model.branches[lang].distinct_features(torch.tensor([i[0] for i in encoded.ids]),
-                                                                   encoded.unseen)  # fmt: skip
-        return rows[inverse]
-
-    queries = features("es", list(UNSEEN), composed=True) - features("es", spanish).mean(0)
-    targets = features("en", english)
+    assert vocabulary.encode("es", [[w] for w in UNSEEN]).composed == [[w] for w in UNSEEN]  # n-grams, no <unk>
+    queries = word_features(model, vocabulary, "es", list(UNSEEN)) - word_features(model, vocabulary, "es", spanish).mean(0)
+    targets = word_features(model, vocabulary, "en", english)
     targets = targets - targets.mean(0)
     similarity = (queries / queries.norm(dim=1, keepdim=True)) @ (targets / targets.norm(dim=1, keepdim=True)).T
     truth = torch.tensor([english.index(w) for w in UNSEEN.values()])
