@@ -19,7 +19,6 @@ import time
 from dataclasses import replace
 
 import torch
-
 from stage_times import cpu_model  # bench/ is on the path
 
 from mule.data_catalog.model_files import load_model
@@ -28,7 +27,6 @@ from mule.data_catalog.tables import Catalog
 from mule.mule_core.encoding import evaluate_split
 from mule.mule_core.metrics import chance_table
 from mule.mule_core.model import MuleModel, with_added_language
-from mule.mule_core.vocabulary import Vocabulary
 from mule.storage.workdir import Workdir
 from mule.tasks.extend import FIT_WORDS
 from mule.tasks.shared.aligned_start import aligned_start

@@ -31,8 +31,8 @@ from mule.config.resolution import resolve  # noqa: E402
 from mule.data_catalog.model_files import save_atomic  # noqa: E402
 from mule.data_catalog.splits import load_split, load_vocabulary  # noqa: E402
 from mule.data_catalog.tables import Catalog  # noqa: E402
+from mule.mule_core.lp_training import LPTrainer  # noqa: E402
 from mule.mule_core.model import build_model  # noqa: E402
-from mule.mule_core.trainer import Trainer  # noqa: E402
 from mule.storage.workdir import Workdir  # noqa: E402
 from mule.tasks.shared.checkpoints import snapshot, yield_cpu  # noqa: E402
 
@@ -55,7 +55,7 @@ def main() -> None:
     train = load_split(catalog, args.dataset, "train", vocabulary, cfg.text.max_tokens, captions=cfg.data.captions)
     torch.manual_seed(0)
     model = build_model(cfg.model, vocabulary, image_dim=None)
-    trainer = Trainer(model, train, cfg.loss, cfg.train, torch.device("cpu"), mode="lp", validate=None,
+    trainer = LPTrainer(model, train, cfg.loss, cfg.train, torch.device("cpu"), validate=None,
                       pretrain=cfg.pretrain)  # fmt: skip
     stamps: list[float] = []
     epoch_batches = trainer.sampler.batches

@@ -29,10 +29,11 @@ from mule.config.resolution import resolve  # noqa: E402
 from mule.mule_core.backbones import extractor_network  # noqa: E402
 from mule.mule_core.devices import resolve_device  # noqa: E402
 from mule.mule_core.encoding import evaluate_split  # noqa: E402
+from mule.mule_core.joint_training import JointTrainer  # noqa: E402
+from mule.mule_core.lp_training import LPTrainer  # noqa: E402
 from mule.mule_core.metrics import mean_mr  # noqa: E402
 from mule.mule_core.model import MuleModel  # noqa: E402
 from mule.mule_core.split_tensors import SplitTensors  # noqa: E402
-from mule.mule_core.trainer import Trainer  # noqa: E402
 
 LANGS = ["en", "fr"]
 
@@ -58,10 +59,10 @@ def training(device: torch.device, n_images: int, epochs: int) -> None:
         model.branches[lang].init_vectors(torch.randn(n_images + 2, 64))
     model.set_image_normalization(data.features)
     before = mean_mr(evaluate_split(model, data, device))
-    lp = Trainer(model, data, cfg.loss, cfg.train, device, mode="lp", pretrain=cfg.pretrain)
+    lp = LPTrainer(model, data, cfg.loss, cfg.train, device, pretrain=cfg.pretrain)
     lp.fit()
     started = time.perf_counter()
-    trainer = Trainer(model, data, cfg.loss, cfg.train, device)
+    trainer = JointTrainer(model, data, cfg.loss, cfg.train, device)
     history = trainer.fit()
     torch.cuda.synchronize() if device.type == "cuda" else None
     seconds = time.perf_counter() - started

@@ -232,9 +232,10 @@ def bare_training(cfg, workdir: Path, dataset: str, mode: str, steps: int) -> di
 
     from mule.data_catalog.splits import load_split, load_vocabulary
     from mule.data_catalog.tables import Catalog
-    from mule.mule_core.devices import use_cpu_threads
+    from mule.mule_core.devices import resolve_device, use_cpu_threads
+    from mule.mule_core.joint_training import JointTrainer
+    from mule.mule_core.lp_training import LPTrainer
     from mule.mule_core.model import build_model
-    from mule.mule_core.trainer import Trainer, resolve_device
     from mule.storage.workdir import Workdir
 
     catalog = Catalog(Workdir.at(workdir), read_only=True)
@@ -248,7 +249,10 @@ def bare_training(cfg, workdir: Path, dataset: str, mode: str, steps: int) -> di
     model = build_model(cfg.model, vocabulary, image_dim=train.features.shape[1] if joint else None)
     if joint:
         model.set_image_normalization(train.features)
-    trainer = Trainer(model, train, cfg.loss, cfg.train, device, mode=mode, pretrain=cfg.pretrain)
+    if joint:
+        trainer = JointTrainer(model, train, cfg.loss, cfg.train, device)
+    else:
+        trainer = LPTrainer(model, train, cfg.loss, cfg.train, device, pretrain=cfg.pretrain)
     params = [p for p in (model.parameters() if joint else model.mule_parameters()) if p.requires_grad]
     per_epoch = len(trainer.sampler)
 

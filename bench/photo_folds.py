@@ -58,9 +58,9 @@ from mule.experiments.seeds import paired_difference  # noqa: E402
 from mule.mule_core.devices import resolve_device  # noqa: E402
 from mule.mule_core.encoding import evaluate_split  # noqa: E402
 from mule.mule_core.folds import FoldRun, cross_validate, fold_of_images, summarize  # noqa: E402
+from mule.mule_core.joint_training import JointTrainer  # noqa: E402
 from mule.mule_core.metrics import chance_table, mean_mr, per_language_recalls  # noqa: E402
 from mule.mule_core.progress import format_seconds  # noqa: E402
-from mule.mule_core.trainer import Trainer  # noqa: E402
 
 RIDGE_STRENGTHS = (1e-1, 1.0, 1e1, 1e2, 1e3, 1e4)
 
@@ -88,7 +88,7 @@ def mule_fitter(cfg_of, data: dict, lp: str, val, device, lp_file: str = ""):
         if lp_state is not None:
             own = {k: v for k, v in lp_state.items() if k.startswith("branches.") or k.startswith("classifier.")}
             model.load_state_dict(own, strict=False)
-        trainer = Trainer(model, train, cfg.loss, cfg.train, device)  # no validation: no epoch is chosen
+        trainer = JointTrainer(model, train, cfg.loss, cfg.train, device)  # no validation: no epoch is chosen
         trainer.fit(lambda result: after_epoch(trainer.kept_model))
 
     def measure(model, held) -> dict:

@@ -41,7 +41,8 @@ def measure(inputs: str, threads: int, steps: int, sets: list[str]) -> dict[str,
 
     from mule.config.presets import PRESETS
     from mule.config.resolution import resolve
-    from mule.mule_core.trainer import Trainer
+    from mule.mule_core.joint_training import JointTrainer
+    from mule.mule_core.lp_training import LPTrainer
 
     torch.set_num_threads(threads)
     data, splits = tw.load_inputs(inputs)
@@ -56,8 +57,10 @@ def measure(inputs: str, threads: int, steps: int, sets: list[str]) -> dict[str,
         model = tw.build(cfg, data, features.shape[1] if mode == "joint" else None)
         if mode == "joint":
             model.set_image_normalization(features)
-        trainer = Trainer(model, splits["train"], cfg.loss, cfg.train, torch.device("cpu"), mode=mode,
-                          pretrain=cfg.pretrain if mode == "lp" else None)  # fmt: skip
+        if mode == "lp":
+            trainer = LPTrainer(model, splits["train"], cfg.loss, cfg.train, torch.device("cpu"), pretrain=cfg.pretrain)
+        else:
+            trainer = JointTrainer(model, splits["train"], cfg.loss, cfg.train, torch.device("cpu"))
         if mined:  # past the warm-up: the top k
             trainer.scheduler.last_epoch = trainer.mining_warmup_steps
         batches = trainer.sampler.batches(1)

@@ -39,7 +39,10 @@ use_checkout()  # run from anywhere, installed or not
 
 from mule.config.overrides import parse_assignments  # noqa: E402
 from mule.config.resolution import resolve  # noqa: E402
+from mule.mule_core.devices import resolve_device  # noqa: E402
 from mule.mule_core.encoding import encode_split, evaluate_split  # noqa: E402
+from mule.mule_core.joint_training import JointTrainer  # noqa: E402
+from mule.mule_core.lp_training import LPTrainer  # noqa: E402
 from mule.mule_core.metrics import (  # noqa: E402
     cross_lingual_recalls,
     mean_mr,
@@ -48,7 +51,7 @@ from mule.mule_core.metrics import (  # noqa: E402
 )
 from mule.mule_core.model import MuleModel  # noqa: E402
 from mule.mule_core.split_tensors import SplitTensors  # noqa: E402
-from mule.mule_core.trainer import Trainer, resolve_device  # noqa: E402
+from mule.mule_core.trainer import Trainer  # noqa: E402
 
 CPU_AMP = False  # --cpu-amp
 
@@ -218,7 +221,7 @@ def run_lp(cfg, data, train, val, device, tag: str, last_weights: bool = False) 
                               epoch=trainer.epoch + 1)  # fmt: skip
         return lp_score(m, val, device)
 
-    trainer = amp_on_the_cpu(Trainer(model, train, cfg.loss, cfg.train, device, mode="lp", validate=validate,
+    trainer = amp_on_the_cpu(LPTrainer(model, train, cfg.loss, cfg.train, device, validate=validate,
                                      pretrain=cfg.pretrain))  # fmt: skip
     trainer.fit(printer(f"{tag} lp", time.perf_counter()))
     print(f"{tag} LP best epoch {trainer.best_epoch}: val cross-lingual R@1 {trainer.best_score:.2f}", flush=True)
@@ -250,7 +253,7 @@ def train_variant(tag: str, cfg, data, splits, device, run_lp_first: bool, test:
         return mean_mr(table), table
 
     started = time.perf_counter()
-    trainer = amp_on_the_cpu(Trainer(model, train, cfg.loss, cfg.train, device, validate=validate))
+    trainer = amp_on_the_cpu(JointTrainer(model, train, cfg.loss, cfg.train, device, validate=validate))
     trainer.fit(printer(tag, started))
     result = {"variant": tag, "best_epoch": trainer.best_epoch, "val": round(trainer.best_score, 2),
               "seconds": round(time.perf_counter() - started, 1), "stopped": trainer.stopped}  # fmt: skip

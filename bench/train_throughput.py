@@ -20,10 +20,10 @@ import torch
 
 from mule.config.resolution import resolve
 from mule.mule_core.encoding import encode_split
+from mule.mule_core.joint_training import JointTrainer
 from mule.mule_core.metrics import per_language_recalls
 from mule.mule_core.model import MuleModel, count_parameters
 from mule.mule_core.split_tensors import SplitTensors
-from mule.mule_core.trainer import Trainer
 
 LANGS = ["en", "de", "fr", "cs"]
 PER_IMAGE = {"en": 5, "de": 5, "fr": 1, "cs": 1}
@@ -61,7 +61,7 @@ def bench_training(preset: str, device: torch.device, steps: int, compile_: bool
     model.set_image_normalization(data.features)
     train = dataclasses.replace(cfg.train, epochs=1, sentences_per_image={"en": 2, "de": 2, "fr": 1, "cs": 1},
                                 compile=compile_, ema=0.0)  # fmt: skip
-    trainer = Trainer(model, data, cfg.loss, train, device)
+    trainer = JointTrainer(model, data, cfg.loss, train, device)
     trainer.scheduler.last_epoch = cfg.loss.mining_warmup_steps  # time the hard-negative (top-K) phase
     batches = list(trainer.sampler.batches(1))[: steps + 1]
 

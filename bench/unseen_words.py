@@ -24,15 +24,14 @@ import time
 
 import numpy as np
 import torch
-
 from stage_times import cpu_model  # bench/ is on the path
 
 from mule.data_catalog.model_files import load_model
 from mule.mule_core.aligned_words import fit_ngram_means
 from mule.mule_core.subwords import NgramTable
-from mule.tasks.shared import e5_words
 from mule.storage.workdir import Workdir
 from mule.tasks.extend import FIT_WORDS
+from mule.tasks.shared import e5_words
 from mule.tasks.shared.aligned_start import MEAN_WORDS, aligned_start, common_words
 
 

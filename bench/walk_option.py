@@ -41,9 +41,13 @@ def main() -> None:
 
     from mule.commands.main import main as mule  # the installed mule: point it at --repo with an editable install
 
-    # the checkout's own trainer module (named training.py before 2026-11-27)
-    name = "trainer" if (repo / "mule_core" / "trainer.py").exists() else "training"
-    Trainer = importlib.import_module(f"mule.mule_core.{name}").Trainer
+    # the class the train stage builds: JointTrainer since 2026-12-06, else the checkout's
+    # Trainer (in training.py before 2026-11-27)
+    if (repo / "mule_core" / "joint_training.py").exists():
+        Trainer = importlib.import_module("mule.mule_core.joint_training").JointTrainer
+    else:
+        name = "trainer" if (repo / "mule_core" / "trainer.py").exists() else "training"
+        Trainer = importlib.import_module(f"mule.mule_core.{name}").Trainer
     walks: list[list[Frame]] = []
     original = Trainer.__init__
 

@@ -1,28 +1,24 @@
-"""Training (LP and joint) and encoding of a split. Pure PyTorch: callers bring tensors.
-
-The trainer keeps the epoch with the best validation score and can be checkpointed
-after every epoch (state_dict / load_state_dict) so an interrupted run resumes.
+"""The training loop that LP and joint training share: Pure PyTorch, callers bring tensors.
+What differs between the two kinds (their settings, their losses) is in
+mule_core/lp_training.py and mule_core/joint_training.py; this is one step (the losses'
+backward pass, clipping, the optimizer, the weight average), one epoch, validation with the
+best epoch kept, the divergence guard's actions, early stopping, and checkpoints
+(state_dict / load_state_dict, so an interrupted run resumes).
 
 Schedules count optimizer steps, not epochs, so that one config behaves the same on 3,000
 and on 120,000 images (an epoch of the latter is 40 times as many steps): the learning
 rate warms up linearly over `warmup_steps` and decays by `lr_decay` every
 `decay_steps`; the adversary's gradient reversal ramps up over `loss.lc_ramp_steps`.
-
-A divergence guard watches every epoch: losses that are not finite, or a validation score
-that fell far below its best, are logged, recorded on the epoch's result, and handled as
-configured (warn, stop, or roll back to the best epoch's weights and optimizer state with
-a lower learning rate).
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -30,12 +26,13 @@ import torch.nn.functional as F
 from mule.mule_core.batching import Batch, ImageBatchSampler, default_sentences_per_image, duplicate_ids
 from mule.mule_core.dense_tables import DenseTables
 from mule.mule_core.devices import resolve_device  # noqa: F401 - where the training stages find it
+from mule.mule_core.divergence import GUARD_ACTIONS, divergence
 from mule.mule_core.losses import image_sentence_loss, language_classifier_loss, neighborhood_loss
-from mule.mule_core.model import MuleModel
+from mule.mule_core.model import MuleModel, TextEncoding
 from mule.mule_core.progress import SHOWN, Progress, format_seconds
-from mule.mule_core.row_updates import RowAdam, RowAverage, clip_grad_norm, coalesced, sparse_tables
+from mule.mule_core.row_updates import RowAdam, clip_grad_norm, coalesced, sparse_tables
 from mule.mule_core.split_tensors import SplitTensors
-from mule.mule_core.weight_average import BEST_IS_KEPT, cpu_copy, ema_weight, fused_adam
+from mule.mule_core.weight_average import BEST_IS_KEPT, ModelAverage, cpu_copy, fused_adam
 
 if TYPE_CHECKING:
     from mule.mule_core.settings import LossConfig, PretrainConfig, TrainConfig
@@ -56,13 +53,34 @@ def sentences_per_image(
     return counts
 
 
-GUARD_ACTIONS = ("rollback", "stop", "warn", "off")
-# A fall of fewer points than this never counts as divergence: early epochs' scores are
-# small and noisy (3 -> 1 is not a collapse).
-MIN_DIVERGENCE_DROP = 5.0
-# An epoch whose mean total loss is this many times the first batch's (or 1.0, whichever is
-# larger) has exploded, finite or not: no healthy run of these losses grows 1000-fold.
-LOSS_EXPLOSION_FACTOR = 1000.0
+@dataclass(frozen=True)
+class Schedule:
+    """What a kind of training takes from its own config section (LP: pretrain, joint: train)."""
+
+    epochs: int
+    lr: float
+    batch_images: int
+    lr_decay: float  # per decay_steps
+    decay_steps: int  # 0: one epoch's steps
+    warmup_steps: int
+    mining_warmup_steps: int  # every negative counts before this step, the top k after
+    margin: float
+    ema: float  # the weight average's decay; 0: the raw weights are kept
+    patience: int  # epochs without a better validation score before stopping; 0: never
+    sentences_per_image: dict[str, int]
+
+
+class Constraints(NamedTuple):
+    """What a batch's losses compare: each sentence's image row, the pairs of sentences of
+    one image (both orders), the margin, the top k mined (every negative before mining
+    starts), and each sentence's text id (copies are not negatives), as mule_core/losses.py
+    takes them."""
+
+    sentence_image: torch.Tensor
+    pairs: tuple[torch.Tensor, torch.Tensor]
+    margin: float
+    k: int
+    same_text: torch.Tensor | None
 
 
 @dataclass
@@ -83,53 +101,24 @@ class EpochResult:
 
 
 class Trainer:
-    """Trains MULE, configured by the config's own sections.
+    """The loop both kinds share; a kind (LPTrainer, JointTrainer) says what it trains
+    (`trained_parameters`), how it encodes text (`joint_text`) and its losses (`objective`).
+    Both take the rest (word learning rate, clipping, seed, sampling, AMP, LC, the pull of
+    fine-tuned words, the divergence guard) from the config's `train` and `loss` sections."""
 
-    mode "joint": image-sentence triplet loss (+ NC at both layers, + LC), for train.epochs
-                  epochs at train.lr, with its warm-up, decay and weight averaging.
-    mode "lp":    language pretraining of the MULE layers: NC at the MULE layer (+ LC), for
-                  pretrain.epochs at pretrain.lr in batches of pretrain.batch_images, mining
-                  after pretrain.mining_warmup_steps, with no learning-rate warm-up, decay
-                  or averaging.
-    Both take the rest (word learning rate, clipping, seed, sampling, AMP, the divergence
-    guard) from `train`.
-    """
+    kind = ""  # the logs' name for it: "lp" or "joint"
+    joint_text = False  # whether text is encoded to the joint space (joint training) or MULE only (LP)
 
-    def __init__(
-        self,
-        model: MuleModel,
-        data: SplitTensors,
-        loss: LossConfig,
-        train: TrainConfig,
-        device: torch.device,
-        mode: str = "joint",
-        validate: Callable[[MuleModel], tuple[float, dict]] | None = None,
-        pretrain: PretrainConfig | None = None,
-    ):
-        if mode not in ("joint", "lp"):
-            raise ValueError(f"mode must be 'joint' or 'lp', got {mode!r}")
-        if mode == "lp" and not model.has_mule:
-            raise ValueError("LP pretrains the MULE layer; this model has none (model.sharing=parallel)")
-        if mode == "lp" and pretrain is None:
-            raise ValueError("LP needs the pretrain section of the config (its epochs, learning rate and batch)")
-        if mode == "joint" and data.features is None:
-            raise ValueError("joint training needs image features; this split has none")
+    def __init__(self, model: MuleModel, data: SplitTensors, loss: LossConfig, train: TrainConfig,
+                 device: torch.device, schedule: Schedule, validate: Callable[[MuleModel], tuple[float, dict]] | None):  # fmt: skip
         if train.divergence not in GUARD_ACTIONS:
             raise ValueError(f"divergence must be one of {GUARD_ACTIONS}, got {train.divergence!r}")
-        self.model, self.data, self.loss, self.train, self.mode = model.to(device), data, loss, train, mode
+        self.model, self.data, self.loss, self.train, self.schedule = model.to(device), data, loss, train, schedule
         self.device, self.validate = device, validate
-        lp = mode == "lp"
-        section = pretrain if lp else train
-        self.epochs, self.lr, self.batch_images = section.epochs, section.lr, section.batch_images
-        self.lr_decay = pretrain.lr_decay if lp else train.lr_decay
-        self.warmup_steps = 0 if lp else train.warmup_steps
-        self.mining_warmup_steps = pretrain.mining_warmup_steps if lp else loss.mining_warmup_steps
-        self.margin = pretrain.margin if lp else loss.margin
-        self.ema_decay = pretrain.ema if lp else train.ema
-        self.sentences_per_image = sentences_per_image(train, data, pretrain if lp else None)
-        self.features = data.features.to(device) if data.features is not None and not lp else None
+        self.epochs, self.lr, self.patience = schedule.epochs, schedule.lr, schedule.patience
+        self.sentences_per_image, self.mining_warmup_steps = schedule.sentences_per_image, schedule.mining_warmup_steps
         torch.manual_seed(train.seed)
-        params = model.mule_parameters() if lp else [p for p in model.parameters() if p.requires_grad]
+        params = list(self.trained_parameters())
         words = {id(p) for b in model.branches.values() for p in b.word_parameters()}
         # train.word_updates=rows: the tables' gradients are the rows a batch read, and those
         # alone step (mule_core/row_updates.py); dense: every row, every step
@@ -150,7 +139,7 @@ class Trainer:
             data.caption_lang,
             data.languages,
             self.sentences_per_image,
-            self.batch_images,
+            schedule.batch_images,
             train.seed,
             balance_groups=train.balance_language_groups,
             caption_text=duplicate_ids(data.tokens, data.lengths, data.caption_lang) if loss.mask_duplicates else None,
@@ -160,7 +149,7 @@ class Trainer:
         if train.compile:
             self._image_sentence_loss = torch.compile(image_sentence_loss, dynamic=True)
             self._neighborhood_loss = torch.compile(neighborhood_loss, dynamic=True)
-        self.decay_steps = (0 if lp else train.decay_steps) or len(self.sampler)
+        self.decay_steps = schedule.decay_steps or len(self.sampler)
         self.lr_scale = 1.0  # lowered by the divergence guard's rollbacks
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.epoch = 0
@@ -173,25 +162,23 @@ class Trainer:
         self.first_loss: float | None = None  # the total loss of training's first batch
         self.rollbacks = 0
         # The averaged model: validated, kept and saved in place of the raw weights when on.
-        self.ema = copy.deepcopy(model) if self.ema_decay > 0 else None
-        self.row_averages: dict[int, RowAverage] = {}  # a table's id -> its average, row by row
-        if self.ema is not None:
-            self.ema.requires_grad_(False)
-            averaged = dict(self.ema.named_parameters())
-            for name, p in model.named_parameters():
-                if any(p is t for t in self.tables):
-                    self.row_averages[id(p)] = RowAverage(averaged[name].data, p.data, self.ema_decay, 0)
-            # Averaged step by step: what the optimizer moves. The rest (LP's shared encoder
-            # and image branch, frozen weights) equals its average from the copy on, and a
-            # lerp towards itself leaves it so: skipped, the same numbers.
-            moving = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
-            self._averaged_pairs = [(averaged[name], p) for name, p in model.named_parameters()
-                                    if id(p) in moving and id(p) not in self.row_averages]  # fmt: skip
+        self.average = ModelAverage(model, schedule.ema, self.optimizer, self.tables) if schedule.ema > 0 else None
         self.stopped: str | None = None  # why training stopped early, if it did
         self.history: list[EpochResult] = []
-        # epochs without a better validation score after which training stops (0: never); the
-        # best epoch is kept either way, so a run whose best came before the stop is the same model
-        self.patience = section.patience
+
+    # -- what a kind says ---------------------------------------------------------------
+    def trained_parameters(self) -> Iterable[torch.nn.Parameter]:
+        raise NotImplementedError
+
+    def objective(self, batch: Batch, encoded: TextEncoding, mule: torch.Tensor | None,
+                  c: Constraints) -> dict[str, torch.Tensor]:  # fmt: skip
+        """The kind's losses of one batch (`mule`: the MULE features, normalised; None
+        without a MULE layer)."""
+        raise NotImplementedError
+
+    def _nc(self, sentences: torch.Tensor, c: Constraints) -> torch.Tensor:
+        """Neighbourhood constraints among `sentences`: those of one image closer than others'."""
+        return self._neighborhood_loss(sentences, c.sentence_image, c.pairs, c.margin, c.k, c.same_text)
 
     def mixed_precision(self, on: bool) -> None:
         """train.amp's arithmetic: float16 autocast and a GradScaler on the trainer's device.
@@ -206,8 +193,9 @@ class Trainer:
         return self.scheduler.last_epoch  # LambdaLR counts the steps it was stepped
 
     def _lr_factor(self, step: int) -> float:
-        warm = min(1.0, (step + 1) / self.warmup_steps) if self.warmup_steps > 0 else 1.0
-        return warm * self.lr_decay ** (step / self.decay_steps) * self.lr_scale
+        warmup = self.schedule.warmup_steps
+        warm = min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
+        return warm * self.schedule.lr_decay ** (step / self.decay_steps) * self.lr_scale
 
     def lc_scale(self) -> float:
         """The adversary's strength on the encoder now: DANN's schedule (Ganin & Lempitsky,
@@ -218,34 +206,21 @@ class Trainer:
 
     # -- one step -------------------------------------------------------------------
     def losses(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """One batch's losses: the kind's own (`objective`), then LC and the pull of fine-tuned
+        words toward their start, which both kinds share."""
         cfg, dev = self.loss, self.device
         # Mining warm-up: every negative counts until the embeddings are past their first chaos.
-        k = cfg.top_k if self.step >= self.mining_warmup_steps else self.batch_images * 64
+        k = cfg.top_k if self.step >= self.mining_warmup_steps else self.schedule.batch_images * 64
         text = self.data.text_batch(batch.captions, batch.groups).to(dev)
-        encoded = self.model.encode_text(text, joint=self.mode == "joint")
+        encoded = self.model.encode_text(text, joint=self.joint_text)
         # row-wise: the L2 pull acts on the rows the batch read (a row none reads does not move)
         read = {lang: text.tokens[start:end].unique() for lang, start, end in text.groups} if self.rowwise else None
         sentence_image = batch.sentence_image.to(dev, non_blocking=True)
         pairs = tuple(t.to(dev, non_blocking=True) for t in batch.same_image_pairs)
-        text = batch.sentence_text.to(dev, non_blocking=True) if batch.sentence_text is not None else None
-        parts: dict[str, torch.Tensor] = {}
+        same_text = batch.sentence_text.to(dev, non_blocking=True) if batch.sentence_text is not None else None
         # Without a MULE layer (PARALLEL-EmbN, EmbN) there is no MULE-layer NC and no LC.
         mule = F.normalize(encoded.mule, dim=-1) if encoded.mule is not None else None
-        if self.mode == "lp":
-            parts["nc_mule"] = self._neighborhood_loss(mule, sentence_image, pairs, self.margin, k, text)
-        else:
-            images = self.model.encode_image(self.features[batch.images.to(dev, non_blocking=True)])
-            parts["match"] = cfg.match_weight * self._image_sentence_loss(
-                images, encoded.joint, sentence_image, self.margin, k, text
-            )
-            if cfg.nc:
-                if mule is not None:
-                    parts["nc_mule"] = cfg.nc_weight * self._neighborhood_loss(
-                        mule, sentence_image, pairs, self.margin, k, text
-                    )
-                parts["nc_joint"] = cfg.nc_weight * self._neighborhood_loss(
-                    encoded.joint, sentence_image, pairs, self.margin, k, text
-                )
+        parts = self.objective(batch, encoded, mule, Constraints(sentence_image, pairs, self.schedule.margin, k, same_text))
         if cfg.lc and mule is not None and len(batch.groups) > 1:
             # The classifier learns at full strength (a weak adversary teaches nothing); the
             # encoder receives its gradient reversed and scaled by lc_scale() (lambda2, ramped).
@@ -259,6 +234,40 @@ class Trainer:
         elif cfg.word_l2 > 0 and any(b.embed.weight.requires_grad for b in self.model.branches.values()):
             parts["word_l2"] = cfg.word_l2 * self.model.word_drift(read)
         return parts
+
+    def _step(self, batch: Batch, lap: Callable[[str], None]) -> tuple[dict[str, torch.Tensor], bool]:
+        """One optimizer step on `batch`: its losses (with the total), and whether AMP's
+        scaler skipped it."""
+        with torch.autocast(self.device.type, dtype=torch.float16, enabled=self.amp):
+            parts = self.losses(batch)
+            total = sum(v for k, v in parts.items() if k != "lc_accuracy")
+        lap("forward")
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(total).backward()
+        lap("backward")
+        scale = self.scaler.get_scale() if self.amp else 1.0
+        if self.dense_tables is not None:
+            self.dense_tables.gradients(scale)
+        if self.rowwise:
+            coalesced(self.tables)
+        if self.train.grad_clip > 0:
+            self.scaler.unscale_(self.optimizer)
+            # the tables' norms from the rows read (AMP's unscaling would have to reach them: not under AMP)
+            known = self.dense_tables.norms if self.dense_tables is not None and not self.amp else None
+            clip_grad_norm([p for p in self.model.parameters() if p.grad is not None], self.train.grad_clip, known)
+        moved = self.average.rows_about_to_move(self.tables, self.step) if self.average is not None else {}
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        skipped = self.amp and self.scaler.get_scale() < scale  # the scaler skipped the step: gradients not finite
+        if skipped and self.dense_tables is not None:
+            self.dense_tables.reset()
+        self.scheduler.step()
+        if self.average is not None:
+            self.average.update(self.step, moved)
+        parts["total"] = total
+        if self.first_loss is None:  # one host sync, once per training
+            self.first_loss = float(total.detach())
+        return parts, skipped
 
     # -- epochs ---------------------------------------------------------------------
     def _train_mode(self) -> None:
@@ -277,10 +286,9 @@ class Trainer:
         self._train_mode()
         epoch = self.epoch + 1
         sums: dict[str, float] = {}
-        steps = skipped = 0
-        sentences = 0
+        steps = skipped = sentences = 0
         started = time.perf_counter()
-        progress = Progress(f"{self.mode} epoch {epoch}/{self.epochs}", len(self.sampler), unit="batches", logger=log)
+        progress = Progress(f"{self.kind} epoch {epoch}/{self.epochs}", len(self.sampler), unit="batches", logger=log)
         phases = dict.fromkeys(("batches", "forward", "backward", "optimizer", "validation"), 0.0)
         clock = time.perf_counter()
 
@@ -292,127 +300,66 @@ class Trainer:
 
         for batch in self.sampler.batches(epoch):
             lap("batches")
-            with torch.autocast(self.device.type, dtype=torch.float16, enabled=self.amp):
-                parts = self.losses(batch)
-                total = sum(v for k, v in parts.items() if k != "lc_accuracy")
-            lap("forward")
-            self.optimizer.zero_grad(set_to_none=True)
-            self.scaler.scale(total).backward()
-            lap("backward")
-            scale = self.scaler.get_scale() if self.amp else 1.0
-            if self.dense_tables is not None:
-                self.dense_tables.gradients(scale)
-            if self.rowwise:
-                coalesced(self.tables)
-            if self.train.grad_clip > 0:
-                self.scaler.unscale_(self.optimizer)
-                # the tables' norms from the rows read (AMP's unscaling would have to reach them: not under AMP)
-                known = self.dense_tables.norms if self.dense_tables is not None and not self.amp else None
-                clip_grad_norm([p for p in self.model.parameters() if p.grad is not None], self.train.grad_clip, known)
-            moved = self._rows_about_to_move()
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-            if self.amp and self.scaler.get_scale() < scale:  # the scaler skipped the step: gradients not finite
-                skipped += 1
-                if self.dense_tables is not None:
-                    self.dense_tables.reset()
-            self.scheduler.step()
-            if self.ema is not None:
-                self._update_ema(moved)
-            parts["total"] = total
-            if self.first_loss is None:  # one host sync, once per training
-                self.first_loss = float(total.detach())
+            parts, missed = self._step(batch, lap)
+            skipped += missed
             for key, value in parts.items():  # summed on the device: no host sync per step
                 sums[key] = sums.get(key, 0.0) + value.detach().float()
             steps += 1
             sentences += len(batch.captions)
             progress.update(1)
             lap("optimizer")
-        self._settle_averages()  # validation, the kept epoch and checkpoints read every row's average
+        if self.average is not None:
+            self.average.settle(self.step)  # validation, the kept epoch and checkpoints read every row's average
         if skipped > 1:  # one now and then is AMP finding its scale; many is a model that does not train
             log.warning("%s epoch %d: AMP's scaler skipped %d of %d steps (gradients not finite in float16)",
-                        self.mode, epoch, skipped, steps)  # fmt: skip
+                        self.kind, epoch, skipped, steps)  # fmt: skip
         seconds = time.perf_counter() - started
         result = EpochResult(
             epoch, {k: float(v) / max(steps, 1) for k, v in sums.items()}, seconds, sentences / seconds,
             lr=self.optimizer.param_groups[0]["lr"],
         )  # fmt: skip
-        finite = all(math.isfinite(v) for v in result.losses.values())
-        if self.validate is not None and finite:
+        if self.validate is not None and all(math.isfinite(v) for v in result.losses.values()):
             clock = time.perf_counter()
             result.score, result.validation = self.validate(self.kept_model)
             lap("validation")
         result.phases = {k: round(v, 3) for k, v in phases.items()}
-        result.divergence = self._divergence(result)
+        self._close_epoch(result)
+        return result
+
+    def _close_epoch(self, result: EpochResult) -> None:
+        """The epoch's verdict: the divergence guard's reading and action, else a better
+        score kept as the best epoch."""
+        result.divergence = divergence(self.train, result.losses, result.score, self.first_loss, self.best_score,
+                                       self.best_epoch)  # fmt: skip
         if result.divergence is None and result.score is not None and result.score > self.best_score:
             result.is_best = True
-            self.best_score, self.best_epoch = result.score, epoch
+            self.best_score, self.best_epoch = result.score, result.epoch
             # the last best's copies go before the new ones are made: one set in memory, not
             # two (on the real text each set is 1.1 GB, and a checkpoint being written holds 1.4)
             self.best_state = self.best_optimizer = None
             self.best_state = cpu_copy(self.kept_model.state_dict())
             self.best_optimizer = cpu_copy(self.optimizer.state_dict())
-        self.epoch = epoch
+        self.epoch = result.epoch
         if result.divergence is not None:
             result.action = self._handle_divergence(result)
         self.history.append(result)
-        return result
 
     # -- weight averaging ---------------------------------------------------------------
     @property
     def kept_model(self) -> MuleModel:
         """What validation sees and training keeps: the averaged weights when train.ema is on."""
-        return self.ema if self.ema is not None else self.model
+        return self.average.model if self.average is not None else self.model
 
-    @torch.no_grad()
-    def _update_ema(self, moved: dict[int, torch.Tensor] | None = None) -> None:
-        """This step's average: every parameter the optimizer moves, except the tables
-        averaged row by row (row_averages): those, of the rows that moved."""
-        weight = ema_weight(self.ema_decay, self.step)
-        pairs = self._averaged_pairs
-        torch._foreach_lerp_([a for a, _ in pairs], [p.detach() for _, p in pairs], weight)
-        for key, rows in (moved or {}).items():
-            self.row_averages[key].lerp(rows, weight, self.step)
-        for mine, theirs in zip(self.ema.buffers(), self.model.buffers()):  # BatchNorm statistics
-            mine.copy_(theirs)
+    @property
+    def ema(self) -> MuleModel | None:
+        """The averaged model (train.ema), None when the raw weights are kept."""
+        return self.average.model if self.average is not None else None
 
-    @torch.no_grad()
-    def _rows_about_to_move(self) -> dict[int, torch.Tensor]:
-        """The rows of each row-averaged table this step moves (its gradient's), their averages
-        first brought up to the steps they sat still."""
-        moved = {}
-        for p in self.tables:
-            if id(p) in self.row_averages and p.grad is not None:
-                rows = p.grad.coalesce().indices()[0]
-                self.row_averages[id(p)].catch_up(rows, self.step)
-                moved[id(p)] = rows
-        return moved
+    @property
+    def row_averages(self) -> dict:
+        return self.average.rows if self.average is not None else {}
 
-    def _settle_averages(self) -> None:
-        with torch.no_grad():
-            for average in self.row_averages.values():
-                average.settle(self.step)
-
-    # -- the divergence guard ---------------------------------------------------------
-    def _divergence(self, result: EpochResult) -> str | None:
-        if self.train.divergence == "off":
-            return None
-        bad = {k: v for k, v in result.losses.items() if not math.isfinite(v)}
-        if bad:
-            return "losses not finite (" + ", ".join(f"{k} {v}" for k, v in bad.items()) + ")"
-        total, first = result.losses.get("total"), self.first_loss
-        if total is not None and first is not None and total > LOSS_EXPLOSION_FACTOR * max(first, 1.0):
-            return f"losses exploded (total {total:.4g}, from {first:.4g} at the first batch)"
-        if result.score is None or not math.isfinite(self.best_score):
-            return None
-        if not math.isfinite(result.score):
-            return f"validation score {result.score}"
-        floor = self.best_score * self.train.divergence_drop
-        if result.score < floor and self.best_score - result.score >= MIN_DIVERGENCE_DROP:
-            return (f"validation score {result.score:.2f} fell below {self.train.divergence_drop:.0%} of its best, "
-                    f"{self.best_score:.2f} at epoch {self.best_epoch}")  # fmt: skip
-        return None
-
+    # -- the divergence guard's actions (mule_core/divergence.py reads the epoch) ----------
     def _handle_divergence(self, result: EpochResult) -> str:
         mode = self.train.divergence
         if mode == "warn":
@@ -440,15 +387,14 @@ class Trainer:
                 action = f"stopped ({reason}); no epoch was good, the starting weights are kept"
             else:
                 action = f"stopped ({reason}); the best epoch is kept"
-        log.warning("%s epoch %d diverged: %s; %s", self.mode, result.epoch, result.divergence, action)
+        log.warning("%s epoch %d diverged: %s; %s", self.kind, result.epoch, result.divergence, action)
         return action
 
     def _load_weights(self, state: dict) -> None:
         self.model.load_state_dict(state)
-        if self.ema is not None:
-            self.ema.load_state_dict(state)
-        for average in self.row_averages.values():  # the average is the weights now
-            average.restart(self.step)
+        if self.average is not None:
+            self.average.model.load_state_dict(state)
+            self.average.restart(self.step)
         if self.dense_tables is not None:  # the gradients that led here (NaN, after a divergence) go
             self.dense_tables.reset()
 
@@ -462,11 +408,11 @@ class Trainer:
             eta = format_seconds(per_epoch * (self.epochs - self.epoch))
             losses = ", ".join(f"{k} {v:.4f}" for k, v in result.losses.items())
             score = "" if result.score is None else f"; val {result.score:.2f}{' (best)' if result.is_best else ''}"
-            log.info("%s epoch %d/%d: %s; %.0f sentences/s%s; ETA %s", self.mode, result.epoch, self.epochs,
+            log.info("%s epoch %d/%d: %s; %.0f sentences/s%s; ETA %s", self.kind, result.epoch, self.epochs,
                      losses, result.sentences_per_second, score, eta)  # fmt: skip
             if now - shown >= PROGRESS_EVERY or self.epoch == self.epochs:  # the console: every 20 s, and the last
                 shown = now
-                log.info("%s: epoch %d/%d (%.1f s/epoch, %.0f sentences/s%s, ETA %s)", self.mode, result.epoch,
+                log.info("%s: epoch %d/%d (%.1f s/epoch, %.0f sentences/s%s, ETA %s)", self.kind, result.epoch,
                          self.epochs, per_epoch, result.sentences_per_second, score, eta, extra=SHOWN)  # fmt: skip
             self._stop_without_progress(result)
             if on_epoch_end is not None:
@@ -482,7 +428,7 @@ class Trainer:
             if self.epoch - self.best_epoch >= self.patience:
                 self.stopped = (f"no better validation score for {self.epoch - self.best_epoch} epochs after epoch "
                                 f"{self.best_epoch} ({self.best_score:.2f}): patience {self.patience}")  # fmt: skip
-                log.info("%s: stopped at epoch %d of %d: %s", self.mode, self.epoch, self.epochs, self.stopped,
+                log.info("%s: stopped at epoch %d of %d: %s", self.kind, self.epoch, self.epochs, self.stopped,
                          extra=SHOWN)  # fmt: skip
 
     # -- checkpoints ----------------------------------------------------------------
@@ -525,10 +471,9 @@ class Trainer:
             state["best_state"],
         )
         self.history = [EpochResult(**r) for r in state["history"]]
-        if self.ema is not None:
-            self.ema.load_state_dict(state.get("ema") or state["model"])
-        for average in self.row_averages.values():  # checkpoints hold settled averages
-            average.restart(self.step)
+        if self.average is not None:
+            self.average.model.load_state_dict(state.get("ema") or state["model"])
+            self.average.restart(self.step)  # checkpoints hold settled averages
         if isinstance(self.best_state, str):  # BEST_IS_KEPT: the epoch saved was the best
             self.best_state = cpu_copy(self.kept_model.state_dict())
         if isinstance(self.best_optimizer, str):

@@ -21,18 +21,18 @@ import torch
 from mule.data_catalog import queries
 from mule.data_catalog.model_files import load_model, save_model
 from mule.data_catalog.splits import load_split, load_vocabulary
-from mule.mule_core.devices import use_cpu_threads
+from mule.mule_core.devices import resolve_device, use_cpu_threads
 from mule.mule_core.encoding import cross_lingual, encode_split, evaluate_split
 from mule.mule_core.errors import UserError
+from mule.mule_core.joint_training import JointTrainer
+from mule.mule_core.lp_training import LPTrainer
 from mule.mule_core.metrics import mean_r1
 from mule.mule_core.model import count_parameters, with_added_language
 from mule.mule_core.progress import SHOWN
-from mule.mule_core.trainer import Trainer, resolve_device
 from mule.tasks.shared.aligned_start import aligned_start
 from mule.tasks.shared.checkpoints import history_records
 from mule.tasks.shared.context import StageContext, logger
 from mule.tasks.shared.token_identity import caption_tokenizers
-
 
 # Each trained language's commonest words: the keys a new language's words are read from.
 # Fewer, better-trained words beat more on the validation photos (1,000: 32.6 mR held out,
@@ -132,8 +132,8 @@ def compute(ctx: StageContext) -> dict[str, Any]:
             toward = {pair: row for pair, row in table.items() if lang in pair.split("->")}
             return mean_r1(toward), toward
 
-        lp = Trainer(model, text_train, loss, cfg.train, device, mode="lp", validate=validate_lp if validated else None,
-                     pretrain=cfg.pretrain)  # fmt: skip
+        lp = LPTrainer(model, text_train, loss, cfg.train, device, pretrain=cfg.pretrain,
+                       validate=validate_lp if validated else None)  # fmt: skip
         lp.fit(lambda r: ctx.report.metrics({"add.lp.val_r1": r.score}, step=r.epoch) if r.score is not None else None)
         if validated:
             log.info("LP of the %s branch: best epoch %d, val cross-lingual R@1 %.1f (pairs with %s)",
@@ -143,7 +143,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
         table = evaluate_split(m, val, device, cfg.eval.ks)
         return table[lang]["mR"], table
 
-    trainer = Trainer(model, train, loss, cfg.train, device, mode="joint", validate=validate if validated else None)
+    trainer = JointTrainer(model, train, loss, cfg.train, device, validate=validate if validated else None)
     history = trainer.fit(lambda r: ctx.report.metrics({"add.train.match": r.losses.get("match", 0.0),
                                                         **({f"add.val.{lang}.mR": r.score} if validated else {})},
                                                        step=r.epoch))  # fmt: skip

@@ -11,12 +11,12 @@ import torch
 from mule.data_catalog.model_files import save_model
 from mule.data_catalog.splits import load_split, load_vocabulary
 from mule.mule_core.batching import captions_per_image
-from mule.mule_core.devices import use_cpu_threads
+from mule.mule_core.devices import resolve_device, use_cpu_threads
 from mule.mule_core.encoding import cross_lingual
+from mule.mule_core.lp_training import LPTrainer
 from mule.mule_core.metrics import mean_r1
 from mule.mule_core.model import build_model
 from mule.mule_core.progress import SHOWN
-from mule.mule_core.trainer import Trainer, resolve_device
 from mule.tasks.shared.checkpoints import Checkpoints, divergence_tags, history_records, phase_seconds
 from mule.tasks.shared.context import StageContext, logger
 from mule.tasks.shared.token_identity import caption_tokenizers
@@ -44,7 +44,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
         table = cross_lingual(m, val, device, "mule")
         return mean_r1(table), table
 
-    trainer = Trainer(model, train, cfg.loss, cfg.train, device, mode="lp", validate=validate, pretrain=cfg.pretrain)
+    trainer = LPTrainer(model, train, cfg.loss, cfg.train, device, pretrain=cfg.pretrain, validate=validate)
     log.info("LP on %d captions (%s) of %d images; captions per image %s (a batch draws up to %s of an image's); "
              "device %s, %d CPU thread(s)", len(train.caption_image), cfg.data.captions, train.n_images,
              captions_per_image(train.caption_image, train.caption_lang, train.languages),

@@ -14,8 +14,8 @@ from mule.data_catalog.sources import locate
 from mule.data_catalog.splits import load_split
 from mule.data_catalog.tables import write_json_atomic
 from mule.datasets.lexicons import english_lexicons
+from mule.mule_core.devices import resolve_device
 from mule.mule_core.encoding import evaluate_split
-from mule.mule_core.trainer import resolve_device
 from mule.mule_core.vocabulary import translate_tokens, word_translator
 from mule.tasks.shared.context import StageContext, logger
 

@@ -17,13 +17,13 @@ from mule.data_catalog import queries
 from mule.data_catalog.model_files import load_model, save_model, weights_digest
 from mule.data_catalog.splits import load_split, load_vocabulary
 from mule.mule_core.batching import captions_per_image
-from mule.mule_core.devices import use_cpu_threads
+from mule.mule_core.devices import resolve_device, use_cpu_threads
 from mule.mule_core.encoding import evaluate_split
 from mule.mule_core.errors import UserError
+from mule.mule_core.joint_training import JointTrainer
 from mule.mule_core.metrics import chance_table, mean_mr
 from mule.mule_core.model import build_model, count_parameters
 from mule.mule_core.progress import SHOWN
-from mule.mule_core.trainer import Trainer, resolve_device
 from mule.storage.content_digests import ids_digest
 from mule.tasks.shared.checkpoints import Checkpoints, divergence_tags, history_records, phase_seconds
 from mule.tasks.shared.context import StageContext, images_with_files, logger
@@ -90,7 +90,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
         table = evaluate_split(m, val, device, cfg.eval.ks)
         return mean_mr(table), table
 
-    trainer = Trainer(model, train, cfg.loss, cfg.train, device, mode="joint", validate=validate)
+    trainer = JointTrainer(model, train, cfg.loss, cfg.train, device, validate=validate)
     log.info("training on %d images, %d captions; captions per image %s (a batch draws up to %s of an image's); "
              "%s parameters (%s language-specific); %s, %d CPU thread(s)", train.n_images, len(train.caption_image),
              captions_per_image(train.caption_image, train.caption_lang, train.languages),

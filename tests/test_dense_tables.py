@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from mule.mule_core.dense_tables import DenseTables
+from mule.mule_core.lp_training import LPTrainer
 from mule.mule_core.trainer import Trainer
 from tests.test_training import LOSS, amp_on_the_cpu, lp, optim, toy_model, toy_split
 
@@ -19,7 +20,7 @@ def trainer(by_hand: bool, **train) -> Trainer:
     with torch.no_grad():  # the tables away from their initial vectors: a pull on every row
         for branch in model.branches.values():
             branch.embed.weight.add_(0.1 * torch.randn_like(branch.embed.weight))
-    made = Trainer(model, toy_split(), PULLED, replace(optim(2), **train), torch.device("cpu"), mode="lp", pretrain=lp(2))
+    made = LPTrainer(model, toy_split(), PULLED, replace(optim(2), **train), torch.device("cpu"), pretrain=lp(2))
     if not by_hand:  # autograd's gradients: what the trainer did before dense_tables.py
         made.dense_tables = None
         for branch in model.branches.values():
@@ -166,7 +167,7 @@ def test_each_table_s_gradient_norm_comes_from_the_rows_read(pull):
     the n-gram tables' after a second batch (its first batch's rows zeroed again)."""
     made = trainer(True)
     if not pull:
-        made = Trainer(made.model, toy_split(), replace(LOSS, word_l2=0.0), optim(2), torch.device("cpu"), mode="lp",
+        made = LPTrainer(made.model, toy_split(), replace(LOSS, word_l2=0.0), optim(2), torch.device("cpu"),
                        pretrain=lp(2))  # fmt: skip
     batches = made.sampler.batches(1)
     for _ in range(2):

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from mule.pipeline.hooks import Publishing
-
 from tests.test_crashes import SIZES, TINY
 
 # `mule`'s entry point (forked: tests/forked.py), whose train publisher is interrupted by Ctrl-C the moment it starts

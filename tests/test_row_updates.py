@@ -7,9 +7,10 @@ from dataclasses import replace
 import pytest
 import torch
 
+from mule.mule_core.joint_training import JointTrainer
+from mule.mule_core.lp_training import LPTrainer
 from mule.mule_core.row_updates import RowAdam, RowAverage, clip_grad_norm, coalesced, ema_keep, sparse_tables
 from mule.mule_core.subwords import SubwordVectors
-from mule.mule_core.trainer import Trainer
 from mule.mule_core.weight_average import ema_weight
 from tests.test_training import LOSS, lp, optim, toy_model, toy_split
 
@@ -171,7 +172,7 @@ def test_lp_with_row_updates_leaves_a_word_no_caption_uses_as_it_was_and_average
         model = toy_model(n_images=26)  # two words more than the 24 images' captions use
         start = model.branches["en"].embed.weight.detach().clone()
         train = replace(optim(2), ema=0.99, word_updates=updates, grad_clip=2.0)
-        trainer = Trainer(model, data, LOSS, train, torch.device("cpu"), mode="lp", pretrain=lp(2))
+        trainer = LPTrainer(model, data, LOSS, train, torch.device("cpu"), pretrain=lp(2))
         assert all(t.grad is None for t in trainer.tables)
         trainer.fit()
         after = model.branches["en"].embed.weight.detach()
@@ -187,7 +188,7 @@ def test_lp_with_row_updates_leaves_a_word_no_caption_uses_as_it_was_and_average
 def test_dense_updates_give_dense_gradients_again():
     model = toy_model()
     assert sparse_tables(model, True)
-    trainer = Trainer(model, toy_split(), LOSS, replace(optim(1), word_updates="dense"), torch.device("cpu"))
+    trainer = JointTrainer(model, toy_split(), LOSS, replace(optim(1), word_updates="dense"), torch.device("cpu"))
     trainer.run_epoch()  # the tables read their rows sparse, and step on dense gradients (mule_core/dense_tables.py)
     tables = [t for b in model.branches.values() for t in (b.embed.weight, b.subwords.vectors.weight)]
     assert all(t.grad is not None and not t.grad.is_sparse for t in tables)

@@ -11,11 +11,11 @@ import torch
 from mule.config.overrides import from_dict, to_dict
 from mule.config.resolution import resolve
 from mule.data_catalog.model_files import load_model, save_model
+from mule.mule_core.lp_training import LPTrainer
 from mule.mule_core.model import MuleModel, TextBatch, count_parameters
 from mule.mule_core.settings import LossConfig, ModelConfig, PretrainConfig, TrainConfig
 from mule.mule_core.split_tensors import SplitTensors
 from mule.mule_core.subwords import char_ngrams, ngram_index
-from mule.mule_core.trainer import Trainer
 from mule.mule_core.vocabulary import Vocab, Vocabulary, pad_batch
 
 WORDS = ["<pad>", "<unk>", "dog", "dogs", "cat"]
@@ -149,7 +149,7 @@ def test_ngram_vectors_are_word_parameters_and_counted_as_the_languages_own():
     assert counts["per_language"]["en"] == 5 * 2 + (2 + 1) * 2 + (2 * 6 + 6)  # words, 2 n-grams + padding, FC
     data = SplitTensors(["en"], torch.tensor([[2, 3], [4, 0]]), torch.tensor([2, 1]), np.zeros(2, dtype=np.int64),
                         np.arange(2), ["a", "b"])  # fmt: skip
-    trainer = Trainer(model, data, LossConfig(), TrainConfig(word_lr_scale=10.0), torch.device("cpu"), mode="lp",
+    trainer = LPTrainer(model, data, LossConfig(), TrainConfig(word_lr_scale=10.0), torch.device("cpu"),
                       pretrain=PretrainConfig(lr=1e-3))  # fmt: skip
     word_group = trainer.optimizer.param_groups[1]
     assert word_group["lr"] == pytest.approx(1e-2)

@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from mule.mule_core.encoding import evaluate_split
+from mule.mule_core.joint_training import JointTrainer
 from mule.mule_core.losses import image_sentence_loss, neighborhood_loss
+from mule.mule_core.lp_training import LPTrainer
 from mule.mule_core.model import MuleModel
 from mule.mule_core.settings import LossConfig, ModelConfig, PretrainConfig, TrainConfig
 from mule.mule_core.split_tensors import SplitTensors
@@ -59,11 +61,17 @@ def lp(epochs):
     return PretrainConfig(epochs=epochs, lr=3e-3, batch_images=8)
 
 
+def trainer_of(mode: str, *args, pretrain: PretrainConfig, **kwargs) -> Trainer:
+    """The kind a parametrized test names: LP with its own section, or joint training
+    (which has none: `pretrain` goes unused)."""
+    return LPTrainer(*args, pretrain=pretrain, **kwargs) if mode == "lp" else JointTrainer(*args, **kwargs)
+
+
 def test_training_learns_a_learnable_task():
     data = toy_split()
     model = toy_model()
     before = evaluate_split(model, data, torch.device("cpu"))
-    Trainer(model, data, LOSS, optim(25), torch.device("cpu")).fit()
+    JointTrainer(model, data, LOSS, optim(25), torch.device("cpu")).fit()
     after = evaluate_split(model, data, torch.device("cpu"))
     for lang in LANGS:
         assert after[lang]["mR"] > before[lang]["mR"] + 30, (before, after)
@@ -81,7 +89,7 @@ def test_training_under_float16_autocast_learns_as_in_float32():
     recall at chance; here the toy's mR stayed at 15-17.)"""
     data = toy_split()
     model = toy_model()
-    made = amp_on_the_cpu(Trainer(model, data, replace(LOSS, word_l2=5e-7), replace(optim(25), grad_clip=2.0, ema=0.99),
+    made = amp_on_the_cpu(JointTrainer(model, data, replace(LOSS, word_l2=5e-7), replace(optim(25), grad_clip=2.0, ema=0.99),
                                   torch.device("cpu")))
     made.fit()
     assert made.scaler.get_scale() == 65536.0
@@ -99,7 +107,7 @@ def test_the_best_validation_epoch_is_kept():
         return next(scores), {}
 
     model = toy_model()
-    trainer = Trainer(model, toy_split(), LOSS, optim(3), torch.device("cpu"), validate=validate)
+    trainer = JointTrainer(model, toy_split(), LOSS, optim(3), torch.device("cpu"), validate=validate)
     history = trainer.fit()
     assert [r.is_best for r in history] == [True, True, False]
     assert trainer.best_epoch == 2 and trainer.best_score == 5.0
@@ -121,8 +129,8 @@ def test_patience_stops_after_epochs_without_a_better_score_and_keeps_the_same_b
             return next(queue), {}
 
         train, pre = replace(optim(6), patience=patience), replace(lp(6), patience=patience)
-        trainer = Trainer(toy_model(), toy_split(), LOSS, train, torch.device("cpu"), mode=mode, validate=validate,
-                          pretrain=pre)  # fmt: skip
+        trainer = trainer_of(mode, toy_model(), toy_split(), LOSS, train, torch.device("cpu"), validate=validate,
+                             pretrain=pre)  # fmt: skip
         trainer.fit()
         return trainer, kept
 
@@ -158,17 +166,17 @@ def test_weight_averaging_validates_and_keeps_the_average_of_the_steps(updates):
     model = toy_model()
     start = {k: v.clone() for k, v in model.state_dict().items()}
     options = replace(optim(1), ema=0.99, word_updates=updates)  # rows: the tables' rows averaged row by row
-    trainer = Trainer(model, toy_split(), LOSS, options, torch.device("cpu"), validate=validate)
+    trainer = JointTrainer(model, toy_split(), LOSS, options, torch.device("cpu"), validate=validate)
     assert bool(trainer.row_averages) == (updates == "rows")
     expected = {k: v.clone() for k, v in start.items()}
     raw = []  # the raw weights after each step
-    original_update = trainer._update_ema
+    original_update = trainer.average.update
 
-    def spy(*moved):
+    def spy(*step_and_moved):
         raw.append({k: v.detach().clone() for k, v in trainer.model.named_parameters()})
-        original_update(*moved)
+        original_update(*step_and_moved)
 
-    trainer._update_ema = spy
+    trainer.average.update = spy
     trainer.fit()
     for t, weights in enumerate(raw, start=1):  # the scheduler has counted t steps when the average updates
         weight = (1 - 0.99) / (1 - 0.99**t)  # written out: ema_weight's formula, checked by hand above
@@ -184,14 +192,14 @@ def test_weight_averaging_validates_and_keeps_the_average_of_the_steps(updates):
 @pytest.mark.parametrize("mode", ["joint", "lp"])
 def test_resuming_from_a_checkpoint_gives_the_same_model(mode):
     data = toy_split()
-    straight = Trainer(toy_model(), data, LOSS, optim(3), torch.device("cpu"), mode=mode, pretrain=lp(3))
+    straight = trainer_of(mode, toy_model(), data, LOSS, optim(3), torch.device("cpu"), pretrain=lp(3))
     straight.fit()
 
-    first = Trainer(toy_model(), data, LOSS, optim(3), torch.device("cpu"), mode=mode, pretrain=lp(3))
+    first = trainer_of(mode, toy_model(), data, LOSS, optim(3), torch.device("cpu"), pretrain=lp(3))
     first.run_epoch()
     first.run_epoch()
     checkpoint = first.state_dict()
-    resumed = Trainer(toy_model(), data, LOSS, optim(3), torch.device("cpu"), mode=mode, pretrain=lp(3))
+    resumed = trainer_of(mode, toy_model(), data, LOSS, optim(3), torch.device("cpu"), pretrain=lp(3))
     resumed.load_state_dict(checkpoint)
     assert resumed.epoch == 2
     resumed.fit()
@@ -210,7 +218,7 @@ def test_a_checkpoint_names_the_best_epoch_s_copies_when_they_are_the_kept_weigh
         return torch.load(io.BytesIO(buffer.getvalue()), weights_only=True), buffer.tell()
 
     data = toy_split()
-    first = Trainer(toy_model(), data, LOSS, optim(4), torch.device("cpu"), validate=_mean_mr_on(data))
+    first = JointTrainer(toy_model(), data, LOSS, optim(4), torch.device("cpu"), validate=_mean_mr_on(data))
     first.run_epoch()
     assert first.best_epoch == first.epoch == 1
     now, now_bytes = through_a_file(first.state_dict())
@@ -223,7 +231,7 @@ def test_a_checkpoint_names_the_best_epoch_s_copies_when_they_are_the_kept_weigh
     assert now_bytes < 0.7 * before_bytes
 
     for state, epoch in ((now, 1), (before, 2)):
-        resumed = Trainer(toy_model(), data, LOSS, optim(4), torch.device("cpu"), validate=_mean_mr_on(data))
+        resumed = JointTrainer(toy_model(), data, LOSS, optim(4), torch.device("cpu"), validate=_mean_mr_on(data))
         resumed.load_state_dict(state)
         assert resumed.epoch == epoch and resumed.best_epoch == 1
         assert resumed.best_state.keys() == first.best_state.keys()
@@ -237,17 +245,17 @@ def test_lp_trains_only_the_mule_layers():
     model = toy_model()
     lstm_before = model.encoder.lstm.weight_ih_l0.detach().clone()
     fc_before = model.branches["fr"].fc.weight.detach().clone()
-    Trainer(model, toy_split(), LOSS, optim(2), torch.device("cpu"), mode="lp", pretrain=lp(2)).fit()
+    LPTrainer(model, toy_split(), LOSS, optim(2), torch.device("cpu"), pretrain=lp(2)).fit()
     assert torch.equal(model.encoder.lstm.weight_ih_l0, lstm_before)
     assert not torch.equal(model.branches["fr"].fc.weight, fc_before)
 
 
 def test_switches_turn_losses_off():
 
-    trainer = Trainer(toy_model(), toy_split(), replace(LOSS, nc=False, lc=False), optim(1), torch.device("cpu"))
+    trainer = JointTrainer(toy_model(), toy_split(), replace(LOSS, nc=False, lc=False), optim(1), torch.device("cpu"))
     batch = next(trainer.sampler.batches(1))
     assert set(trainer.losses(batch)) == {"match", "word_l2"}
-    full = Trainer(toy_model(), toy_split(), LOSS, optim(1), torch.device("cpu"))
+    full = JointTrainer(toy_model(), toy_split(), LOSS, optim(1), torch.device("cpu"))
     assert {"match", "nc_mule", "nc_joint", "lc"} <= set(full.losses(batch))
 
 
@@ -256,16 +264,16 @@ def test_parallel_embn_trains_with_nc_at_the_multimodal_layer_only():
                       ModelConfig(sharing="parallel", lstm_dim=16, joint_dim=16, image_hidden=32),
                       {lang: toy_words() for lang in LANGS})  # fmt: skip
     model.set_image_normalization(toy_split().features)
-    trainer = Trainer(model, toy_split(), LOSS, optim(1), torch.device("cpu"))
+    trainer = JointTrainer(model, toy_split(), LOSS, optim(1), torch.device("cpu"))
     parts = trainer.losses(next(trainer.sampler.batches(1)))
     assert {"match", "nc_joint"} <= set(parts) and "nc_mule" not in parts and "lc" not in parts
     with pytest.raises(ValueError, match="LP pretrains the MULE layer"):
-        Trainer(model, toy_split(), LOSS, optim(1), torch.device("cpu"), mode="lp", pretrain=lp(1))
+        LPTrainer(model, toy_split(), LOSS, optim(1), torch.device("cpu"), pretrain=lp(1))
 
 
 def test_balanced_language_groups_reach_the_sampler():
 
-    trainer = Trainer(
+    trainer = JointTrainer(
         toy_model(), toy_split(), LOSS, replace(optim(1), balance_language_groups=True), torch.device("cpu")
     )
     assert trainer.sampler.balance_groups
@@ -285,7 +293,7 @@ def test_adding_a_language_trains_it_and_leaves_the_others_bit_identical():
     english = SplitTensors(["en"], data.tokens[data.caption_lang == 0], data.lengths[data.caption_lang == 0],
                            data.caption_lang[data.caption_lang == 0], data.caption_image[data.caption_lang == 0],
                            data.image_ids, data.features)  # fmt: skip
-    Trainer(base, english, LOSS, replace(optim(15), sentences_per_image={"en": 2}), torch.device("cpu")).fit()
+    JointTrainer(base, english, LOSS, replace(optim(15), sentences_per_image={"en": 2}), torch.device("cpu")).fit()
     before = evaluate_split(base, english, torch.device("cpu"))
     from mule.mule_core.encoding import encode_split
 
@@ -297,7 +305,7 @@ def test_adding_a_language_trains_it_and_leaves_the_others_bit_identical():
         "branches.fr.fc.bias"}  # fmt: skip
     untrained = evaluate_split(model, data, torch.device("cpu"))["fr"]["mR"]
     # LC stays off: its classifier is frozen while a language is added
-    Trainer(model, data, replace(LOSS, lc=False), optim(25), torch.device("cpu")).fit()
+    JointTrainer(model, data, replace(LOSS, lc=False), optim(25), torch.device("cpu")).fit()
     after = evaluate_split(model, data, torch.device("cpu"))
     assert after["fr"]["mR"] > untrained + 15, (untrained, after)
     assert after["en"] == before["en"]
@@ -320,7 +328,7 @@ def _mean_mr_on(data):
 def test_an_absurd_learning_rate_fires_the_guard_which_rolls_back_then_stops():
 
     data = toy_split()
-    trainer = Trainer(toy_model(), data, LOSS, replace(optim(30), divergence_retries=2), torch.device("cpu"),
+    trainer = JointTrainer(toy_model(), data, LOSS, replace(optim(30), divergence_retries=2), torch.device("cpu"),
                       validate=_mean_mr_on(data))  # fmt: skip
     for _ in range(15):
         trainer.run_epoch()
@@ -344,7 +352,7 @@ def test_losses_that_are_not_finite_fire_the_guard_even_without_validation():
 
     model = toy_model()
     start = {k: v.clone() for k, v in model.state_dict().items()}
-    trainer = Trainer(model, toy_split(), LOSS, replace(optim(5), lr=float("inf")), torch.device("cpu"))
+    trainer = JointTrainer(model, toy_split(), LOSS, replace(optim(5), lr=float("inf")), torch.device("cpu"))
     history = trainer.fit()
     assert "losses not finite" in history[0].divergence
     assert history[0].action.startswith("rolled back to the starting weights")
@@ -356,7 +364,7 @@ def test_losses_that_are_not_finite_fire_the_guard_even_without_validation():
 def test_losses_that_explode_but_stay_finite_fire_the_guard_from_the_first_epoch():
     """lr 1e9 wrecks the model within epoch 1: no good epoch to fall from, losses huge but finite."""
 
-    trainer = Trainer(toy_model(), toy_split(), LOSS, replace(optim(5), lr=1e9), torch.device("cpu"))
+    trainer = JointTrainer(toy_model(), toy_split(), LOSS, replace(optim(5), lr=1e9), torch.device("cpu"))
     history = trainer.fit()
     assert all(math.isfinite(v) for v in history[0].losses.values())
     assert "losses exploded" in history[0].divergence, history[0].losses
@@ -365,7 +373,7 @@ def test_losses_that_explode_but_stay_finite_fire_the_guard_from_the_first_epoch
 
 def test_a_healthy_run_never_counts_as_exploded():
     data = toy_split()
-    trainer = Trainer(toy_model(), data, LOSS, optim(15), torch.device("cpu"), validate=_mean_mr_on(data))
+    trainer = JointTrainer(toy_model(), data, LOSS, optim(15), torch.device("cpu"), validate=_mean_mr_on(data))
     assert not [r for r in trainer.fit() if r.divergence] and trainer.first_loss > 0
 
 
@@ -373,7 +381,7 @@ def test_a_healthy_run_never_counts_as_exploded():
 def test_the_guard_does_what_the_config_says(mode):
 
     data = toy_split()
-    trainer = Trainer(toy_model(), data, LOSS, replace(optim(17), divergence=mode), torch.device("cpu"),
+    trainer = JointTrainer(toy_model(), data, LOSS, replace(optim(17), divergence=mode), torch.device("cpu"),
                       validate=_mean_mr_on(data))  # fmt: skip
     for _ in range(15):
         trainer.run_epoch()
@@ -390,20 +398,20 @@ def test_the_guard_does_what_the_config_says(mode):
 
 def test_a_resumed_run_keeps_the_guards_state():
     data = toy_split()
-    first = Trainer(toy_model(), data, LOSS, optim(20), torch.device("cpu"), validate=_mean_mr_on(data))
+    first = JointTrainer(toy_model(), data, LOSS, optim(20), torch.device("cpu"), validate=_mean_mr_on(data))
     for _ in range(15):
         first.run_epoch()
     first.lr_scale = 1e6
     first.run_epoch()  # diverges: rolled back, lr scale 5e5
     assert first.rollbacks == 1
-    resumed = Trainer(toy_model(), data, LOSS, optim(20), torch.device("cpu"), validate=_mean_mr_on(data))
+    resumed = JointTrainer(toy_model(), data, LOSS, optim(20), torch.device("cpu"), validate=_mean_mr_on(data))
     resumed.load_state_dict(first.state_dict())
     assert (resumed.rollbacks, resumed.lr_scale, resumed.best_epoch) == (1, first.lr_scale, first.best_epoch)
     assert resumed.optimizer.param_groups[0]["lr"] == first.optimizer.param_groups[0]["lr"]
 
 
 def test_learning_rate_warms_up_and_decays_in_steps():
-    trainer = Trainer(toy_model(), toy_split(), LOSS, replace(optim(2), warmup_steps=4, lr_decay=0.5, decay_steps=2),
+    trainer = JointTrainer(toy_model(), toy_split(), LOSS, replace(optim(2), warmup_steps=4, lr_decay=0.5, decay_steps=2),
                       torch.device("cpu"))  # fmt: skip
     lrs = [trainer.optimizer.param_groups[0]["lr"]]
     for _ in range(5):
@@ -420,7 +428,7 @@ def test_hard_negatives_are_mined_after_the_warm_up_of_the_mode(mode):
     """Joint training mines the top k after loss.mining_warmup_steps, LP after its own
     pretrain.mining_warmup_steps: before that every negative counts."""
     loss, pretrain = replace(LOSS, mining_warmup_steps=2), replace(lp(2), mining_warmup_steps=4)
-    trainer = Trainer(toy_model(), toy_split(), loss, optim(2), torch.device("cpu"), mode=mode, pretrain=pretrain)
+    trainer = trainer_of(mode, toy_model(), toy_split(), loss, optim(2), torch.device("cpu"), pretrain=pretrain)
     seen = []
 
     def recording(*args):
@@ -440,7 +448,7 @@ def test_hard_negatives_are_mined_after_the_warm_up_of_the_mode(mode):
 def test_each_mode_keeps_its_own_margin(mode):
     """LP's hinges use pretrain.margin, joint training's loss.margin, in every loss."""
     loss, pretrain = replace(LOSS, margin=0.1), replace(lp(1), margin=0.4)
-    trainer = Trainer(toy_model(), toy_split(), loss, optim(1), torch.device("cpu"), mode=mode, pretrain=pretrain)
+    trainer = trainer_of(mode, toy_model(), toy_split(), loss, optim(1), torch.device("cpu"), pretrain=pretrain)
     seen = []
 
     def recording(loss_function):
@@ -457,7 +465,7 @@ def test_each_mode_keeps_its_own_margin(mode):
 
 
 def test_the_adversary_ramps_up_in_steps():
-    trainer = Trainer(toy_model(), toy_split(), replace(LOSS, lc_weight=0.2, lc_ramp_steps=100), optim(1),
+    trainer = JointTrainer(toy_model(), toy_split(), replace(LOSS, lc_weight=0.2, lc_ramp_steps=100), optim(1),
                       torch.device("cpu"))  # fmt: skip
     assert trainer.lc_scale() == 0.0
     trainer.scheduler.last_epoch = 50
@@ -490,9 +498,9 @@ def test_lp_and_joint_training_take_sentences_per_image_from_their_own_sections(
     train = replace(optim(1), sentences_per_image={}, sentences_per_image_many=2)
     pretrain = replace(lp(1), sentences_per_image_many=1)
     cpu = torch.device("cpu")
-    assert Trainer(toy_model(), toy_split(), LOSS, train, cpu, mode="lp", pretrain=pretrain).sentences_per_image == {
+    assert LPTrainer(toy_model(), toy_split(), LOSS, train, cpu, pretrain=pretrain).sentences_per_image == {
         "en": 1, "fr": 1}  # fmt: skip
-    assert Trainer(toy_model(), toy_split(), LOSS, train, cpu, pretrain=pretrain).sentences_per_image == {
+    assert JointTrainer(toy_model(), toy_split(), LOSS, train, cpu).sentences_per_image == {
         "en": 2, "fr": 1}  # fmt: skip
 
 
@@ -503,7 +511,7 @@ def test_each_mode_decays_its_learning_rate_and_averages_its_weights_by_its_own_
     weights. Toy split: 3 batches an epoch, so after 2 epochs lr = lr0 x decay^2."""
     train = replace(optim(2), lr_decay=0.5, ema=0.0, decay_steps=0)
     pretrain = replace(lp(2), lr_decay=0.25, ema=0.9)
-    trainer = Trainer(toy_model(), toy_split(), LOSS, train, torch.device("cpu"), mode=mode, pretrain=pretrain)
+    trainer = trainer_of(mode, toy_model(), toy_split(), LOSS, train, torch.device("cpu"), pretrain=pretrain)
     lr0 = trainer.optimizer.param_groups[0]["lr"]
     trainer.fit()
     assert trainer.step == 6
