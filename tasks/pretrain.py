@@ -3,7 +3,6 @@ same image across languages, before joint training."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
@@ -17,7 +16,7 @@ from mule.mule_core.lp_training import LPTrainer
 from mule.mule_core.metrics import mean_r1
 from mule.mule_core.model import build_model
 from mule.mule_core.progress import SHOWN
-from mule.tasks.shared.checkpoints import Checkpoints, divergence_tags, history_records, phase_seconds
+from mule.tasks.shared.checkpoints import fit_checkpointed, history_records, phase_seconds
 from mule.tasks.shared.context import StageContext, logger
 from mule.tasks.shared.token_identity import caption_tokenizers
 
@@ -50,29 +49,23 @@ def compute(ctx: StageContext) -> dict[str, Any]:
              captions_per_image(train.caption_image, train.caption_lang, train.languages),
              _draws(trainer.sentences_per_image), device, threads, extra=SHOWN)  # fmt: skip
 
-    # LP checkpoints every epoch and resumes as joint training does
-    checkpoints = Checkpoints(ctx, catalog.lp_checkpoint_path(cfg))
-    checkpoints.resume(trainer)
+    def metrics(result) -> dict:
+        out = {f"lp.{k}": v for k, v in result.losses.items()}
+        out["lp.val_cross_lingual_r1"] = result.score
+        out["lp.sentences_per_second"] = result.sentences_per_second
+        return out | {f"lp.val.{pair}.r1": row["r1"] for pair, row in (result.validation or {}).items()}
 
-    def on_epoch(result) -> None:
-        metrics = {f"lp.{k}": v for k, v in result.losses.items()}
-        metrics["lp.val_cross_lingual_r1"] = result.score
-        metrics["lp.sentences_per_second"] = result.sentences_per_second
-        metrics |= {f"lp.val.{pair}.r1": row["r1"] for pair, row in (result.validation or {}).items()}
-        ctx.report.metrics(metrics, step=result.epoch)
-        ctx.report.tags(divergence_tags(trainer, result, "pretrain"))
-        checkpoints.save(trainer)
-
-    started = time.perf_counter()
-    with checkpoints.training():
-        history = trainer.fit(on_epoch)
     path = catalog.lp_model_path(cfg)
-    save_model(path, model, cfg, vocabulary, kind="lp", best_epoch=trainer.best_epoch, val_score=trainer.best_score,
-               tokenizers=tokenizers)  # fmt: skip
-    checkpoints.remove_once_recorded()
+
+    def keep(history) -> None:
+        save_model(path, model, cfg, vocabulary, kind="lp", best_epoch=trainer.best_epoch, val_score=trainer.best_score,
+                   tokenizers=tokenizers)  # fmt: skip
+
+    # LP checkpoints every epoch and resumes as joint training does
+    history, seconds = fit_checkpointed(ctx, trainer, catalog.lp_checkpoint_path(cfg), "pretrain", metrics, keep)
     log.info("LP done: best epoch %d, val cross-lingual R@1 %.1f (MULE layer)", trainer.best_epoch, trainer.best_score, extra=SHOWN)
     return {"path": str(path), "captions": len(train.caption_image), "best_epoch": trainer.best_epoch,
-            "val_cross_lingual_r1": trainer.best_score, "seconds": round(time.perf_counter() - started, 1),
+            "val_cross_lingual_r1": trainer.best_score, "seconds": seconds,
             "phases": phase_seconds(history), "history": history_records(history)}  # fmt: skip
 
 

@@ -8,7 +8,6 @@ code) resumes it.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
@@ -25,7 +24,7 @@ from mule.mule_core.metrics import chance_table, mean_mr
 from mule.mule_core.model import build_model, count_parameters
 from mule.mule_core.progress import SHOWN
 from mule.storage.content_digests import ids_digest
-from mule.tasks.shared.checkpoints import Checkpoints, divergence_tags, history_records, phase_seconds
+from mule.tasks.shared.checkpoints import fit_checkpointed, history_records, phase_seconds
 from mule.tasks.shared.context import StageContext, images_with_files, logger
 from mule.tasks.shared.token_identity import caption_tokenizers
 
@@ -97,35 +96,29 @@ def compute(ctx: StageContext) -> dict[str, Any]:
              ", ".join(f"{lang} {n}" for lang, n in trainer.sentences_per_image.items()), f"{counts['total']:,}",
              f"{counts['language_specific']:,}", device, threads, extra=SHOWN)  # fmt: skip
 
+    def metrics(result) -> dict:
+        out = {f"train.{k}": v for k, v in result.losses.items()}
+        out["train.sentences_per_second"] = result.sentences_per_second
+        out["train.lr"] = trainer.optimizer.param_groups[0]["lr"]
+        out["train.lc_scale"] = trainer.lc_scale()
+        out["val.mean_mR"] = result.score
+        return out | {f"val.{lang}.mR": row["mR"] for lang, row in (result.validation or {}).items()}
+
     path = wd.model_path(dataset, cfg.train.model_name)
-    checkpoints = Checkpoints(ctx, wd.checkpoint_path(dataset, cfg.train.model_name))
-    checkpoints.resume(trainer)
 
-    def on_epoch(result) -> None:
-        metrics = {f"train.{k}": v for k, v in result.losses.items()}
-        metrics["train.sentences_per_second"] = result.sentences_per_second
-        metrics["train.lr"] = trainer.optimizer.param_groups[0]["lr"]
-        metrics["train.lc_scale"] = trainer.lc_scale()
-        metrics["val.mean_mR"] = result.score
-        for lang, row in (result.validation or {}).items():
-            metrics[f"val.{lang}.mR"] = row["mR"]
-        ctx.report.metrics(metrics, step=result.epoch)
-        ctx.report.tags(divergence_tags(trainer, result, "train"))
-        checkpoints.save(trainer)
+    def keep(history) -> None:
+        best = next((r for r in history if r.epoch == trainer.best_epoch), None)
+        save_model(path, model, cfg, vocabulary, kind="joint", dataset=dataset, extractor=extractor,
+                   best_epoch=trainer.best_epoch, val_score=trainer.best_score,
+                   val_table=best.validation if best else None, parameters=counts, tokenizers=tokenizers,
+                   extractor_numerics=(catalog.extractor_info(dataset, extractor) or {}).get("numerics"))  # fmt: skip
 
-    started = time.perf_counter()
-    with checkpoints.training():
-        history = trainer.fit(on_epoch)
-    best = next((r for r in history if r.epoch == trainer.best_epoch), None)
-    save_model(path, model, cfg, vocabulary, kind="joint", dataset=dataset, extractor=extractor,
-               best_epoch=trainer.best_epoch, val_score=trainer.best_score,
-               val_table=best.validation if best else None, parameters=counts, tokenizers=tokenizers,
-               extractor_numerics=(catalog.extractor_info(dataset, extractor) or {}).get("numerics"))  # fmt: skip
-    checkpoints.remove_once_recorded()
+    checkpoint = wd.checkpoint_path(dataset, cfg.train.model_name)
+    history, seconds = fit_checkpointed(ctx, trainer, checkpoint, "train", metrics, keep)
     log.info("training done: best epoch %d of %d, val mean mR %.2f; model at %s",
              trainer.best_epoch, cfg.train.epochs, trainer.best_score, path, extra=SHOWN)  # fmt: skip
     return {"path": str(path), "best_epoch": trainer.best_epoch, "val_mean_mR": trainer.best_score,
-            "seconds": round(time.perf_counter() - started, 1), "parameters": counts,
+            "seconds": seconds, "parameters": counts,
             "diverged": [r.epoch for r in history if r.divergence], "stopped": trainer.stopped,
             "sentences_per_image": trainer.sentences_per_image, "extractor": extractor,
             "languages": list(train.languages), "val_images": ids_digest(val.image_ids),

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
@@ -130,6 +131,28 @@ class Checkpoints:
     def remove_once_recorded(self) -> None:
         self.wait()
         self.ctx.after_record.append(lambda: self.path.unlink(missing_ok=True))
+
+
+def fit_checkpointed(ctx: StageContext, trainer, path: Path, stage: str, metrics: Callable[[object], dict],
+                     keep: Callable[[list], None]) -> tuple[list, float]:  # fmt: skip
+    """The training stages' fit: resumed from the checkpoint at `path` when one is there, a
+    checkpoint after every epoch (beside the epoch's `metrics` and the divergence guard's
+    tags, reported), then `keep(history)` writes the kept model and the checkpoint goes once
+    the run is recorded. Returns the history and the seconds from the first epoch on."""
+    checkpoints = Checkpoints(ctx, path)
+    checkpoints.resume(trainer)
+
+    def on_epoch(result) -> None:
+        ctx.report.metrics(metrics(result), step=result.epoch)
+        ctx.report.tags(divergence_tags(trainer, result, stage))
+        checkpoints.save(trainer)
+
+    started = time.perf_counter()
+    with checkpoints.training():
+        history = trainer.fit(on_epoch)
+    keep(history)
+    checkpoints.remove_once_recorded()
+    return history, round(time.perf_counter() - started, 1)
 
 
 def yield_cpu() -> bool:
