@@ -1,6 +1,7 @@
 """The package's shape in figures: rooms (top-level folders) and their share, imports that
-point up a floor (type-only and in-function imports counted), the largest modules, and
-module names used twice. Reads source only (never imports mule), so it measures any
+point up a floor (type-only and in-function imports counted), the largest modules,
+module names used twice, functions over 80 lines, the config classes, and the code that
+handles a stop (its lines and rooms). Reads source only (never imports mule), so it measures any
 checkout, an old commit's included:
 
     python bench/architecture_figures.py               # this checkout
@@ -58,6 +59,44 @@ def imports(path: Path, name: str) -> set[str]:
     return names
 
 
+# A function (or class body outside functions) handles a stop when its source names one of these.
+STOP_WORDS = ("KeyboardInterrupt", "Interrupted", "is_stop", "on_stop", "signal.", "SIGINT", "SIGTERM",
+              "interrupt_main", "os._exit", "set_wakeup_fd")  # fmt: skip
+
+
+def long_functions(path: Path, limit: int = 80) -> list[tuple[str, int]]:
+    tree = ast.parse(path.read_text())
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > limit:
+            found.append((node.name, node.end_lineno - node.lineno + 1))
+    return found
+
+
+def config_classes(path: Path) -> list[str]:
+    return [n.name for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ClassDef) and n.name.endswith("Config")]
+
+
+def stop_lines(path: Path) -> int:
+    """Lines of the outermost functions whose source names a stop (STOP_WORDS), and of the
+    module's other statements that do."""
+    text = path.read_text()
+    tree = ast.parse(text)
+    count = 0
+
+    def visit(nodes) -> None:
+        nonlocal count
+        for node in nodes:
+            source = ast.get_source_segment(text, node) or ""
+            if isinstance(node, ast.ClassDef):
+                visit(node.body)
+            elif any(word in source for word in STOP_WORDS):
+                count += node.end_lineno - node.lineno + 1
+
+    visit(tree.body)
+    return count
+
+
 def room_of(module: str) -> str:
     parts = module.split(".")
     return parts[1] if parts[0] == "mule" and len(parts) > 1 else ""
@@ -92,6 +131,22 @@ def main() -> None:
     print("\nlargest modules:")
     for path in sorted(lines, key=lambda p: -lines[p])[:6]:
         print(f"  {lines[path]:>4}  {path.relative_to(repo)}")
+    longs = [(path, name, n) for path in found for name, n in long_functions(path)]
+    print(f"\nfunctions over 80 lines: {len(longs)}")
+    for path, name, n in sorted(longs, key=lambda x: -x[2]):
+        print(f"  {n:>4}  {path.relative_to(repo)}: {name}")
+    configs = Counter(c for path in found for c in config_classes(path))
+    print(f"\nconfig classes: {sum(configs.values())} ({len(configs)} names"
+          f"{', defined more than once: ' + ', '.join(sorted(c for c, n in configs.items() if n > 1)) if any(n > 1 for n in configs.values()) else ''})")
+    stops = {p: stop_lines(p) for p in found}
+    stop_rooms = Counter()
+    for p, n in stops.items():
+        if n:
+            stop_rooms[room_of(found[p])] += n
+    print(f"\ncode that handles a stop (functions naming {', '.join(STOP_WORDS[:4])}, ...): {sum(stops.values())} lines "
+          f"in {sum(1 for n in stops.values() if n)} modules of {len(stop_rooms)} rooms")
+    for room, n in stop_rooms.most_common():
+        print(f"  {n:>4}  {room}")
     stems = Counter(p.stem for p in found if p.name != "__init__.py")
     twins = sorted(s for s, n in stems.items() if n > 1 and s not in ("__main__",))
     print(f"\nmodule names used more than once: {len(twins)}")

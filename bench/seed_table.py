@@ -18,7 +18,7 @@ Joint training rows (LP first, then the train stage's training): validation and 
 --lp-only rows (text without images: LP alone): R@1 per en->x pair at the MULE layer,
 image level and translation pairs, and the perfect-translation ceiling (English queries
 against task1's English lines, the ones the other languages translate: what en->x image
-level would be with translations that lose nothing; bench/lp_ceiling.py), on the
+level would be with translations that lose nothing; bench/lp_ceiling.py until 2026-12-06), on the
 validation split first, then on the test split. `--last-weights` adds, for each LP row
 with pretrain.ema on, the row of its raw weights ("<row> (last weights)": what
 pretrain.ema=0 keeps, from the same runs: the average never feeds back into training).
