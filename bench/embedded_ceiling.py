@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from mule.embedded.ceiling import ceiling
-from mule.embedded.multi30k_layout import EmbeddedSpec
+from mule.generators.ceiling import ceiling
+from mule.generators.multi30k_layout import EmbeddedSpec
 
 COLUMNS = ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "mR")
 

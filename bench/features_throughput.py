@@ -42,8 +42,8 @@ def write_images(folder: Path, n: int, size: tuple[int, int], scenes: bool) -> l
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     if scenes:  # the demo's own images: rendered scenes of the embedded dataset
-        from mule.embedded.multi30k_layout import EmbeddedSpec, generate_image
-        from mule.embedded.scenes import render_scene
+        from mule.generators.multi30k_layout import EmbeddedSpec, generate_image
+        from mule.generators.scenes import render_scene
 
         spec = EmbeddedSpec()
         for i in range(n):

@@ -12,7 +12,7 @@ import argparse
 import time
 from collections import defaultdict
 
-from mule.embedded.multi30k_layout import EmbeddedSpec, generate_image
+from mule.generators.multi30k_layout import EmbeddedSpec, generate_image
 from mule.mule_core.vocabulary import tokenize
 
 

@@ -77,8 +77,8 @@ def prepare(workdir: str, out: str) -> None:
 
 
 def _render(job: tuple[dict, str, list[tuple[str, str, int]]]) -> int:
-    from mule.embedded.multi30k_layout import EmbeddedSpec, generate_image
-    from mule.embedded.scenes import render_scene
+    from mule.generators.multi30k_layout import EmbeddedSpec, generate_image
+    from mule.generators.scenes import render_scene
 
     settings, folder, items = job
     spec = EmbeddedSpec(**{k: settings[k] for k in DATA_KEYS})
@@ -90,7 +90,7 @@ def _render(job: tuple[dict, str, list[tuple[str, str, int]]]) -> int:
 
 
 def regenerate(settings: dict, image_ids: list[str], folder: Path) -> dict[str, str]:
-    from mule.embedded.multi30k_layout import SPLIT_FILES
+    from mule.generators.multi30k_layout import SPLIT_FILES
 
     prefix = {stem: split for split, (_, stem) in SPLIT_FILES.items()}
     items = []

@@ -1,7 +1,7 @@
 """`mule serve` while a rebuild trains beside it: the latency of sentence searches alone,
 then while `mule run train --force train` runs on the same machine (as a scheduled
 rebuild runs beside the server in production), at the server's priority and with
-MULE_NICE=10 (what the scheduled deployments set: flows/runtime.py, yield_to_serving).
+MULE_NICE=10 (what the scheduled deployments set: flows/environment.py, yield_to_serving).
 
     python bench/serve_beside_rebuild.py --workdir mule-work [--seconds 20] [--rate 20] [--nice 10]
 

@@ -333,14 +333,14 @@ def _command(args: argparse.Namespace) -> int:
             return 0
         return READING[args.command](args)
     except KeyboardInterrupt as stop:
-        from mule.process.interrupts import Interrupted, finish
+        from mule.stopping.interrupts import Interrupted, finish
 
         if isinstance(stop, Interrupted):
             return finish(stop.signum)  # the cleanups, the one line
         print("mule: interrupted; run the same command to resume", file=sys.stderr)
         return 130
     except Exception as error:  # noqa: BLE001 - one clear line for the errors users can fix
-        from mule.process.interrupts import finish, stopping
+        from mule.stopping.interrupts import finish, stopping
 
         if (signum := stopping()) is not None:  # an error the stop caused while unwinding: the stop is the news
             return finish(signum)
@@ -365,15 +365,15 @@ def _crash_open_flow_runs() -> None:
     if open_runs is not None:
         import signal
 
-        from mule.process import interrupts
+        from mule.stopping import interrupts
 
         open_runs.crash_open(f"mule was stopped by {interrupts.how(interrupts.stopping() or signal.SIGINT)}")
 
 
 def install_stop_handlers() -> None:
     """Ctrl-C and SIGTERM stop the command with one line, its MLflow and Prefect runs ended
-    (process.interrupts)."""
-    from mule.process import interrupts
+    (stopping.interrupts)."""
+    from mule.stopping import interrupts
 
     interrupts.install(lambda signum: f"mule: stopped by {interrupts.how(signum)}")
     interrupts.on_stop(_end_open_mlflow_runs)
@@ -405,7 +405,7 @@ def entry() -> None:
     code = main()
     import atexit
 
-    from mule.process.interrupts import stopping
+    from mule.stopping.interrupts import stopping
 
     if stopping() is not None:
         _skip_prefect_log_drain()

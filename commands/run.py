@@ -14,7 +14,7 @@ import time
 from mule.config.resolution import resolve
 from mule.mule_core.settings import ConfigError
 from mule.pipeline.declaration import BY_NAME, REBUILD
-from mule.process import interrupts
+from mule.stopping import interrupts
 from mule.storage.workdir import Workdir
 
 
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace, stages: list[str], overrides: dict) -> int:
             print_results(results, workdir, started, args)
             return 0
         _prefect_ready(workdir)
-        from mule.flows.runtime import start_prefect_early
+        from mule.flows.prefect_server import start_prefect_early
 
         server = start_prefect_early()  # boots while the stages' modules import
         from mule.flows.stages import rebuild_flow
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace, stages: list[str], overrides: dict) -> int:
         if server:
             server.wait_ready()
 
-        from mule.flows.runtime import local_flow_settings
+        from mule.flows.prefect_server import local_flow_settings
 
         with local_flow_settings():
             results = rebuild_flow(workdir=str(workdir.root), stages=stages, force=args.force or None, config=cfg,
@@ -100,7 +100,7 @@ def _prefect_ready(workdir: Workdir) -> None:
 
     idle_threads_sleep()  # stages will run: before anything imports torch, on a busy machine threads sleep, not spin
     from mule.experiments.mlflow_store import seed_store
-    from mule.flows.runtime import check_prefect_database, prepare_environment, seed_prefect_home
+    from mule.flows.environment import check_prefect_database, prepare_environment, seed_prefect_home
 
     prepare_environment(workdir.root)
     check_prefect_database()

@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         serving.Reloader(request, live, source, args.reload).start()
     print(f"search page: http://{browsable(args.host)}:{args.port}/  (JSON API: /api/search?q=..., "
           f"POST /api/image; Ctrl-C stops)", flush=True)  # fmt: skip
-    from mule.process import interrupts
+    from mule.stopping import interrupts
 
     interrupts.install(lambda signum: f"mule serve: stopped by {interrupts.how(signum)}; port {args.port} is free")
     # uvicorn takes Ctrl-C and SIGTERM while it serves and stops (answers in flight get a

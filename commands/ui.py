@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     import subprocess
     import webbrowser
 
-    from mule.process import interrupts
+    from mule.stopping import interrupts
 
     _record_what_waits(workdir)
 

@@ -10,10 +10,10 @@ from dataclasses import asdict
 from typing import Protocol
 
 from mule.data_catalog.sources import EMBEDDED, EMBEDDED_COCO, EMBEDDED_TABLE, DatasetError, DatasetSource, locate
-from mule.embedded import coco_layout, multi30k_layout, table_layout
-from mule.embedded.coco_layout import CocoSpec, EmbeddedSizeError, generate_coco
-from mule.embedded.multi30k_layout import EmbeddedSpec, generate_multi30k
-from mule.embedded.table_layout import TableSpec, generate_table
+from mule.generators import coco_layout, multi30k_layout, table_layout
+from mule.generators.coco_layout import CocoSpec, EmbeddedSizeError, generate_coco
+from mule.generators.multi30k_layout import EmbeddedSpec, generate_multi30k
+from mule.generators.table_layout import TableSpec, generate_table
 from mule.mule_core.devices import cpu_threads
 from mule.storage.code_digests import code_digest
 from mule.storage.workdir import Workdir
@@ -55,9 +55,9 @@ def embedded_ceiling(workdir: Workdir, data: DataConfig, split: str) -> dict[str
     if data.dataset != EMBEDDED or data.source or split not in _EMBEDDED_SPLITS:
         return None
     from mule.data_catalog.tables import write_json_atomic
-    from mule.embedded.ceiling import ceiling
+    from mule.generators.ceiling import ceiling
 
-    spec, code = embedded_spec(data), code_digest("mule.embedded.ceiling")
+    spec, code = embedded_spec(data), code_digest("mule.generators.ceiling")
     path = workdir.state_dir / EMBEDDED / f"ceiling-{_EMBEDDED_SPLITS[split]}.json"  # derived: not in raw/
     if path.exists():
         cached = json.loads(path.read_text())

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from mule.experiments.mlflow_store import WorkdirError, seed_store, store_exists
 from mule.mule_core.errors import is_user_error
 from mule.mule_core.settings import flatten
-from mule.process import interrupts
+from mule.stopping import interrupts
 from mule.storage.workdir import Workdir
 
 if TYPE_CHECKING:  # MLflow is imported when a run is tracked, not by checking the store (seconds)

@@ -1,7 +1,7 @@
 """Prefect flows (one per stage, per sweep, and `rebuild`): wiring only; the `mule`
 command line is commands/.
 
-Import flows.runtime first: Prefect reads its settings when it is imported.
+Import flows.environment first: Prefect reads its settings when it is imported.
 """
 
 from mule.mule_core.devices import idle_threads_sleep

@@ -20,7 +20,7 @@ def inside(body: Callable[[], T]) -> T:
     recorded: Prefect marks it crashed as the stop unwinds, or crash_open() does."""
     from prefect.context import FlowRunContext
 
-    from mule.process.interrupts import stopping
+    from mule.stopping.interrupts import stopping
 
     context = FlowRunContext.get()
     flow_run_id = str(context.flow_run.id) if context is not None and context.flow_run is not None else None

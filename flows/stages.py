@@ -27,7 +27,9 @@ from prefect.states import Failed
 from mule.config.overrides import from_dict
 from mule.config.resolution import resolve
 from mule.config.sections import MuleConfig
-from mule.flows.runtime import dask_task_runner, quiet_user_errors, yield_to_serving
+from mule.flows.dask_runner import dask_task_runner
+from mule.flows.environment import yield_to_serving
+from mule.flows.prefect_logs import quiet_user_errors
 from mule.mule_core.errors import is_user_error
 from mule.mule_core.settings import ConfigError
 from mule.pipeline import rebuild
@@ -75,7 +77,7 @@ def _working(workdir: str | None, preset: str | None, overrides: dict[str, Any] 
 
 def _failing_quietly(body):
     """Runs body(); a user error ends the flow run Failed with exactly its message (and no
-    traceback in the log: flows.runtime.quiet_user_errors), then reaches the caller."""
+    traceback in the log: flows.prefect_logs.quiet_user_errors), then reaches the caller."""
     from mule.flows import open_runs
 
     quiet_user_errors()
@@ -83,7 +85,7 @@ def _failing_quietly(body):
         yield_to_serving()
         return open_runs.inside(body)
     except Exception as error:
-        from mule.process.interrupts import Interrupted, stopping
+        from mule.stopping.interrupts import Interrupted, stopping
 
         if (
             signum := stopping()

@@ -43,7 +43,7 @@ atexit.register(_remove_scratch)  # registered first, so it runs last: after Pre
 # Prefect logs "Stopping temporary server" at exit, after pytest has closed its capture.
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
-from mule.flows.runtime import prepare_environment, seed_prefect_home  # noqa: E402
+from mule.flows.environment import prepare_environment, seed_prefect_home  # noqa: E402
 from mule.storage.code_digests import REPO, code_parts  # noqa: E402
 
 prepare_environment(_PREFECT_HOME)
@@ -54,8 +54,8 @@ SHARED_MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "datasets" / 
 
 @pytest.fixture(scope="session", autouse=True)
 def _local_flow_settings():
-    """Flows in the tests run as `mule` runs them locally (no heartbeats: see flows.runtime)."""
-    from mule.flows.runtime import local_flow_settings
+    """Flows in the tests run as `mule` runs them locally (no heartbeats: see flows.prefect_server)."""
+    from mule.flows.prefect_server import local_flow_settings
 
     with local_flow_settings():
         yield

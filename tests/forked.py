@@ -35,7 +35,7 @@ import mule.commands.main, mule.flows.stages  # noqa: F401 - the imports every c
 for name in ("torch", "torchvision", "timm", "onnxruntime", "fasttext", "duckdb", "faiss", "sacremoses",
              "mule.tasks.ingest", "mule.tasks.translate", "mule.tasks.features", "mule.tasks.text",
              "mule.tasks.pretrain", "mule.tasks.train", "mule.tasks.evaluate", "mule.tasks.index",
-             "mule.serving.mlflow_model", "mule.embedded.scenes", "mule.storage.store_templates",
+             "mule.serving.mlflow_model", "mule.generators.scenes", "mule.storage.store_templates",
              "mule.pipeline.deferred", "mule.experiments.relocation", "mlflow.pyfunc", "mlflow.models",
              "mlflow.store.tracking.sqlalchemy_store", "alembic.command", "prefect.flow_engine", "prefect.task_engine",
              "prefect.artifacts", "matplotlib.pyplot", "pandas", "pyarrow.dataset", "git", "graphviz", "langcodes"):

@@ -14,7 +14,7 @@ import torch
 
 from tests.conftest import REBUILT_TINY
 
-# hand-checked: each Spanish word and its English translation among the demo's words (embedded/lang_*.py)
+# hand-checked: each Spanish word and its English translation among the demo's words (generators/lang_*.py)
 TRANSLATIONS = {"rojo": "red", "azul": "blue", "verde": "green", "negro": "black", "blanco": "white",
                 "estrella": "star", "corazón": "heart", "cruz": "cross", "izquierda": "left", "derecha": "right",
                 "grande": "large", "pequeño": "small", "círculo": "circle", "estrellas": "star"}  # fmt: skip

@@ -7,10 +7,10 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from mule.embedded.ceiling import bayes_recalls, ceiling, plan_fits, plan_likelihood
-from mule.embedded.multi30k_layout import EmbeddedSpec
-from mule.embedded.plans import CaptionPlan, Mention, sample_plan
-from mule.embedded.scenes import Scene, SceneObject
+from mule.generators.ceiling import bayes_recalls, ceiling, plan_fits, plan_likelihood
+from mule.generators.multi30k_layout import EmbeddedSpec
+from mule.generators.plans import CaptionPlan, Mention, sample_plan
+from mule.generators.scenes import Scene, SceneObject
 from mule.mule_core.metrics import ceiling_recalls, expected_hit_rate, expected_hit_rate_ranked
 
 

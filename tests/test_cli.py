@@ -209,7 +209,7 @@ def test_prefect_draining_its_queues_at_exit_says_nothing_after_mule_s_last_line
     for the user. Their other warnings still show."""
     import logging
 
-    from mule.flows.runtime import quiet_user_errors
+    from mule.flows.prefect_logs import quiet_user_errors
 
     quiet_user_errors()
     with caplog.at_level(logging.WARNING):

@@ -193,7 +193,7 @@ def test_what_mule_cannot_repair_is_one_line_naming_the_file(how, built, copy, m
     from mlflow.tracking import MlflowClient
 
     from mule.experiments import mlflow_store
-    from mule.flows.runtime import check_prefect_database
+    from mule.flows.environment import check_prefect_database
 
     wd, _, _ = copy
     MlflowClient(wd.mlflow_uri).create_experiment("mule/embedded")  # a real store (these stages ran untracked)

@@ -8,7 +8,7 @@ from collections import Counter
 
 from mule.datasets.readers.base import ReadOptions
 from mule.datasets.readers.coco import CocoOptions, read_coco
-from mule.embedded.coco_layout import CocoSpec, generate_coco
+from mule.generators.coco_layout import CocoSpec, generate_coco
 
 SPEC = CocoSpec(images=600, val_images=20, test_images=30)
 

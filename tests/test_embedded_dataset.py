@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from mule.embedded import lang_cs, lang_de, lang_en, lang_fr
-from mule.embedded.multi30k_layout import EmbeddedSpec, generate_multi30k
-from mule.embedded.plans import CaptionPlan, Mention
-from mule.embedded.scenes import SceneObject
+from mule.generators import lang_cs, lang_de, lang_en, lang_fr
+from mule.generators.multi30k_layout import EmbeddedSpec, generate_multi30k
+from mule.generators.plans import CaptionPlan, Mention
+from mule.generators.scenes import SceneObject
 
 SPEC = EmbeddedSpec(train_images=6, val_images=2, test_images=3, seed=7, image_size=48)
 
@@ -39,7 +39,7 @@ def test_same_seed_same_bytes_other_seed_other_data(tmp_path):
 def test_processes_rendering_the_images_write_the_same_bytes_as_one(tmp_path, monkeypatch):
     """Images rendered by a pool of processes (as `mule demo` renders them on several
     cores) are the same files, listed in the same order, as one process writes."""
-    from mule.embedded import multi30k_layout
+    from mule.generators import multi30k_layout
     from mule.mule_core import devices
 
     pools = []
@@ -107,11 +107,11 @@ def test_the_dataset_is_written_again_by_other_generator_code(tmp_path, repo_cop
     assert marker.stat().st_mtime_ns != before  # same spec, other code: written again
     # The code is the writer's import closure (as the ceiling's is): an edit to a language's
     # grammar changes it, an edit to the ceiling's computation does not.
-    layout = "mule.embedded.multi30k_layout"
+    layout = "mule.generators.multi30k_layout"
     first = code_digest(layout, repo_copy)
-    edit(repo_copy / "embedded" / "ceiling.py")
+    edit(repo_copy / "generators" / "ceiling.py")
     assert code_digest(layout, repo_copy) == first
-    edit(repo_copy / "embedded" / "lang_de.py")
+    edit(repo_copy / "generators" / "lang_de.py")
     assert code_digest(layout, repo_copy) != first
 
 

@@ -13,27 +13,27 @@ from mule.storage.workdir import Workdir
 # Each room (a folder, installed as mule.<folder>), and the rooms it may import: those
 # below it. Type-only imports (under `if TYPE_CHECKING:`) count like any other.
 _STORE = {"storage", "mule_core"}
-_DATA = {"datasets", "data_catalog", "embedded", *_STORE}
+_DATA = {"datasets", "data_catalog", "generators", *_STORE}
 FLOORS = {
     "mule_core": set(),  # the model library: torch and numpy
     "storage": {"mule_core"},  # the workdir's machinery: paths, atomic writes, locks, digests
-    "process": set(),  # signal handling, for the commands, the flows and mule serve alike
+    "stopping": set(),  # signal handling, for the commands, the flows and mule serve alike
     "data_catalog": _STORE,  # tables, their SQL, the named entries, model and index files
-    "embedded": _STORE,  # the generated datasets' generators
-    "datasets": {"data_catalog", "embedded", *_STORE},  # formats: readers and their registry, word-vector files
+    "generators": _STORE,  # the generated datasets' generators
+    "datasets": {"data_catalog", "generators", *_STORE},  # formats: readers and their registry, word-vector files
     "config": _DATA,  # the one typed config: its sections sit below every stage
     "clients": {"mule_core"},
     # the stages compute; they never publish (experiments) nor serve
     "tasks": {"config", "clients", *_DATA},
-    "experiments": {"config", "process", *_DATA},
+    "experiments": {"config", "stopping", *_DATA},
     # the front door: a trained model, from a workdir, a file or an MLflow URI
     "api": {"experiments", "config", *_DATA},
     # the model in use: never the stages, so never Prefect
-    "serving": {"api", "experiments", "process", "config", *_DATA},
-    "pipeline": {"tasks", "serving", "api", "experiments", "clients", "process", "config", *_DATA},
-    "flows": {"pipeline", "serving", "api", "tasks", "experiments", "clients", "process", "config", *_DATA},
+    "serving": {"api", "experiments", "stopping", "config", *_DATA},
+    "pipeline": {"tasks", "serving", "api", "experiments", "clients", "stopping", "config", *_DATA},
+    "flows": {"pipeline", "serving", "api", "tasks", "experiments", "clients", "stopping", "config", *_DATA},
     # the command line: commands that run stages (through flows), and those that read
-    "commands": {"flows", "pipeline", "serving", "api", "experiments", "process", "config", *_DATA},
+    "commands": {"flows", "pipeline", "serving", "api", "experiments", "stopping", "config", *_DATA},
 }
 
 

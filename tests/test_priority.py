@@ -24,7 +24,7 @@ def niceness_of(script: str, nice: str | None) -> list[str]:
 
 THREADS_AND_CHILDREN = """
 import os, subprocess, threading
-from mule.flows.runtime import yield_to_serving
+from mule.flows.environment import yield_to_serving
 before = os.getpriority(os.PRIO_PROCESS, 0)
 now = yield_to_serving()
 seen = []
@@ -44,7 +44,7 @@ def test_mule_nice_makes_the_process_its_threads_and_its_children_nicer():
 
 
 def test_a_bad_mule_nice_is_a_user_error_naming_it(monkeypatch):
-    from mule.flows.runtime import yield_to_serving
+    from mule.flows.environment import yield_to_serving
     from mule.mule_core.settings import ConfigError
 
     for value, said in (("high", "got 'high'"), ("25", "got 25"), ("-5", "got -5")):

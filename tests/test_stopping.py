@@ -179,7 +179,7 @@ def test_a_signal_while_c_code_runs_still_stops_within_the_grace(tmp_path):
     exception would be raised: the watchdog ends the process all the same."""
     script = (
         "import random, sys, fasttext\n"
-        "from mule.process import interrupts\n"
+        "from mule.stopping import interrupts\n"
         "interrupts.install(lambda signum: 'mule: stopped by ' + interrupts.how(signum))\n"
         + training_in_c(tmp_path / "corpus.txt") +
         "print('training', flush=True)\n"
@@ -227,8 +227,8 @@ def test_a_failure_a_signal_causes_before_the_watchdog_knows_is_not_logged():
     out: the one line says what happened."""
     script = (
         "import logging, os, signal, sys, time\n"
-        "from mule.process import interrupts\n"
-        "from mule.flows.runtime import quiet_user_errors\n"
+        "from mule.stopping import interrupts\n"
+        "from mule.flows.prefect_logs import quiet_user_errors\n"
         "interrupts.install(lambda signum: 'mule: stopped by ' + interrupts.how(signum))\n"
         "logging.basicConfig(stream=sys.stdout, level=logging.INFO)\n"
         "quiet_user_errors()\n"
@@ -258,7 +258,7 @@ def test_a_signal_that_lands_in_a_finaliser_stops_the_command_with_its_one_line(
     watchdog stops the process, and the traceback is not shown."""
     script = (
         "import time\n"
-        "from mule.process import interrupts\n"
+        "from mule.stopping import interrupts\n"
         "interrupts.install(lambda signum: 'mule: stopped by ' + interrupts.how(signum))\n"
         "class Slow:\n"
         "    def __del__(self):\n"
@@ -298,7 +298,7 @@ def test_a_stop_a_weakref_callback_swallowed_is_raised_again_in_the_main_thread(
     script = (
         "import signal, threading\n"
         "from prefect.exceptions import TerminationSignal\n"
-        "from mule.process import interrupts\n"
+        "from mule.stopping import interrupts\n"
         "interrupts.install(lambda signum: 'mule: stopped by ' + interrupts.how(signum))\n"
         "def prefects(signum, frame):\n"  # in front of mule's handler, as during a flow run
         "    raise TerminationSignal(signal=signum)\n"
@@ -334,7 +334,7 @@ def test_a_swallowed_stop_is_raised_again_only_once_an_import_in_hand_is_done(tm
     script = (
         "import sys, threading\n"
         f"sys.path.insert(0, {str(tmp_path)!r})\n"
-        "from mule.process import interrupts\n"
+        "from mule.stopping import interrupts\n"
         "interrupts.install(lambda signum: 'mule: stopped by ' + interrupts.how(signum))\n"
         "try:\n"
         "    import slow_module\n"
@@ -355,7 +355,7 @@ def test_a_stop_while_a_stage_s_mlflow_run_is_set_up_ends_it_killed(tmp_path, mo
     left it RUNNING for good."""
     from mule.config.resolution import resolve
     from mule.experiments import tracking
-    from mule.process.interrupts import Interrupted
+    from mule.stopping.interrupts import Interrupted
     from mule.storage.workdir import Workdir
 
     def stopped(self, params) -> None:
@@ -376,7 +376,7 @@ def test_a_cleanup_that_hangs_does_not_keep_a_stopped_command_alive():
     process holds): the cleanups get CLEANUP_S in all, the one line comes out, the process ends."""
     script = (
         "import time\n"
-        "from mule.process import interrupts\n"
+        "from mule.stopping import interrupts\n"
         "interrupts.install(lambda signum: 'mule: stopped by ' + interrupts.how(signum))\n"
         "interrupts.on_stop(lambda: time.sleep(600))\n"
         "try:\n"  # before 'working': the signal may land the moment the line is out
@@ -386,7 +386,7 @@ def test_a_cleanup_that_hangs_does_not_keep_a_stopped_command_alive():
         "except interrupts.Interrupted as stop:\n"  # as the command does (commands/main.py: entry)
         "    raise SystemExit(interrupts.finish(stop.signum))\n"
     )
-    from mule.process.interrupts import CLEANUP_S
+    from mule.stopping.interrupts import CLEANUP_S
 
     first, took, code, rest = signalled(script, signal.SIGTERM)
     assert first == "working"
@@ -459,7 +459,7 @@ def test_an_error_the_stop_causes_ends_the_stage_s_mlflow_run_killed_not_failed(
 
     from mule.config.resolution import resolve
     from mule.experiments import tracking
-    from mule.process import interrupts
+    from mule.stopping import interrupts
     from mule.storage.workdir import Workdir
 
     wd = Workdir.at(tmp_path)

@@ -99,7 +99,7 @@ def test_a_store_first_opened_by_a_flow_comes_from_the_template_too(tmp_path, mo
 
 
 def test_prefect_database_from_the_template_is_migrated_to_the_installed_version(tmp_path, monkeypatch):
-    from mule.flows.runtime import seed_prefect_home
+    from mule.flows.environment import seed_prefect_home
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.delenv("PREFECT_API_URL", raising=False)

@@ -90,6 +90,6 @@ def images_with_files(catalog: Catalog, dataset: str) -> tuple[list[str], list[s
 
 
 def logger() -> logging.Logger:
-    """The stages' logger. In a Prefect run its records reach the run's log too (flows.runtime
+    """The stages' logger. In a Prefect run its records reach the run's log too (flows.environment
     names "mule" among Prefect's extra loggers)."""
     return logging.getLogger("mule.tasks")

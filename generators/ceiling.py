@@ -25,8 +25,8 @@ import math
 from collections import defaultdict
 from itertools import permutations, product
 
-from mule.embedded.multi30k_layout import CAPTIONS_PER_IMAGE, TASK1_LANGS, EmbeddedSpec, generate_image
-from mule.embedded.plans import (
+from mule.generators.multi30k_layout import CAPTIONS_PER_IMAGE, TASK1_LANGS, EmbeddedSpec, generate_image
+from mule.generators.plans import (
     BACKGROUND_P,
     COLOR_P,
     COUNT_P,
@@ -35,7 +35,7 @@ from mule.embedded.plans import (
     SIZE_P,
     CaptionPlan,
 )
-from mule.embedded.scenes import Scene
+from mule.generators.scenes import Scene
 from mule.mule_core.metrics import expected_hit_rate_ranked
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from mule.embedded.scenes import Scene, SceneObject
+from mule.generators.scenes import Scene, SceneObject
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,10 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from mule.embedded import lang_cs, lang_de, lang_en, lang_es, lang_fr, staging
-from mule.embedded.multi30k_layout import EmbeddedSpec
-from mule.embedded.plans import sample_plan
-from mule.embedded.scenes import render_scene, sample_scene
+from mule.generators import lang_cs, lang_de, lang_en, lang_es, lang_fr, staging
+from mule.generators.multi30k_layout import EmbeddedSpec
+from mule.generators.plans import sample_plan
+from mule.generators.scenes import render_scene, sample_scene
 
 REALISERS = {"en": lang_en, "de": lang_de, "fr": lang_fr, "cs": lang_cs, "es": lang_es}
 LANGUAGES = ("en", "es")

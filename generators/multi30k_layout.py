@@ -25,9 +25,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from mule.embedded import lang_cs, lang_de, lang_en, lang_fr, staging
-from mule.embedded.plans import sample_plan
-from mule.embedded.scenes import Scene, render_scene, sample_scene
+from mule.generators import lang_cs, lang_de, lang_en, lang_fr, staging
+from mule.generators.plans import sample_plan
+from mule.generators.scenes import Scene, render_scene, sample_scene
 from mule.mule_core.devices import process_map
 
 REALISERS = {"en": lang_en, "de": lang_de, "fr": lang_fr, "cs": lang_cs}

@@ -23,9 +23,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from mule.embedded import lang_en, lang_ja, lang_zh, staging
-from mule.embedded.plans import sample_plan
-from mule.embedded.scenes import render_scene, sample_scene
+from mule.generators import lang_en, lang_ja, lang_zh, staging
+from mule.generators.plans import sample_plan
+from mule.generators.scenes import render_scene, sample_scene
 from mule.mule_core.errors import UserError
 
 REALISERS = {"en": lang_en, "ja": lang_ja, "zh": lang_zh}

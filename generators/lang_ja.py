@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 
-from mule.embedded.plans import CaptionPlan, Mention
+from mule.generators.plans import CaptionPlan, Mention
 
 SHAPES = {
     "circle": ["丸", "円"],

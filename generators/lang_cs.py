@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from mule.embedded.plans import CaptionPlan, Mention, finish, join
+from mule.generators.plans import CaptionPlan, Mention, finish, join
 
 # (nominative, accusative, instrumental, gender); masculine nouns here are inanimate.
 SHAPES = {
