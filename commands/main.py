@@ -351,64 +351,20 @@ def _command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _end_open_mlflow_runs() -> None:
-    """MLflow runs still open when a signal ends the process before they could unwind: KILLED."""
-    tracking = sys.modules.get("mule.experiments.tracking")
-    if tracking is not None:
-        tracking.end_open_runs("KILLED")
-
-
-def _crash_open_flow_runs() -> None:
-    """Prefect flow runs still Running when a signal ends the process before they could
-    unwind: Crashed, as Prefect marks those that do."""
-    open_runs = sys.modules.get("mule.flows.open_runs")
-    if open_runs is not None:
-        import signal
-
-        from mule.stopping import interrupts
-
-        open_runs.crash_open(f"mule was stopped by {interrupts.how(interrupts.stopping() or signal.SIGINT)}")
-
-
-def install_stop_handlers() -> None:
-    """Ctrl-C and SIGTERM stop the command with one line, its MLflow and Prefect runs ended
-    (stopping.interrupts)."""
-    from mule.stopping import interrupts
-
-    interrupts.install(lambda signum: f"mule: stopped by {interrupts.how(signum)}")
-    interrupts.on_stop(_end_open_mlflow_runs)
-    interrupts.on_stop(_crash_open_flow_runs)
-
-
-def _skip_prefect_log_drain() -> None:
-    """After a stop, Prefect's exit handler would wait up to 5 s for its log worker to ship
-    the last lines to its API (logging.shutdown flushes every handler): the stop's 2 s went
-    to it (1.5 s, then the watchdog ended the process). The one line says what happened and
-    the flow run is marked crashed already; what the run logged before the signal was shipped
-    as it went."""
-    import logging
-
-    handlers = sys.modules.get("prefect.logging.handlers")
-    if handlers is None:
-        return
-    for ref in list(getattr(logging, "_handlerList", [])):  # every handler logging.shutdown flushes
-        handler = ref()
-        if isinstance(handler, handlers.APILogHandler):
-            handler.flush = lambda: None
-
-
 def entry() -> None:
     """The console script. After the command, the exit handlers run (Prefect drains its
     logs and events, the temporary server stops); then the process ends without the
     interpreter's teardown of torch and the rest, which takes seconds and writes nothing."""
-    install_stop_handlers()
+    from mule.stopping import command
+
+    command.install_stop_handlers()
     code = main()
     import atexit
 
     from mule.stopping.interrupts import stopping
 
     if stopping() is not None:
-        _skip_prefect_log_drain()
+        command.skip_prefect_log_drain()
 
     sys.stdout.flush()
     sys.stderr.flush()

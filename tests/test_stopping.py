@@ -202,7 +202,7 @@ def test_a_flow_run_stopped_while_c_code_runs_ends_crashed_not_running(tmp_path,
         "import random, fasttext\n"
         "from prefect import flow\n"
         "from prefect.context import FlowRunContext\n"
-        "from mule.commands.main import install_stop_handlers\n"
+        "from mule.stopping.command import install_stop_handlers\n"
         "from mule.flows.stages import _failing_quietly\n"
         "install_stop_handlers()\n"
         + training_in_c(tmp_path / "corpus.txt") +
