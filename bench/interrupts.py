@@ -8,7 +8,7 @@ For each stage and each way of stopping (SIGINT to the process group, as a termi
 Ctrl-C; SIGINT to mule alone; SIGTERM to mule alone, as `timeout`, systemd or a container
 stop), a fresh workdir runs `mule demo` until the stage's "ran" line, then 0.5 s on, the
 signal. Printed: seconds from the signal to the process's end, the exit code, how it
-ended (unwound: the stage raised and everything after it ran; deadline: process.interrupts'
+ended (unwound: the stage raised and everything after it ran; deadline: stopping.interrupts'
 watchdog ended it after its grace; --debug adds where the main thread was then), and the
 lines printed after the signal. Then the same
 command is run again, and its test recalls compared with an uninterrupted run's.

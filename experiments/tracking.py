@@ -373,7 +373,7 @@ _open_runs: dict[str, Workdir] = {}  # run id -> workdir, for the runs this proc
 
 def end_open_runs(status: str = "KILLED") -> list[str]:
     """Ends the runs this process still has open (a signal stops it while the main thread
-    cannot unwind: process.interrupts), newest first; returns their ids."""
+    cannot unwind: stopping.interrupts), newest first; returns their ids."""
     ended = []
     for run_id, workdir in reversed(list(_open_runs.items())):
         _open_runs.pop(run_id, None)

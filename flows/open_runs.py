@@ -1,6 +1,6 @@
 """The Prefect flow runs this process is in, so that a stop marks them crashed even when
 the main thread cannot unwind in time (a fastText epoch or one long batch in C): the
-watchdog of process.interrupts then ends the process, and without this their state would
+watchdog of stopping.interrupts then ends the process, and without this their state would
 stay Running in Prefect's UI for good (mule's flows run without heartbeats)."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def inside(body: Callable[[], T]) -> T:
 
 def crash_open(message: str) -> list[str]:
     """Marks Crashed the recorded flow runs that are still Running, innermost first (a stop's
-    cleanup: process.interrupts.on_stop); returns their ids."""
+    cleanup: stopping.interrupts.on_stop); returns their ids."""
     with _lock:
         ids = list(reversed(_open))
         _open.clear()

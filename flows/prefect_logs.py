@@ -23,7 +23,7 @@ class _NoCrashLinesForSignals(logging.Filter):
     """Prefect reports a run stopped by Ctrl-C or SIGTERM as crashed ("Execution was aborted
     by an interrupt signal"), or as failed with whatever the signal's exception became (a
     DuckDB query's "Query interrupted"), sometimes before mule's handler has seen the
-    signal: mule's one line (process.interrupts) says it; the flow run's state still does in
+    signal: mule's one line (stopping.interrupts) says it; the flow run's state still does in
     Prefect. A failure logged with its exception waits up to 0.1 s to learn whether a stop
     caused it (only in a command, where the handlers are installed)."""
 

@@ -49,7 +49,7 @@ class TemporaryPrefectServer:
         env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
         # Its own session: a terminal's Ctrl-C goes to mule's process group, and the server
         # must outlive mule's handling of it (the flow runs are reported crashed to it), so
-        # mule stops it last (process.interrupts). It dies with mule all the same, even by kill -9.
+        # mule stops it last (stopping.interrupts). It dies with mule all the same, even by kill -9.
         self.process = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect_dir.parent), "--factory",
              "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),

@@ -95,7 +95,7 @@ def fasttext_lookups(jobs: dict[str, dict[str, Any]], t) -> dict[str, dict[str, 
         # the longest first (LPT; the pool starts them in this order): the last to start is
         # a short one, not German's 90 s on the real text
         futures = {lang: pool.submit(job, lang, jobs[lang]) for lang in longest_first(jobs)}
-        # waited for in short turns: a stop raised again in the main thread (process.interrupts:
+        # waited for in short turns: a stop raised again in the main thread (stopping.interrupts:
         # one a finaliser swallowed) is raised when it runs Python code, never inside an untimed wait
         while True:
             done, pending = wait(futures.values(), timeout=0.1, return_when=FIRST_EXCEPTION)

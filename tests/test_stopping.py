@@ -26,7 +26,7 @@ import pytest
 from tests.test_crashes import SIZES, TINY
 
 REPO = Path(__file__).resolve().parents[1]
-LIMIT_S = 3.0  # process.interrupts stops within 2 s; a loaded 2-core CI machine gets a second more
+LIMIT_S = 3.0  # stopping.interrupts stops within 2 s; a loaded 2-core CI machine gets a second more
 # a progress line of mule's own loggers: in the log's form, or as the console shows it ("09:58:45 fastText: ...")
 PROGRESS = re.compile(r"\d\d:\d\d:\d\d(\.\d+ \| INFO +\| mule\.| (?!mule: )\S)")
 
@@ -114,7 +114,7 @@ def test_ctrl_c_and_sigterm_stop_every_kind_of_stage_and_the_rerun_equals_a_run_
     reference = never_interrupted
     stopped = tmp_path / "stopped"
     env = {"PREFECT_API_URL": prefect_api_url, "MULE_PREFECT_HEARTBEATS": "off"}  # the session's server: its states
-    # process.interrupts' own lines ("[interrupts ...]": armed, the deadline and where the main thread was then),
+    # stopping.interrupts' own lines ("[interrupts ...]": armed, the deadline and where the main thread was then),
     # kept out of what is checked and shown when a stop takes too long
     env["MULE_INTERRUPT_DEBUG"] = "1"
     for stage, signum, group in (("features", signal.SIGINT, True), ("text", signal.SIGTERM, False),
@@ -453,7 +453,7 @@ def test_a_signal_while_prefect_is_still_making_a_task_run_stops_as_any_other(tm
 
 def test_an_error_the_stop_causes_ends_the_stage_s_mlflow_run_killed_not_failed(tmp_path, monkeypatch):
     """DuckDB turns a Ctrl-C that lands mid-query into RuntimeError('Query interrupted'),
-    without the KeyboardInterrupt: once a stop signal came (process.interrupts armed), the
+    without the KeyboardInterrupt: once a stop signal came (stopping.interrupts armed), the
     stage's run ends KILLED all the same (a stop in train's first query left it FAILED)."""
     import duckdb
 
