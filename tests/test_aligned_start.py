@@ -14,6 +14,8 @@ import torch
 
 from tests.conftest import REBUILT_TINY
 
+pytestmark = pytest.mark.slow  # the whole file: it shares one fixture of tens of seconds, or runs real processes
+
 # hand-checked: each Spanish word and its English translation among the demo's words (generators/lang_*.py)
 TRANSLATIONS = {"rojo": "red", "azul": "blue", "verde": "green", "negro": "black", "blanco": "white",
                 "estrella": "star", "corazón": "heart", "cruz": "cross", "izquierda": "left", "derecha": "right",

@@ -128,6 +128,7 @@ def test_crop_geometry_on_a_hand_made_image():
 
 @pytest.mark.parametrize("arch,weights,pool", [("efficientnet_lite0", "imagenet", "avg"), ("resnet18", "random", "avg"),
                                                ("efficientnet_lite0", "imagenet", "avg+grid")])  # fmt: skip
+@pytest.mark.slow
 def test_onnx_runtime_gives_the_vectors_pytorch_gives(arch, weights, pool):
     pytest.importorskip("onnxruntime")
     from mule.mule_core.onnx_engine import OnnxExtractor
@@ -139,6 +140,7 @@ def test_onnx_runtime_gives_the_vectors_pytorch_gives(arch, weights, pool):
     torch.testing.assert_close(extract(engine, crops), extract(model, crops), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_onnx_runtime_on_several_threads_gives_each_image_the_vector_one_thread_gives():
     """Several threads run slices of a batch side by side (mule_core/onnx_engine.py): each
     image's vector is the one a single thread computes, in the batch's order, whether the

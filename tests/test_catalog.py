@@ -28,6 +28,7 @@ def test_tables_are_queryable_through_duckdb_views(tmp_path):
     assert (tmp_path / "catalog.duckdb").exists()
 
 
+@pytest.mark.slow
 def test_two_threads_refresh_the_views_without_a_conflict_or_a_false_damage(tmp_path, caplog):
     """Two threads of one process (a Dask worker's, a server's) refreshing catalog.duckdb at
     once, 50 times each: no DuckDB "Catalog write-write conflict", and no warning that a

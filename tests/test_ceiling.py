@@ -98,6 +98,7 @@ def drawn():
     return counts, example
 
 
+@pytest.mark.slow
 def test_the_likelihood_is_the_generators_own_distribution(drawn):
     """Every caption content the generator drew has the probability the formula gives it:
     no frequent one is off by more than sampling noise (z < 5), and for the one- and

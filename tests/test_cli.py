@@ -170,6 +170,7 @@ def test_ui_serves_the_workdir_store_and_lands_on_the_runs(tmp_path):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
 
 
+@pytest.mark.slow
 def test_a_user_error_is_one_line_exit_2_and_the_failed_runs_say_the_same(tmp_path, forker):
     """The real command (forked, with its own stderr: tests/forked.py) on a broken Multi30K
     copy: no traceback on the console, and the message is the failed Prefect flow run's
@@ -219,6 +220,7 @@ def test_prefect_draining_its_queues_at_exit_says_nothing_after_mule_s_last_line
     assert [r.getMessage() for r in caplog.records] == ["Failed to send an item"] * 2
 
 
+@pytest.mark.slow
 def test_a_bug_keeps_its_traceback_exits_1_and_is_tagged_a_bug(tmp_path, forker):
     """An internal error inside a stage (here a FileNotFoundError for a path no user gave,
     injected where ingest writes its captions table) is not bad input: the traceback stays on
@@ -279,3 +281,24 @@ def test_mule_config_lists_the_presets_from_their_files(capsys):
     paper = tomllib.loads((FOLDER / "paper.toml").read_text())["set"]
     cfg = resolve("paper")
     assert cfg.model.mule_dim == paper["model.mule_dim"] == 512 and cfg.features.arch == paper["features.arch"]
+
+
+def test_a_stopped_command_ends_the_open_runs_of_what_it_imported_and_nothing_else(monkeypatch):
+    """The stop's cleanups (stopping/command.py) end MLflow runs KILLED and Prefect flow
+    runs Crashed through the modules the command imported; a command that never imported
+    MLflow or Prefect has none to end, and the cleanups import neither."""
+    import types
+
+    from mule.stopping import command
+
+    monkeypatch.delitem(sys.modules, "mule.experiments.tracking", raising=False)
+    monkeypatch.delitem(sys.modules, "mule.flows.open_runs", raising=False)
+    command._end_open_mlflow_runs()
+    command._crash_open_flow_runs()
+    assert "mule.experiments.tracking" not in sys.modules and "mule.flows.open_runs" not in sys.modules
+    ended = []
+    monkeypatch.setitem(sys.modules, "mule.experiments.tracking", types.SimpleNamespace(end_open_runs=ended.append))
+    monkeypatch.setitem(sys.modules, "mule.flows.open_runs", types.SimpleNamespace(crash_open=ended.append))
+    command._end_open_mlflow_runs()
+    command._crash_open_flow_runs()
+    assert ended == ["KILLED", "mule was stopped by Ctrl-C"]  # no signal came: Ctrl-C is what a stop is said to be

@@ -100,6 +100,7 @@ def _real_release() -> Path | None:
     return None
 
 
+@pytest.mark.slow
 def test_the_real_release_ingests_every_caption_line(tmp_path):
     base = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "coco-cn"
     root = _real_release()

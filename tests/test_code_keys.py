@@ -82,6 +82,7 @@ def test_library_versions_are_part_of_the_key_but_not_the_runners():
     assert not [p for p in parts if p in ("library prefect", "library mlflow", "library mlflow-skinny")]
 
 
+@pytest.mark.slow
 def test_library_versions_come_from_the_user_s_cache_while_the_same_distributions_are_installed(tmp_path, monkeypatch):
     """Versions read from METADATA files once per set of installed distributions: an
     upgrade is a new dist-info folder (its name carries the version), so a new cache."""
@@ -112,6 +113,7 @@ def test_library_versions_come_from_the_user_s_cache_while_the_same_distribution
 
 @pytest.mark.parametrize("held", ["[]", "null", '"text"', "7", '{"numpy": 7}', '{"names": {"torch": 7}}',
                                   '{"names": {}, "versions": {"numpy": ["1"]}}', "{not json", b"\xff\xfe"])  # fmt: skip
+@pytest.mark.slow
 def test_a_cache_file_of_any_shape_is_computed_again_never_a_crash(tmp_path, monkeypatch, held):
     """mule's files in the user's cache (imports, installed libraries, packages) and the
     workdir's digest cache, edited by hand or written by another version: each is read as

@@ -149,6 +149,7 @@ def test_a_run_of_one_stage_repairs_what_it_reads_first(how, built, copy):
 
 
 @pytest.mark.parametrize("how", DAMAGES)
+@pytest.mark.slow
 def test_derived_files_are_rebuilt_and_caches_start_empty(how, built, copy):
     wd, cfg, before = copy
     for name in ("catalog.duckdb", "state/file_hashes.json", "workdir.json", "mule.lock"):
@@ -163,6 +164,7 @@ def test_derived_files_are_rebuilt_and_caches_start_empty(how, built, copy):
 
 
 @pytest.mark.parametrize("how", ("cut", "garbage"))
+@pytest.mark.slow
 def test_an_unreadable_stage_record_counts_as_none(how, built, copy):
     wd, cfg, before = copy
     damage(wd.stage_record_path("embedded", "text", ""), how)
@@ -173,6 +175,7 @@ def test_an_unreadable_stage_record_counts_as_none(how, built, copy):
 
 
 @pytest.mark.parametrize("how", ("cut", "garbage"))
+@pytest.mark.slow
 def test_a_damaged_checkpoint_or_journal_is_left_behind(how, built, copy, caplog):
     """Files a stopped run leaves for the next one to resume from: a damaged one is not resumed from."""
     wd, cfg, before = copy

@@ -86,6 +86,7 @@ def _hold(wd: Workdir, seconds: float, brief: bool) -> subprocess.Popen:
     return holder
 
 
+@pytest.mark.slow
 def test_the_recorder_writes_under_the_workdir_lock_and_a_run_waits_for_it_rather_than_refusing(tmp_path):
     from mule.storage.locks import WorkdirBusyError
 
@@ -113,6 +114,7 @@ def test_the_recorder_writes_under_the_workdir_lock_and_a_run_waits_for_it_rathe
     shutil.rmtree(deferred.folder(wd), ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_a_brief_holder_that_empties_its_file_before_letting_go_is_still_waited_for(tmp_path):
     """A holder clears the lock file, then unlocks: a run that has waited more than a second
     for a brief holder sees an empty file for that moment, and still waits it out."""

@@ -1,3 +1,4 @@
+
 """The COCO-style embedded dataset: published formats, unbalanced languages, and
 captions in each language's own grammar, read back by the COCO reader."""
 
@@ -6,6 +7,8 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+import pytest
+
 from mule.datasets.readers.base import ReadOptions
 from mule.datasets.readers.coco import CocoOptions, read_coco
 from mule.generators.coco_layout import CocoSpec, generate_coco
@@ -13,6 +16,7 @@ from mule.generators.coco_layout import CocoSpec, generate_coco
 SPEC = CocoSpec(images=600, val_images=20, test_images=30)
 
 
+@pytest.mark.slow
 def test_english_everywhere_japanese_on_a_fifth_chinese_on_a_seventh_few_in_all_three(tmp_path):
     root = generate_coco(tmp_path / "coco", SPEC)
     scenes = [json.loads(line) for line in (root / "scenes.jsonl").read_text(encoding="utf-8").splitlines()]

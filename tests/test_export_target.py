@@ -187,6 +187,7 @@ def _start_export(model_file: Path, out: Path, log: Path):
                                 stderr=subprocess.STDOUT)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_second_export_to_the_same_folder_waits_for_the_first_saying_so(model_file, tmp_path):
     """Two `mule export --out SAME` at once shared one staging folder: one could rename the
     other's away mid-write (FileNotFoundError) or both said done over a mix. The second now
@@ -210,6 +211,7 @@ def test_a_second_export_to_the_same_folder_waits_for_the_first_saying_so(model_
     assert is_model_folder(out) and "exported" in said and leftovers(out.parent) == []
 
 
+@pytest.mark.slow
 def test_two_exports_to_the_same_folder_at_once_both_finish_with_one_whole_export(model_file, tmp_path):
     reference = export(model_file, tmp_path / "reference")
     for attempt in range(3):

@@ -60,6 +60,7 @@ def test_crops_are_torchvision_s_pixel_for_pixel(case, crops):
     assert torch.equal(got, want)
 
 
+@pytest.mark.slow
 def test_cropping_imports_no_torchvision():
     """torchvision costs about 2 s to import; a process that only crops and extracts with
     ONNX Runtime (the CPU's engine) or serves queries never pays it."""

@@ -17,6 +17,8 @@ from mule.storage.workdir import Workdir
 from mule.tasks.shared.preparation import write_generated
 from tests.test_image_kinds import png_claiming_size
 
+pytestmark = pytest.mark.slow  # the whole file: it shares one fixture of tens of seconds, or runs real processes
+
 TINY = {"data.train_images": 24, "data.val_images": 8, "data.test_images": 8, "data.image_size": 48,
         "features.input_size": 32, "features.shard_images": 8, "text.fasttext_epochs": 2, "text.fasttext_buckets": 100_000, "text.word_dim": 64}  # fmt: skip
 

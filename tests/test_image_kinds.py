@@ -266,6 +266,7 @@ CASES = [("16-bit grey PNG", 6000, 2), ("RGBA PNG", 4800, 4), ("RGB BMP", 4000, 
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="peak memory is read from Linux's /proc")
+@pytest.mark.slow
 def test_decoding_an_upload_costs_about_what_pillow_stores_it_in_not_copies_of_it():
     """A query image's peak memory while it is decoded (for a 256-px crop, as `mule serve`
     does): the decoded image in Pillow's own storage (4 bytes a pixel for RGB and RGBA, 2

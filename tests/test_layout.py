@@ -53,6 +53,7 @@ def _written_imports(path, name: str) -> frozenset[str]:
     return written_imports(path, name, path.name == "__init__.py")
 
 
+@pytest.mark.slow
 def test_each_floor_imports_only_the_floors_below_it():
     upward = []
     for package, allowed in FLOORS.items():

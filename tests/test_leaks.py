@@ -1,9 +1,11 @@
+
 """tests/leaks.py: a process a test leaves running fails the run, and is killed. (The
 sessions here run inside this test's process, as pytester runs them, with their own id.)"""
 
 import os
 
 import psutil
+import pytest
 
 from tests import leaks
 
@@ -23,6 +25,7 @@ def test_starts_a_process_that_ends_soon(tmp_path):
 """
 
 
+@pytest.mark.slow
 def test_a_process_left_running_is_named_killed_and_fails_the_run(pytester, monkeypatch, tmp_path):
     monkeypatch.setenv("LEAKED_PID_FILE", str(tmp_path / "pid"))
     monkeypatch.setattr(leaks, "GRACE_S", 1.0)  # the session (in this process) waits 1 s, not 5

@@ -156,6 +156,7 @@ def test_chance_beside_a_table_counts_each_languages_own_images_and_sentences_by
     assert table["fr"] == pytest.approx({"i2t_r1": 50.0, "t2i_r1": 50.0, "mR": 50.0, "images": 2, "sentences": 2})
 
 
+@pytest.mark.slow
 def test_chance_is_what_random_scores_average_under_the_metrics_own_protocol():
     from mule.mule_core.metrics import chance_table, retrieval_recalls
 

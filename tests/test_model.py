@@ -1,5 +1,7 @@
+
 """The MULE model: shapes, per-language routing, normalisation, parameter counts."""
 
+import pytest
 import torch
 from torch.nn.utils.rnn import pack_padded_sequence
 
@@ -132,6 +134,7 @@ def test_unrolled_lstm_matches_pytorchs_lstm_in_values_and_gradients():
         torch.testing.assert_close(got, want)
 
 
+@pytest.mark.slow
 def test_an_untrained_model_needs_the_model_library_alone():
     """create_model builds a model from settings and vocabularies, with nothing of mule
     outside mule_core imported (open_clip's model code needs nothing of its training app)."""

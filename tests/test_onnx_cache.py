@@ -17,7 +17,7 @@ from mule.config.sections import FeaturesConfig
 from mule.data_catalog import weights
 from mule.mule_core import onnx_engine
 
-pytestmark = pytest.mark.skipif(not onnx_engine.available(), reason="ONNX Runtime is not installed")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not onnx_engine.available(), reason="ONNX Runtime is not installed")]
 
 SETTING = FeaturesConfig(arch="efficientnet_lite0", weights="imagenet", input_size=32)
 REPO = Path(__file__).resolve().parents[1]

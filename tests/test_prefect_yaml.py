@@ -4,6 +4,7 @@ import datetime
 import inspect
 from pathlib import Path
 
+import pytest
 import yaml
 from cronsim import CronSim
 from prefect.flows import load_flow_from_entrypoint
@@ -17,6 +18,7 @@ def deployments() -> list[dict]:
     return yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]
 
 
+@pytest.mark.slow
 def test_a_scheduled_rebuild_and_one_deployment_per_stage(monkeypatch):
     monkeypatch.chdir(ROOT)
     names = [d["name"] for d in deployments()]

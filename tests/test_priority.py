@@ -53,6 +53,7 @@ def test_a_bad_mule_nice_is_a_user_error_naming_it(monkeypatch):
             yield_to_serving()
 
 
+@pytest.mark.slow
 def test_every_mule_flow_body_runs_at_mule_nice(forker, tmp_path):
     """The wrapper of every mule flow's body (flows/stages.py: _failing_quietly) applies it
     before the body runs, in the thread that runs it (forked from a process that has

@@ -170,6 +170,7 @@ def test_a_rebuild_with_nothing_changed_runs_no_stage(rebuilt, tmp_path):
     assert "| train | reused (key " in open(stages_md).read()
 
 
+@pytest.mark.slow
 def test_the_command_with_nothing_to_run_records_the_reuse_without_starting_prefect(rebuilt, tmp_path):
     """`mule run all` on an up-to-date workdir: every stage reused, said on the console;
     neither Prefect nor MLflow nor torch imported (deciding needs only the keys). Once it

@@ -73,6 +73,7 @@ def test_a_trained_model_is_registered_once_whoever_publishes_it(tmp_path):
     assert registry.tag_test_results(wd, "toy", {**record, "run_id": later}, "test_2016", 41.0, {"en": {"mR": 41.0}}) == 1
 
 
+@pytest.mark.slow
 def test_mlflow_checks_a_model_s_requirements_with_mule_s_cached_package_map():
     """Logging or loading a model, MLflow maps every installed module to its distribution
     (1.4-2 s of RECORD files per process); it gets mule's cached map instead, and still
@@ -103,6 +104,7 @@ print(seen)
     assert "duckdb (current: " in warning and "required: duckdb==0.0.1" in warning and "numpy" not in warning
 
 
+@pytest.mark.slow
 def test_comparable_means_the_same_language_set_validation_images_and_measure(tmp_path):
     """A model validated with eval.ks=1,5,10,16 has a higher mR for the same ranking (R@16
     is easier): never compared with one over 1,5,10. The same languages in another order
@@ -215,6 +217,7 @@ def _state(wd: Workdir) -> list[tuple]:
 @pytest.mark.parametrize("history", [(), (50.0,), (70.0,), (90.0, 40.0)],
                          ids=["first model", "a better one", "a worse one", "two before"])
 @pytest.mark.parametrize("next_model", ["the same model", "another model"])
+@pytest.mark.slow
 def test_the_champion_is_a_fact_after_a_stop_between_any_two_registry_writes(tmp_path, monkeypatch, history, next_model):
     """Publishing a model (val mR 60) stopped before each of its registry writes in turn;
     then the next run publishes either the same model again (registered_for, then register

@@ -41,6 +41,7 @@ def test_a_copy_points_mlflow_at_its_own_artifacts(tmp_path, marker):
     assert adopt(copy) is None  # done once
 
 
+@pytest.mark.slow
 def test_a_store_pointing_somewhere_unknown_is_refused(tmp_path):
     wd = Workdir.at(tmp_path / "w")
     MlflowClient(wd.mlflow_uri).create_experiment("mule/d", artifact_location=(tmp_path / "elsewhere").as_uri())

@@ -144,6 +144,7 @@ def test_a_row_by_row_average_is_the_step_by_step_average():
             assert torch.allclose(rowwise, stepwise, atol=1e-5), step
 
 
+@pytest.mark.slow
 def test_sparse_ngram_sums_are_the_bags_sums_and_read_each_ngram_once():
     words = ["<pad>", "<unk>", "dog", "dogs", "god", "doge"]
     torch.manual_seed(0)

@@ -244,6 +244,7 @@ def test_a_request_never_makes_the_model_open_a_file_outside_its_allowed_folder(
     assert np.allclose(np.stack(inside["embedding"].map(np.asarray)), np.asarray(sent["embedding"][0]), atol=1e-6)
 
 
+@pytest.mark.slow
 def test_mule_serve_never_imports_the_orchestrator(served):
     """mule serve as the command runs it, up to the moment its server would start: the
     champion, the gallery and the extractor are loaded, and Prefect was never imported."""
@@ -328,6 +329,7 @@ def test_the_search_api_answers_and_says_what_is_wrong_with_a_bad_request(served
         assert response.content != image and b"root:" not in response.content
 
 
+@pytest.mark.slow
 def test_served_recall_at_10_is_the_evaluation_stage_s(served):
     """Every test caption asked through the API, as a client would, against the test split's
     gallery: the share whose image comes back in the ten is the evaluate stage's t2i R@10
@@ -908,6 +910,7 @@ def test_every_mule_line_of_the_readme_is_a_command_mule_takes_and_the_quick_one
     capsys.readouterr()
 
 
+@pytest.mark.slow
 def test_a_client_that_stops_reading_an_answer_is_dropped_and_gives_its_slot_back():
     """A download (a large gallery image) whose client reads nothing once the socket
     buffers are full held a general slot for as long as the client liked: with one slot,
@@ -966,6 +969,7 @@ def test_a_client_that_stops_reading_an_answer_is_dropped_and_gives_its_slot_bac
         thread.join(10)
 
 
+@pytest.mark.slow
 def test_a_model_file_opens_with_the_model_library_and_its_file_format_alone(served):
     """api.load of a model file reads it with mule_core and data_catalog's model format:
     no registry, MLflow, Prefect or pipeline is imported (a workdir or an MLflow URI goes
@@ -991,6 +995,7 @@ def exported(served, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_an_exported_folder_loads_offline_with_no_workdir_and_embeds_as_mule_serve(served, exported, tmp_path):
     """`mule export` writes the champion as a folder (safetensors, vocabularies as text, the
     preprocessing, the extractor's weights, a model card naming the split and protocol);
@@ -1228,6 +1233,7 @@ def test_mule_embed_s_summary_is_what_its_store_holds(served, tmp_path, capsys, 
     assert any("row 3 has row 1's id '7'" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.slow
 def test_a_search_over_mule_embed_s_vectors_finds_what_mule_search_finds(served, tmp_path, capsys):
     """The test split's image files through `mule embed` into each store (Parquet parts, a
     LanceDB table, a local Qdrant collection), then the top 10 for a caption by each store's

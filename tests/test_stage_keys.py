@@ -230,6 +230,7 @@ def test_keys_name_the_device_and_arithmetic_a_model_trains_in_not_the_machine_s
     assert not decisions.decide(workdir, apply_overrides(cfg, {"train.device": "auto"}), "train").run
 
 
+@pytest.mark.slow
 def test_one_and_two_threads_train_the_same_model_within_rounding(workdir, tmp_path):
     """What the thread count changes, now that it is not keyed: a parallel sum split in two
     adds in another order, and training carries the rounding on. The tiny rebuilt workdir's

@@ -25,6 +25,8 @@ import pytest
 
 from tests.test_crashes import SIZES, TINY
 
+pytestmark = pytest.mark.slow  # the whole file: it shares one fixture of tens of seconds, or runs real processes
+
 REPO = Path(__file__).resolve().parents[1]
 LIMIT_S = 3.0  # stopping.interrupts stops within 2 s; a loaded 2-core CI machine gets a second more
 # a progress line of mule's own loggers: in the log's form, or as the console shows it ("09:58:45 fastText: ...")

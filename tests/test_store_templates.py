@@ -1,8 +1,11 @@
+
 """A new workdir's MLflow and Prefect databases are copies of templates made once
 (storage/store_templates.py): each copy is its own, a damaged template is made
 again, and without a writable cache the library makes its database as before."""
 
 import sqlite3
+
+import pytest
 
 from mule.storage.store_templates import from_template
 from mule.storage.workdir import Workdir
@@ -63,6 +66,7 @@ def test_no_template_leaves_the_database_to_its_library(tmp_path, monkeypatch):
     assert not (tmp_path / "a.db").exists() and not list((tmp_path / "cache2" / "mule" / "templates").iterdir())
 
 
+@pytest.mark.slow
 def test_mlflow_store_from_the_template_is_a_working_store_of_this_workdir(tmp_path, monkeypatch):
     from mule.experiments import mlflow_store, tracking
 
@@ -85,6 +89,7 @@ def test_mlflow_store_from_the_template_is_a_working_store_of_this_workdir(tmp_p
     assert (tmp_path / "cache" / "mule" / "templates" / f"mlflow-{version('mlflow')}.db").exists()
 
 
+@pytest.mark.slow
 def test_a_store_first_opened_by_a_flow_comes_from_the_template_too(tmp_path, monkeypatch):
     """A stage flow run in-process or by a Prefect worker never goes through `mule`'s
     set-up: the first MLflow client of a workdir copies the template all the same."""
@@ -98,6 +103,7 @@ def test_a_store_first_opened_by_a_flow_comes_from_the_template_too(tmp_path, mo
     assert tables(opened.root / "mlflow.db") == tables(seeded.root / "mlflow.db")
 
 
+@pytest.mark.slow
 def test_prefect_database_from_the_template_is_migrated_to_the_installed_version(tmp_path, monkeypatch):
     from mule.flows.environment import seed_prefect_home
 

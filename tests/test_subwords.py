@@ -204,6 +204,7 @@ def test_word_vector_gradients_are_the_same_on_every_run_on_several_threads():
     assert all(torch.equal(g, grads[0]) for g in grads)
 
 
+@pytest.mark.slow
 def test_each_language_s_table_is_built_once_whatever_the_number_of_languages(monkeypatch):
     """A model of 17 languages encodes queries in each, again and again: every language's
     n-gram table is built once (an LRU cache of 16 rebuilt all of them on every query, 10 s
@@ -231,6 +232,7 @@ def test_each_language_s_table_is_built_once_whatever_the_number_of_languages(mo
     assert left == languages[-subwords._RECENT.maxlen :]
 
 
+@pytest.mark.slow
 def test_a_table_outlives_its_vocabulary_for_the_next_stage_of_the_run():
     """The text stage builds a language's table, LP reads the same words next: the same table,
     not another 1-3 s of building on the real text."""

@@ -406,6 +406,7 @@ def test_an_over_long_cell_is_a_rejected_row_and_the_rows_after_it_are_read(tmp_
     assert len(result.rejects.column("raw_bytes")[0].as_py()) <= 4096  # what is kept of the row, for a look
 
 
+@pytest.mark.slow
 def test_a_table_is_read_as_it_comes_not_held_whole(tmp_path, monkeypatch):
     """Python's allocations while reading a 20,000-row table stay under twice its size (the
     captions go to disk in batches, 2,000 here and 10,000 by default, and seen captions are
@@ -432,6 +433,7 @@ def test_a_table_is_read_as_it_comes_not_held_whole(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("line", [101, 39_901], ids=["over 1 MiB after it", "under 1 MiB after it"])
+@pytest.mark.slow
 def test_a_quote_left_open_in_a_40000_row_table_is_the_error_naming_its_line(tmp_path, line):
     """A caption that opens a quote it never closes ('"Big sale: a red shoe ...') in a
     40,000-row table of 12 MB: one error naming its line, whether more or less than 1 MiB of

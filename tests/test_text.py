@@ -46,6 +46,7 @@ def test_japanese_is_segmented_by_janome_on_real_sentences():
     assert tokenize("ＴＶの前に座る猫", "ja") == ["tv", "の", "前", "に", "座る", "猫"]  # NFKC folds full-width letters
 
 
+@pytest.mark.slow
 def test_chinese_is_segmented_by_jieba_on_real_sentences():
     # COCO-CN-style captions
     assert tokenize("一个男人在街上骑自行车。", "zh") == ["一个", "男人", "在", "街上", "骑", "自行车", "。"]
@@ -160,6 +161,7 @@ def test_tree_digests_follow_linked_folders_and_stop_at_loops(tmp_path):
     assert FileHasher(wd).tree(copy) == linked
 
 
+@pytest.mark.slow
 def test_the_ingest_stage_s_processes_give_every_caption_the_words_one_process_gives(monkeypatch):
     """Enough captions are tokenised by a pool of processes (tasks/ingest.py): each
     (text, language) gets the words tokenize gives it here, in the captions' order, in

@@ -9,6 +9,7 @@ from mule.storage.workdir import Workdir
 from mule.tasks.shared.context import NoImagesError
 
 
+@pytest.mark.slow
 def test_text_only_dataset(tiny_multi30k, tmp_path):
     cfg = resolve("demo", {"data.dataset": "tiny", "data.source": str(tiny_multi30k), "text.word_dim": 8,
                            "text.fasttext_epochs": 2, "text.fasttext_buckets": 100_000, "pretrain.epochs": 2, "model.mule_dim": 8, "eval.split": "train"})  # fmt: skip

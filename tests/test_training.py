@@ -279,6 +279,7 @@ def test_balanced_language_groups_reach_the_sampler():
     assert trainer.sampler.balance_groups
 
 
+@pytest.mark.slow
 def test_adding_a_language_trains_it_and_leaves_the_others_bit_identical():
 
     from mule.mule_core.model import with_added_language

@@ -88,6 +88,7 @@ def test_induced_backend_learns_from_task1_and_needs_no_lexicon(ingested):
     assert len(german) == 7  # every English train/val sentence, once
 
 
+@pytest.mark.slow
 def test_aligned_backend_translates_any_pair_by_nearest_word_and_never_a_test_caption(ingested):
     """translate.backend=aligned: no lexicon and no parallel text; each word becomes its
     nearest word of the other language by multilingual-e5, among that language's caption
@@ -154,6 +155,7 @@ def test_an_interrupted_run_keeps_what_arrived_and_resumes(ingested, monkeypatch
     assert summary["cache_hits"] == stored  # nothing asked twice
 
 
+@pytest.mark.slow
 def test_training_data_selection(ingested):
     workdir, source = ingested
     write_lexicons(source)
@@ -177,6 +179,7 @@ def test_training_data_selection(ingested):
     assert mt["human"] == sum(1 for i, lang in zip(split.caption_ids, split.caption_lang) if lang == 0)
 
 
+@pytest.mark.slow
 def test_lp_on_human_and_mt_captions_is_a_model_of_its_own(ingested):
     workdir, source = ingested
     write_lexicons(source)

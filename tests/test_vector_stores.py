@@ -137,6 +137,7 @@ store.close()
 """
 
 
+@pytest.mark.slow
 def test_a_second_writer_of_a_parquet_store_waits_and_numbers_its_parts_after_the_first_s(tmp_path):
     """Two `mule embed` into one Parquet store numbered their parts the same way (each from
     what was there when it opened): the second writer's part replaced the first's. The

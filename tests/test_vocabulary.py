@@ -5,11 +5,15 @@ nothing, and their words outside it are read the same way wherever a sentence is
 import gzip
 import shutil
 
+import pytest
+
 from mule.config.resolution import resolve
 from mule.data_catalog.tables import Catalog
 from mule.pipeline.runner import run_alone
 from mule.storage.workdir import Workdir
 from tests.conftest import STEMS, write_gz
+
+pytestmark = pytest.mark.slow  # the whole file: it shares one fixture of tens of seconds, or runs real processes
 
 OTHER_WORDS = "zebras graze quietly beside seventeen lighthouses"
 

@@ -50,6 +50,7 @@ def test_the_bucket_count_is_the_number_of_hashed_ngram_rows_fasttext_makes(tmp_
     assert default.get_input_matrix().shape[0] == len(default.words) + 2_000_000
 
 
+@pytest.mark.slow
 def test_languages_trained_side_by_side_get_the_vectors_of_a_run_alone(monkeypatch):
     """The text stage trains several languages' fastText at once when it has the cores, each
     in a process of its own with its own thread count, so its vectors and n-gram rows are
@@ -109,6 +110,7 @@ def long_fasttext_job(directory):
     return f"{sys.executable} -m mule.tasks.shared.fasttext_worker {directory}"
 
 
+@pytest.mark.slow
 def test_a_fasttext_worker_ends_when_the_stage_that_started_it_is_gone(tmp_path):
     """A stage killed at once (SIGKILL, out of memory) cannot stop its workers: they stop
     themselves, also in the middle of fastText's training, and take their job folder."""
@@ -126,6 +128,7 @@ def test_a_fasttext_worker_ends_when_the_stage_that_started_it_is_gone(tmp_path)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.slow
 def test_a_fasttext_worker_stops_at_once_on_ctrl_c_or_sigterm(tmp_path, signum):
     """Ctrl-C reaches the whole process group: the worker ends within a second, in the
     middle of fastText's training, and leaves no job folder behind."""
