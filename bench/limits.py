@@ -33,6 +33,13 @@ before; the first ratio is then left out).
    mule.commands.main"` and over `python -c pass`; alternated, the median of --repeats
    each. Also: how long after the command returned the workdir's MLflow database was last
    written (a process left behind). Target <= 2x the import.
+5. the machine: a joint training step's arithmetic (its matrix products' floating-point
+   operations, forward and backward, counted by torch.utils.flop_counter from the shapes
+   they ran at) per second, over a bare float32 matmul's on the same threads; and the bytes
+   the step's optimizer and weight average move (Adam reads each stepped parameter, its
+   gradient and two moments and writes three; the average reads two and writes one) over a
+   bare elementwise pass's bandwidth: how far the step is from what the cores and the
+   memory can do, not only from today's loop.
 
 Every figure names the CPU it ran on.
 """
@@ -377,6 +384,88 @@ def no_change_ratio(args, workdir: Path, repeats: int) -> dict:
     return {"median_s": median, "ratio": median["no change"] / median["import"], "mlflow_written_after_s": late}
 
 
+def bare_matmul_flops(n: int = 2048, repeats: int = 5) -> float:
+    """FLOP/s of a float32 n x n matmul on torch's threads (the best of `repeats`)."""
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)
+    best = min(_seconds(lambda: torch.mm(a, b)) for _ in range(repeats))
+    return 2 * n**3 / best
+
+
+def bare_bandwidth(mib: int = 512, repeats: int = 5) -> float:
+    """Bytes/s of a bare elementwise pass (z = x + y: two read, one written) over `mib` MiB
+    tensors, the best of `repeats`."""
+    import torch
+
+    n = mib * 2**20 // 4
+    x, y, z = torch.randn(n), torch.randn(n), torch.empty(n)
+    torch.add(x, y, out=z)
+    best = min(_seconds(lambda: torch.add(x, y, out=z)) for _ in range(repeats))
+    return 3 * n * 4 / best
+
+
+def _seconds(work) -> float:
+    started = time.perf_counter()
+    work()
+    return time.perf_counter() - started
+
+
+def machine_ratio(cfg, workdir: Path, dataset: str, steps: int = 10) -> dict:
+    """A joint step of the real trainer (after mining starts): its matmul FLOPs and seconds,
+    against a bare matmul's FLOP/s; the optimizer's and the average's bytes against a bare
+    elementwise pass's bandwidth."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from mule.data_catalog.splits import load_split, load_vocabulary
+    from mule.data_catalog.tables import Catalog
+    from mule.mule_core.devices import resolve_device, use_cpu_threads
+    from mule.mule_core.joint_training import JointTrainer
+    from mule.mule_core.model import build_model
+    from mule.storage.workdir import Workdir
+
+    catalog = Catalog(Workdir.at(workdir), read_only=True)
+    vocabulary = load_vocabulary(catalog, dataset, cfg.data.languages, cfg.model)
+    extractor = catalog.require_current_extractor(dataset, cfg.features)
+    train = load_split(catalog, dataset, "train", vocabulary, cfg.text.max_tokens, extractor, cfg.data.captions)
+    device = resolve_device(cfg.train.device)
+    threads = use_cpu_threads(cfg.train.threads)
+    torch.manual_seed(cfg.train.seed)
+    model = build_model(cfg.model, vocabulary, image_dim=train.features.shape[1])
+    model.set_image_normalization(train.features)
+    trainer = JointTrainer(model, train, cfg.loss, cfg.train, device)
+    trainer.scheduler.last_epoch = trainer.mining_warmup_steps  # the top-k phase, where most steps are
+    batches = iter(trainer.sampler.batches(2))
+    model.train()
+    for _ in range(3):  # untimed: allocations and lazy set-up
+        trainer._step(next(batches), lambda phase: None)
+    with FlopCounterMode(display=False) as counter:  # one step's forward and backward, counted
+        parts = trainer.losses(next(batches))
+        sum(v for k, v in parts.items() if k != "lc_accuracy").backward()
+    flops = counter.get_total_flops()
+    trainer.optimizer.zero_grad(set_to_none=True)
+    started = time.perf_counter()
+    for _ in range(steps):
+        trainer._step(next(batches), lambda phase: None)
+    step_s = (time.perf_counter() - started) / steps
+    stepped = sum(p.numel() for group in trainer.optimizer.param_groups for p in group["params"])
+    averaged = sum(a.numel() for a, _ in trainer.average.pairs) if trainer.average is not None else 0
+    moved = 4 * (7 * stepped + 3 * averaged)  # float32: Adam 4 read + 3 written, the average 2 + 1
+    matmul, bandwidth = bare_matmul_flops(), bare_bandwidth()
+    rate = flops / step_s
+    print(f"\n5. the machine: a joint step ({threads} threads, batch {cfg.train.batch_images} images, mining on), "
+          f"{step_s * 1000:.0f} ms a step")
+    print(f"   arithmetic: {flops / 1e9:.2f} GFLOP a step (matrix products, forward and backward) = {rate / 1e9:.1f} "
+          f"GFLOP/s; a bare {2048}x{2048} float32 matmul {matmul / 1e9:.1f} GFLOP/s: step / matmul = {rate / matmul:.2f}")
+    print(f"   memory: the optimizer and the average move {moved / 1e9:.2f} GB a step ({stepped / 1e6:.1f} M parameters "
+          f"stepped, {averaged / 1e6:.1f} M averaged); a bare elementwise pass {bandwidth / 1e9:.1f} GB/s, so "
+          f"{moved / bandwidth * 1000:.0f} ms of the step ({moved / bandwidth / step_s:.0%}) at best")  # fmt: skip
+    return {"step_s": step_s, "flops": flops, "flop_rate": rate, "matmul_flop_rate": matmul,
+            "bytes_moved": moved, "bandwidth": bandwidth, "stepped": stepped, "averaged": averaged}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", type=Path, help="an empty folder (default: a new temporary one)")
@@ -388,7 +477,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--feature-images", type=int, default=600)
     parser.add_argument("--steps", type=int, default=0, help="bare training steps per phase (0: a whole epoch)")
-    parser.add_argument("--ratios", default="1234", help="which ratios to measure (default: all four)")
+    parser.add_argument("--ratios", default="12345", help="which figures to measure (default: all five)")
     parser.add_argument("--train-stages", default="pretrain,train", help="the stages of ratio 3")
     parser.add_argument("--built", action="store_true",
                         help="the workdir was built by this command already: ratio 1 is not measured, the others are")
@@ -425,6 +514,8 @@ def main() -> None:
             figures["training"] = training_ratio(args, cfg, workdir, dataset, args.steps)
         if "4" in args.ratios:
             figures["no_change"] = no_change_ratio(args, workdir, args.repeats)
+        if "5" in args.ratios:
+            figures["machine"] = machine_ratio(cfg, workdir, dataset)
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1))
 
