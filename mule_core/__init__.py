@@ -11,10 +11,7 @@ Embedder. For building on the model itself:
     model.create_model       an untrained model for some languages' vocabularies
     model.MuleModel          per-language word vectors and FC into MULE; the shared sentence encoder and image branch
     losses                   the triplet, NC and LC losses over the most violated constraints
-    lp_training.LPTrainer    language pretraining of the MULE layers (NC at MULE, + LC)
-    joint_training.JointTrainer  images and sentences into one space (triplet loss, NC, LC)
-    trainer.Trainer          the loop both share: steps, clipping, averaging, validation with
-                             the best epoch kept, the divergence guard, checkpoints
+    trainer.Trainer          LP and joint training with validation, best epoch kept
     encoding                 every caption's and image's vectors of a split, and the recalls over them
     metrics                  R@1/5/10 both directions and mR, per language
     tokenizers, vocabulary   tokenising; vocabularies (Vocabulary.encode: unseen words from character n-grams)
@@ -30,8 +27,7 @@ reading a config never imports torch).
 
 _EXPORTS = {"ModelSettings": "settings", "ModelConfig": "settings", "TrainConfig": "settings",
             "MuleModel": "model", "create_model": "model", "Embedder": "embedder", "EmbedError": "embedder",
-            "Trainer": "trainer", "LPTrainer": "lp_training", "JointTrainer": "joint_training",
-            "Vocabulary": "vocabulary", "Vocab": "vocabulary"}  # fmt: skip
+            "Trainer": "trainer", "Vocabulary": "vocabulary", "Vocab": "vocabulary"}  # fmt: skip
 
 
 def __getattr__(name: str):
