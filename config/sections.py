@@ -151,8 +151,10 @@ class IndexConfig:
 
 @dataclass
 class TranslateConfig:
-    # lexicon (MUSE files), induced (IBM Model 1 on task1), aligned (each word's nearest word of
-    # the other language by multilingual-e5: any pair, no parallel text), googletrans, argos
+    # lexicon (MUSE files), induced (IBM Model 1 on task1), auto (induced for the pairs the
+    # dataset's own parallel captions cover, the others left untranslated: what the
+    # some-photos preset takes), aligned (each word's nearest word of the other language by
+    # multilingual-e5: any pair, no parallel text), googletrans, argos
     backend: str = "lexicon"
     # "src-dest" pairs; empty: English into every other language and every other language into English
     pairs: tuple[str, ...] = ()

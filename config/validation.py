@@ -70,8 +70,8 @@ def validate(cfg: MuleConfig) -> None:
     if cfg.data.captions not in ("human", "human+mt", "mt"):
         raise ConfigError(f"data.captions must be 'human', 'human+mt' or 'mt', got {cfg.data.captions!r}")
     t = cfg.translate
-    if t.backend not in ("lexicon", "induced", "aligned", "googletrans", "argos"):
-        raise ConfigError(f"translate.backend must be lexicon, induced, aligned, googletrans or argos, got {t.backend!r}")
+    if t.backend not in ("lexicon", "induced", "auto", "aligned", "googletrans", "argos"):
+        raise ConfigError(f"translate.backend must be lexicon, induced, auto, aligned, googletrans or argos, got {t.backend!r}")
     for pair in t.pairs:
         if pair.count("-") != 1 or pair.split("-")[0] == pair.split("-")[1]:
             raise ConfigError(f"translate.pairs: {pair!r} is not 'src-dest' (e.g. en-de)")

@@ -98,7 +98,7 @@ def lexicon_backend(cfg: MuleConfig, wd, pairs, required: bool = True) -> WordBy
         path = os.path.join(folder, f"{ENGLISH}-{other}.txt")
         if not os.path.exists(path):
             if not required:
-                missing[f"{src}-{dest}"] = path
+                missing[f"{src}-{dest}"] = f"no lexicon at {path}"
                 continue
             raise LexiconError(f"no {ENGLISH}-{other} lexicon at {path} (MUSE format): set data.dictionaries, "
                                "or use translate.backend=induced")  # fmt: skip
@@ -115,22 +115,29 @@ def lexicon_backend(cfg: MuleConfig, wd, pairs, required: bool = True) -> WordBy
     return backend
 
 
-def induced_backend(cfg: MuleConfig, catalog: Catalog, pairs) -> WordByWord:
-    """IBM Model 1 on the training split's parallel captions (a translation and the caption it translates)."""
+def induced_backend(cfg: MuleConfig, catalog: Catalog, pairs, required: bool = True) -> WordByWord:
+    """IBM Model 1 on the training split's parallel captions (a translation and the caption
+    it translates). A pair they do not cover is an error when `required`; otherwise
+    (translate.backend=auto) it is left untranslated, and the backend's `missing` says which."""
     dataset = cfg.data.dataset
     rows = queries.parallel_training_captions(catalog, dataset)
-    tables, sizes = {}, {}
+    tables, sizes, missing = {}, {}, {}
     for src, dest in pairs:
         forward = [(r["src_tokens"], r["dest_tokens"]) for r in rows if (r["src_lang"], r["dest_lang"]) == (src, dest)]
         backward = [(r["dest_tokens"], r["src_tokens"]) for r in rows if (r["src_lang"], r["dest_lang"]) == (dest, src)]
         parallel = forward + backward
         if not parallel:
+            if not required:
+                missing[f"{src}-{dest}"] = f"no parallel {src}-{dest} training captions in {dataset!r}"
+                continue
             raise TranslateError(f"no parallel {src}-{dest} training captions in {dataset!r} to learn a word table "
                                  "from (the induced backend needs translated captions, like Multi30K's task1)")  # fmt: skip
         tables[(src, dest)] = best_translations(ibm_model1(parallel, cfg.translate.induced_iterations))
         sizes[f"{src}-{dest}"] = len(parallel)
     digest = hashlib.sha256(repr(sorted((k, sorted(v.entries.items())) for k, v in tables.items())).encode())
-    return WordByWord("induced", f"ibm1-{cfg.translate.induced_iterations}it-{digest.hexdigest()[:12]}", tables)
+    backend = WordByWord("induced", f"ibm1-{cfg.translate.induced_iterations}it-{digest.hexdigest()[:12]}", tables)
+    backend.missing = missing
+    return backend
 
 
 def aligned_backend(cfg: MuleConfig, catalog: Catalog, pairs, captions: list[dict]) -> WordByWord:
@@ -184,6 +191,8 @@ def make_backend(cfg: MuleConfig, wd, catalog: Catalog, pairs, captions: list[di
         return lexicon_backend(cfg, wd, pairs, required=cfg.data.captions != "human")
     if backend == "induced":
         return induced_backend(cfg, catalog, pairs)
+    if backend == "auto":  # induced where the dataset's own parallel captions cover a pair (Multi30K's task1)
+        return induced_backend(cfg, catalog, pairs, required=False)
     if backend == "aligned":
         return aligned_backend(cfg, catalog, pairs, captions)
     if backend == "googletrans":
@@ -272,9 +281,10 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     backend = make_backend(cfg, wd, catalog, pairs, captions)
     missing = getattr(backend, "missing", {})
     if missing:
-        log.warning("translate: no lexicon for %s (looked for %s): left untranslated; training reads human captions "
-                    "only (data.captions=human). Set data.dictionaries, or translate.backend=induced, to translate them",
-                    ", ".join(missing), ", ".join(sorted(set(missing.values()))))  # fmt: skip
+        advice = ("Set data.dictionaries, or translate.backend=induced, to translate them" if backend.name == "lexicon"
+                  else "translate.backend=aligned translates any pair without parallel text")  # fmt: skip
+        log.warning("translate: %s left untranslated (%s); training reads their human captions only. %s",
+                    ", ".join(missing), "; ".join(sorted(set(missing.values()))), advice)  # fmt: skip
         pairs = [(s, d) for s, d in pairs if f"{s}-{d}" not in missing]
     if hasattr(backend, "tokens_of"):
         backend.tokens_of = {c["text"]: c["tokens"] for c in captions}

@@ -223,3 +223,28 @@ def test_a_missing_lexicon_is_an_error_only_when_training_reads_the_translations
     # training on MT captions needs them: one clear error naming the file it looked for
     with pytest.raises(stage.LexiconError, match=rf"no en-de lexicon at {empty}/en-de.txt \(MUSE format\)"):
         run(workdir, config(source, **{"data.dictionaries": str(empty), "data.captions": "human+mt"}), "translate")
+
+
+def test_auto_translates_the_pairs_the_dataset_s_own_translations_cover_and_says_which_it_left(
+    tiny_multi30k, tmp_path, caplog
+):
+    """translate.backend=auto (the some-photos preset's): the induced backend for every pair
+    the dataset's parallel training captions cover; a pair they do not cover (here Czech,
+    its captions written beside the images, task2's way, not as translations) is left
+    untranslated and said, where `induced` alone stops the run."""
+    for path in (tiny_multi30k / "data/task1/raw").glob("*.cs.gz"):  # train.cs.gz -> task2's train.1.cs.gz
+        split = path.name.split(".")[0].removesuffix("_flickr")
+        path.rename(tiny_multi30k / "data/task2/raw" / f"{split}.1.cs.gz")
+    workdir = tmp_path / "work"
+    run(workdir, config(tiny_multi30k), "ingest")
+    summary = run(workdir, config(tiny_multi30k, **{"translate.backend": "auto", "data.captions": "human+mt"}),
+                  "translate")  # fmt: skip
+    assert summary["backend"] == "induced" and summary["pairs"] == ["en-de", "en-fr", "de-en", "fr-en"]
+    assert summary["untranslated_pairs"] == ["cs-en", "en-cs"]
+    assert "en-cs, cs-en left untranslated (no parallel cs-en training captions in 'tiny'; no parallel en-cs" in caplog.text
+    rows = mt_captions(workdir)
+    assert {r["lang"] for r in rows} == {"de", "en", "fr"} and {r["source"] for r in rows} == {"mt:induced"}
+    assert {r["split"] for r in rows} == {"train", "val"}  # never test
+    with pytest.raises(stage.TranslateError, match="no parallel en-cs training captions in 'tiny'"):
+        run(workdir, config(tiny_multi30k, **{"translate.backend": "induced", "data.captions": "human+mt"}),
+            "translate")  # fmt: skip
