@@ -13,7 +13,7 @@ from mule.mule_core.errors import UserError
 from mule.storage.workdir import Workdir
 
 
-class DataConfig(Protocol):
+class DatasetLocation(Protocol):
     """What locating a dataset reads of the pipeline's data section (config.sections.DataConfig)."""
 
     dataset: str
@@ -51,7 +51,7 @@ def table_in(root: Path, name: str = "") -> Path | None:
     return next((root / n for n in TABLE_NAMES if (root / n).is_file()), None)
 
 
-def locate(workdir: Workdir, data: DataConfig) -> DatasetSource:
+def locate(workdir: Workdir, data: DatasetLocation) -> DatasetSource:
     """Where the raw files are, without creating anything."""
     if data.source:
         root = Path(data.source).expanduser().resolve()

@@ -19,7 +19,7 @@ from mule.storage.code_digests import code_digest
 from mule.storage.workdir import Workdir
 
 
-class DataConfig(Protocol):
+class GenerationOptions(Protocol):
     """What generating a dataset reads of the pipeline's data section (config.sections.DataConfig,
     a floor above: read here, never made)."""
 
@@ -32,15 +32,15 @@ class DataConfig(Protocol):
     image_size: int
 
 
-def embedded_spec(data: DataConfig) -> EmbeddedSpec:
+def embedded_spec(data: GenerationOptions) -> EmbeddedSpec:
     return EmbeddedSpec(data.train_images, data.val_images, data.test_images, data.seed, data.image_size)
 
 
-def table_spec(data: DataConfig) -> TableSpec:
+def table_spec(data: GenerationOptions) -> TableSpec:
     return TableSpec(data.train_images, data.val_images, data.test_images, data.seed, data.image_size)
 
 
-def coco_spec(data: DataConfig) -> CocoSpec:
+def coco_spec(data: GenerationOptions) -> CocoSpec:
     total = data.train_images + data.val_images + data.test_images
     return CocoSpec(total, data.val_images, data.test_images, data.seed, data.image_size)
 
@@ -49,7 +49,7 @@ def coco_spec(data: DataConfig) -> CocoSpec:
 _EMBEDDED_SPLITS = {"test": "test", "test_2016": "test", "val": "val", "train": "train"}
 
 
-def embedded_ceiling(workdir: Workdir, data: DataConfig, split: str) -> dict[str, dict[str, float]] | None:
+def embedded_ceiling(workdir: Workdir, data: GenerationOptions, split: str) -> dict[str, dict[str, float]] | None:
     """The generated dataset's ceiling on a split (embedded.ceiling), cached
     beside the dataset; None for any other dataset."""
     if data.dataset != EMBEDDED or data.source or split not in _EMBEDDED_SPLITS:
@@ -68,7 +68,7 @@ def embedded_ceiling(workdir: Workdir, data: DataConfig, split: str) -> dict[str
     return table
 
 
-def generator_code(data: DataConfig) -> str:
+def generator_code(data: GenerationOptions) -> str:
     """The digest of the code that writes a generated dataset: its writer's import closure
     and the libraries it uses (Pillow encodes the images). A dataset written by other code
     is written again, as its ceiling is computed again."""
@@ -76,7 +76,7 @@ def generator_code(data: DataConfig) -> str:
     return code_digest(layout.__name__)
 
 
-def generated_and_current(workdir: Workdir, data: DataConfig) -> bool:
+def generated_and_current(workdir: Workdir, data: GenerationOptions) -> bool:
     """The generated dataset is already in the workdir, made by this generator's code from
     this spec (nothing to generate)."""
     source = locate(workdir, data)
@@ -89,7 +89,7 @@ def generated_and_current(workdir: Workdir, data: DataConfig) -> bool:
     return multi30k_layout.manifest_matches(source.root, embedded_spec(data), generator_code(data))
 
 
-def prepare(workdir: Workdir, data: DataConfig, progress: Callable[[int, int], None] | None = None) -> DatasetSource:
+def prepare(workdir: Workdir, data: GenerationOptions, progress: Callable[[int, int], None] | None = None) -> DatasetSource:
     """Locates the raw files, generating the embedded dataset if it is not there yet."""
     source = locate(workdir, data)
     if source.generated and data.dataset == EMBEDDED_COCO:
