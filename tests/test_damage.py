@@ -191,6 +191,7 @@ def test_a_damaged_checkpoint_or_journal_is_left_behind(how, built, copy, caplog
     assert recalls(wd) == recalls(built[0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ("cut", "garbage"))
 def test_what_mule_cannot_repair_is_one_line_naming_the_file(how, built, copy, monkeypatch):
     from mlflow.tracking import MlflowClient
@@ -252,6 +253,7 @@ def test_a_run_stopped_after_writing_its_output_and_before_its_record_is_finishe
     assert not Runner(wd).decide(cfg, "train").run  # recorded now: the marker is gone
 
 
+@pytest.mark.slow
 def test_a_deleted_mlflow_experiment_stops_a_run_with_one_line_saying_what_to_do(copy, capsys):
     """Deleting the dataset's experiment in MLflow's UI keeps it, deleted, in the store: MLflow
     refuses every run in it (a 28-frame traceback). mule says so in one line, naming the

@@ -226,6 +226,7 @@ def test_the_command_with_nothing_to_run_records_the_reuse_without_starting_pref
     assert all(r.data.tags["mule.stage_status"] == "reused" and r.data.tags["mule.reused_from_run"] for r in children)
 
 
+@pytest.mark.slow
 def test_a_code_edit_reruns_the_stages_whose_imports_reach_it(rebuilt, repo_copy):
     """The rebuilt workdir against a copy of the repository: unchanged, every stage is
     reused; mule_core/vocabulary.py edited (train reaches it through the model files),
