@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
@@ -100,7 +101,7 @@ class EpochResult:
     phases: dict | None = None
 
 
-class Trainer:
+class Trainer(ABC):
     """The loop both kinds share; a kind (LPTrainer, JointTrainer) says what it trains
     (`trained_parameters`), how it encodes text (`joint_text`) and its losses (`objective`).
     Both take the rest (word learning rate, clipping, seed, sampling, AMP, LC, the pull of
@@ -167,14 +168,15 @@ class Trainer:
         self.history: list[EpochResult] = []
 
     # -- what a kind says ---------------------------------------------------------------
+    @abstractmethod
     def trained_parameters(self) -> Iterable[torch.nn.Parameter]:
-        raise NotImplementedError
+        """The parameters this kind steps (LP: the MULE layers'; joint: every one that requires a gradient)."""
 
+    @abstractmethod
     def objective(self, batch: Batch, encoded: TextEncoding, mule: torch.Tensor | None,
                   c: Constraints) -> dict[str, torch.Tensor]:  # fmt: skip
         """The kind's losses of one batch (`mule`: the MULE features, normalised; None
         without a MULE layer)."""
-        raise NotImplementedError
 
     def _nc(self, sentences: torch.Tensor, c: Constraints) -> torch.Tensor:
         """Neighbourhood constraints among `sentences`: those of one image closer than others'."""
