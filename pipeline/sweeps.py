@@ -79,7 +79,8 @@ def grid(languages: list[str], seeds: list[int] | None = None, with_mt: bool = F
     stage has run): Table 4's rows too, trained on human + machine-translated captions, and
     MULE on MT only (English human captions, the other languages only as translations)."""
     seeds = seeds or [0]
-    without = {"loss.nc": False, "loss.lc": False, "pretrain.enabled": False}
+    # Table 2's rows train on human captions whatever the preset reads (some-photos: human+mt)
+    without = {"loss.nc": False, "loss.lc": False, "pretrain.enabled": False, "data.captions": "human"}
 
     def one_seed(label: str, slug: str, seed: int, overrides: dict[str, Any]) -> Model:
         suffix = "" if seed == seeds[0] else f"-s{seed}"
@@ -89,7 +90,7 @@ def grid(languages: list[str], seeds: list[int] | None = None, with_mt: bool = F
     def models(label: str, slug: str, **overrides: Any) -> list[Model]:
         return [one_seed(label, slug, seed, overrides) for seed in seeds]
 
-    mule = {"loss.nc": True, "loss.lc": True, "pretrain.enabled": True}
+    mule = {"loss.nc": True, "loss.lc": True, "pretrain.enabled": True, "data.captions": "human"}
     embn, parallel, full = "EmbN (one model per language)", "PARALLEL-EmbN", "MULE + NC + LC + LP (full)"
     rows = [
         Row(embn,
@@ -107,19 +108,19 @@ def grid(languages: list[str], seeds: list[int] | None = None, with_mt: bool = F
     mt = {"data.captions": "human+mt"}
     return rows + [
         Row("EmbN + MT", [m for lang in languages for m in models(
-            f"EmbN {lang} + MT", f"embn-{lang}-mt", **without, **mt, **{"model.sharing": "parallel", "data.languages": lang})],
+            f"EmbN {lang} + MT", f"embn-{lang}-mt", **{**without, **mt, "model.sharing": "parallel", "data.languages": lang})],
             baseline=embn),
-        Row("PARALLEL-EmbN + MT", models("PARALLEL-EmbN + MT", "parallel-mt", **without, **mt, **{"model.sharing": "parallel"}),
+        Row("PARALLEL-EmbN + MT", models("PARALLEL-EmbN + MT", "parallel-mt", **{**without, **mt, "model.sharing": "parallel"}),
             baseline=parallel),
-        Row("MULE full + MT", models("MULE full + MT", "mule-full-mt", **mule, **mt), baseline=full),
-        Row("MULE full, MT only", models("MULE full, MT only", "mule-full-mt-only", **mule, **{"data.captions": "mt"}),
+        Row("MULE full + MT", models("MULE full + MT", "mule-full-mt", **{**mule, **mt}), baseline=full),
+        Row("MULE full, MT only", models("MULE full, MT only", "mule-full-mt-only", **{**mule, "data.captions": "mt"}),
             baseline=full),
     ]  # fmt: skip
 
 
 def english_models(models: list[Model]) -> list[Model]:
     """The English EmbN models of the grid, one per seed: translate-the-query's models."""
-    return [m for m in models if m.overrides.get("data.languages") == "en" and "data.captions" not in m.overrides]
+    return [m for m in models if m.overrides.get("data.languages") == "en" and m.overrides["data.captions"] == "human"]
 
 
 def _average(result: RowResult, per_language: dict[str, dict[int, float]]) -> None:
@@ -201,13 +202,21 @@ TRANSLATED = "Translate the query (EmbN en + lexicon)"
 CHANCE = "chance (a random ranking of the same images and sentences)"
 
 
+# The order rows train in, the answer most wanted first (a run stopped halfway has the full
+# model and what each of its parts adds); the report keeps the paper's order (`grid`).
+RUN_ORDER = ("MULE + NC + LC + LP (full)", "MULE + NC + LC", "MULE + NC", "MULE EmbN", "PARALLEL-EmbN",
+             "EmbN (one model per language)", "MULE full + MT", "PARALLEL-EmbN + MT", "EmbN + MT",
+             "MULE full, MT only")  # fmt: skip
+
+
 def _ablation_variants(wd: Workdir, cfg: MuleConfig) -> list[Variant]:
-    """Every row's models (LP when on, training, evaluation), then translate-the-query on
-    each English model."""
+    """Every row's models (LP when on, training, evaluation) in RUN_ORDER, then
+    translate-the-query on each English model."""
     seeds = [cfg.train.seed + i for i in range(cfg.ablation.seeds)]
     with_mt = Catalog(wd).has_table("captions", f"{cfg.data.dataset}.mt")  # the translate stage ran
     variants, english = [], []
-    for row in grid(list(cfg.data.languages), seeds, with_mt):
+    rows = grid(list(cfg.data.languages), seeds, with_mt)
+    for row in sorted(rows, key=lambda r: RUN_ORDER.index(r.name)):
         for model in row.models:
             variant = apply_overrides(cfg, model.overrides)
             steps = (("pretrain",) if variant.pretrain.enabled else ()) + ("train", "evaluate")
@@ -222,8 +231,9 @@ def _ablation_variants(wd: Workdir, cfg: MuleConfig) -> list[Variant]:
 
 def _ablation_report(wd: Workdir, cfg: MuleConfig, variants: list[Variant], results: dict,
                      run_id: str | None) -> dict[str, Any]:  # fmt: skip
+    paper = [row.name for row in grid(list(cfg.data.languages), with_mt=True)] + [TRANSLATED]
     rows: dict[str, list] = {}
-    for v in variants:
+    for v in sorted(variants, key=lambda v: paper.index(v.row)):  # the paper's order (sorted keeps a row's seeds)
         rows.setdefault(v.row, []).append(v)
     table = [row_result(name, [(v.cfg, results[v.label]["train"], results[v.label]["evaluate"]) for v in models])
              for name, models in rows.items() if name != TRANSLATED]  # fmt: skip

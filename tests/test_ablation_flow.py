@@ -11,7 +11,7 @@ from mule.config.overrides import apply_overrides
 from mule.config.resolution import resolve
 from mule.experiments.report import ablation_markdown
 from mule.mule_core.metrics import chance_recalls
-from mule.pipeline.sweeps import CHANCE, RowResult, compare, english_models, grid, row_result
+from mule.pipeline.sweeps import CHANCE, RUN_ORDER, RowResult, compare, english_models, grid, row_result
 from mule.storage.workdir import Workdir
 
 TINY = {
@@ -44,6 +44,17 @@ def test_the_grid_names_the_paper_rows_and_switches_one_thing_at_a_time():
     assert switches == [(False, False, False), (True, False, False), (True, True, False), (True, True, True)]
     names = [m.overrides["train.model_name"] for r in rows for m in r.models]
     assert len(names) == len(set(names))  # one model file (and one record) per model
+    # Table 2 is human captions only, even under a preset that reads MT (some-photos)
+    assert {m.overrides["data.captions"] for r in rows for m in r.models} == {"human"}
+
+
+def test_rows_train_the_most_wanted_answer_first():
+    """A run stopped halfway holds the full model and what LP, LC, NC and the MULE layer each
+    add (the run order); the report keeps the paper's order."""
+    every = [r.name for r in grid(["en", "de"], with_mt=True)]
+    assert sorted(RUN_ORDER) == sorted(every)
+    assert RUN_ORDER[:5] == ("MULE + NC + LC + LP (full)", "MULE + NC + LC", "MULE + NC", "MULE EmbN", "PARALLEL-EmbN")
+    assert RUN_ORDER.index("EmbN (one model per language)") < RUN_ORDER.index("MULE full + MT")
 
 
 def test_table_4_rows_come_with_the_translate_stages_output():
@@ -51,6 +62,7 @@ def test_table_4_rows_come_with_the_translate_stages_output():
     rows = {r.name: r for r in grid(["en", "de"], with_mt=True)}
     assert list(rows)[-4:] == ["EmbN + MT", "PARALLEL-EmbN + MT", "MULE full + MT", "MULE full, MT only"]
     assert [m.overrides["data.captions"] for m in rows["EmbN + MT"].models] == ["human+mt", "human+mt"]
+    assert rows["MULE full + MT"].models[0].overrides["data.captions"] == "human+mt"
     assert rows["MULE full + MT"].models[0].overrides["pretrain.enabled"] is True
     assert rows["MULE full, MT only"].models[0].overrides["data.captions"] == "mt"
     slugs = [m.slug for r in rows.values() for m in r.models]
