@@ -63,6 +63,29 @@ def _digest(stamp: tuple[str, int, int]) -> str:
     return hashlib.sha256(Path(stamp[0]).read_bytes()).hexdigest()[:16]
 
 
+def _without_docstrings(tree: ast.AST) -> ast.AST:
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and body \
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                and isinstance(body[0].value.value, str):  # fmt: skip
+            node.body = body[1:] or [ast.Pass()]
+    return tree
+
+
+@functools.cache
+def _code_digest(stamp: tuple[str, int, int]) -> str:
+    """A file's code as Python runs it: its syntax tree without docstrings, so an edit to a
+    comment, a docstring or the layout reruns nothing (a new Python whose trees print
+    otherwise reruns everything once). Kept in the user's cache by the file's content."""
+    cache, key = _import_cache(), f"code:{_digest(stamp)}"
+    if key not in cache.entries:
+        tree = _without_docstrings(ast.parse(Path(stamp[0]).read_bytes(), filename=stamp[0]))
+        cache.entries[key] = [hashlib.sha256(ast.dump(tree).encode()).hexdigest()[:16]]  # a list, as imports are
+        cache.changed = True
+    return cache.entries[key][0]
+
+
 @functools.cache
 def _parsed(stamp: tuple[str, int, int]) -> ast.AST:
     return ast.parse(Path(stamp[0]).read_bytes(), filename=stamp[0])
@@ -87,9 +110,10 @@ def _write_cache(path: Path, value) -> bool:
 
 
 class _ImportCache:
-    """File digest, module -> the names its imports load, kept in the user's cache: parsing
-    every file a stage reaches costs a second on a busy machine, and the answer depends
-    only on the file's content (and where it sits)."""
+    """File digest, module -> the names its imports load, and "code:" file digest -> its
+    code's digest, kept in the user's cache: parsing every file a stage reaches costs a
+    second on a busy machine, and the answer depends only on the file's content (and where
+    it sits)."""
 
     MAX = 5000
 
@@ -332,9 +356,9 @@ def libraries(top_level_names: set[str]) -> dict[str, str]:
 @functools.cache
 def code_parts(module: str | tuple[str, ...], repo: Path = REPO) -> dict[str, str]:
     """What a change of code means for what `module` (or several) computes: each reached
-    file's digest ("file tasks/train.py"), each library's version ("library torch")."""
+    file's code digest ("file tasks/train.py"), each library's version ("library torch")."""
     reached, outside = closure(module, repo)
-    parts = {f"file {path.relative_to(repo)}": _digest(_stamp(path)) for path in sorted(reached.values())}
+    parts = {f"file {path.relative_to(repo)}": _code_digest(_stamp(path)) for path in sorted(reached.values())}
     parts |= {f"library {name}": v for name, v in libraries(outside).items()}
     _import_cache().save()
     _installed_cache().save()

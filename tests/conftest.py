@@ -269,8 +269,9 @@ def repo_copy(tmp_path_factory) -> Path:
 
 
 def edit(path: Path) -> None:
-    """An edit that changes the file's digest; the code keys forget what they had read."""
-    path.write_text(path.read_text() + "\n# an edit\n")
+    """An edit of the file's code (a comment alone changes no key); the code keys forget
+    what they had read."""
+    path.write_text(path.read_text() + "\nEDITED = True  # an edit\n")
     code_parts.cache_clear()
 
 

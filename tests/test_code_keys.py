@@ -76,6 +76,31 @@ def test_an_edit_reruns_the_stages_that_reach_it_and_no_other(repo_copy):
     code_parts.cache_clear()
 
 
+def test_a_comment_a_docstring_or_the_layout_reruns_nothing_and_code_does(repo_copy):
+    """The key is the code Python runs: a docstring edit to a package's __init__ must not
+    extract 7,478 photos again."""
+    path = repo_copy / "data_catalog" / "__init__.py"
+    original = path.read_text()
+    before = code_digest(BY_NAME["features"].module, repo_copy)
+    for edited in ('"""Another docstring."""\n' + original.split('"""', 2)[2],  # the module's docstring
+                   original + "\n\n# a comment\n\n",
+                   original + "\ndef f(x):\n    \"\"\"What f does.\"\"\"\n    return x\n"):
+        path.write_text(edited)
+        code_parts.cache_clear()
+        if "def f" not in edited:
+            assert code_digest(BY_NAME["features"].module, repo_copy) == before, edited[:60]
+    code_parts.cache_clear()
+    with_f = code_digest(BY_NAME["features"].module, repo_copy)
+    path.write_text(original + "\ndef f(x):\n    return x\n")  # the same code, no docstring
+    code_parts.cache_clear()
+    assert code_digest(BY_NAME["features"].module, repo_copy) == with_f != before
+    path.write_text(original + "\ndef f(x):\n    return x + 1\n")
+    code_parts.cache_clear()
+    assert code_digest(BY_NAME["features"].module, repo_copy) != with_f
+    path.write_text(original)
+    code_parts.cache_clear()
+
+
 def test_library_versions_are_part_of_the_key_but_not_the_runners():
     parts = code_parts(BY_NAME["train"].module)
     assert "library torch" in parts and "library numpy" in parts
