@@ -1,8 +1,8 @@
 """The Prefect flows: `rebuild`, one per stage of the rebuild declared in
 pipeline.declaration, and one per sweep (ablation, add-language): what deployments run.
 
-Flows only wire: a flow takes the workdir's lock, resolves the config once (a dict
-crosses the flow's parameter boundary, a MuleConfig goes on from there) and hands the
+Flows only wire: a flow takes the workdir's lock, resolves the config once (from a
+preset and overrides, or the command's MuleConfig as it is) and hands the
 stages to the rebuild's body (pipeline.rebuild) or the one runner (pipeline.runner) with
 the hooks of a tracked run and PrefectTasks, which makes each stage's computation a task
 run of the flow. Stages talk only through the catalog and the workdir, so each stage's
@@ -24,7 +24,6 @@ from prefect import flow, task, unmapped
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Failed
 
-from mule.config.overrides import from_dict
 from mule.config.resolution import resolve
 from mule.config.sections import MuleConfig
 from mule.flows.dask_runner import dask_task_runner
@@ -56,18 +55,15 @@ def _workdir(workdir: str | None) -> Workdir:
 
 @contextmanager
 def _working(workdir: str | None, preset: str | None, overrides: dict[str, Any] | None, stage: str,
-             config: Any = None) -> Iterator[tuple[Workdir, MuleConfig]]:  # fmt: skip
+             config: MuleConfig | None = None) -> Iterator[tuple[Workdir, MuleConfig]]:  # fmt: skip
     """The workdir, under its lock (one mule process at a time), its stored paths pointed
-    at itself if it was copied or moved, and the config: handed down already resolved (a
-    MuleConfig, by the command or the rebuild in this process: used as it is; its dict,
-    across a process: read once), or resolved here from a deployment's preset and overrides."""
+    at itself if it was copied or moved, and the config: handed down already resolved (by
+    the command, in this process: used as it is), or resolved here from a deployment's
+    preset and overrides."""
     from mule.experiments import relocation
 
     wd = _workdir(workdir)
-    if isinstance(config, MuleConfig):
-        cfg = config
-    else:
-        cfg = from_dict(config) if config is not None else resolve(preset, overrides)
+    cfg = config if config is not None else resolve(preset, overrides)
     nested = holds_lock(wd)
     with workdir_lock(wd, stage):
         if not nested:
@@ -136,7 +132,7 @@ def hooks() -> list:
 
 
 def run_stage(stage: Stage, workdir: str | None, preset: str | None, overrides: dict[str, Any] | None,
-              parent_run_id: str | None, force: bool = False, config: Any = None) -> dict:  # fmt: skip
+              parent_run_id: str | None, force: bool = False, config: MuleConfig | None = None) -> dict:  # fmt: skip
     """One stage under the workdir's lock, run only when its key changed (pipeline.decisions)
     or when forced."""
     with _working(workdir, preset, overrides, stage.name, config) as (wd, cfg):
@@ -147,7 +143,8 @@ def _stage_flow(stage: Stage):
     """The Prefect flow of a content-addressed stage (they differ only in their declaration)."""
 
     def stage_flow(workdir: str | None = None, preset: str | None = None, overrides: dict[str, Any] | None = None,
-                   parent_run_id: str | None = None, force: bool = False, config: Any = None) -> dict:  # fmt: skip
+                   parent_run_id: str | None = None, force: bool = False,
+                   config: MuleConfig | None = None) -> dict:  # fmt: skip
         return _failing_quietly(lambda: run_stage(stage, workdir, preset, overrides, parent_run_id, force, config))
 
     stage_flow.__name__ = stage_flow.__qualname__ = f"{stage.name.replace('-', '_')}_flow"
@@ -165,7 +162,7 @@ def _sweep_flow(stage: Stage):
     it needs first run before it in the rebuild (`mule run ablation` runs them)."""
 
     def sweep_flow(workdir: str | None = None, preset: str | None = None, overrides: dict[str, Any] | None = None,
-                   parent_run_id: str | None = None, config: Any = None) -> dict:  # fmt: skip
+                   parent_run_id: str | None = None, config: MuleConfig | None = None) -> dict:  # fmt: skip
         def body() -> dict:
             with _working(workdir, preset, overrides, stage.name, config) as (wd, cfg):
                 return run_sweep(stage.name, Runner(wd, hooks()), cfg, parent_run_id)
@@ -184,20 +181,21 @@ assert set(STAGE_FLOWS) == set(ALL), "a declared stage without a flow"
 
 @flow(name="rebuild")
 def rebuild_flow(workdir: str | None = None, preset: str | None = None, overrides: dict[str, Any] | None = None,
-                 stages: list[str] | None = None, force: list[str] | None = None, config: Any = None,
-                 plan: Any = None, sequential: bool = False) -> dict:  # fmt: skip
+                 stages: list[str] | None = None, force: list[str] | None = None, config: MuleConfig | None = None,
+                 plan: rebuild.Plan | None = None, sequential: bool = False) -> dict:  # fmt: skip
     """The pipeline: every stage in order (or the ones named), under one parent MLflow run.
     A stage runs only when its key changed (its inputs' content, its config, its code) or
     when named in `force`; the others are reused, and the run says which and why.
-    `config`: the config already resolved (by the command); `plan`: the run already
-    planned, with the decisions taken so far (by the command: each stage is decided once).
+    `config`: the config already resolved (by the command; a deployment names a preset and
+    overrides instead); `plan`: the run already planned, with the decisions taken so far
+    (by the command: each stage is decided once).
     `sequential`: changes nothing (stages run one at a time since 2026-12-02); taken still,
     so that a deployment saved with it runs."""
     return _failing_quietly(partial(_rebuild, workdir, preset, overrides, stages, force, config, plan))
 
 
-def _rebuild(workdir: str | None, preset: str, overrides: dict[str, Any] | None, stages: list[str] | None,
-             force: list[str] | None, resolved: Any, planned: rebuild.Plan | None) -> dict:  # fmt: skip
+def _rebuild(workdir: str | None, preset: str | None, overrides: dict[str, Any] | None, stages: list[str] | None,
+             force: list[str] | None, resolved: MuleConfig | None, planned: rebuild.Plan | None) -> dict:  # fmt: skip
     named, forced = checked_stages(stages), set(checked_stages(force) if force else [])
     label = planned.name if planned is not None else rebuild.run_name(named)
     with _working(workdir, preset, overrides, label, resolved) as (wd, cfg):
