@@ -11,6 +11,8 @@ trained. Each size re-ingests the captions of that size for every language (the 
 reruns for all of them), then adds one language at a time (`train.base_model`: the base is
 measured as it is and extended, nothing else trains). `--peer` is bench/peer_xflickrco.py's
 `--out` JSON; `--out` gets curve.json and curve.png. Each run's log is in the output folder.
+`--mt aligned`: the paper's +MT, each added language also trained on the English training
+captions translated into it word by word (translate.backend=aligned: no parallel text).
 """
 
 from __future__ import annotations
@@ -35,6 +37,14 @@ def extra_files(sizes: dict[str, int]) -> str:
     return ",".join([*(f"{lang}/train_{n}=train" for lang, n in sizes.items() if n), "test=test_xflickrco"])
 
 
+def translate_train(backend: str, lang: str) -> list[str]:
+    """--mt: the added language also reads English's training captions translated into it
+    by `backend` (the paper's +MT; the branch alone trains, so only English into it)."""
+    if not backend:
+        return []
+    return ["data.captions=human+mt", f"translate.backend={backend}", f"translate.pairs=en-{lang}"]
+
+
 def add(args, lang: str, sizes: dict[str, int], log: Path) -> dict:
     """One `mule run add-language`; its test table (mR per language) from evaluation.json."""
     languages = ",".join((*BASE, *sizes))
@@ -42,7 +52,8 @@ def add(args, lang: str, sizes: dict[str, int], log: Path) -> dict:
                "--workdir", args.workdir, "--dataset", args.dataset, "--source", args.source, "--images", args.images,
                "--set", f"data.languages={languages}", "--set", f"data.extra_captions={args.xflickrco}",
                "--set", f"data.extra_files={extra_files(sizes)}", "--set", f"eval.split={args.split},test_2016",
-               "--set", f"train.base_model={args.base_model}", *(a for kv in args.sets for a in ("--set", kv))]  # fmt: skip
+               "--set", f"train.base_model={args.base_model}", *(a for kv in args.sets for a in ("--set", kv)),
+               *(a for kv in translate_train(args.mt, lang) for a in ("--set", kv))]  # fmt: skip
     with log.open("w") as out:
         code = subprocess.call(command, stdout=out, stderr=subprocess.STDOUT)
     if code:
@@ -106,6 +117,9 @@ def main() -> None:
     parser.add_argument("--base-model", default="model")
     parser.add_argument("--set", action="append", default=[], dest="sets", metavar="KEY=VALUE",
                         help="passed to every `mule run add-language` (train.add_start=captions: the paper's start)")
+    parser.add_argument("--mt", default="", metavar="BACKEND",
+                        help="+MT: English training captions translated into each added language by this "
+                             "translate.backend (aligned: any language e5 reads) beside its human captions")  # fmt: skip
     parser.add_argument("--split", default="test_xflickrco")
     parser.add_argument("--peer", help="bench/peer_xflickrco.py --out JSON: the zero-shot peer's lines")
     parser.add_argument("--out", required=True)
@@ -134,6 +148,8 @@ def main() -> None:
     print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; {sum(len(r[2]) for r in runs)} additions onto "
           f"{args.base_model}", flush=True)  # fmt: skip
     curve: dict = {"languages": {lang: {} for lang in languages}, "base": {}, "chance": None, "images": None}
+    if args.mt:
+        curve["label"] = f"A language added from few captions + English's translated into it ({args.mt})"
     started, done, total = time.perf_counter(), 0, sum(len(r[2]) for r in runs)
     for n, per_language, adding in runs:
         for lang in adding:
