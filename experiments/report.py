@@ -65,7 +65,8 @@ def to_csv(rows: list[dict]) -> str:
 def ablation_markdown(rows, languages: list[str]) -> str:
     """The ablation's table: mR per language and their mean (mean ± std over seeds when
     there are several), each row's difference from the row it adds to (paired by seed:
-    experiments/seeds.py), parameters (total and language-specific).
+    experiments/seeds.py), parameters (total and language-specific), the models' validation
+    mR and the minutes one seed's models trained (LP and joint).
     rows: pipeline.sweeps.RowResult."""
 
     def cell(row, lang: str) -> str:
@@ -78,12 +79,14 @@ def ablation_markdown(rows, languages: list[str]) -> str:
             return "–"
         return f"{row.mean:.1f}" if row.mean_std is None else f"{row.mean:.1f} ± {row.mean_std:.1f}"
 
-    head = "| model | " + " | ".join(languages) + " | mean | vs (paired by seed) | parameters | language-specific |"
-    lines = [head, "|" + "---|" * (len(languages) + 5)]
+    head = ("| model | " + " | ".join(languages)
+            + " | mean | vs (paired by seed) | parameters | language-specific | val mR | training, min |")  # fmt: skip
+    lines = [head, "|" + "---|" * (len(languages) + 7)]
     for row in rows:
         versus = f"{row.difference} vs {row.baseline}" if row.difference is not None else ""
         cells = [row.name] + [cell(row, lang) for lang in languages]
         sizes = [f"{row.parameters:,}", f"{row.language_specific:,}"] if row.parameters else ["–", "–"]
-        cells += [mean(row), versus, *sizes]
+        cost = ["–" if row.val is None else f"{row.val:.1f}", "–" if row.minutes is None else f"{row.minutes:.1f}"]
+        cells += [mean(row), versus, *sizes, *cost]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -258,7 +258,9 @@ def ablation_report(wd: Workdir, cfg: MuleConfig, rows: list, run_id: str | None
                 "difference_spread": None if r.difference is None or r.difference.spread is None
                 else round(r.difference.spread, 2),
                 "verdict": "" if r.difference is None else r.difference.verdict,
-                "parameters": r.parameters, "language_specific": r.language_specific, "note": r.note}
+                "parameters": r.parameters, "language_specific": r.language_specific,
+                "val_mR": None if r.val is None else round(r.val, 2),
+                "training_minutes": None if r.minutes is None else round(r.minutes, 2), "note": r.note}
                for r in rows]  # fmt: skip
     out = wd.results_dir(cfg.data.dataset) / "ablation"
     out.mkdir(parents=True, exist_ok=True)

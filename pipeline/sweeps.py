@@ -59,6 +59,8 @@ class RowResult:
     by_seed: dict[int, float] = field(default_factory=dict)  # seed -> mR averaged over the languages
     baseline: str = ""
     difference: Difference | None = None  # from the baseline row, paired by seed (experiments/seeds.py)
+    val: float | None = None  # the models' best validation mean mR (their mean), over seeds
+    minutes: float | None = None  # training one seed's models took: LP and joint, over seeds
 
     @property
     def mean(self) -> float:
@@ -135,17 +137,24 @@ def _average(result: RowResult, per_language: dict[str, dict[int, float]]) -> No
 
 def row_result(name: str, models: list[tuple[MuleConfig, dict, dict]], note: str = "") -> RowResult:
     """One row from its models' (config, training, evaluation): a language's mR is averaged
-    over seeds, and the parameters are those of one seed's models."""
+    over seeds, and the parameters are those of one seed's models. Training's "seconds"
+    (and "lp_seconds", its LP's) give the row's minutes a seed; "val_mean_mR" its val."""
     result = RowResult(name, note=note)
     per_language: dict[str, dict[int, float]] = {}
     seeds = {cfg.train.seed for cfg, _, _ in models}
+    vals, seconds = [], 0.0
     for cfg, training, evaluation in models:
         for lang, r in evaluation["table"].items():
             per_language.setdefault(lang, {})[cfg.train.seed] = r["mR"]
         if cfg.train.seed == min(seeds):
             result.parameters += training["parameters"]["total"]
             result.language_specific += training["parameters"]["language_specific"]
+        if training.get("val_mean_mR") is not None:
+            vals.append(training["val_mean_mR"])
+        seconds += training.get("seconds", 0.0) + training.get("lp_seconds", 0.0)
     _average(result, per_language)
+    result.val = statistics.fmean(vals) if vals else None
+    result.minutes = seconds / 60 / len(seeds) if seconds else None
     return result
 
 
@@ -235,7 +244,10 @@ def _ablation_report(wd: Workdir, cfg: MuleConfig, variants: list[Variant], resu
     rows: dict[str, list] = {}
     for v in sorted(variants, key=lambda v: paper.index(v.row)):  # the paper's order (sorted keeps a row's seeds)
         rows.setdefault(v.row, []).append(v)
-    table = [row_result(name, [(v.cfg, results[v.label]["train"], results[v.label]["evaluate"]) for v in models])
+    def training(v: Variant) -> dict:  # joint training's result, with its LP's time
+        return results[v.label]["train"] | {"lp_seconds": results[v.label].get("pretrain", {}).get("seconds", 0.0)}
+
+    table = [row_result(name, [(v.cfg, training(v), results[v.label]["evaluate"]) for v in models])
              for name, models in rows.items() if name != TRANSLATED]  # fmt: skip
     translated = [(v.cfg.train.seed, results[v.label]["query-translation"]) for v in rows.get(TRANSLATED, [])]
     if translated and translated[0][1]["languages"]:  # there were lexicons

@@ -74,10 +74,10 @@ def test_table_4_rows_come_with_the_translate_stages_output():
 
 def test_markdown_table():
     text = ablation_markdown([RowResult("A", {"en": 10.0, "fr": 20.0}, 1000, 10)], ["en", "de", "fr"])
-    assert "| A | 10.0 | – | 20.0 | 15.0 |  | 1,000 | 10 |" in text
+    assert "| A | 10.0 | – | 20.0 | 15.0 |  | 1,000 | 10 | – | – |" in text
     seeded = ablation_markdown([RowResult("B", {"en": 10.0}, 5, 1, std={"en": 0.5}, seeds=3,
-                                          by_seed={0: 9.5, 1: 10.0, 2: 10.5})], ["en"])  # fmt: skip
-    assert "| B | 10.0 ± 0.5 | 10.0 ± 0.5 |  | 5 | 1 |" in seeded
+                                          by_seed={0: 9.5, 1: 10.0, 2: 10.5}, val=11.25, minutes=3.04)], ["en"])  # fmt: skip
+    assert "| B | 10.0 ± 0.5 | 10.0 ± 0.5 |  | 5 | 1 | 11.2 | 3.0 |" in seeded
 
 
 def _row(name: str, seeds_by_language: dict[str, list[float]]):
@@ -117,10 +117,13 @@ def test_several_seeds_average_each_language_and_count_parameters_once():
         {"table": {"en": {"mR": 10.0}, "fr": {"mR": 4.0}}},
         {"table": {"en": {"mR": 14.0}, "fr": {"mR": 6.0}}},
     ]
-    training = {"parameters": {"total": 100, "language_specific": 30}}
+    trainings = [{"parameters": {"total": 100, "language_specific": 30}, "val_mean_mR": val, "seconds": seconds,
+                  "lp_seconds": lp} for val, seconds, lp in ((20.0, 60.0, 30.0), (22.0, 120.0, 30.0))]  # fmt: skip
     configs = [apply_overrides(resolve("demo", {"data.languages": "en,fr"}), m.overrides) for m in row.models]
-    result = row_result(row.name, [(cfg, training, evaluation) for cfg, evaluation in zip(configs, evaluations)])
+    result = row_result(row.name, [(cfg, training, evaluation)
+                                   for cfg, training, evaluation in zip(configs, trainings, evaluations)])  # fmt: skip
     assert result.mr == {"en": 12.0, "fr": 5.0} and result.parameters == 100 and result.seeds == 2
+    assert result.val == 21.0 and result.minutes == 2.0  # (90 s + 150 s) over 2 seeds
     assert round(result.std["en"], 3) == round(2 * 2**0.5, 3)
     embn = grid(["en", "fr"], seeds=[0, 1])[0]
     assert [m.slug for m in embn.models] == ["embn-en", "embn-en-s1", "embn-fr", "embn-fr-s1"]
