@@ -37,12 +37,14 @@ def extra_files(sizes: dict[str, int]) -> str:
     return ",".join([*(f"{lang}/train_{n}=train" for lang, n in sizes.items() if n), "test=test_xflickrco"])
 
 
-def translate_train(backend: str, lang: str) -> list[str]:
-    """--mt: the added language also reads English's training captions translated into it
-    by `backend` (the paper's +MT; the branch alone trains, so only English into it)."""
+def translate_train(backend: str, languages: list[str]) -> list[str]:
+    """--mt: each added language also reads English's training captions translated into it
+    by `backend` (the paper's +MT). Only English into the new languages (the added branch
+    alone trains), all of them at once: one translate and one text stage for every addition."""
     if not backend:
         return []
-    return ["data.captions=human+mt", f"translate.backend={backend}", f"translate.pairs=en-{lang}"]
+    pairs = ",".join(f"en-{lang}" for lang in languages)
+    return ["data.captions=human+mt", f"translate.backend={backend}", f"translate.pairs={pairs}"]
 
 
 def add(args, lang: str, sizes: dict[str, int], log: Path) -> dict:
@@ -53,7 +55,7 @@ def add(args, lang: str, sizes: dict[str, int], log: Path) -> dict:
                "--set", f"data.languages={languages}", "--set", f"data.extra_captions={args.xflickrco}",
                "--set", f"data.extra_files={extra_files(sizes)}", "--set", f"eval.split={args.split},test_2016",
                "--set", f"train.base_model={args.base_model}", *(a for kv in args.sets for a in ("--set", kv)),
-               *(a for kv in translate_train(args.mt, lang) for a in ("--set", kv))]  # fmt: skip
+               *(a for kv in translate_train(args.mt, args.languages.split(",")) for a in ("--set", kv))]  # fmt: skip
     with log.open("w") as out:
         code = subprocess.call(command, stdout=out, stderr=subprocess.STDOUT)
     if code:
