@@ -179,17 +179,21 @@ def _paste(tile: np.ndarray, path: str) -> str | None:
 
 
 def ablation_bars(rows, languages: list[str], title: str):
-    """Grouped bars: one group per language, one bar per model (mR)."""
-    fig, ax = plt.subplots(figsize=(max(8, 2.2 * len(languages) + 4), 4.5))
+    """Grouped bars: one group per language, one bar per model (mR); each model its own
+    colour (tab20: more rows than the default cycle's ten), chance grey, the legend below
+    the bars so that it hides none."""
+    fig, ax = plt.subplots(figsize=(max(8, 2.2 * len(languages) + 4), 4.5 + 0.25 * ((len(rows) + 2) // 3)))
     width = 0.8 / max(len(rows), 1)
+    colours = plt.get_cmap("tab20").colors
     for i, row in enumerate(rows):
         values = [row.mr.get(lang, np.nan) for lang in languages]
         errors = [row.std.get(lang, 0.0) for lang in languages] if row.std else None
+        colour = "0.6" if row.name.startswith("chance") else colours[(2 * i) % 20 + (2 * i) // 20]
         ax.bar(np.arange(len(languages)) + (i - len(rows) / 2 + 0.5) * width, values, width, label=row.name,
-               yerr=errors, capsize=2)  # fmt: skip
+               yerr=errors, capsize=2, color=colour)  # fmt: skip
     ax.set_xticks(np.arange(len(languages)), languages)
     ax.set(ylabel="mR (%)", title=title)
-    ax.legend(fontsize=7, ncol=2, loc="upper right")
+    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.08))
     fig.tight_layout()
     return fig
 
