@@ -92,7 +92,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     # language's captions with the base languages' (xFlickr&CO's ja train_1500: 1,500, 488 photographed)
     text_only = load_split(catalog, dataset, "train", vocabulary, max_tokens, captions=cfg.data.captions)
     text_train = text_only.images_with(lang)
-    val = load_split(catalog, dataset, "val", vocabulary, max_tokens, extractor)
+    val, val_captions = _validation_split(catalog, dataset, vocabulary, max_tokens, extractor, lang, cfg.data.captions)
     device = resolve_device(cfg.train.device)
     use_cpu_threads(cfg.train.threads)  # in the key: the count changes the weights
     torch.manual_seed(cfg.train.seed)
@@ -110,9 +110,9 @@ def compute(ctx: StageContext) -> dict[str, Any]:
 
     started = time.perf_counter()
     loss = replace(cfg.loss, lc=False, nc=True)
-    # Without validation captions in the language (a few-shot set: xFlickr&CO's train_100),
-    # no epoch can be chosen: the last is kept, and the run says so.
-    validated = lang in {val.languages[i] for i in set(val.caption_lang.tolist())}
+    # Without validation captions in the language, human or translated (a few-shot set:
+    # xFlickr&CO's train_100), no epoch can be chosen: the last is kept, and the run says so.
+    validated = val_captions is not None
     if not text_train.n_images:  # nothing to train on: the aligned start is the model
         if start is None:
             raise AddLanguageError(f"no {lang} training captions to add it from (train.add_start=aligned reads it "
@@ -120,11 +120,14 @@ def compute(ctx: StageContext) -> dict[str, Any]:
         log.warning("no %s training captions: the branch is its aligned start, read zero-shot (nothing trained)",
                     lang, extra=SHOWN)  # fmt: skip
         return _finish(ctx, base, base_path, model, meta, vocabulary, counts, trainable, lang, train, text_train,
-                       [], 0, None, started, extractor, device, max_tokens, tokenizers, start)  # fmt: skip
+                       [], 0, None, started, extractor, device, max_tokens, tokenizers, start, val_captions)  # fmt: skip
     if not validated:
         log.warning("no %s captions in the validation split: the epochs are not chosen, the last is kept (%d of LP, "
-                    "%d joint); give %s validation captions to choose them", lang, cfg.pretrain.epochs,
-                    cfg.train.epochs, lang)  # fmt: skip
+                    "%d joint); give %s validation captions (or data.captions=human+mt) to choose them", lang,
+                    cfg.pretrain.epochs, cfg.train.epochs, lang)  # fmt: skip
+    elif val_captions != "human":
+        log.warning("no human %s captions in the validation split: the epochs are chosen on its machine-translated "
+                    "ones", lang, extra=SHOWN)  # fmt: skip
     if cfg.pretrain.enabled and cfg.pretrain.epochs > 0:
 
         def validate_lp(m):
@@ -150,11 +153,30 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     kept_epoch = trainer.best_epoch if validated else trainer.epoch
     kept_score = trainer.best_score if validated else None
     return _finish(ctx, base, base_path, model, meta, vocabulary, counts, trainable, lang, train, text_train,
-                   history, kept_epoch, kept_score, started, extractor, device, max_tokens, tokenizers, start)  # fmt: skip
+                   history, kept_epoch, kept_score, started, extractor, device, max_tokens, tokenizers, start,
+                   val_captions)  # fmt: skip
+
+
+def _validation_split(catalog, dataset, vocabulary, max_tokens, extractor, lang, captions):
+    """The validation split the new branch's epochs are chosen on, and which captions of the
+    language it holds: its human ones where it has any, else, when the run trains on
+    translations (data.captions human+mt or mt), its translated ones; else none."""
+    def has(split):
+        return lang in {split.languages[i] for i in set(split.caption_lang.tolist())}
+
+    human = load_split(catalog, dataset, "val", vocabulary, max_tokens, extractor)
+    if has(human):
+        return human, "human"
+    if captions != "human":
+        translated = load_split(catalog, dataset, "val", vocabulary, max_tokens, extractor, captions)
+        if has(translated):
+            return translated, captions
+    return human, None
 
 
 def _finish(ctx, base, base_path, model, meta, vocabulary, counts, trainable, lang, train, text_train, history,
-            kept_epoch, kept_score, started, extractor, device, max_tokens, tokenizers, start) -> dict[str, Any]:  # fmt: skip
+            kept_epoch, kept_score, started, extractor, device, max_tokens, tokenizers, start,
+            val_captions) -> dict[str, Any]:  # fmt: skip
     """The base languages checked unchanged, the model saved, the step's summary."""
     wd, catalog, cfg, log, dataset = ctx.workdir, ctx.catalog, ctx.cfg, logger(), ctx.cfg.data.dataset
     base_cfg = meta["cfg"]
@@ -169,6 +191,7 @@ def _finish(ctx, base, base_path, model, meta, vocabulary, counts, trainable, la
                parameters=counts, base_model=str(base_path), added_language=lang, unchanged=unchanged,
                tokenizers=tokenizers)  # fmt: skip
     return {"path": str(path), "language": lang, "best_epoch": kept_epoch, "val_mR": kept_score,
+            "val_captions": val_captions,
             "images": train.n_images, "lp_images": text_train.n_images,
             "trainable_parameters": trainable, "parameters": counts, "existing_languages_max_change": unchanged,
             "start": cfg.train.add_start, **({"aligned": start.summary} if start is not None else {}),

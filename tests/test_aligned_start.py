@@ -97,6 +97,10 @@ def test_a_language_with_no_captions_trains_on_english_translated_into_it(rebuil
     result = runner.run(cfg, "extend", force=True)
     assert result["images"] > 0 and result["history"]  # it trained, on translations alone
     assert result["existing_languages_max_change"] == 0.0
+    # no human Spanish validation caption: the epochs are chosen on the translated ones
+    assert result["val_captions"] == "human+mt" and result["val_mR"] is not None
+    scores = [r["score"] for r in result["history"]]
+    assert result["val_mR"] == max(s for s in scores if s is not None)
 
 
 def test_a_word_no_caption_holds_starts_nearer_its_translation_than_chance(spanish_added):
