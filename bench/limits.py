@@ -277,8 +277,8 @@ def bare_training(cfg, workdir: Path, dataset: str, mode: str, steps: int) -> di
             total = sum(v for k, v in parts.items() if k != "lc_accuracy")
             trainer.optimizer.zero_grad(set_to_none=True)
             total.backward()
-            if trainer.dense_tables is not None:
-                trainer.dense_tables.gradients()
+            if trainer.updates.dense_tables is not None:
+                trainer.updates.dense_tables.gradients()
             if cfg.train.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], cfg.train.grad_clip)
             trainer.optimizer.step()

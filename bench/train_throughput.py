@@ -66,13 +66,13 @@ def bench_training(preset: str, device: torch.device, steps: int, compile_: bool
     batches = list(trainer.sampler.batches(1))[: steps + 1]
 
     def step(batch):
-        with torch.autocast("cuda", dtype=torch.float16, enabled=trainer.amp):
+        with torch.autocast("cuda", dtype=torch.float16, enabled=trainer.updates.amp):
             parts = trainer.losses(batch)
             total = sum(v for k, v in parts.items() if k != "lc_accuracy")
         trainer.optimizer.zero_grad(set_to_none=True)
-        trainer.scaler.scale(total).backward()
-        trainer.scaler.step(trainer.optimizer)
-        trainer.scaler.update()
+        trainer.updates.scaler.scale(total).backward()
+        trainer.updates.scaler.step(trainer.optimizer)
+        trainer.updates.scaler.update()
 
     step(batches[0])  # warm-up (and compilation)
     if device.type == "cuda":

@@ -2,16 +2,19 @@
 
 After an epoch whose losses are not finite, have grown far past the first batch's, or whose
 validation score fell far below its best, training warns, stops, or rolls back to the best
-epoch's weights with a lower learning rate (train.divergence; the trainer carries it out)."""
+epoch's weights with a lower learning rate (train.divergence): `divergence` reads the epoch,
+`respond` carries out the action on the trainer."""
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from mule.mule_core.settings import TrainConfig
 
+log = logging.getLogger("mule.training")
 GUARD_ACTIONS = ("rollback", "stop", "warn", "off")
 # A fall of fewer points than this never counts as divergence: early epochs' scores are
 # small and noisy (3 -> 1 is not a collapse).
@@ -42,3 +45,31 @@ def divergence(train: TrainConfig, losses: dict[str, float], score: float | None
         return (f"validation score {score:.2f} fell below {train.divergence_drop:.0%} of its best, "
                 f"{best_score:.2f} at epoch {best_epoch}")  # fmt: skip
     return None
+
+
+def respond(trainer, epoch: int) -> str:
+    """train.divergence's action on `trainer` (mule_core/trainer.py) after a diverged epoch,
+    in words: warn; roll back to the best epoch (or the starting weights) at a lower learning
+    rate, train.divergence_retries times at most; else stop, keeping the best epoch."""
+    train, mode = trainer.train, trainer.train.divergence
+    if mode == "warn":
+        return "warned only (divergence=warn)"
+    if mode == "rollback" and trainer.rollbacks < train.divergence_retries:
+        trainer.rollbacks += 1
+        if trainer.best_state is not None:
+            trainer.updates.load_weights(trainer.best_state)
+            trainer.optimizer.load_state_dict(trainer.best_optimizer)
+            where = f"epoch {trainer.best_epoch}"
+        else:
+            trainer.updates.load_weights(trainer.start_state)
+            trainer.optimizer.state.clear()  # Adam's moments from diverged steps would carry it away again
+            where = "the starting weights"
+        trainer.updates.lower_lr(train.divergence_lr_factor)
+        return (f"rolled back to {where}, learning rate x{trainer.updates.lr_scale:g} "
+                f"(rollback {trainer.rollbacks} of {train.divergence_retries})")  # fmt: skip
+    reason = "divergence=stop" if mode == "stop" else f"{trainer.rollbacks} rollbacks did not help"
+    trainer.stopped = f"diverged at epoch {epoch} ({reason})"
+    if trainer.best_state is None:  # no good epoch: what training started from beats diverged weights
+        trainer.updates.load_weights(trainer.start_state)
+        return f"stopped ({reason}); no epoch was good, the starting weights are kept"
+    return f"stopped ({reason}); the best epoch is kept"

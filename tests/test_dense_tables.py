@@ -22,7 +22,7 @@ def trainer(by_hand: bool, **train) -> Trainer:
             branch.embed.weight.add_(0.1 * torch.randn_like(branch.embed.weight))
     made = LPTrainer(model, toy_split(), PULLED, replace(optim(2), **train), torch.device("cpu"), pretrain=lp(2))
     if not by_hand:  # autograd's gradients: what the trainer did before dense_tables.py
-        made.dense_tables = None
+        made.updates.dense_tables = None
         for branch in model.branches.values():
             branch.embed.sparse = branch.subwords.vectors.sparse = False
     return made
@@ -54,8 +54,8 @@ def test_the_gradient_by_hand_is_autograd_s_to_the_bit():
         batch = next(iter(made.sampler.batches(1)))
         parts = made.losses(batch)
         sum(v for k, v in parts.items() if k != "lc_accuracy").backward()
-        if made.dense_tables is not None:
-            made.dense_tables.gradients()
+        if made.updates.dense_tables is not None:
+            made.updates.dense_tables.gradients()
         grads = [t.grad.clone() for b in made.model.branches.values() for t in (b.embed.weight, b.subwords.vectors.weight)]
         batches[by_hand] = (float(parts["word_l2"].detach()), grads)
     assert batches[True][0] == pytest.approx(batches[False][0], rel=1e-6)
@@ -82,11 +82,11 @@ def test_a_language_no_batch_read_gets_autograd_s_gradients_none_for_its_n_grams
     for by_hand in (True, False):
         made = trainer(by_hand)
         model = made.model
-        pull = made.dense_tables.pull_loss() if by_hand else PULLED.word_l2 * model.word_drift()
+        pull = made.updates.dense_tables.pull_loss() if by_hand else PULLED.word_l2 * model.word_drift()
         total = model.branches["en"](torch.tensor([[2, 3, 4]])).sum() + pull
         total.backward()
         if by_hand:
-            made.dense_tables.gradients()
+            made.updates.dense_tables.gradients()
         grads[by_hand] = {f"{lang}.{name}": None if t.grad is None else t.grad.clone()
                           for lang, b in model.branches.items()
                           for name, t in (("words", b.embed.weight), ("ngrams", b.subwords.vectors.weight))}  # fmt: skip
@@ -120,7 +120,7 @@ def test_lp_under_float16_autocast_skips_no_step_and_learns():
     made = amp_on_the_cpu(trainer(True, grad_clip=2.0, ema=0.99))
     before = {k: v.clone() for k, v in made.model.state_dict().items()}
     history = made.fit()
-    assert made.scaler.get_scale() == 65536.0
+    assert made.updates.scaler.get_scale() == 65536.0
     assert history[-1].losses["total"] < history[0].losses["total"]
     moved = [k for k, v in made.model.state_dict().items() if v.is_floating_point() and not torch.equal(v, before[k])]
     assert any(".embed." in k for k in moved) and any(".subwords." in k for k in moved)
@@ -145,7 +145,7 @@ def test_a_step_with_nan_gradients_leaves_nothing_in_the_dense_gradients(amp):
         assert made.stopped is None
         assert all(torch.isfinite(v).all() for v in weights[by_hand].values() if v.is_floating_point())
         if amp:
-            assert made.scaler.get_scale() == 32768.0  # one step skipped
+            assert made.updates.scaler.get_scale() == 32768.0  # one step skipped
         else:
             assert history[1].action.startswith("rolled back") and history[2].action is None
     assert histories[True] == histories[False]
@@ -174,10 +174,10 @@ def test_each_table_s_gradient_norm_comes_from_the_rows_read(pull):
         made.optimizer.zero_grad(set_to_none=True)
         parts = made.losses(next(batches))
         sum(v for k, v in parts.items() if k != "lc_accuracy").backward()
-        made.dense_tables.gradients()
+        made.updates.dense_tables.gradients()
     tables = [t for b in made.model.branches.values() for t in (b.embed.weight, b.subwords.vectors.weight)]
-    assert set(made.dense_tables.norms) == {id(t) for t in tables}
+    assert set(made.updates.dense_tables.norms) == {id(t) for t in tables}
     for table in tables:
         exact = torch.linalg.vector_norm(table.grad)
         assert float(exact) > 0
-        assert torch.allclose(made.dense_tables.norms[id(table)], exact, rtol=1e-5)
+        assert torch.allclose(made.updates.dense_tables.norms[id(table)], exact, rtol=1e-5)

@@ -174,12 +174,12 @@ def test_lp_with_row_updates_leaves_a_word_no_caption_uses_as_it_was_and_average
         start = model.branches["en"].embed.weight.detach().clone()
         train = replace(optim(2), ema=0.99, word_updates=updates, grad_clip=2.0)
         trainer = LPTrainer(model, data, LOSS, train, torch.device("cpu"), pretrain=lp(2))
-        assert all(t.grad is None for t in trainer.tables)
+        assert all(t.grad is None for t in trainer.updates.tables)
         trainer.fit()
         after = model.branches["en"].embed.weight.detach()
         results[updates] = trainer.history[-1].losses["nc_mule"]
         if updates == "rows":
-            assert trainer.tables and all(m.sparse for b in model.branches.values() for m in (b.embed, b.subwords.vectors))
+            assert trainer.updates.tables and all(m.sparse for b in model.branches.values() for m in (b.embed, b.subwords.vectors))
             assert torch.equal(after[[26, 27]], start[[26, 27]])  # word24, word25: no caption says them
             assert torch.equal(trainer.ema.branches["en"].embed.weight[[26, 27]], start[[26, 27]])
             assert not torch.allclose(after[2:26], start[2:26])

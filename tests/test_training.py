@@ -92,7 +92,7 @@ def test_training_under_float16_autocast_learns_as_in_float32():
     made = amp_on_the_cpu(JointTrainer(model, data, replace(LOSS, word_l2=5e-7), replace(optim(25), grad_clip=2.0, ema=0.99),
                                   torch.device("cpu")))
     made.fit()
-    assert made.scaler.get_scale() == 65536.0
+    assert made.updates.scaler.get_scale() == 65536.0
     after = evaluate_split(made.kept_model, data, torch.device("cpu"))
     for lang in LANGS:
         assert after[lang]["mR"] > 85, after
@@ -335,7 +335,7 @@ def test_an_absurd_learning_rate_fires_the_guard_which_rolls_back_then_stops():
         trainer.run_epoch()
     learned, best_epoch = trainer.best_score, trainer.best_epoch
     assert learned > 60, learned
-    trainer.lr_scale = 1e6  # from the next step on, lr 3e3: training blows up
+    trainer.updates.lr_scale = 1e6  # from the next step on, lr 3e3: training blows up
     history = trainer.fit()
     fired = [r for r in history if r.divergence]
     assert fired and fired[0].epoch == 16, [(r.epoch, r.score, r.losses.get("total")) for r in history]
@@ -386,7 +386,7 @@ def test_the_guard_does_what_the_config_says(mode):
                       validate=_mean_mr_on(data))  # fmt: skip
     for _ in range(15):
         trainer.run_epoch()
-    trainer.lr_scale = 1e6
+    trainer.updates.lr_scale = 1e6
     history = trainer.fit()
     fired = [r for r in history if r.divergence]
     if mode == "off":
@@ -402,12 +402,12 @@ def test_a_resumed_run_keeps_the_guards_state():
     first = JointTrainer(toy_model(), data, LOSS, optim(20), torch.device("cpu"), validate=_mean_mr_on(data))
     for _ in range(15):
         first.run_epoch()
-    first.lr_scale = 1e6
+    first.updates.lr_scale = 1e6
     first.run_epoch()  # diverges: rolled back, lr scale 5e5
     assert first.rollbacks == 1
     resumed = JointTrainer(toy_model(), data, LOSS, optim(20), torch.device("cpu"), validate=_mean_mr_on(data))
     resumed.load_state_dict(first.state_dict())
-    assert (resumed.rollbacks, resumed.lr_scale, resumed.best_epoch) == (1, first.lr_scale, first.best_epoch)
+    assert (resumed.rollbacks, resumed.updates.lr_scale, resumed.best_epoch) == (1, first.updates.lr_scale, first.best_epoch)
     assert resumed.optimizer.param_groups[0]["lr"] == first.optimizer.param_groups[0]["lr"]
 
 
