@@ -39,13 +39,13 @@ class Demo:
     or, with `forker`, the same command forked from a process that has imported mule
     (tests/forked.py: the session's Prefect server, no imports to pay)."""
 
-    def __init__(self, workdir: Path, *extra: str, env: dict | None = None, forker=None):
+    def __init__(self, workdir: Path, *extra: str, env: dict | None = None, forker=None, script: str | None = None):
         args = ["demo", "--workdir", str(workdir), *SIZES, *[a for o in TINY for a in ("--set", o)], *extra]
         self.lines: list[str] = []
         if forker is not None:
             workdir.parent.mkdir(parents=True, exist_ok=True)
             log = workdir.parent / f"{workdir.name}-{time.monotonic_ns()}.log"
-            self.process = forker.start(args, log, env=env)
+            self.process = forker.start(args, log, env=env, script=script)
             self.reader = threading.Thread(target=self._tail, args=(log,), daemon=True)
         else:
             self.process = subprocess.Popen([sys.executable, "-m", "mule.commands", *args], cwd=REPO, text=True,
@@ -103,6 +103,23 @@ def runs(workdir: Path) -> list:
     return client.search_runs([experiment.experiment_id]) if experiment else []
 
 
+# `mule`'s entry point (forked: tests/forked.py) with each image shard 0.5 s slower: the tiny
+# demo's 4 shards of 16 images at 32 px take hundredths of a second, so a signal sent when
+# the stage says it ran could land after it ended (it did, once in a clean-clone run)
+SLOW_SHARDS = r"""
+import sys, time
+import mule.tasks.features as features
+real = features.extract_shard
+def extract_shard(*args, **kwargs):
+    time.sleep(0.5)
+    return real(*args, **kwargs)
+features.extract_shard = extract_shard
+from mule.commands.main import entry
+sys.argv = ["mule", *sys.argv[1:]]
+entry()
+"""
+
+
 @pytest.mark.slow
 def test_ctrl_c_and_sigterm_stop_every_kind_of_stage_and_the_rerun_equals_a_run_never_stopped(tmp_path,
         prefect_api_url, never_interrupted, forker):  # fmt: skip
@@ -121,7 +138,8 @@ def test_ctrl_c_and_sigterm_stop_every_kind_of_stage_and_the_rerun_equals_a_run_
     env["MULE_INTERRUPT_DEBUG"] = "1"
     for stage, signum, group in (("features", signal.SIGINT, True), ("text", signal.SIGTERM, False),
                                  ("train", signal.SIGINT, False), ("evaluate", signal.SIGTERM, True)):  # fmt: skip
-        demo = Demo(stopped, env=env, forker=None if stage == "evaluate" else forker)
+        demo = Demo(stopped, env=env, forker=None if stage == "evaluate" else forker,
+                    script=SLOW_SHARDS if stage == "features" else None)
         demo.wait_for(rf"^\d\d:\d\d:\d\d {stage}: ran\b")
         took, after = demo.stop(signum, group)
         debug = [line for line in after if line.startswith("[interrupts")]
