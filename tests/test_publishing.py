@@ -177,3 +177,4 @@ def test_a_stop_anywhere_in_the_train_publish_then_another_setting_loses_no_mode
         run = MlflowClient(f"sqlite:///{work / 'mlflow.db'}").get_run(stopped)
         assert run.info.status == "FINISHED" and run.data.tags["mule.published_by_run"], stop_before
         assert "model.pt" in {a.path for a in MlflowClient(f"sqlite:///{work / 'mlflow.db'}").list_artifacts(stopped)}
+        shutil.rmtree(work)  # 26 workdirs of 40 MB each otherwise stay until the test ends
