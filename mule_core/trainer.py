@@ -3,8 +3,9 @@ What differs between the two kinds (their settings, their losses) is in
 mule_core/lp_training.py and mule_core/joint_training.py. Here: a batch's losses (the
 kind's, plus LC and the fine-tuned words' pull), epochs, validation with the best epoch
 kept, patience, and checkpoints (state_dict / load_state_dict, so an interrupted run
-resumes). How a loss becomes a step of the weights is mule_core/updates.py; the divergence
-guard, mule_core/divergence.py.
+resumes). How a loss becomes a step of the weights is mule_core/updates.py; LC and the
+words' pull, mule_core/shared_losses.py; which epoch is kept, mule_core/best_epoch.py (the
+divergence guard: mule_core/divergence.py); checkpoints, mule_core/trainer_state.py.
 """
 
 from __future__ import annotations
@@ -20,14 +21,16 @@ import torch
 import torch.nn.functional as F
 
 from mule.mule_core.batching import Batch, ImageBatchSampler, duplicate_ids
+from mule.mule_core.best_epoch import close_epoch, stop_without_progress
 from mule.mule_core.devices import resolve_device  # noqa: F401 - where the training stages find it
-from mule.mule_core.divergence import GUARD_ACTIONS, divergence, respond
-from mule.mule_core.losses import image_sentence_loss, language_classifier_loss, neighborhood_loss
+from mule.mule_core.divergence import GUARD_ACTIONS
+from mule.mule_core.losses import image_sentence_loss, neighborhood_loss
 from mule.mule_core.model import MuleModel, TextEncoding
 from mule.mule_core.progress import SHOWN, Progress, format_seconds
+from mule.mule_core.shared_losses import language_adversary, lc_scale, word_pull
 from mule.mule_core.split_tensors import SplitTensors
 from mule.mule_core.trainer_state import restore_trainer, trainer_state
-from mule.mule_core.training_records import Constraints, EpochResult, Schedule, sentences_per_image
+from mule.mule_core.training_records import Constraints, EpochResult, EpochTotals, Schedule, sentences_per_image
 from mule.mule_core.updates import Updates
 from mule.mule_core.weight_average import cpu_copy
 
@@ -110,11 +113,8 @@ class Trainer(ABC):
         return self.updates.step
 
     def lc_scale(self) -> float:
-        """The adversary's strength on the encoder now: DANN's schedule (Ganin & Lempitsky,
-        2015), 2 / (1 + exp(-10 p)) - 1 with p = step / lc_ramp_steps, times loss.lc_weight."""
-        ramp = self.loss.lc_ramp_steps
-        p = min(1.0, self.step / ramp) if ramp > 0 else 1.0
-        return self.loss.lc_weight * (2.0 / (1.0 + math.exp(-10.0 * p)) - 1.0)
+        """The adversary's strength on the encoder now (mule_core/shared_losses.py)."""
+        return lc_scale(self.loss, self.step)
 
     # -- one step -------------------------------------------------------------------
     def losses(self, batch: Batch) -> dict[str, torch.Tensor]:
@@ -134,19 +134,9 @@ class Trainer(ABC):
         mule = F.normalize(encoded.mule, dim=-1) if encoded.mule is not None else None
         parts = self.objective(batch, encoded, mule, Constraints(sentence_image, pairs, self.schedule.margin, k, same_text))
         if cfg.lc and mule is not None and len(batch.groups) > 1:
-            # The classifier learns at full strength (a weak adversary teaches nothing); the
-            # encoder receives its gradient reversed and scaled by lc_scale() (lambda2, ramped).
-            logits = self.model.classify_language(encoded.mule, reverse_scale=self.lc_scale())
             language = batch.sentence_lang.to(dev, non_blocking=True)
-            parts["lc"] = language_classifier_loss(logits, language)
-            parts["lc_accuracy"] = (logits.argmax(1) == language).float().mean().detach()
-        tables = self.updates.dense_tables
-        pull = tables.pull_loss() if tables is not None else None
-        if pull is not None:
-            parts["word_l2"] = pull
-        elif cfg.word_l2 > 0 and any(b.embed.weight.requires_grad for b in self.model.branches.values()):
-            parts["word_l2"] = cfg.word_l2 * self.model.word_drift(read)
-        return parts
+            parts |= language_adversary(self.model, encoded.mule, language, self.lc_scale())
+        return parts | word_pull(self.model, cfg, self.updates.dense_tables, read)
 
     def _step(self, batch: Batch, lap: Callable[[str], None]) -> tuple[dict[str, torch.Tensor], bool]:
         """One optimizer step on `batch`: its losses (with the total), and whether AMP's
@@ -176,81 +166,33 @@ class Trainer(ABC):
         if self.stopped:
             raise RuntimeError(f"training stopped: {self.stopped}")
         self._train_mode()
-        epoch = self.epoch + 1
-        sums: dict[str, float] = {}
-        steps = skipped = sentences = 0
-        started = time.perf_counter()
+        epoch, totals = self.epoch + 1, EpochTotals()
         progress = Progress(f"{self.kind} epoch {epoch}/{self.epochs}", len(self.sampler), unit="batches", logger=log)
-        phases = dict.fromkeys(("batches", "forward", "backward", "optimizer", "validation"), 0.0)
-        clock = time.perf_counter()
-
-        def lap(phase: str) -> None:
-            nonlocal clock
-            now = time.perf_counter()
-            phases[phase] += now - clock
-            clock = now
-
         for batch in self.sampler.batches(epoch):
-            lap("batches")
-            parts, missed = self._step(batch, lap)
-            skipped += missed
-            for key, value in parts.items():  # summed on the device: no host sync per step
-                sums[key] = sums.get(key, 0.0) + value.detach().float()
-            steps += 1
-            sentences += len(batch.captions)
+            totals.lap("batches")
+            parts, missed = self._step(batch, totals.lap)
+            totals.add(parts, missed, len(batch.captions))
             progress.update(1)
-            lap("optimizer")
+            totals.lap("optimizer")
         if self.updates.average is not None:
             self.updates.average.settle(self.step)  # validation, the kept epoch and checkpoints read every row's average
-        if skipped > 1:  # one now and then is AMP finding its scale; many is a model that does not train
+        if totals.skipped > 1:  # one now and then is AMP finding its scale; many is a model that does not train
             log.warning("%s epoch %d: AMP's scaler skipped %d of %d steps (gradients not finite in float16)",
-                        self.kind, epoch, skipped, steps)  # fmt: skip
-        seconds = time.perf_counter() - started
-        result = EpochResult(
-            epoch, {k: float(v) / max(steps, 1) for k, v in sums.items()}, seconds, sentences / seconds,
-            lr=self.optimizer.param_groups[0]["lr"],
-        )  # fmt: skip
+                        self.kind, epoch, totals.skipped, totals.steps)  # fmt: skip
+        result = totals.result(epoch, lr=self.optimizer.param_groups[0]["lr"])
         if self.validate is not None and all(math.isfinite(v) for v in result.losses.values()):
-            clock = time.perf_counter()
+            totals.clock = time.perf_counter()
             result.score, result.validation = self.validate(self.kept_model)
-            lap("validation")
-        result.phases = {k: round(v, 3) for k, v in phases.items()}
-        self._close_epoch(result)
+            totals.lap("validation")
+        result.phases = {k: round(v, 3) for k, v in totals.phases.items()}
+        close_epoch(self, result)
         return result
-
-    def _close_epoch(self, result: EpochResult) -> None:
-        """The epoch's verdict: the divergence guard's reading and action, else a better
-        score kept as the best epoch."""
-        result.divergence = divergence(self.train, result.losses, result.score, self.first_loss, self.best_score,
-                                       self.best_epoch)  # fmt: skip
-        if result.divergence is None and result.score is not None and result.score > self.best_score:
-            result.is_best = True
-            self.best_score, self.best_epoch = result.score, result.epoch
-            # the last best's copies go before the new ones are made: one set in memory, not
-            # two (on the real text each set is 1.1 GB, and a checkpoint being written holds 1.4)
-            self.best_state = self.best_optimizer = None
-            self.best_state = cpu_copy(self.kept_model.state_dict())
-            self.best_optimizer = cpu_copy(self.optimizer.state_dict())
-        self.epoch = result.epoch
-        if result.divergence is not None:
-            result.action = respond(self, result.epoch)
-            log.warning("%s epoch %d diverged: %s; %s", self.kind, result.epoch, result.divergence, result.action)
-        self.history.append(result)
 
     # -- the weight average (train.ema) --------------------------------------------------
     @property
     def kept_model(self) -> MuleModel:
         """What validation sees and training keeps: the averaged weights when train.ema is on."""
         return self.updates.kept_model
-
-    @property
-    def ema(self) -> MuleModel | None:
-        """The averaged model (train.ema), None when the raw weights are kept."""
-        return self.average.model if self.average is not None else None
-
-    @property
-    def row_averages(self) -> dict:
-        return self.average.rows if self.average is not None else {}
 
     def fit(self, on_epoch_end: Callable[[EpochResult], None] | None = None) -> list[EpochResult]:
         started, first_epoch = time.perf_counter(), self.epoch
@@ -260,30 +202,19 @@ class Trainer(ABC):
             now = time.perf_counter()
             per_epoch = (now - started) / (self.epoch - first_epoch)  # validation included
             eta = format_seconds(per_epoch * (self.epochs - self.epoch))
-            losses = ", ".join(f"{k} {v:.4f}" for k, v in result.losses.items())
-            score = "" if result.score is None else f"; val {result.score:.2f}{' (best)' if result.is_best else ''}"
+            losses, score = result.described()
             log.info("%s epoch %d/%d: %s; %.0f sentences/s%s; ETA %s", self.kind, result.epoch, self.epochs,
                      losses, result.sentences_per_second, score, eta)  # fmt: skip
             if now - shown >= PROGRESS_EVERY or self.epoch == self.epochs:  # the console: every 20 s, and the last
                 shown = now
                 log.info("%s: epoch %d/%d (%.1f s/epoch, %.0f sentences/s%s, ETA %s)", self.kind, result.epoch,
                          self.epochs, per_epoch, result.sentences_per_second, score, eta, extra=SHOWN)  # fmt: skip
-            self._stop_without_progress(result)
+            stop_without_progress(self, result)
             if on_epoch_end is not None:
                 on_epoch_end(result)
         if self.best_state is not None:
             self.model.load_state_dict(self.best_state)
         return self.history
-
-    def _stop_without_progress(self, result: EpochResult) -> None:
-        """train.patience (pretrain.patience for LP): stop once that many epochs have passed
-        without a better validation score, before the epoch's checkpoint records it."""
-        if self.patience and not self.stopped and result.score is not None and self.epoch < self.epochs:
-            if self.epoch - self.best_epoch >= self.patience:
-                self.stopped = (f"no better validation score for {self.epoch - self.best_epoch} epochs after epoch "
-                                f"{self.best_epoch} ({self.best_score:.2f}): patience {self.patience}")  # fmt: skip
-                log.info("%s: stopped at epoch %d of %d: %s", self.kind, self.epoch, self.epochs, self.stopped,
-                         extra=SHOWN)  # fmt: skip
 
     # -- checkpoints (mule_core/trainer_state.py) ----------------------------------------
     def state_dict(self) -> dict:

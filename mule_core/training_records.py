@@ -4,6 +4,7 @@ batch draws."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -73,3 +74,39 @@ class EpochResult:
     # seconds per phase: batches (sampling), forward, backward, optimizer (clipping, the step,
     # the weight average), validation; on CUDA the device's queue may blur them
     phases: dict | None = None
+
+    def described(self) -> tuple[str, str]:
+        """Its losses and its validation score, as the log lines write them."""
+        losses = ", ".join(f"{k} {v:.4f}" for k, v in self.losses.items())
+        score = "" if self.score is None else f"; val {self.score:.2f}{' (best)' if self.is_best else ''}"
+        return losses, score
+
+
+class EpochTotals:
+    """An epoch's running sums while its steps go: each loss summed on the device (no host
+    sync per step), the steps, the ones AMP's scaler skipped, the sentences seen, and the
+    seconds per phase (`lap(phase)` adds the time since the last lap to it)."""
+
+    PHASES = ("batches", "forward", "backward", "optimizer", "validation")
+
+    def __init__(self):
+        self.sums: dict[str, torch.Tensor] = {}
+        self.steps = self.skipped = self.sentences = 0
+        self.started = self.clock = time.perf_counter()
+        self.phases = dict.fromkeys(self.PHASES, 0.0)
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.phases[phase] += now - self.clock
+        self.clock = now
+
+    def add(self, parts: dict[str, torch.Tensor], skipped: bool, sentences: int) -> None:
+        for key, value in parts.items():
+            self.sums[key] = self.sums.get(key, 0.0) + value.detach().float()
+        self.steps, self.skipped, self.sentences = self.steps + 1, self.skipped + skipped, self.sentences + sentences
+
+    def result(self, epoch: int, lr: float) -> EpochResult:
+        """The epoch's record, before validation: mean losses, sentences per second."""
+        seconds = time.perf_counter() - self.started
+        losses = {k: float(v) / max(self.steps, 1) for k, v in self.sums.items()}
+        return EpochResult(epoch, losses, seconds, self.sentences / seconds, lr=lr)

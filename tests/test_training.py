@@ -167,7 +167,7 @@ def test_weight_averaging_validates_and_keeps_the_average_of_the_steps(updates):
     start = {k: v.clone() for k, v in model.state_dict().items()}
     options = replace(optim(1), ema=0.99, word_updates=updates)  # rows: the tables' rows averaged row by row
     trainer = JointTrainer(model, toy_split(), LOSS, options, torch.device("cpu"), validate=validate)
-    assert bool(trainer.row_averages) == (updates == "rows")
+    assert bool(trainer.average.rows if trainer.average else {}) == (updates == "rows")
     expected = {k: v.clone() for k, v in start.items()}
     raw = []  # the raw weights after each step
     original_update = trainer.average.update
@@ -519,8 +519,8 @@ def test_each_mode_decays_its_learning_rate_and_averages_its_weights_by_its_own_
     decay = 0.25 if mode == "lp" else 0.5
     assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(lr0 * decay**2)
     if mode == "lp":  # the kept model is the average, not the last weights
-        assert trainer.ema is not None and trainer.kept_model is trainer.ema
+        assert trainer.average is not None and trainer.kept_model is trainer.average.model
         kept, last = trainer.kept_model.state_dict(), trainer.model.state_dict()
         assert any(not torch.equal(kept[name], last[name]) for name in last)
     else:
-        assert trainer.ema is None and trainer.kept_model is trainer.model
+        assert trainer.average is None and trainer.kept_model is trainer.model
