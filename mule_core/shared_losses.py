@@ -13,7 +13,7 @@ from mule.mule_core.model import MuleModel
 from mule.mule_core.settings import LossConfig
 
 
-def lc_scale(loss: LossConfig, step: int) -> float:
+def adversary_scale(loss: LossConfig, step: int) -> float:
     """The adversary's strength on the encoder at `step`: DANN's schedule (Ganin & Lempitsky,
     2015), 2 / (1 + exp(-10 p)) - 1 with p = step / lc_ramp_steps, times loss.lc_weight."""
     ramp = loss.lc_ramp_steps
@@ -25,7 +25,7 @@ def language_adversary(model: MuleModel, mule: torch.Tensor, language: torch.Ten
                        scale: float) -> dict[str, torch.Tensor]:  # fmt: skip
     """LC on the MULE features (before normalising) of sentences in `language` (their ids).
     The classifier learns at full strength (a weak adversary teaches nothing); the encoder
-    receives its gradient reversed and scaled by `scale` (lambda2, ramped: lc_scale)."""
+    receives its gradient reversed and scaled by `scale` (lambda2, ramped: adversary_scale)."""
     logits = model.classify_language(mule, reverse_scale=scale)
     return {"lc": language_classifier_loss(logits, language),
             "lc_accuracy": (logits.argmax(1) == language).float().mean().detach()}  # fmt: skip

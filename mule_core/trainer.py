@@ -27,7 +27,7 @@ from mule.mule_core.divergence import GUARD_ACTIONS
 from mule.mule_core.losses import image_sentence_loss, neighborhood_loss
 from mule.mule_core.model import MuleModel, TextEncoding
 from mule.mule_core.progress import SHOWN, Progress, format_seconds
-from mule.mule_core.shared_losses import language_adversary, lc_scale, word_pull
+from mule.mule_core.shared_losses import adversary_scale, language_adversary, word_pull
 from mule.mule_core.split_tensors import SplitTensors
 from mule.mule_core.trainer_state import restore_trainer, trainer_state
 from mule.mule_core.training_records import Constraints, EpochResult, EpochTotals, Schedule, sentences_per_image
@@ -114,7 +114,7 @@ class Trainer(ABC):
 
     def lc_scale(self) -> float:
         """The adversary's strength on the encoder now (mule_core/shared_losses.py)."""
-        return lc_scale(self.loss, self.step)
+        return adversary_scale(self.loss, self.step)
 
     # -- one step -------------------------------------------------------------------
     def losses(self, batch: Batch) -> dict[str, torch.Tensor]:
@@ -181,7 +181,7 @@ class Trainer(ABC):
                         self.kind, epoch, totals.skipped, totals.steps)  # fmt: skip
         result = totals.result(epoch, lr=self.optimizer.param_groups[0]["lr"])
         if self.validate is not None and all(math.isfinite(v) for v in result.losses.values()):
-            totals.clock = time.perf_counter()
+            totals.restart()
             result.score, result.validation = self.validate(self.kept_model)
             totals.lap("validation")
         result.phases = {k: round(v, 3) for k, v in totals.phases.items()}

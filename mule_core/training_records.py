@@ -95,6 +95,10 @@ class EpochTotals:
         self.started = self.clock = time.perf_counter()
         self.phases = dict.fromkeys(self.PHASES, 0.0)
 
+    def restart(self) -> None:
+        """The clock from now: what ran since the last lap belongs to no phase."""
+        self.clock = time.perf_counter()
+
     def lap(self, phase: str) -> None:
         now = time.perf_counter()
         self.phases[phase] += now - self.clock

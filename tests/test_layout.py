@@ -241,3 +241,23 @@ def test_every_environment_switch_the_code_reads_is_in_the_operations_table():
         for path, _ in _modules(folder):
             read |= set(re.findall(r"MULE_[A-Z_]+", path.read_text()))
     assert read and read <= listed, sorted(read - listed)
+
+
+def test_a_passing_test_leaves_no_temporary_folder_and_a_failing_one_keeps_its_own(tmp_path):
+    """The suite writes about 3 GB of workdirs; under this project's pytest settings a test's
+    folder goes when it passes and stays when it fails (to be read), so repeated runs never
+    fill the disk."""
+    import subprocess
+    import sys
+
+    (tmp_path / "test_writes.py").write_text(
+        "def test_passes(tmp_path):\n    (tmp_path / 'big').write_bytes(b'0' * 1000)\n\n"
+        "def test_fails(tmp_path):\n    (tmp_path / 'kept').write_text('read me')\n    assert False\n"
+    )
+    base = tmp_path / "base"
+    run = subprocess.run([sys.executable, "-m", "pytest", "-c", str(REPO / "pyproject.toml"), "-n", "0",
+                          "-p", "no:cacheprovider", f"--basetemp={base}", str(tmp_path / "test_writes.py")],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert "1 failed, 1 passed" in run.stdout, run.stdout[-2000:]
+    left = sorted(p.relative_to(base).as_posix() for p in base.rglob("*") if p.is_file())
+    assert left == ["test_fails0/kept"], left
