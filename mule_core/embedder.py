@@ -22,9 +22,11 @@ import numpy as np
 import torch
 
 from mule.mule_core.errors import UserError
+from mule.mule_core.language_id import detect_language
+from mule.mule_core.languages import LanguageCodeError, read_language
 from mule.mule_core.model import MuleModel, TextBatch
 from mule.mule_core.tokenizers import drift, tokenizer_names
-from mule.mule_core.vocabulary import EncodedSentences, detect_language, pad_batch, tokenize
+from mule.mule_core.vocabulary import EncodedSentences, pad_batch, tokenize
 
 MAX_QUERY_CHARS = 1000  # a caption is a sentence; longer text is a mistake, not a query
 # A query image's pixel budget, checked from its header before anything is decoded: a
@@ -91,15 +93,16 @@ class Embedder:
         """(language, how it was chosen). An unsupported or undetectable language is an error."""
         vocabs = self.meta["vocabulary"].vocabs
         if lang:
-            if lang not in vocabs:
-                raise EmbedError(f"{self.label} does not know {lang!r}; its languages are "
-                                 f"{', '.join(vocabs)}", "unknown language")  # fmt: skip
-            return lang, "given"
+            try:  # read as everywhere else (EN, English, en-US where the model reads en)
+                code, how = read_language(lang, list(vocabs))
+            except LanguageCodeError as error:
+                raise EmbedError(f"{self.label} does not read {lang!r}: {error}", "unknown language") from None
+            return code, "given" + (f" as {lang!r}, read as {code}" if code != lang else "")
         guess = detect_language(text, vocabs, self.tokenizers)
         if guess.lang is None:
             raise EmbedError(f"none of the words of {text!r} is in the vocabulary of any language of {self.label} "
                              f"({', '.join(vocabs)}); give its language if you know it (--lang, or lang=)", "unknown words")  # fmt: skip
-        return guess.lang, f"detected: {guess.describe()} words known"
+        return guess.lang, f"detected: {guess.describe()}"
 
     def _texts(self, texts: list[str], langs: list[str | None] | None = None, batch: int = 512) -> list[TextVector]:
         """Many sentences at once: each checked and its language chosen, then encoded in

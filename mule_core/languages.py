@@ -17,6 +17,7 @@ imports: the config checks data.languages against it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 # Languages with a Moses non-breaking-prefix list (sacremoses' data), minus the ones segmented below.
@@ -50,27 +51,102 @@ def language_code(value: str) -> str:
     return langcodes.standardize_tag(text)
 
 
+# "Portuguese (Brazil)", "Serbian (Latin)", "Chinese (Simplified)": CLDR's display names
+_QUALIFIED = re.compile(r"^\s*(?P<name>[^()]+?)\s*\((?P<qualifiers>[^()]+)\)\s*$")
+
+
 def language_named(name: str) -> str | None:
     """The code of a language written by its name, in English or in the language itself
     ("English" -> "en", "Deutsch" -> "de", "русский" -> "ru"), from CLDR's names
-    (langcodes' data); None when no language has that name."""
+    (langcodes' data), its script or region kept when the name gives one in brackets, as
+    CLDR writes them ("Portuguese (Brazil)" -> "pt-BR", "Serbian (Latin)" -> "sr-Latn",
+    "Chinese (Simplified)" -> "zh-Hans"); None when no language has that name."""
     import langcodes
 
+    text = str(name).strip()
+    if not text:
+        return None
+    match = _QUALIFIED.match(text)
+    if match:
+        found = _qualified(langcodes, match["name"], match["qualifiers"])
+        if found:
+            return found
     try:
-        return langcodes.find(str(name).strip()).to_tag() if str(name).strip() else None
+        return langcodes.find(text).to_tag()
     except LookupError:
         return None
 
 
-def within(code: str, wanted) -> str | None:
-    """The language among `wanted` that `code` is a variety of, when `code` itself is not
-    there: en-US -> en, zh-Hant-TW -> zh-Hant or zh (subtags dropped from the right)."""
+def _qualified(langcodes, name: str, qualifiers: str) -> str | None:
+    """A language's name with its script and region in brackets, as one tag; None when a
+    part names no language, script or region."""
+    try:
+        language = langcodes.find(name.strip())
+    except LookupError:
+        return None
+    parts = {"language": language.language, "script": language.script, "territory": language.territory}
+    for qualifier in (q.strip() for q in qualifiers.split(",")):
+        for kind in ("script", "territory"):
+            try:
+                parts[kind] = getattr(langcodes.Language.find_name(kind, qualifier), kind)
+                break
+            except LookupError:
+                continue
+        else:
+            return None
+    return langcodes.standardize_tag(langcodes.Language.make(**parts).to_tag())
+
+
+def variety_of(code: str, wanted) -> tuple[str | None, str]:
+    """(the language among `wanted` that `code` is a variety of when `code` itself is not
+    there, or None; why not, for people): en-US -> en, zh-Hans-CN -> zh-Hans or zh
+    (subtags dropped from the right). A variety in another script is another language
+    here: zh-Hant is not zh (written in Simplified Han), sr-Latn is not sr (Cyrillic)."""
     parts = code.split("-")
     for end in range(len(parts) - 1, 0, -1):
         shorter = "-".join(parts[:end])
         if shorter in wanted:
-            return shorter
-    return None
+            mine, theirs = _script(code), _script(shorter)
+            if mine != theirs:
+                return None, f"{shorter} is written in another script ({theirs}, {code} in {mine})"
+            return shorter, ""
+    return None, ""
+
+
+def _script(code: str) -> str:
+    import langcodes
+
+    return langcodes.get(code).maximize().script or ""
+
+
+def read_language(value, known=None) -> tuple[str, str]:
+    """The one reading of a language, wherever one is given (a caption table's lang column,
+    data.languages, `mule embed`, `mule search --lang`, mule.api, `mule serve`): a BCP 47 tag
+    in any case or with underscores (EN, pt_br), or a language's name (English, Deutsch,
+    "Portuguese (Brazil)"). With `known` (the languages a model or a run reads), a variety
+    of one of them in the same script is read as it (en-US as en; zh-Hant is never zh).
+
+    Returns (the code, how it was read: "" as written, else what was done), or raises
+    LanguageCodeError saying what is wrong."""
+    if not isinstance(value, str):
+        what = "a number" if isinstance(value, int | float) and not isinstance(value, bool) else type(value).__name__
+        raise LanguageCodeError(f"{value!r} is {what}, not a language code (a BCP 47 tag such as es, pl or pt-BR, "
+                                "or a language's name)")  # fmt: skip
+    how = ""
+    try:
+        code = language_code(value)
+    except LanguageCodeError as error:
+        code, how = language_named(value), "its name"
+        if code is None:
+            raise LanguageCodeError(f"{error.args[0]}, nor a language's name") from None
+    if known is None or code in known:
+        return code, how
+    shorter, why = variety_of(code, known)
+    if shorter is None:
+        named = f" ({value!r} read as {code})" if how else ""
+        raise LanguageCodeError(f"{code}{named} is none of the languages here: {', '.join(known)}"
+                                + (f"; {why}" if why else ""))  # fmt: skip
+    return shorter, f"{how} and " * bool(how) + f"{shorter} without {code}'s subtags"
 
 
 def base(lang: str) -> str:

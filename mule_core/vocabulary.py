@@ -3,7 +3,7 @@ mule_core/tokenizers.py's (its names are here too)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import chain
 
@@ -157,32 +157,3 @@ def word_translator(pairs: Sequence[tuple[str, str]], target_counts: dict[str, i
 def translate_tokens(tokens: Sequence[str], table: dict[str, str]) -> list[str]:
     """Word-by-word translation; words the lexicon lacks stay as they are."""
     return [table.get(token, token) for token in tokens]
-
-
-@dataclass(frozen=True)
-class LanguageGuess:
-    lang: str | None  # None: no language knows any of the words
-    known: dict[str, int]  # language -> words of the text in its vocabulary
-    words: dict[str, int]  # language -> words of the text (each language tokenises its own way)
-
-    def describe(self) -> str:
-        return ", ".join(f"{lang} {self.known[lang]}/{self.words[lang]}" for lang in sorted(
-            self.known, key=lambda x: (-self.known[x] / max(self.words[x], 1), x)))  # fmt: skip
-
-
-def detect_language(text: str, vocabs: dict[str, Vocab], tokenizers: Mapping[str, str] | None = None) -> LanguageGuess:
-    """The language whose vocabulary knows the largest share of the text's words (each
-    language tokenising the text its own way); on a tie, the one whose known words are
-    more frequent in its training captions (vocabularies are ordered by frequency).
-
-    A model's own vocabularies are the languages it can search in, so a language it does
-    not know is never guessed; that is also why no separate identification model is used."""
-    known, words, rank = {}, {}, {}
-    for lang, vocab in vocabs.items():
-        tokens = tokenize(text, lang, tokenizers)
-        indices = [vocab.index.get(t) for t in tokens]
-        hits = [i for i in indices if i is not None and i > 1]
-        known[lang], words[lang] = len(hits), len(tokens)
-        rank[lang] = float(np.mean(np.log1p(hits))) if hits else float("inf")
-    best = max(vocabs, key=lambda x: (known[x] / max(words[x], 1), known[x], -rank[x]), default=None)
-    return LanguageGuess(best if best is not None and known[best] else None, known, words)

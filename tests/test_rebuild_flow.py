@@ -409,11 +409,15 @@ def test_search_finds_test_captions_images_and_an_image_s_captions(rebuilt, caps
     assert out[out.index("[en]") + 1].endswith(f"({data.image_ids[data.caption_image[top]]})")
     assert [line for line in out if line.startswith("[")] == ["[en]", "[de]", "[fr]", "[cs]"]
     assert sheet.stat().st_size > 1000
+    # a language as ingest reads it: its name, a code in capitals, a region of a language it reads
+    for given in ("German", "DE", "de-AT"):
+        assert main(["search", "ein roter Kreis", "--lang", given, "--workdir", str(wd.root)]) == 0
+        assert f"query in de (given as '{given}', read as de)" in capsys.readouterr().out
     # what a user gets wrong: a language the model lacks, words no language knows
     assert main(["search", "ein Bild", "--lang", "ja", "--workdir", str(wd.root)]) == 2
     assert main(["search", "xyzzy qwrtp", "--workdir", str(wd.root)]) == 2
     err = capsys.readouterr().err
-    assert "does not know 'ja'; its languages are en, de, fr, cs" in err
+    assert "does not read 'ja': ja is none of the languages here: en, de, fr, cs" in err
     assert "none of the words of 'xyzzy qwrtp' is in the vocabulary of any language" in err
 
 

@@ -311,7 +311,7 @@ def test_the_search_api_answers_and_says_what_is_wrong_with_a_bad_request(served
         assert "Traceback" not in response.text
 
     refused(api.get("/api/search", params={"q": "   "}), 400, "the sentence is empty")
-    refused(api.get("/api/search", params={"q": "ein Bild", "lang": "ja"}), 400, "does not know 'ja'")
+    refused(api.get("/api/search", params={"q": "ein Bild", "lang": "ja"}), 400, "does not read 'ja'")
     refused(api.get("/api/search", params={"q": "xyzzy qwrtp"}), 400, "none of the words")
     refused(api.get("/api/search", params={"q": "a dog", "k": 0}), 400, "k must be between 1 and 100")
     refused(api.get("/api/search", params={"q": "a dog", "k": "many"}), 400, "k: ")
@@ -1151,11 +1151,12 @@ def test_mule_embed_writes_a_resumable_store_that_names_its_model(served, tmp_pa
 
     caption = served["caption"]
     table = tmp_path / "sentences.csv"
-    table.write_text(f'id,text,lang\nc1,"{caption["text"]}",\nc2,ein blaues Quadrat,de\nc3,qqqq zzzz,\n')
+    table.write_text(f'id,text,lang\nc1,"{caption["text"]}",\nc2,ein blaues Quadrat,de\nc3,qqqq zzzz,\n'
+                     "c4,ein roter Kreis,German\nc5,a red circle,EN\nc6,a blue square,en-GB\n")  # as ingest reads them
     out = tmp_path / "sentence-vectors"
     assert embed("--sentences", str(table)) == 0
     rows = pq.read_table(out / "part-00000.parquet").to_pylist()
-    assert [(r["id"], r["lang"]) for r in rows] == [("c1", "en"), ("c2", "de")]
+    assert [(r["id"], r["lang"]) for r in rows] == [("c1", "en"), ("c2", "de"), ("c4", "de"), ("c5", "en"), ("c6", "en")]
     assert np.allclose(rows[0]["vector"], embedder.encode_text(caption["text"])[0], atol=1e-6)
     assert pq.read_table(out / "rejects-00000.parquet").column("id").to_pylist() == ["c3"]
 

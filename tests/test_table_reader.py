@@ -244,6 +244,25 @@ def test_a_language_s_name_or_a_region_tag_is_read_as_its_code_and_said(tmp_path
     assert f"{name}: 1 caption with lang 'Deutsch' read as de (its name)" in said and len(said) == 6
 
 
+def test_a_region_or_script_in_a_language_s_name_is_kept(tmp_path):
+    """CLDR's names with a region or script in brackets keep it: Brazilian rows train as
+    pt-BR beside pt; a variety in another script than the language data.languages has
+    (Traditional Chinese where it has zh) is a reject saying so, never read as zh."""
+    images(tmp_path)
+    rows = [("photos/a.jpg", "Um círculo vermelho.", "Portuguese (Brazil)", "train"),
+            ("photos/a.jpg", "Um círculo encarnado.", "pt", "train"),
+            ("photos/b.jpg", "Uma estrela azul.", "Portuguese (Portugal)", "train"),
+            ("photos/b.jpg", "一顆藍色的星星。", "Chinese (Traditional)", "train"),
+            ("photos/c.jpg", "一颗蓝色的星星。", "Chinese (Simplified)", "val")]  # fmt: skip
+    write_long(tmp_path / "captions.csv", rows)
+    result = read(tmp_path, languages=("pt", "pt-BR", "zh"))
+    assert [(c[0], c[1]) for c in captions(result)] == [("photos/a.jpg", "pt"), ("photos/a.jpg", "pt-BR"),
+        ("photos/b.jpg", "pt"), ("photos/c.jpg", "zh")]  # fmt: skip
+    (line, kind, reason), = rejects(result)
+    assert (line, kind) == (5, "bad_language")
+    assert "zh is written in another script (Hans, zh-Hant in Hant): add zh-Hant to data.languages" in reason
+
+
 def test_a_lang_column_that_names_no_language_keeps_its_rejects_and_says_where_they_are(tmp_path):
     """Integers in a Parquet lang column: every row is a reject with its reason, and the
     error that no en caption is left points at them instead of only at data.languages."""

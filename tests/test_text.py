@@ -87,21 +87,81 @@ def test_languages_without_a_rule_of_their_own_are_split_at_unicode_word_boundar
 
 
 def test_the_language_is_the_one_whose_vocabulary_knows_most_of_the_words():
-    from mule.mule_core.vocabulary import PAD, UNK, Vocab, detect_language
+    """With the identifier off: the share of the words each vocabulary knows, a tie to the
+    language where the words are more frequent (earlier in its vocabulary)."""
+    from mule.mule_core.language_id import detect_language
+    from mule.mule_core.vocabulary import PAD, UNK, Vocab
 
     vocabs = {"en": Vocab([PAD, UNK, "a", "red", "circle", "on", "the", "left"]),
               "de": Vocab([PAD, UNK, "ein", "roter", "kreis", "links", "a"]),
               "fr": Vocab([PAD, UNK, "un", "cercle", "rouge", "à", "gauche"])}  # fmt: skip
-    guess = detect_language("Ein roter Kreis links", vocabs)
+    guess = detect_language("Ein roter Kreis links", vocabs, use_identifier=False)
     assert guess.lang == "de" and guess.known == {"en": 0, "de": 4, "fr": 0}
-    assert guess.describe() == "de 4/4, en 0/4, fr 0/4"
-    assert detect_language("a red circle", vocabs).lang == "en"  # 3/3 against German's 1/3 ("a")
-    # A tie (1/1 each): the language where the word is more frequent (earlier in its vocabulary) wins.
-    assert detect_language("a", vocabs).lang == "en"
+    assert guess.describe() == "de 4/4 words, en 0/4 words, fr 0/4 words"
+    assert detect_language("a red circle", vocabs, use_identifier=False).lang == "en"  # 3/3 against German's 1/3
+    assert detect_language("a", vocabs, use_identifier=False).lang == "en"  # 1/1 each: "a" is earlier in en's
     vocabs["de"] = Vocab([PAD, UNK, "a", "ein"])
     vocabs["en"] = Vocab([PAD, UNK, "the", "red", "a"])
-    assert detect_language("a", vocabs).lang == "de"
+    assert detect_language("a", vocabs, use_identifier=False).lang == "de"
     assert detect_language("xyzzy", vocabs).lang is None  # no language knows it: no guess
+
+
+def test_english_is_english_though_an_added_vocabulary_knows_its_words():
+    """An added language's words come from a web list that holds English: its vocabulary knows
+    every word of an English sentence. The identifier (restricted to the model's languages)
+    tells them apart; the words alone could not."""
+    from mule.mule_core.language_id import detect_language
+    from mule.mule_core.vocabulary import PAD, UNK, Vocab
+
+    english = ["the", "dog", "runs", "in", "park", "a", "man", "with", "red", "shirt"]
+    vocabs = {"en": Vocab([PAD, UNK, *english]),
+              "cs": Vocab([PAD, UNK, "pes", "běží", "v", "parku", "muž"]),
+              "es": Vocab([PAD, UNK, "el", "perro", "corre", "en", "parque", "un", "hombre", *english])}  # fmt: skip
+    words_alone = detect_language("the dog runs in the park", vocabs, use_identifier=False)
+    assert words_alone.known["en"] == words_alone.known["es"] == 6  # a tie on the words
+    guess = detect_language("the dog runs in the park", vocabs)
+    assert guess.lang == "en" and guess.identified["en"] > 0.9 > guess.identified["es"]
+    assert guess.describe() == "en 1.00 x 6/6 words, es 0.00 x 6/6 words, cs 0.00 x 0/6 words"
+    assert detect_language("el perro corre en el parque", vocabs).lang == "es"
+    assert detect_language("pes běží v parku", vocabs).lang == "cs"
+    # one word: the vocabularies decide where the identifier cannot ("dog" reads as Czech to it alone)
+    assert detect_language("dog", {k: v for k, v in vocabs.items() if k != "es"}).lang == "en"
+
+
+def test_a_language_the_identifier_does_not_know_is_found_by_its_words():
+    from mule.mule_core.language_id import detect_language, identified
+    from mule.mule_core.vocabulary import PAD, UNK, Vocab
+
+    vocabs = {"en": Vocab([PAD, UNK, "the", "dog", "runs"]), "tlh": Vocab([PAD, UNK, "qagh", "ghargh", "vIghro'"])}
+    probabilities = identified("qagh ghargh", list(vocabs))
+    assert probabilities["tlh"] == 0.5 and abs(sum(probabilities.values()) - 1) < 1e-6  # an even share
+    assert detect_language("qagh ghargh", vocabs).lang == "tlh"
+    assert detect_language("the dog runs", vocabs).lang == "en"
+
+
+def test_a_language_is_read_one_way_everywhere():
+    """Codes in any case, names, CLDR's names with a script or region: the region or script
+    is kept, and a variety folds into a language only in the same script."""
+    import pytest
+
+    from mule.mule_core.languages import LanguageCodeError, read_language
+
+    assert read_language("EN") == ("en", "") and read_language("pt_br") == ("pt-BR", "")
+    assert read_language("German") == ("de", "its name") and read_language("Deutsch")[0] == "de"
+    assert read_language("Portuguese (Brazil)")[0] == "pt-BR" and read_language("Português (Brasil)")[0] == "pt-BR"
+    assert read_language("Serbian (Latin)")[0] == "sr-Latn" and read_language("Serbian (Cyrillic)")[0] == "sr-Cyrl"
+    assert read_language("Chinese (Simplified)")[0] == "zh-Hans" and read_language("Chinese (Traditional)")[0] == "zh-Hant"
+    assert read_language("en-US", ["en", "de"]) == ("en", "en without en-US's subtags")
+    assert read_language("Portuguese (Brazil)", ["pt", "pt-BR"])[0] == "pt-BR"  # kept apart
+    assert read_language("Chinese (Simplified)", ["zh"])[0] == "zh"  # zh is written in Simplified Han
+    with pytest.raises(LanguageCodeError, match="another script"):
+        read_language("zh-Hant", ["zh"])
+    with pytest.raises(LanguageCodeError, match="another script"):
+        read_language("Serbian (Latin)", ["sr"])
+    with pytest.raises(LanguageCodeError, match="none of the languages here: pt-BR"):
+        read_language("pt", ["pt-BR"])
+    with pytest.raises(LanguageCodeError, match="nor a language's name"):
+        read_language("xx")
 
 
 def test_file_digests_follow_the_bytes_not_the_timestamps(tmp_path):

@@ -56,7 +56,7 @@ from mule.datasets.readers.base import (
     image_record,
 )
 from mule.datasets.readers.table_files import ROLES, WIDE, TableError, table_records
-from mule.mule_core.languages import LanguageCodeError, language_code, language_named, within
+from mule.mule_core.languages import LanguageCodeError, language_code, read_language, variety_of
 from mule.mule_core.progress import SHOWN
 
 CAPTION_COLUMNS = CAPTIONS.remove(CAPTIONS.get_field_index("tokens"))  # what ingest adds the tokens to
@@ -359,7 +359,8 @@ class _Rows:
         """The code a lang cell names, decided once per value: a code as written (EN -> en);
         a language's name (English, Deutsch) or a region tag of a language data.languages
         has without its region (en-US when it has en) read as that code, and counted (said
-        after reading); None when it names no language (the reason in `codes`)."""
+        after reading); None when it names no language, or a variety of one in another
+        script (zh-Hant where data.languages has zh): the reason in `codes`."""
         key = _key(value)
         if key not in self.codes:
             self.codes[key] = self._decide(value)
@@ -372,19 +373,14 @@ class _Rows:
         return code
 
     def _decide(self, value) -> tuple[str, str] | str:
-        if not isinstance(value, str):
-            what = "a number" if isinstance(value, int | float) and not isinstance(value, bool) else type(value).__name__
-            return (f"{value!r} is {what}, not a language code (a BCP 47 tag such as es, pl or pt-BR, or a "
-                    "language's name)")  # fmt: skip
-        how = ""
         try:
-            code = language_code(value)
+            code, how = read_language(value)
         except LanguageCodeError as error:
-            code, how = language_named(value), "its name"
-            if code is None:
-                return f"{error.args[0]}, nor a language's name"
+            return error.args[0]
         if self.wanted is not None and code not in self.wanted:
-            shorter = within(code, self.wanted)
+            shorter, why = variety_of(code, self.wanted)
+            if why:  # zh-Hant where data.languages has zh: another script, never read as it
+                return f"{why}: add {code} to data.languages to read its captions"
             if shorter:
                 code, how = shorter, f"{how} and " * bool(how) + f"data.languages has {shorter} without {code}'s subtags"
         return code, how
