@@ -35,3 +35,34 @@ def test_fitted_ngrams_compose_an_unseen_word_near_the_words_it_is_spelled_like(
     means = (fitted[table.index.long()] * (table.index > 0)[..., None]).sum(1) / (table.index > 0).sum(1).clamp(min=1)[:, None]
     assert torch.equal(means[2:].argmax(1), targets[2:].argmax(1))  # each vocabulary word nearer its own target
     assert torch.equal(fitted[0], torch.zeros(2))  # the padding row
+
+
+def test_a_part_of_the_e5_word_cache_that_cannot_be_read_is_removed_said_and_read_again(tmp_path, monkeypatch, caplog):
+    """What a power cut leaves in the cache (an empty part, a truncated one, one of other
+    content) is removed with one line each; the words of the good part come from it alone,
+    and a word only a damaged part held is read again by the encoder."""
+    from mule.tasks.shared import e5_vectors, e5_words
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    folder = tmp_path / "mule" / f"e5-words-{e5_vectors.encoder_version().replace(' ', '-')}"
+    e5_words._write_part(folder, ["perro", "gato"], np.eye(2, 384, dtype=np.float16))
+    e5_words._write_part(folder, ["caballo"], np.ones((1, 384), np.float16))
+    good, lost = sorted(folder.glob("part-*.npz"))
+    lost.write_bytes(lost.read_bytes()[:40])  # truncated
+    (folder / "part-0-empty.npz").write_bytes(b"")
+    np.savez(folder / "part-1-other.npz", words=np.arange(3), vectors=np.zeros((3, 2)))  # the right shape, wrong content
+    read = []
+
+    class Encoder:
+        def query(self, words):
+            read.extend(words)
+            return np.full((len(words), 384), 0.5, np.float32)
+
+    monkeypatch.setattr(e5_vectors, "load_encoder", lambda: Encoder())
+    vectors = e5_words.word_vectors(["perro", "gato", "caballo"])
+    assert read == ["caballo"]  # only the word the damaged part held is read again
+    assert vectors[0, 0] == 1.0 and vectors[1, 1] == 1.0 and np.allclose(vectors[2], 0.5, atol=1e-3)
+    said = [r.getMessage() for r in caplog.records if "e5 word cache" in r.getMessage()]
+    assert len(said) == 3 and all("removed, its words are read again" in line for line in said)
+    assert good.exists() and not lost.exists() and not (folder / "part-0-empty.npz").exists()
+    assert e5_words.word_vectors(["caballo"])[0, 0] == np.float16(0.5) and read == ["caballo"]  # cached again

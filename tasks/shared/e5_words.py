@@ -11,9 +11,11 @@ read again.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 import uuid
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -30,7 +32,7 @@ def word_vectors(words: Sequence[str], label: str = "e5 words", logger=None) -> 
     """One L2-normalised row per word (as the cache holds it: float16 precision, so a word
     read now and one read from the cache are the same vector)."""
     folder = cache_dir() / f"e5-words-{e5_vectors.encoder_version().replace(' ', '-')}"
-    known = _cached(folder)
+    known = _cached(folder, logger)
     wanted = list(dict.fromkeys(w for w in words if w not in known))
     progress = Progress(f"{label}: {e5_vectors.NAME}", len(wanted), "words", logger=logger)
     for start in range(0, len(wanted), PART):  # kept part by part: a stop loses one part at most
@@ -49,16 +51,22 @@ def word_vectors(words: Sequence[str], label: str = "e5 words", logger=None) -> 
     return out
 
 
-def _cached(folder: Path) -> dict[str, np.ndarray]:
+def _cached(folder: Path, logger=None) -> dict[str, np.ndarray]:
+    """The words the cache's parts hold. A part that cannot be read (empty, truncated, not
+    a part: what a power cut or a full disk leaves) is removed, said in one line, and its
+    words are read again."""
     found: dict[str, np.ndarray] = {}
     for part in sorted(folder.glob("part-*.npz")) if folder.is_dir() else ():
         try:
             with np.load(part, allow_pickle=False) as held:
                 words, vectors = held["words"], held["vectors"]
-            if words.ndim != 1 or vectors.ndim != 2 or len(words) != len(vectors):
+            if words.ndim != 1 or vectors.ndim != 2 or len(words) != len(vectors) or words.dtype.kind != "U":
                 raise ValueError("not a part of words and their vectors")
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:
             part.unlink(missing_ok=True)  # mule's own cache file: its words are read again
+            (logger or logging.getLogger("mule.e5")).warning(
+                "e5 word cache: %s could not be read (%s): removed, its words are read again", part,
+                str(error).splitlines()[0][:120] or type(error).__name__)  # fmt: skip
             continue
         found.update(zip(words.tolist(), vectors.astype(np.float32)))
     return found
