@@ -1,18 +1,21 @@
-"""New languages from few captions: `mule run add-language` for each language of xFlickr&CO
-at each size of its few-shot files (train_5, train_25, train_100, ...), onto one trained
-model, and the curve of test mR against captions beside the zero-shot peer and chance.
+"""New languages from few captions, through the command a user types: `mule run
+add-language --lang X` onto a trained model for each language of xFlickr&CO, from its
+test captions alone (0: read zero-shot from its aligned start) and with its few-shot
+training file (train_100, ...), each measured on its human test captions beside the model's
+English branch reading the same queries translated word by word (the add-language report's
+row), the zero-shot peer and chance; then the curve of test mR against captions.
 
     python bench/add_language_curve.py --workdir W --source ../shared/datasets/multi30k \
         --images ../shared/datasets/flickr8k-224/images --xflickrco ../shared/datasets/xflickrco \
-        --peer peer.json --out /tmp/curve
+        --base-model model --seed 0 --peer peer.json --out ~/mule-runs/curve-s0
 
-W is a workdir (a copy: its catalog takes the nine languages) whose `--base-model` is
-trained. Each size re-ingests the captions of that size for every language (the text stage
-reruns for all of them), then adds one language at a time (`train.base_model`: the base is
-measured as it is and extended, nothing else trains). `--peer` is bench/peer_xflickrco.py's
-`--out` JSON; `--out` gets curve.json and curve.png. Each run's log is in the output folder.
-`--mt aligned`: the paper's +MT, each added language also trained on the English training
-captions translated into it word by word (translate.backend=aligned: no parallel text).
+W is the workdir `mule run all` made over the real photos (its `--base-model` trained).
+Each point is one `mule run add-language --lang X --captions X=<file> ...
+--set train.base_model=BASE --set train.seed=N`: nothing of the base is retrained, its
+languages stay bit-identical, and the test captions (xFlickr&CO's test.jsonl) join
+test_2016's photos. `--together es,id,ja,ru,zh` adds them all to one model in one command
+(at the largest size) and prints its table. Each run's log is in the output folder; a
+point already in --out's curve.json is not run again (a stopped bench resumes).
 """
 
 from __future__ import annotations
@@ -31,40 +34,35 @@ from stage_times import cpu_model  # bench/ is on the path
 BASE = ("en", "de", "fr", "cs")
 
 
-def extra_files(sizes: dict[str, int]) -> str:
-    """xFlickr&CO's files of these sizes (0: none of the language's training captions, its test
-    captions only: it is read zero-shot from its aligned start)."""
-    return ",".join([*(f"{lang}/train_{n}=train" for lang, n in sizes.items() if n), "test=test_xflickrco"])
+def captions(args, lang: str, n: int) -> list[str]:
+    """--captions for `lang` at size n: its test captions always, its train_n file when n > 0."""
+    folder = Path(args.xflickrco) / lang
+    files = [folder / "test.jsonl", *([folder / f"train_{n}.jsonl"] if n else [])]
+    return [a for f in files for a in ("--captions", f"{lang}={f}")]
 
 
-def translate_train(backend: str, languages: list[str]) -> list[str]:
-    """--mt: each added language also reads English's training captions translated into it
-    by `backend` (the paper's +MT). Only English into the new languages (the added branch
-    alone trains), all of them at once: one translate and one text stage for every addition."""
-    if not backend:
-        return []
-    pairs = ",".join(f"en-{lang}" for lang in languages)
-    return ["data.captions=human+mt", f"translate.backend={backend}", f"translate.pairs={pairs}"]
-
-
-def add(args, lang: str, sizes: dict[str, int], log: Path) -> dict:
-    """One `mule run add-language`; its test table (mR per language) from evaluation.json."""
-    languages = ",".join((*BASE, *sizes))
-    command = [sys.executable, "-m", "mule.commands.main", "run", "add-language", "--lang", lang,
+def add(args, langs: list[str], n: int, log: Path) -> dict:
+    """One `mule run add-language`; the test mR of each added language and of the base's
+    languages (evaluation.json), and its translated-query row (translated_queries.json)."""
+    command = [sys.executable, "-m", "mule.commands.main", "run", "add-language", "--lang", ",".join(langs),
                "--workdir", args.workdir, "--dataset", args.dataset, "--source", args.source, "--images", args.images,
-               "--set", f"data.languages={languages}", "--set", f"data.extra_captions={args.xflickrco}",
-               "--set", f"data.extra_files={extra_files(sizes)}", "--set", f"eval.split={args.split},test_2016",
-               "--set", f"train.base_model={args.base_model}", *(a for kv in args.sets for a in ("--set", kv)),
-               *(a for kv in translate_train(args.mt, args.languages.split(",")) for a in ("--set", kv))]  # fmt: skip
+               "--set", f"train.base_model={args.base_model}", "--set", f"train.seed={args.seed}",
+               *(a for lang in langs for a in captions(args, lang, n)), *(a for kv in args.sets for a in ("--set", kv))]  # fmt: skip
+    started = time.perf_counter()
     with log.open("w") as out:
         code = subprocess.call(command, stdout=out, stderr=subprocess.STDOUT)
     if code:
-        raise SystemExit(f"add-language {lang} failed (exit {code}): see {log}")
-    folder = Path(args.workdir) / "results" / args.dataset / f"{args.base_model}+{lang}"
-    evaluation = json.loads((folder / "evaluation.json").read_text())
-    assert evaluation["split"] == args.split, evaluation["split"]
+        raise SystemExit(f"add-language {','.join(langs)} failed (exit {code}): see {log}")
+    results = Path(args.workdir) / "results" / args.dataset
+    name = args.base_model + "".join(f"+{x}" for x in langs)
+    evaluation = json.loads((results / name / "evaluation.json").read_text())
+    base = results if args.base_model == "model" else results / args.base_model
+    translated = json.loads((base / "translated_queries.json").read_text())
     return {"mR": {k: v["mR"] for k, v in evaluation["table"].items()}, "images": evaluation["images"],
-            "chance": {k: v["mR"] for k, v in evaluation["chance"].items()}}  # fmt: skip
+            "chance": {k: v["mR"] for k, v in evaluation["chance"].items()},
+            "translated": {k: v["mR"] for k, v in translated["table"].items() if k in langs},
+            "tables": translated.get("tables", {}), "seconds": round(time.perf_counter() - started, 1),
+            "model_bytes": (Path(args.workdir) / "models" / args.dataset / f"{name}.pt").stat().st_size}  # fmt: skip
 
 
 def plot(curve: dict, peer: dict, out: Path, before: dict | None = None) -> None:
@@ -114,15 +112,13 @@ def main() -> None:
     parser.add_argument("--images", required=True)
     parser.add_argument("--xflickrco", required=True)
     parser.add_argument("--languages", default="es,id,ja,ru,zh")
-    parser.add_argument("--sizes", default="0,5,25,100", help="every language at each of these (0: zero-shot)")
-    parser.add_argument("--more", default="ja=500,1500", help="one language further, the others at the last size")
+    parser.add_argument("--sizes", default="0,100", help="every language at each of these (0: zero-shot)")
+    parser.add_argument("--more", default="", help="one language further, e.g. ja=1500")
     parser.add_argument("--base-model", default="model")
+    parser.add_argument("--seed", type=int, default=0, help="train.seed of the additions (the base's own seed)")
+    parser.add_argument("--together", help="languages added to one model in one command, at the largest size")
     parser.add_argument("--set", action="append", default=[], dest="sets", metavar="KEY=VALUE",
                         help="passed to every `mule run add-language` (train.add_start=captions: the paper's start)")
-    parser.add_argument("--mt", default="", metavar="BACKEND",
-                        help="+MT: English training captions translated into each added language by this "
-                             "translate.backend (aligned: any language e5 reads) beside its human captions")  # fmt: skip
-    parser.add_argument("--split", default="test_xflickrco")
     parser.add_argument("--peer", help="bench/peer_xflickrco.py --out JSON: the zero-shot peer's lines")
     parser.add_argument("--out", required=True)
     parser.add_argument("--replot", action="store_true", help="no runs: the table and plot of --out's curve.json")
@@ -142,34 +138,45 @@ def main() -> None:
         report(curve, curve.get("peer", {}), list(curve["languages"]), out, before)
         return
     languages, sizes = args.languages.split(","), [int(n) for n in args.sizes.split(",")]
-    runs = [(n, {lang: n for lang in languages}, languages) for n in sizes]
+    runs = [(n, lang) for n in sizes for lang in languages]
     if args.more:
         lang, further = args.more.split("=")
-        runs += [(int(n), {x: (int(n) if x == lang else sizes[-1]) for x in languages}, [lang])
-                 for n in further.split(",")]  # fmt: skip
-    print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; {sum(len(r[2]) for r in runs)} additions onto "
-          f"{args.base_model}", flush=True)  # fmt: skip
-    curve: dict = {"languages": {lang: {} for lang in languages}, "base": {}, "chance": None, "images": None}
-    if args.mt:
-        curve["label"] = f"A language added from few captions + English's translated into it ({args.mt})"
-    started, done, total = time.perf_counter(), 0, sum(len(r[2]) for r in runs)
-    for n, per_language, adding in runs:
-        for lang in adding:
-            result = add(args, lang, per_language, out / f"{n}-{lang}.log")
-            curve["languages"][lang][str(n)] = round(result["mR"][lang], 1)
-            curve["base"][f"{n}-{lang}"] = {k: round(v, 1) for k, v in result["mR"].items() if k != lang}
-            curve["chance"], curve["images"] = round(result["chance"][lang], 1), result["images"]
-            done += 1
-            elapsed = time.perf_counter() - started
-            print(f"{lang} from {n}: {result['mR'][lang]:.1f} mR ({done}/{total}, elapsed {elapsed:.0f} s, "
-                  f"ETA {elapsed / done * (total - done):.0f} s)", flush=True)  # fmt: skip
-    peer = {}
-    if args.peer:
+        runs += [(int(n), lang) for n in further.split(",")]
+    saved = out / "curve.json"
+    curve: dict = json.loads(saved.read_text()) if saved.exists() else {
+        "languages": {lang: {} for lang in languages}, "translated": {lang: {} for lang in languages}, "base": {},
+        "seconds": {}, "model_bytes": {}, "chance": None, "images": None, "seed": args.seed,
+        "base_model": args.base_model}  # fmt: skip
+    todo = [(n, lang) for n, lang in runs if str(n) not in curve["languages"].get(lang, {})]
+    print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; {len(todo)} additions onto {args.base_model} "
+          f"({len(runs) - len(todo)} in {saved} already)", flush=True)  # fmt: skip
+    started = time.perf_counter()
+    for done, (n, lang) in enumerate(todo, start=1):
+        result = add(args, [lang], n, out / f"{n}-{lang}.log")
+        curve["languages"].setdefault(lang, {})[str(n)] = round(result["mR"][lang], 1)
+        curve["translated"].setdefault(lang, {})[str(n)] = round(result["translated"].get(lang, float("nan")), 1)
+        curve["base"][f"{n}-{lang}"] = {k: round(v, 1) for k, v in result["mR"].items() if k != lang}
+        curve["seconds"][f"{n}-{lang}"], curve["model_bytes"][f"{n}-{lang}"] = result["seconds"], result["model_bytes"]
+        curve["chance"], curve["images"] = round(result["chance"][lang], 1), result["images"]
+        curve.setdefault("tables", {})[lang] = result["tables"].get(lang, "")
+        saved.write_text(json.dumps(curve, indent=1))  # after every point: a stopped bench resumes
+        elapsed = time.perf_counter() - started
+        print(f"{lang} from {n}: {result['mR'][lang]:.1f} mR, translated queries {result['translated'].get(lang, 0):.1f} "
+              f"({result['seconds']:.0f} s; {done}/{len(todo)}, elapsed {elapsed:.0f} s, "
+              f"ETA {elapsed / done * (len(todo) - done):.0f} s)", flush=True)  # fmt: skip
+    if args.together:
+        together = args.together.split(",")
+        result = add(args, together, max(sizes), out / f"together-{max(sizes)}.log")
+        curve["together"] = {"languages": together, "captions": max(sizes), **result}
+        saved.write_text(json.dumps(curve, indent=1))
+        print(f"\n{args.base_model} with {', '.join(together)} added in one command ({result['seconds']:.0f} s, "
+              f"{result['model_bytes'] / 2**20:.0f} MiB): " + ", ".join(f"{k} {v:.1f}" for k, v in result["mR"].items()))
+    if args.peer:  # bench/peer_xflickrco.py's --out, or an earlier curve.json that holds the peer's figures
         tables = json.loads(Path(args.peer).read_text())
-        peer = {lang: row["mR"] for lang, row in tables["splits"][args.split]["table"].items()}
-        curve["peer"] = {k: round(v, 1) for k, v in peer.items()}
-    (out / "curve.json").write_text(json.dumps(curve, indent=1))
-    report(curve, peer, languages, out)
+        curve["peer"] = tables["peer"] if "peer" in tables else {
+            k: round(v["mR"], 1) for k, v in tables["splits"]["test_xflickrco"]["table"].items()}  # fmt: skip
+        saved.write_text(json.dumps(curve, indent=1))
+    report(curve, curve.get("peer", {}), languages, out)
     print(f"{time.perf_counter() - started:.0f} s")
 
 
@@ -179,10 +186,12 @@ def over_seeds(curves: list[dict]) -> dict:
     mean: dict = {"languages": {}, "std": {}, "seeds": len(curves), "chance": curves[0]["chance"],
                   "images": curves[0]["images"], "peer": curves[0].get("peer", {}),
                   "label": curves[0].get("label", "A language added to a trained mule model")}  # fmt: skip
-    for lang, points in curves[0]["languages"].items():
-        values = {n: [c["languages"][lang][n] for c in curves if n in c["languages"].get(lang, {})] for n in points}
-        mean["languages"][lang] = {n: round(statistics.fmean(v), 1) for n, v in values.items()}
-        mean["std"][lang] = {n: round(statistics.stdev(v), 1) for n, v in values.items() if len(v) == len(curves) > 1}
+    for key, spread in (("languages", "std"), ("translated", "translated_std")):
+        mean[key], mean[spread] = {}, {}
+        for lang, points in curves[0].get(key, {}).items():
+            values = {n: [c[key][lang][n] for c in curves if n in c.get(key, {}).get(lang, {})] for n in points}
+            mean[key][lang] = {n: round(statistics.fmean(v), 1) for n, v in values.items()}
+            mean[spread][lang] = {n: round(statistics.stdev(v), 1) for n, v in values.items() if len(v) == len(curves) > 1}
     return mean
 
 
@@ -200,6 +209,11 @@ def report(curve: dict, peer: dict, languages: list[str], out: Path, before: dic
     print("\n| captions | " + " | ".join(languages) + " |\n|---|" + "---|" * len(languages))
     for n in header:
         print(f"| {n} | " + " | ".join(cell(curve, x, n) for x in languages) + " |")
+    for n in header:  # the base's English branch reading the queries translated word by word
+        row = [curve.get("translated", {}).get(x, {}).get(str(n)) for x in languages]
+        if any(v is not None for v in row):
+            print(f"| {n}: the base's English branch, queries translated | "
+                  + " | ".join("–" if v is None else str(v) for v in row) + " |")  # fmt: skip
     if peer:
         print("| peer (zero-shot) | " + " | ".join(f"{peer[x]:.1f}" for x in languages) + " |")
     print("| chance | " + " | ".join(str(curve["chance"]) for _ in languages) + " |")

@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 from mule.commands import catalog, embed, export, run, search, serve, ui
 from mule.commands.serve import SERVING_OPTIONS
@@ -115,7 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run some stages: " + ", ".join(ALL) + " (or all)",
                          description=_stages_description(), formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("stages", nargs="+", metavar="STAGE")
-    run.add_argument("--lang", help="add-language: the language to add (train.add_language)")
+    run.add_argument("--lang", help="add-language: the language(s) to add, in order: es, or es,ja (train.add_language)")
+    run.add_argument("--captions", action="append", default=[], metavar="[LANG=]FILE",
+                     help="add-language: a table of the added language's captions of the dataset's images (CSV, "
+                          "TSV, JSON Lines or Parquet: image, caption[, lang][, split]); repeatable "
+                          "(train.add_captions)")  # fmt: skip
     _common(run)
     _force(run)
     _sequential(run)
@@ -272,6 +277,12 @@ def overrides_from(args: argparse.Namespace) -> dict[str, str]:
         value = getattr(args, option, None)
         if value:
             overrides[key] = value
+    if getattr(args, "captions", None):  # files named from where the command runs
+        from mule.config.sections import caption_file
+
+        given = [caption_file(item) for item in args.captions]
+        overrides["train.add_captions"] = ",".join(f"{lang}={Path(path).expanduser().resolve()}" if lang
+                                                   else str(Path(path).expanduser().resolve()) for lang, path in given)  # fmt: skip
     return overrides
 
 

@@ -111,13 +111,19 @@ class TrainConfig(model_settings.TrainConfig):
     which language it adds to which model, are the pipeline's."""
 
     model_name: str = "model"  # models/<dataset>/<model_name>.pt; the ablation trains several
-    # Add this language to a trained model: only its word embeddings and MULE FC train (LP,
-    # then NC + the image-sentence loss), the shared model and the other languages stay
-    # bit-identical. train.base_model names a model already trained (models/<dataset>/<name>.pt:
-    # measured and extended, nothing retrained); unset, add-language trains without-<lang>
-    # and, to compare, every language from scratch
+    # Add these languages to a trained model, in order ("es" or "es,ja"): only each one's word
+    # embeddings and MULE FC train (LP, then NC + the image-sentence loss), the shared model
+    # and the other languages stay bit-identical. A language the dataset's languages lack
+    # (data.languages) is added to train.base_model, else to the rebuild's model
+    # (train.model_name), nothing retrained: from zero captions, from the dataset's own
+    # captions in it, or from add_captions (pipeline/sweeps.py). One language of
+    # data.languages with no base_model is the study: add-language trains without-<lang>,
+    # adds it, and to compare, every language from scratch
     add_language: str = ""
     base_model: str = ""
+    # Tables of the added languages' captions of the dataset's images (`--captions FILE`, or
+    # `--captions es=FILE` for one language): datasets/readers/added_captions.py
+    add_captions: tuple[str, ...] = ()
     # How the added language's branch starts: "aligned" (its captions' words and wordfreq's
     # commonest add_words, each at the MULE feature of its nearest trained words by
     # multilingual-e5: it reads the language zero-shot, captions or not;
@@ -126,6 +132,45 @@ class TrainConfig(model_settings.TrainConfig):
     # and 18.4 for 5,000 (bench/aligned_start_val.py, docs/real-photos.md)
     add_start: str = "aligned"
     add_words: int = 50000
+
+    @property
+    def added(self) -> tuple[str, ...]:
+        """The languages add_language names, in order."""
+        return tuple(x.strip() for x in self.add_language.split(",") if x.strip())
+
+    @property
+    def adding(self) -> str:
+        """The language an extend step trains: the last named (those before it are in its base)."""
+        return self.added[-1] if self.added else ""
+
+    @property
+    def root_model(self) -> str:
+        """The trained model the languages are added to: base_model, else (the study of one
+        language of data.languages) without-<lang>."""
+        return self.base_model or (f"without-{self.added[0]}" if self.added else "")
+
+    @property
+    def extended_model(self) -> str:
+        """The model the extend step adds `adding` to: the root with every language named before it."""
+        return self.root_model + "".join(f"+{lang}" for lang in self.added[:-1])
+
+    @property
+    def added_model(self) -> str:
+        """The model with every named language added: <root>+es+ja."""
+        return self.root_model + "".join(f"+{lang}" for lang in self.added)
+
+    def caption_files(self, lang: str) -> list[str]:
+        """The add_captions tables a language reads: those given for it (es=FILE) and those
+        given for none (FILE: its rows in `lang`, by their lang column)."""
+        return [path for given, path in map(caption_file, self.add_captions) if given in ("", lang)]
+
+
+def caption_file(item: str) -> tuple[str, str]:
+    """`es=FILE` as ("es", FILE); `FILE` as ("", FILE)."""
+    head, sep, tail = str(item).partition("=")
+    if sep and head and "/" not in head and "\\" not in head and len(head) <= 12:
+        return head.strip(), tail.strip()
+    return "", str(item).strip()
 
 
 @dataclass

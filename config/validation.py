@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mule.config.sections import IndexConfig, MuleConfig
+from mule.config.sections import IndexConfig, MuleConfig, caption_file
 from mule.datasets.formats import FORMATS
 from mule.mule_core.languages import language_code, tokenizer_name
 from mule.mule_core.settings import ConfigError
@@ -88,10 +88,26 @@ def validate(cfg: MuleConfig) -> None:
     ):
         if value < 1:
             raise ConfigError(f"{key} must be at least 1, got {value}")
-    if cfg.train.add_language and cfg.train.add_language not in cfg.data.languages:
-        raise ConfigError(
-            f"train.add_language={cfg.train.add_language!r} is not in data.languages {list(cfg.data.languages)}"
-        )
+    added = cfg.train.added
+    for lang in added:
+        try:
+            code = language_code(lang)
+        except ValueError as error:
+            raise ConfigError(f"train.add_language: {error}") from None
+        if code != lang:
+            raise ConfigError(f"train.add_language: write {lang!r} as {code!r}")
+    if len(set(added)) < len(added):
+        raise ConfigError(f"train.add_language={cfg.train.add_language!r} names a language twice")
+    for item in cfg.train.add_captions:
+        given, path = caption_file(item)
+        if not path:
+            raise ConfigError(f"train.add_captions: {item!r} names no file (FILE, or LANG=FILE)")
+        if given and given not in added:
+            raise ConfigError(f"train.add_captions: {item!r} is for {given}, which train.add_language "
+                              f"({cfg.train.add_language or 'empty'}) does not add")  # fmt: skip
+    if cfg.train.add_captions and not added:
+        raise ConfigError("train.add_captions (--captions) gives captions of a language to add: name it with "
+                          "train.add_language (mule run add-language --lang es --captions FILE)")  # fmt: skip
     if cfg.train.add_language and cfg.model.sharing != "mule":
         raise ConfigError(
             "train.add_language needs model.sharing=mule: a language is added through its own MULE branch"

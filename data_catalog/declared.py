@@ -39,6 +39,8 @@ def table_entry(name: str, dataset: str) -> str:
         return "mt captions"
     if name == "rejects" and dataset.endswith(".images"):
         return "image rejects"
+    if "+" in dataset and name in ("captions", "rejects"):  # an added language's (queries.added_dataset)
+        return f"added {name}"
     return TABLE_ENTRIES.get(name, name)
 
 

@@ -7,7 +7,8 @@ path: a moved workdir keeps its keys), "file", "files", "tree" (every file under
 "images" (the images table's identity, split and bytes, not its paths: a moved workdir
 keeps its keys), "model" (a saved model's weights and vocabularies, not its file),
 "parts" (a folder of Parquet parts, by content only: parts written again with the same
-rows under new names, as `--force features` does, are the same entry).
+rows under new names, as `--force features` does, are the same entry), "contents" (files a
+user names, by what they hold in order: moved, they are the same entry).
 
 "features" is the current identity's folder of the config's extractor setting (the
 catalog's current.json, which the features stage points at what it wrote): vectors made
@@ -77,9 +78,32 @@ def _weights(wd: Workdir, catalog: Catalog, cfg) -> list[Path]:
 
 
 def _base_model(wd: Workdir, catalog: Catalog, cfg) -> list[Path]:
-    """The model a language is added to (train.base_model, default without-<language>)."""
-    lang = cfg.train.add_language
-    return [wd.model_path(cfg.data.dataset, cfg.train.base_model or f"without-{lang}")] if lang else []
+    """The model the extend step adds train.add_language's last language to: train.base_model
+    (default without-<language>) with the languages named before it."""
+    return [wd.model_path(cfg.data.dataset, cfg.train.extended_model)] if cfg.train.added else []
+
+
+def added_from_tables(cfg) -> list[str]:
+    """The languages add_language names that the dataset's captions lack (data.languages):
+    their captions are in tables of their own (data_catalog.queries.added_dataset)."""
+    return [lang for lang in cfg.train.added if lang not in cfg.data.languages]
+
+
+def _added(kind: str, every: bool = False) -> Callable:
+    """The added-caption tables (`kind`: captions or rejects) of the language being added, or `every` one named."""
+
+    def locate(wd: Workdir, catalog: Catalog, cfg) -> list[Path]:
+        from mule.data_catalog.queries import added_dataset
+
+        langs = added_from_tables(cfg) if every else [x for x in added_from_tables(cfg) if x == cfg.train.adding]
+        return [wd.table_path(kind, added_dataset(cfg.data.dataset, lang)) for lang in langs]
+
+    return locate
+
+
+def _caption_files(wd: Workdir, catalog: Catalog, cfg) -> list[Path]:
+    """The tables of the language being added that train.add_captions names (their content, not their path)."""
+    return [Path(p).expanduser().resolve() for p in cfg.train.caption_files(cfg.train.adding)] if cfg.train.added else []
 
 
 def _raw_files(wd: Workdir, catalog: Catalog, cfg) -> list[Path]:
@@ -115,6 +139,10 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
     Entry("LP model", "model", lambda wd, catalog, cfg: [catalog.lp_model_path(cfg)]),
     Entry("model", "model", lambda wd, catalog, cfg: [wd.model_path(cfg.data.dataset, cfg.train.model_name)]),
     Entry("base model", "model", _base_model),
+    Entry("added captions", "tables", _added("captions")),
+    Entry("added rejects", "tables", _added("rejects")),
+    Entry("added languages' captions", "tables", _added("captions", every=True)),
+    Entry("caption files", "contents", _caption_files),
     Entry("evaluation", "file",
           lambda wd, catalog, cfg: [wd.model_results_dir(cfg.data.dataset, cfg.train.model_name) / "evaluation.json"]),
     Entry("gallery index", "files",

@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from mule.data_catalog.model_files import word_widths
 from mule.mule_core.errors import InputError, MissingInputError, UserError
 from mule.mule_core.extractor_names import resize_for
 from mule.mule_core.model import MuleModel
@@ -263,7 +264,7 @@ def read_model_folder(folder: Path) -> tuple[MuleModel, dict[str, Any]]:
     cfg = settings_from_dict(data["config"])
     lengths = tuple(cfg.model.ngram_lengths) if cfg.model.subwords else ()
     vocabulary = Vocabulary(list(data["languages"]), vocab, ngram_lengths=lengths)
-    model = MuleModel(data["languages"], vocabulary.sizes, data["word_dim"], data["image_dim"], cfg.model,
+    model = MuleModel(data["languages"], vocabulary.sizes, word_widths(data), data["image_dim"], cfg.model,
                       vocabulary.words)  # fmt: skip
     model.load_state_dict(load_file(str(folder / "model.safetensors")))
     preprocess = json.loads((folder / PREPROCESS).read_text(encoding="utf-8"))

@@ -16,13 +16,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from mule.mule_core.errors import InputError, MissingInputError
-from mule.mule_core.model import MuleModel
+from mule.mule_core.model import MuleModel, word_dims
 from mule.mule_core.settings import settings_from_dict
 from mule.mule_core.vocabulary import Vocab, Vocabulary
 from mule.storage.atomic import write_atomic
@@ -34,19 +35,30 @@ def save_atomic(obj: Any, path: Path) -> None:
     write_atomic(path, lambda tmp: torch.save(obj, tmp))
 
 
-def save_model(path: Path, model: MuleModel, cfg: Any, vocabulary: Vocabulary, **meta: Any) -> None:
+def save_model(path: Path, model: MuleModel, cfg: Any, vocabulary: Vocabulary, half: Sequence[str] = (),
+               **meta: Any) -> None:  # fmt: skip
     """`cfg`: the config it was trained under (the pipeline's MuleConfig): every section the
-    training stage was given (its declared ones)."""
+    training stage was given (its declared ones). `half`: languages whose word and n-gram
+    tables are stored in float16 (an added language's: half the bytes; mule_core.model.
+    half_tables rounds the model itself first, so what loads is what was measured)."""
+    stored = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    for lang in half:
+        for name in (f"branches.{lang}.embed.weight", f"branches.{lang}.subwords.vectors.weight"):
+            if name in stored:
+                stored[name] = stored[name].half()
+    dims = word_dims(model)
     save_atomic(
         {
             "format": MODEL_FORMAT,
-            "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+            "state_dict": stored,
             "config": {f.name: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v
                        for f in dataclasses.fields(cfg) if dataclasses.is_dataclass(v := getattr(cfg, f.name))
                        or isinstance(v, (str, int, float))},  # fmt: skip
             "languages": vocabulary.languages,
             "vocab": vocabulary.words,
-            "word_dim": vocabulary.dim,
+            "word_dim": dims[model.languages[0]],
+            "word_dims": dims,  # each language's: an added language's is narrower
+            "half_tables": list(half),
             "image_dim": model.image_mean.numel() if model.image_branch is not None else None,
             "created": time.time(),
             **meta,
@@ -66,12 +78,17 @@ def load_model(path: Path) -> tuple[MuleModel, dict]:
     lengths = tuple(cfg.model.ngram_lengths) if cfg.model.subwords else ()
     vocabulary = Vocabulary(list(data["languages"]), {lang: Vocab(tokens) for lang, tokens in data["vocab"].items()},
                             ngram_lengths=lengths)  # fmt: skip
-    model = MuleModel(data["languages"], vocabulary.sizes, data["word_dim"], data["image_dim"], cfg.model,
+    model = MuleModel(data["languages"], vocabulary.sizes, word_widths(data), data["image_dim"], cfg.model,
                       vocabulary.words)  # fmt: skip
-    model.load_state_dict(data["state_dict"])
+    model.load_state_dict(data["state_dict"])  # float16 tables become the model's float32
     data["vocabulary"] = vocabulary
     data["cfg"] = cfg
     return model.eval(), data
+
+
+def word_widths(data: dict) -> int | dict[str, int]:
+    """A model file's word widths: each language's, or (files from before they differed) one for all."""
+    return data.get("word_dims") or data["word_dim"]
 
 
 def model_digest(path: Path) -> str | None:
@@ -88,5 +105,7 @@ def weights_digest(vocab: dict[str, list[str]], state_dict: dict[str, torch.Tens
     digest = hashlib.sha256(repr(sorted(vocab.items())).encode())
     for name, tensor in sorted(state_dict.items()):
         digest.update(name.encode())
+        if tensor.dtype == torch.float16:  # a table stored in half: the model it loads as is float32
+            tensor = tensor.float()
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()[:16]

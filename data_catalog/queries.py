@@ -41,24 +41,54 @@ def _in_split(names_sql: str) -> str:
 
 
 # -- captions -------------------------------------------------------------------------
+def added_dataset(dataset: str, lang: str) -> str:
+    """Where a language added to a trained model keeps its captions of the dataset's images
+    (the language-captions step writes them): a table of their own, which the rebuild's
+    stages never read."""
+    return f"{dataset}+{lang}"
+
+
 def caption_selection(catalog: Catalog, dataset: str, selector: str, languages, captions: str,
-                      with_files: bool = True) -> pa.Table:  # fmt: skip
+                      with_files: bool = True, added=()) -> pa.Table:  # fmt: skip
     """The captions of a split (name, role or "all") in `languages` under a training-caption
     selection, with whether their image has a file (`with_files`: from the images table;
     else all true, and that table is not read) and their translation key (the caption a
     translation was made from, else the caption itself: Multi30K task1's parallel lines
-    share one); ordered by image, language, caption."""
-    has_file, images = ('i."exists"', "JOIN images i ON i.dataset = c.dataset AND i.image_id = c.image_id") \
+    share one); ordered by image, language, caption. `added`: languages whose captions are
+    read from their own tables (added_dataset) beside the dataset's."""
+    has_file, images = ('i."exists"', "JOIN images i ON i.dataset = ? AND i.image_id = c.image_id") \
         if with_files else ("TRUE", "")  # fmt: skip
+    sources = [dataset, *(added_dataset(dataset, lang) for lang in added)]
     return catalog.query(
         f"""SELECT c.caption_id, c.image_id, c.lang, c.tokens, {has_file} AS has_file,
                    COALESCE(c.origin_caption_id, c.caption_id) AS translation_key
             FROM captions c {images}
-            WHERE c.dataset = ? AND (? = 'all' OR {_in_split("?")})
+            WHERE c.dataset IN ({_in(sources)}) AND (? = 'all' OR {_in_split("?")})
               AND c.lang IN ({_in(languages)}) AND {CAPTION_SELECTIONS[captions]}
             ORDER BY c.image_id, c.lang, c.caption_id""",
-        [dataset, selector, selector, selector, *languages],
+        [*([dataset] if with_files else []), *sources, selector, selector, selector, *languages],
     )
+
+
+def training_words(catalog: Catalog, dataset: str, lang: str, captions: str, added: bool = False) -> list[str]:
+    """The words of a language's training captions (those the selection uses), commonest
+    first; `added`: a language whose captions are in their own table (added_dataset)."""
+    source = added_dataset(dataset, lang) if added else dataset
+    rows = catalog.query(
+        f"""SELECT token, count(*) AS n FROM (SELECT unnest(c.tokens) AS token FROM captions c
+                WHERE c.dataset = ? AND c.lang = ? AND c.role = 'train' AND {CAPTION_SELECTIONS[captions]})
+            GROUP BY token ORDER BY n DESC, token""",
+        [source, lang],
+    )
+    return rows["token"].to_pylist()
+
+
+def split_words(catalog: Catalog, dataset: str, selector: str, lang: str, added: bool = False) -> list[str]:
+    """The distinct words of a language's human captions in a split (name, role or "all");
+    `added`: a language whose captions are in their own table (added_dataset)."""
+    rows = caption_selection(catalog, dataset, selector, [lang], "human", with_files=False,
+                             added=(lang,) if added else ())  # fmt: skip
+    return sorted({token for tokens in rows["tokens"].to_pylist() for token in tokens or ()})
 
 
 def split_names(catalog: Catalog, dataset: str) -> list[tuple[str, str]]:
@@ -114,16 +144,24 @@ def parallel_training_captions(catalog: Catalog, dataset: str) -> list[dict]:
     ).to_pylist()
 
 
-def caption_texts(catalog: Catalog, dataset: str, caption_ids=None) -> dict[str, str]:
-    """caption id -> text, for the ids given (all of the dataset's when None)."""
+def first_captions(catalog: Catalog, dataset: str, lang: str, n: int) -> list[str]:
+    """The texts of a language's first `n` captions (by id)."""
+    return catalog.query("SELECT text FROM captions WHERE dataset = ? AND lang = ? ORDER BY caption_id LIMIT ?",
+                         [dataset, lang, n])["text"].to_pylist()  # fmt: skip
+
+
+def caption_texts(catalog: Catalog, dataset: str, caption_ids=None, added=()) -> dict[str, str]:
+    """caption id -> text, for the ids given (all of the dataset's when None); `added`:
+    languages whose captions are in their own tables (added_dataset), read too."""
+    sources = [dataset, *(added_dataset(dataset, lang) for lang in added)]
     if caption_ids is None:
-        rows = catalog.query("SELECT caption_id, text FROM captions WHERE dataset = ?", [dataset])
+        rows = catalog.query(f"SELECT caption_id, text FROM captions WHERE dataset IN ({_in(sources)})", sources)
     else:
         caption_ids = list(caption_ids)
         if not caption_ids:
             return {}
-        rows = catalog.query(f"SELECT caption_id, text FROM captions WHERE dataset = ? AND caption_id IN "
-                             f"({_in(caption_ids)})", [dataset, *caption_ids])  # fmt: skip
+        rows = catalog.query(f"SELECT caption_id, text FROM captions WHERE dataset IN ({_in(sources)}) AND caption_id "
+                             f"IN ({_in(caption_ids)})", [*sources, *caption_ids])  # fmt: skip
     return dict(zip(rows["caption_id"].to_pylist(), rows["text"].to_pylist()))
 
 
@@ -143,6 +181,13 @@ def image_rows(catalog: Catalog, dataset: str, image_ids=None) -> list[dict]:
         return []
     return catalog.query(f'SELECT image_id, path, split, "exists" FROM images WHERE dataset = ? AND image_id IN '
                          f"({_in(image_ids)}) ORDER BY image_id", [dataset, *image_ids]).to_pylist()  # fmt: skip
+
+
+def image_names(catalog: Catalog, dataset: str) -> pa.Table:
+    """Every image's id, file name, path, split and role: what a table naming images by
+    any of those is read against (datasets/readers/added_captions.py)."""
+    return catalog.query("SELECT image_id, file_name, path, split, role FROM images WHERE dataset = ? ORDER BY image_id",
+                         [dataset])  # fmt: skip
 
 
 def image_file_count(catalog: Catalog, dataset: str) -> int:

@@ -68,6 +68,7 @@ def load_split(
     extractor: str | None = None,
     captions: str = "human",
     rewrite: Callable[[list[str]], list[str]] | None = None,
+    added: tuple[str, ...] | list[str] = (),
 ) -> SplitTensors:
     """Captions of one split in the vocabulary's languages, as tensors.
 
@@ -83,9 +84,13 @@ def load_split(
 
     rewrite: what each caption's tokens become before they are encoded (query translation:
     word by word into English).
+
+    added: languages added to a trained model whose captions are in tables of their own
+    (queries.added_dataset), read beside the dataset's.
     """
     languages = vocabulary.languages
-    rows = queries.caption_selection(catalog, dataset, selector, languages, captions, with_files=extractor is not None)
+    rows = queries.caption_selection(catalog, dataset, selector, languages, captions, with_files=extractor is not None,
+                                     added=added)  # fmt: skip
     if rows.num_rows == 0:
         raise InputError(f"dataset {dataset!r} has no captions in split {selector!r} for languages {languages}")
     image_col = rows["image_id"].to_pylist()

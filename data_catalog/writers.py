@@ -12,6 +12,9 @@ WRITTEN_BY: dict[str, tuple[str, ...]] = {
     "images": ("ingest",),
     "captions": ("ingest",),
     "rejects": ("ingest",),
+    "added captions": ("language-captions",),
+    "added languages' captions": ("language-captions",),  # each language's step writes its own
+    "added rejects": ("language-captions",),
     "mt captions": ("translate",),
     "translations": ("translate",),
     "features": ("features",),

@@ -10,6 +10,14 @@ is registered and left where it is, with the reason as a tag. A rebuild never de
 better model. A model is its weights and vocabularies (their digest): the same weights
 trained again are the same version, whoever publishes them.
 
+Languages added to a trained model (`mule run add-language`) make a model that reads more:
+its version names the models it extends (`mule.extends`), and one that extends the
+champion becomes the champion (it serves the champion's languages by the same weights, to
+the bit, and more). A model reading fewer languages than the champion never takes its
+place on its own (its users would lose a language): its reason tag says to add them to it,
+and a version is served by hand with `--version N` (mule serve, search, export) or
+`models:/mule-<dataset>/N` (mule.api.load, mule embed).
+
 Every write a stop can cut is finished by the next publish of any model of the dataset,
 before that model is decided: a candidate whose version was never made (its run carries
 the intent, `mule.registry_candidate`) is registered, and every version whose decision was
@@ -69,13 +77,15 @@ class Candidate:
     eval_split: str  # the evaluation split's name (test, test_2016, ...)
     model_identity: str = ""  # model_identity(the train stage's record): registered once, whoever publishes it
     measure: str = ""  # what val_mR measures (mule_core.metrics.measure_of: the Ks and the protocol)
+    # the identities of the models it extends, its root first: a language added to them, theirs unchanged
+    extends: tuple[str, ...] = ()
 
 
 def _tags(c: Candidate) -> dict[str, str]:
     return {"mule.val_mR": f"{c.val_mR:.4f}", "mule.languages": ",".join(c.languages),
             "mule.val_split": c.val_split, "mule.eval_split": c.eval_split, "mule.dataset": c.dataset,
             "mule.train_run_id": c.run_id, "mule.model_identity": c.model_identity,
-            "mule.val_measure": c.measure}  # fmt: skip
+            "mule.val_measure": c.measure, **({"mule.extends": ",".join(c.extends)} if c.extends else {})}  # fmt: skip
 
 
 def model_identity(train_record: dict | None) -> str:
@@ -177,7 +187,8 @@ def _intended(client, name: str, dataset: str) -> list[Candidate]:
             data = json.loads(run.data.tags[INTENT])
             if not (isinstance(data, dict) and data.pop("ends", False) is True):
                 raise ValueError("an intent from before intents ended")
-            candidate = Candidate(**{**data, "languages": tuple(data["languages"])})
+            candidate = Candidate(**{**data, "languages": tuple(data["languages"]),
+                                     "extends": tuple(data.get("extends", ()))})  # fmt: skip
         except (TypeError, ValueError, KeyError):
             _end_intent(client, run.info.run_id)  # not one this mule carries out: its version exists or was deleted
             continue
@@ -211,6 +222,13 @@ def _decide(client, name: str, version) -> tuple[bool, str]:
     if champion.version == version.version:
         return True, version.tags.get("mule.champion_decision") or "champion"
     tags, mine = champion.tags, version.tags
+    # A model that extends the champion reads its languages through its very weights, and
+    # more: it serves everything the champion serves, to the bit, so it takes its place.
+    extended = [x for x in mine.get("mule.extends", "").split(",") if x]
+    if tags.get("mule.model_identity") and tags.get("mule.model_identity") in extended:
+        more = sorted(set(_language_set(mine) or ()) - set(_language_set(tags) or ()))
+        return True, (f"champion v{champion.version} with {', '.join(more)} added (its languages read by the same "
+                      "weights: bit-identical)")  # fmt: skip
     # Comparable: the same set of languages, measured on the same validation images by the
     # same measure. The split a model's test mR is named by (eval.split) is not its
     # validation: it never blocks.
@@ -219,6 +237,12 @@ def _decide(client, name: str, version) -> tuple[bool, str]:
         ("validation images", tags.get("mule.val_split"), mine.get("mule.val_split")),
         ("measure", _measure(client, champion), _measure(client, version))) if a != b or a is None]  # fmt: skip
     best, mine_mr = float(tags.get("mule.val_mR", "nan")), float(mine.get("mule.val_mR", "nan"))
+    lacking = sorted(set(_language_set(tags) or ()) - set(_language_set(mine) or ()))
+    if tags.get("mule.extends") and lacking and set(_language_set(mine) or ()) < set(_language_set(tags) or ()):
+        # the champion has languages added to it, and this model lacks some: never served in its place unasked
+        return False, (f"reads fewer languages than champion v{champion.version} (not {', '.join(lacking)}): add them to "
+                       f"it (mule run add-language --lang {','.join(lacking)}) and that model is compared, or promote "
+                       "it by hand if it should serve")  # fmt: skip
     if differs:
         theirs, ours = _shown(client, champion, differs), _shown(client, version, differs)
         tail = ours[ours.rfind(" ("):] if ours.endswith(")") and " (" in ours else ""

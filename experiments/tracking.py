@@ -17,7 +17,9 @@ import functools
 import getpass
 import json
 import math
+import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -228,9 +230,23 @@ class Tracker:
 
             self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in values.items()])
 
-    def artifact(self, path: Path, folder: str | None = None) -> None:
-        if self.client:
+    def artifact(self, path: Path, folder: str | None = None, name: str | None = None) -> None:
+        """The file as an artifact of the run; `name`: under that name (a model is `model.pt`
+        on its run, whatever its file is called: mule search --run finds it), linked, not copied."""
+        if not self.client:
+            return
+        if name is None or name == Path(path).name:
             self.client.log_artifact(self.run_id, str(path), folder)
+            return
+        staging = Path(tempfile.mkdtemp(prefix=".artifact-", dir=Path(path).parent))
+        try:
+            try:
+                os.link(path, staging / name)
+            except OSError:  # another file system, or links refused: a copy
+                shutil.copyfile(path, staging / name)
+            self.client.log_artifact(self.run_id, str(staging / name), folder)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
 
     def json(self, data: Any, name: str, folder: str | None = None) -> None:
         if not self.client:

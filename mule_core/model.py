@@ -14,7 +14,7 @@ similarity. Each language owns only its word embeddings and its FC into MULE.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -220,12 +220,15 @@ class MuleModel(nn.Module):
         self,
         languages: Sequence[str],
         vocab_sizes: dict[str, int],
-        word_dim: int,
+        word_dim: int | Mapping[str, int],
         image_dim: int | None,
         cfg: ModelConfig,
         words: dict[str, Sequence[str]] | None = None,
     ):
         super().__init__()
+        # one word width for every language, or each its own (a language added from an
+        # aligned start needs only mule_dim: with_added_language)
+        dims = dict(word_dim) if isinstance(word_dim, Mapping) else {lang: word_dim for lang in languages}
         if cfg.sharing not in SHARING:
             raise ValueError(f"model.sharing must be one of {SHARING}, got {cfg.sharing!r}")
         if cfg.subwords and (words is None or any(lang not in words for lang in languages)):
@@ -239,10 +242,10 @@ class MuleModel(nn.Module):
             {
                 lang: LanguageBranch(
                     vocab_sizes[lang],
-                    word_dim,
+                    dims[lang],
                     cfg.mule_dim,
                     cfg.finetune_words,
-                    SentenceEncoder(word_dim, cfg.lstm_dim, cfg.joint_dim) if parallel else None,
+                    SentenceEncoder(dims[lang], cfg.lstm_dim, cfg.joint_dim) if parallel else None,
                     words[lang] if words is not None else None,
                     ngram_lengths,
                 )  # fmt: skip
@@ -349,24 +352,32 @@ def count_parameters(model: MuleModel) -> dict[str, object]:
     }
 
 
+def word_dims(model: MuleModel) -> dict[str, int]:
+    """Each language's word width (its embedding's)."""
+    return {lang: branch.embed.embedding_dim for lang, branch in model.branches.items()}
+
+
 def with_added_language(base: MuleModel, cfg: ModelConfig, lang: str, vocab_size: int,
                         vectors: torch.Tensor | None = None, words: Sequence[str] | None = None,
-                        ngrams: tuple[list[str], torch.Tensor] | None = None) -> MuleModel:  # fmt: skip
+                        ngrams: tuple[list[str], torch.Tensor] | None = None,
+                        word_dim: int | None = None) -> MuleModel:  # fmt: skip
     """`base` plus a language: a new model holding every weight of `base`, frozen, and a
     new branch (word embeddings + FC into MULE) for `lang`, the only trainable part. The
-    language classifier gains a row for the new language (frozen too: LC stays off while
-    a language is added). Base languages keep bit-identical embeddings: nothing they
-    pass through can change."""
+    language classifier gains a row for the new language, zero and frozen (LC stays off
+    while a language is added). Base languages keep bit-identical embeddings: nothing they
+    pass through can change. `word_dim`: the new branch's word width (default: the base's
+    first language's; an aligned start needs only mule_dim)."""
     if not base.has_mule:
         raise ValueError("a language is added through its own MULE branch; this model has none (sharing=parallel)")
     if lang in base.languages:
         raise ValueError(f"the model already reads {lang!r}")
     languages = [*base.languages, lang]
     sizes = {name: branch.embed.num_embeddings for name, branch in base.branches.items()} | {lang: vocab_size}
-    word_dim = next(iter(base.branches.values())).embed.embedding_dim
+    dims = word_dims(base)
+    dims[lang] = word_dim or dims[base.languages[0]]
     image_dim = base.image_mean.numel() if base.image_branch is not None else None
     known = {name: branch.words for name, branch in base.branches.items()} | {lang: words}
-    model = MuleModel(languages, sizes, word_dim, image_dim, cfg,
+    model = MuleModel(languages, sizes, dims, image_dim, cfg,
                       None if any(w is None for w in known.values()) else known)  # fmt: skip
     state = {k: v for k, v in base.state_dict().items() if not k.startswith("classifier.")}
     missing, unexpected = model.load_state_dict(state, strict=False)
@@ -375,11 +386,23 @@ def with_added_language(base: MuleModel, cfg: ModelConfig, lang: str, vocab_size
     with torch.no_grad():
         model.classifier.weight[: len(base.languages)] = base.classifier.weight
         model.classifier.bias[: len(base.languages)] = base.classifier.bias
+        model.classifier.weight[len(base.languages) :] = 0.0  # never trained (LC stays off): no random row
+        model.classifier.bias[len(base.languages) :] = 0.0
     if vectors is not None:
         model.branches[lang].init_vectors(vectors, ngrams)
     for name, parameter in model.named_parameters():
         parameter.requires_grad = parameter.requires_grad and name.startswith(f"branches.{lang}.")
     return model
+
+
+def half_tables(model: MuleModel, languages: Sequence[str]) -> None:
+    """Rounds these languages' word and n-gram tables to float16 precision, in place (they
+    stay float32 tensors): what a model file stores of them (data_catalog.model_files), so
+    the model measured, served and saved is one model."""
+    with torch.no_grad():
+        for lang in languages:
+            for table in model.branches[lang].word_parameters():
+                table.copy_(table.half().float())
 
 
 def build_model(cfg: ModelConfig, vocabulary: Vocabulary, image_dim: int | None) -> MuleModel:

@@ -81,15 +81,18 @@ class TextTower(nn.Module):
             raise ValueError("the ONNX text tower is a MULE model's (one shared sentence encoder); "
                              "this one has a sentence encoder per language (model.sharing=parallel)")  # fmt: skip
         branches = [model.branches[lang] for lang in model.languages]
-        dim = branches[0].embed.embedding_dim
+        # A narrower branch (an added language's) is padded with zeros to the widest: its
+        # vectors' extra coordinates are 0 and its FC's extra columns 0, the same numbers.
+        dim = max(b.embed.embedding_dim for b in branches)
         zero = torch.zeros(1, dim)
-        self.words = nn.Parameter(torch.cat([zero, *(b.embed.weight.detach() for b in branches)]), requires_grad=False)
-        grams = [b.subwords.vectors.weight.detach()[1:] for b in branches if b.subwords is not None]
+        self.words = nn.Parameter(torch.cat([zero, *(_wide(b.embed.weight.detach(), dim) for b in branches)]),
+                                  requires_grad=False)  # fmt: skip
+        grams = [_wide(b.subwords.vectors.weight.detach()[1:], dim) for b in branches if b.subwords is not None]
         self.grams = nn.Parameter(torch.cat([zero, *grams]), requires_grad=False)
         # every language's FC as one: (L * M) outputs, the sentence's language picked after
         self.fc = nn.Linear(dim, len(branches) * branches[0].fc.out_features)
         with torch.no_grad():
-            self.fc.weight.copy_(torch.cat([b.fc.weight for b in branches]))
+            self.fc.weight.copy_(torch.cat([_wide(b.fc.weight, dim) for b in branches]))
             self.fc.bias.copy_(torch.cat([b.fc.bias for b in branches]))
         self.languages, self.mule_dim = len(branches), branches[0].fc.out_features
         self.encoder = model.encoder
@@ -104,6 +107,12 @@ class TextTower(nn.Module):
         steps, _ = self.encoder.lstm((every * pick).sum(2))
         last = steps.gather(1, (lengths - 1).clamp(min=0)[:, None, None].expand(-1, 1, steps.shape[2]))[:, 0]
         return F.normalize(self.encoder.fc(last), dim=-1)
+
+
+def _wide(rows: torch.Tensor, dim: int) -> torch.Tensor:
+    """Rows padded with zero columns to `dim` (float32: a table stored in half is computed in full)."""
+    rows = rows.float()
+    return rows if rows.shape[1] == dim else F.pad(rows, (0, dim - rows.shape[1]))
 
 
 class ImageTower(nn.Module):

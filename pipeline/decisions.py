@@ -102,6 +102,8 @@ def entry_digest(name: str, wd: Workdir, catalog: Catalog, cfg: MuleConfig, hash
         return combine({f"{p.parent.name}/{p.name}": d for p, d in zip(paths, digests)})[:16]
     if entry.kind == "files":
         return combine({str(p): d for p, d in zip(paths, digests)})[:16]
+    if entry.kind == "contents":  # files given by the user: what they hold, wherever they are
+        return combine({str(i): d or "missing" for i, d in enumerate(digests)})[:16]
     return digests[0][:16] if digests[0] else None
 
 
@@ -123,6 +125,8 @@ def slot_for(wd: Workdir, catalog: Catalog, cfg: MuleConfig, stage: Stage) -> st
     if stage.slot is None:
         return ""
     path = ENTRIES[stage.slot].locate(wd, catalog, cfg)[0]
+    if not path.is_relative_to(wd.models_dir(cfg.data.dataset)):  # a table: its file's name (an added language's)
+        return path.stem
     name = str(path.relative_to(wd.models_dir(cfg.data.dataset)).with_suffix("")).replace("/", "--")
     return "" if name in ("pretrain", "model") else name
 

@@ -39,6 +39,44 @@ def _lexicon_backend(cfg) -> bool:
     return cfg.translate.backend == "lexicon"
 
 
+def _from_text_stage(cfg) -> bool:
+    """An added language starts from the text stage's word vectors (the paper's start)."""
+    return cfg.train.add_start == "captions"
+
+
+def _added_from_tables(cfg) -> bool:
+    """The language being added is not one of the dataset's (its captions are in a table of their own)."""
+    return bool(cfg.train.adding) and cfg.train.adding not in cfg.data.languages
+
+
+def _any_added_from_tables(cfg) -> bool:
+    return any(lang not in cfg.data.languages for lang in cfg.train.added)
+
+
+def adds_to_a_trained_model(cfg) -> bool:
+    """add-language adds its languages to a model trained before (train.base_model, else the
+    rebuild's train.model_name), training nothing else; False for the study of one language of
+    data.languages (trained without it, added, and every language from scratch)."""
+    return bool(cfg.train.base_model) or _any_added_from_tables(cfg) or len(cfg.train.added) > 1
+
+
+def add_language_upstream(cfg, stages: list[str]) -> list[str]:
+    """The rebuild's stages add-language runs first: adding to a trained model, only those of
+    the data (ingest, translate, features): the base's word vectors, LP and training are its
+    own, used as they are (its model file is the base), never retrained or recomputed."""
+    if adds_to_a_trained_model(cfg):
+        return [s for s in stages if s not in ("text", "pretrain", "train")]
+    return stages
+
+
+def add_language_steps(cfg) -> tuple[str, ...]:
+    """The steps add-language's variants run under this config (pipeline.sweeps)."""
+    if adds_to_a_trained_model(cfg):
+        captions = ("language-captions",) if _any_added_from_tables(cfg) else ()
+        return (*captions, "extend", "evaluate", "query-translation")
+    return (*(("pretrain",) if cfg.pretrain.enabled else ()), "train", "extend", "evaluate")
+
+
 @dataclass(frozen=True)
 class Read:
     """An entry a stage reads only under some config (`when(cfg)`)."""
@@ -74,6 +112,10 @@ class Stage:
     # its variants run; the rebuild's stages that write what those read run before it.
     sweep: str | None = None
     steps: tuple[str, ...] = ()
+    # a sweep whose steps depend on the config: the steps it runs under `cfg` (of `steps`)
+    steps_for: Callable[[Any], tuple[str, ...]] | None = None
+    # (cfg, the rebuild's stages that write what its steps read) -> those it runs first
+    upstream_for: Callable[[Any, list[str]], list[str]] | None = None
     # trains with torch: the device and arithmetic it trains in (train.device resolved, and
     # train.amp on CUDA) are part of its key; the CPU threads it used are recorded with it
     threaded: bool = False
@@ -140,9 +182,13 @@ _WHERE = ("data.source", "data.images", "data.dictionaries")
 # image-sentence loss; the names of trained models.
 _NOT_LP = frozenset({"train.epochs", "train.lr", "train.lr_decay", "train.decay_steps", "train.warmup_steps",
                      "train.ema", "train.batch_images", "train.sentences_per_image_many", "train.model_name",
-                     "train.add_language", "train.base_model", "train.add_start", "train.add_words", "loss.match_weight",
+                     "train.add_language", "train.base_model", "train.add_start", "train.add_words", "train.add_captions",
+                     "loss.match_weight",
                      "loss.nc", "loss.nc_weight"})  # fmt: skip
 _MT = Read("mt captions", _uses_mt, "data.captions uses MT")
+_ADDED = Read("added captions", _added_from_tables, "the language added is not in data.languages")
+_EVERY_ADDED = Read("added languages' captions", _any_added_from_tables,
+                    "train.add_language names languages outside data.languages")  # fmt: skip
 _LP = Read("LP model", _lp_on, "pretrain.enabled")
 _PUBLISH = "mule.pipeline.publish:"
 
@@ -184,36 +230,55 @@ STAGES: tuple[Stage, ...] = (
           reads=("captions", _MT, "word vectors", "images", "features", _LP), slot="model",
           config=(*_TRAINING, "data.dataset", "data.languages", "data.captions", "text.max_tokens", "text.tokenizers", "eval.ks",
                   *_FEATURE_IDENTITY),
-          operational=_PLACEMENT, ignores=frozenset({"train.add_language", "train.base_model", "train.add_start", "train.add_words"}), threaded=True, resumes="its checkpoint of the last finished epoch"),
+          operational=_PLACEMENT, ignores=frozenset({"train.add_language", "train.base_model", "train.add_start", "train.add_words",
+                                                     "train.add_captions"}), threaded=True, resumes="its checkpoint of the last finished epoch"),
     Stage("evaluate", "Recall table per language on the test split, cross-lingual retrieval, figures.",
           task="mule.tasks.evaluate:compute", publish=_PUBLISH + "evaluate",
           # the LP model is what a dataset without images is evaluated with
-          reads=("captions", "images", "features", "model", _LP), slot="model",
+          reads=("captions", "images", "features", "model", _LP, _EVERY_ADDED), slot="model",
           config=("eval.", "data.dataset", "train.model_name", "data.train_images", "data.val_images",
-                  "data.test_images", "data.seed", "data.image_size", "data.source", "train.device"),
+                  "data.test_images", "data.seed", "data.image_size", "data.source", "train.device",
+                  "train.add_language", "data.languages"),
           operational=frozenset({"train.device"}), presence=frozenset({"data.source"})),
     Stage("index", "The gallery's approximate index (FAISS HNSW or IVF, 8-bit) over the model's image vectors, for mule serve.",
           task="mule.tasks.index:compute", publish=_PUBLISH + "index",
           reads=("images", "features", "model"), slot="model",
           config=("index.kind", "index.cells", "data.dataset", "train.model_name")),
+    Stage("language-captions", "An added language's captions of the dataset's images (its rows in the dataset's "
+          "files, data.extra_captions, --captions tables), in a table of their own (add-language's step).",
+          task="mule.tasks.language_captions:compute", publish=_PUBLISH + "language_captions", kind="step",
+          reads=("raw files", "images", "caption files"), slot="added captions",
+          config=("data.", "text.tokenizers", "train.add_language", "train.add_captions"),
+          operational=frozenset({"data.source", "data.images", "data.dictionaries", "data.extra_captions",
+                                 "train.add_captions"}),
+          ignores=frozenset({"data.captions", "data.languages", "data.train_images", "data.val_images",
+                             "data.test_images", "data.image_size"})),
     Stage("extend", "Trains a new language's branch onto a frozen trained model (add-language's step).",
           task="mule.tasks.extend:compute", publish=_PUBLISH + "extend", kind="step",
-          reads=("captions", _MT, "word vectors", "images", "features", "base model"),
+          reads=("captions", _MT, Read("word vectors", _from_text_stage, "train.add_start=captions"), "images",
+                 "features", "base model", _ADDED),
           slot="model",
           config=(*_TRAINING, "data.dataset", "data.languages", "data.captions", "text.tokenizers", "eval.ks", "eval.split",
                   *_FEATURE_IDENTITY),
-          operational=_PLACEMENT, threaded=True),
-    Stage("query-translation", "An English model searched with other languages' queries translated word by word.",
+          operational=_PLACEMENT, ignores=frozenset({"train.add_captions"}), threaded=True,
+          resumes="its checkpoints of the last finished epoch (LP, then joint training)"),
+    Stage("query-translation", "A model's English branch searched with other languages' queries translated word by word "
+          "(a lexicon, else induced from translated captions, else aligned by multilingual-e5).",
           task="mule.tasks.query_translation:compute", publish=_PUBLISH + "query_translation",
-          kind="step", reads=("captions", "word vectors", "images", "features", "model", "lexicons"), slot="model",
-          config=("eval.", "data.dataset", "data.languages", "train.model_name", "train.device", *_WHERE),
+          kind="step", reads=("captions", "word vectors", "images", "features", "model", "lexicons", _EVERY_ADDED),
+          slot="model",
+          config=("eval.", "data.dataset", "data.languages", "train.model_name", "train.device", "train.add_language",
+                  "translate.induced_iterations", "text.tokenizers", *_WHERE),
           operational=frozenset({"train.device"}) | frozenset(_WHERE)),
     Stage("ablation", "Baselines and MULE's parts (the paper's Table 2), one child run per model.",
           task=None, kind="sweep", sweep="mule.pipeline.sweeps:ABLATION",
           steps=("pretrain", "train", "evaluate", "query-translation"), resumes="the variants finished"),
-    Stage("add-language", "Adds train.add_language to a model trained without it; compares with training from scratch.",
+    Stage("add-language", "Adds train.add_language's languages to a trained model (from zero captions, the "
+          "dataset's, or --captions tables), or studies one: trained without it, added, and from scratch.",
           task=None, kind="sweep", sweep="mule.pipeline.sweeps:ADD_LANGUAGE",
-          steps=("pretrain", "train", "extend", "evaluate"), resumes="the steps finished"),
+          steps=("pretrain", "train", "language-captions", "extend", "evaluate", "query-translation"),
+          steps_for=add_language_steps, upstream_for=add_language_upstream,
+          resumes="the steps finished"),
 )  # fmt: skip
 
 BY_NAME: dict[str, Stage] = {s.name: s for s in STAGES}
@@ -260,9 +325,11 @@ def upstream(sweep: str, cfg) -> list[str]:
     """The rebuild's stages that write what a sweep's steps read (and what those read), in
     order: they run before it, and reuse makes them free when they are up to date. What
     the steps write themselves (LP models, models) is made per variant."""
-    steps = [BY_NAME[s] for s in BY_NAME[sweep].steps]
+    declared = BY_NAME[sweep]
+    steps = [BY_NAME[s] for s in (declared.steps_for(cfg) if declared.steps_for else declared.steps)]
     made_by_steps = {entry for step in steps for entry in step.writes}
-    return _writers_of([e for step in steps for e in step.entries_read(cfg) if e not in made_by_steps], cfg)
+    needed = _writers_of([e for step in steps for e in step.entries_read(cfg) if e not in made_by_steps], cfg)
+    return declared.upstream_for(cfg, needed) if declared.upstream_for else needed
 
 
 def writers_upstream(stages, cfg) -> list[str]:

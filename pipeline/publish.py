@@ -113,28 +113,7 @@ def train(wd: Workdir, cfg: MuleConfig, result: dict, run_id: str | None) -> dic
     tracker.artifact(path)  # weights + vocabularies, loadable without pickle (data_catalog.model_files.load_model)
     if not run_id or cfg.train.model_name != "model":  # the ablation's and add-language's variants are not registered
         return {}
-    from mule.mule_core.metrics import measure_of
-    from mule.pipeline import decisions
-    from mule.serving import mlflow_model
-
-    dataset, f = cfg.data.dataset, cfg.features
-    # One version per trained model (its weights), whoever publishes it: a stopped run and the next
-    identity = registry.model_identity(decisions.read_record(wd, cfg, "train"))
-    registered = registry.registered_for(wd, dataset, identity)
-    if registered is not None:
-        tracker.tags({"mule.registered_version": str(registered["version"]),
-                      "mule.champion": str(registered["champion"]).lower()})  # fmt: skip
-        return {"registry": registered}
-    source = mlflow_model.log_model(wd.mlflow_uri, run_id, path, result["examples"],
-                                    f"{dataset} model of run {run_id}",
-                                    {"name": result["extractor"], "weights": _weights_source(f)},
-                                    _carried_weights(wd, f))  # fmt: skip
-    candidate = registry.Candidate(dataset, run_id, source, result["val_mean_mR"], tuple(result["languages"]),
-                                   result["val_images"], cfg.eval.split, identity, measure_of(cfg.eval.ks))  # fmt: skip
-    registered = registry.register(wd, candidate)
-    tracker.tags({"mule.registered_version": str(registered["version"]),
-                  "mule.champion": str(registered["champion"]).lower()})  # fmt: skip
-    return {"registry": registered}
+    return _register(wd, cfg, run_id, path, "train", result, tracker)
 
 
 def _carried_weights(wd: Workdir, f) -> Path | None:
@@ -213,19 +192,29 @@ def evaluate(wd: Workdir, cfg: MuleConfig, result: dict, run_id: str | None) -> 
         tracker.artifact(out / name)  # the file just written: rendering it again for MLflow costs as much
     tracker.artifact(out / "evaluation.json")
     tracker.metrics(metrics)
-    if not result["table"] or cfg.train.model_name != "model":
-        return {}
     from mule.pipeline import decisions
+    from mule.pipeline.declaration import adds_to_a_trained_model
 
-    # the train stage's record names the model's key and runs, whether this rebuild trained it or reused it
-    return {
-        "registered_version": registry.tag_test_results(
-            wd, dataset, decisions.read_record(wd, cfg, "train"), headline, result["mean_mR"], result["table"]
-        )
-    }
+    # the stage that trained it names the model's key and runs, whether this run trained it or reused it
+    if not result["table"]:
+        return {}
+    if cfg.train.model_name == "model":
+        trained = decisions.read_record(wd, cfg, "train")
+    elif cfg.train.added and adds_to_a_trained_model(cfg) and cfg.train.model_name == cfg.train.added_model:
+        trained = decisions.read_record(wd, cfg, "extend")  # a language added to a trained model: registered too
+    else:
+        return {}
+    return {"registered_version": registry.tag_test_results(wd, dataset, trained, headline, result["mean_mR"],
+                                                             result["table"])}  # fmt: skip
 
 
 def extend(wd: Workdir, cfg: MuleConfig, result: dict, run_id: str | None) -> dict:
+    """The added branch's curves and figures; adding to a trained model (not the study), the
+    model like any other: its weights file and MLflow pyfunc on the run, registered as a
+    version of mule-<dataset> with the languages it reads and the models it extends (the
+    registry makes it the champion when it extends the champion: experiments/registry.py)."""
+    from mule.pipeline.declaration import adds_to_a_trained_model
+
     tracker, lang = Tracker(wd, run_id), result["language"]
     if result["history"]:  # none when the language had no captions: its aligned start is the model
         figure = plots.training_curves(_epochs(result["history"]), f"Adding {lang}", score_label=f"val {lang} mR")
@@ -235,7 +224,44 @@ def extend(wd: Workdir, cfg: MuleConfig, result: dict, run_id: str | None) -> di
         tracker.params({f"add.aligned.{k}": v for k, v in result["aligned"].items()})
     tracker.metrics(_numbers({"add.trainable_parameters": result["trainable_parameters"],
                               "add.existing_languages_max_change": result["existing_languages_max_change"],
+                              "add.branch_mib": result.get("branch_bytes", 0) / 2**20,
                               f"add.val.{lang}.best_mR": result["val_mR"]}))  # no val captions in lang: none  # fmt: skip
+    path = Path(result["path"])
+    tracker.artifact(path, name="model.pt")  # weights + vocabularies: `mule search --run`, `mule export --run` find it
+    if not run_id or not adds_to_a_trained_model(cfg):  # the study's variants are not registered
+        return {}
+    return _register(wd, cfg, run_id, path, "extend", result, tracker)
+
+
+def _register(wd: Workdir, cfg: MuleConfig, run_id: str, path: Path, stage: str, result: dict, tracker) -> dict:
+    """The model of a training stage's result as a registered version (one per weights,
+    whoever publishes them), with its pyfunc model logged first."""
+    from mule.mule_core.metrics import measure_of
+    from mule.pipeline import decisions
+    from mule.serving import mlflow_model
+
+    dataset, f = cfg.data.dataset, cfg.features
+    identity = registry.model_identity(decisions.read_record(wd, cfg, stage))
+    registered = registry.registered_for(wd, dataset, identity)
+    if registered is None:
+        source = mlflow_model.log_model(wd.mlflow_uri, run_id, path, result["examples"],
+                                        f"{dataset} model of run {run_id}",
+                                        {"name": result["extractor"], "weights": _weights_source(f)},
+                                        _carried_weights(wd, f))  # fmt: skip
+        candidate = registry.Candidate(dataset, run_id, source, result["val_mean_mR"], tuple(result["languages"]),
+                                       result["val_images"], cfg.eval.split, identity, measure_of(cfg.eval.ks),
+                                       tuple(result.get("extends", ())))  # fmt: skip
+        registered = registry.register(wd, candidate)
+    tracker.tags({"mule.registered_version": str(registered["version"]),
+                  "mule.champion": str(registered["champion"]).lower()})  # fmt: skip
+    return {"registry": registered}
+
+
+def language_captions(wd: Workdir, cfg: MuleConfig, result: dict, run_id: str | None) -> dict:
+    """How many captions the added language has, per split, and how many rows were rejected."""
+    lang = result["language"]
+    Tracker(wd, run_id).metrics({f"add.{lang}.captions": result["captions"], f"add.{lang}.rejects": result["rejects"],
+                                 **{f"add.{lang}.captions.{s}": n for s, n in result["per_split"].items()}})  # fmt: skip
     return {}
 
 
@@ -318,6 +344,58 @@ def add_language_report(wd: Workdir, cfg: MuleConfig, lang: str, rows: dict, run
     return {"rows": {k: v["evaluation"]["table"] for k, v in rows.items()}, "markdown": markdown,
             "existing_languages_max_change": change, "report": str(out),
             "images": {"joint": added.get("images"), "lp": added.get("lp_images")}}  # fmt: skip
+
+
+def added_languages_report(wd: Workdir, cfg: MuleConfig, base: dict, final: dict, added: dict[str, dict],
+                           base_name: str, final_name: str, run_id: str | None,
+                           translated: dict | None = None) -> dict[str, Any]:  # fmt: skip
+    """Languages added to a trained model: test mR per language of the base and of the model
+    with them, chance beside; per added language, the captions it read and what it trained.
+    In results/<dataset>/add-language-<langs>.md and on the sweep's run."""
+    languages = list(dict.fromkeys([*final["table"], *base["table"]]))
+    split = final.get("split", cfg.eval.split)
+    lines = [f"| model (test mR, {split}) | {' | '.join(languages)} |", "|---|" + "---|" * len(languages)]
+    for name, evaluation in ((f"{base_name}, as trained", base), (final_name, final)):
+        table = evaluation["table"]
+        lines.append(f"| {name} | " + " | ".join(f"{table[x]['mR']:.1f}" if x in table else "–" for x in languages) + " |")
+    if translated and len(translated["table"]) > 1:  # the added languages' queries, by a dictionary instead
+        row = translated["table"]
+        lines.append(f"| {base_name}'s English branch, queries translated into en word by word | " + " | ".join(
+            f"{row[x]['mR']:.1f}" if x in row and x in cfg.train.added else "–" for x in languages) + " |")  # fmt: skip
+    chance = {**base.get("chance", {}), **final.get("chance", {})}
+    if chance:
+        lines.append("| chance (a random ranking) | " + " | ".join(f"{chance[x]['mR']:.1f}" if x in chance else "–"
+                                                               for x in languages) + " |")  # fmt: skip
+    untested = [lang for lang in added if lang not in final["table"]]
+    notes = []
+    for lang, steps in added.items():
+        extend, captions = steps["extend"], steps.get("captions") or {}
+        per_split = captions.get("per_split") or {}
+        read = (", ".join(f"{n} {s}" for s, n in sorted(per_split.items())) + " captions") if per_split else "no caption"
+        trained = ("nothing trained: its aligned start, read zero-shot" if not extend.get("history") else
+                   f"joint epoch {extend['best_epoch']} kept" + (f" (val {extend['val_captions']} captions)"
+                                                                 if extend.get("val_captions") else " (the last: no "
+                                                                 "validation captions)"))  # fmt: skip
+        seconds = "reused" if extend.get("reused") else f"{extend.get('seconds', 0):.0f} s"
+        notes.append(f"- {lang}: {read}; {trained}; its branch {extend['trainable_parameters']:,} parameters, "
+                     f"{extend.get('branch_bytes', 0) / 2**20:.1f} MiB stored; {seconds}; base weights and "
+                     f"embeddings unchanged (largest change {extend['existing_languages_max_change']:g})")  # fmt: skip
+    if translated and len(translated["table"]) > 1:
+        notes += [f"- translated queries, {lang}: {translated['tables'][lang]}" for lang in translated["languages"]]
+    markdown = "\n".join(lines) + "\n\n" + "\n".join(notes) + "\n"
+    if untested:
+        markdown += (f"\n{', '.join(untested)}: no test captions, so no test figure (the model reads "
+                     f"{'them' if len(untested) > 1 else 'it'}: mule search, mule serve).\n")  # fmt: skip
+    out = wd.results_dir(cfg.data.dataset) / f"add-language-{'-'.join(cfg.train.added)}.md"
+    write_text_atomic(markdown, out)
+    Tracker(wd, run_id).artifact(out)
+    logging.getLogger("mule.pipeline").info("adding %s (test mR per language):\n%s", cfg.train.add_language, markdown)
+    rows = {base_name: base["table"], final_name: final["table"]}
+    if translated:
+        rows["translated queries"] = {x: row for x, row in translated["table"].items() if x in cfg.train.added}
+    return {"rows": rows, "markdown": markdown, "report": str(out),
+            "model": final_name, "existing_languages_max_change": max(
+                (steps["extend"]["existing_languages_max_change"] for steps in added.values()), default=0.0)}  # fmt: skip
 
 
 def publish(stage: str, wd: Workdir, cfg: MuleConfig, result: Any, run_id: str | None) -> dict:

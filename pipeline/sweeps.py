@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mule.config.overrides import apply_overrides
-from mule.config.sections import MuleConfig
+from mule.config.sections import MuleConfig, caption_file
 from mule.data_catalog.tables import Catalog
 from mule.experiments import tracking
 from mule.experiments.seeds import Difference, paired_difference
@@ -178,7 +178,8 @@ def translated_query_row(results: list[tuple[int, dict]]) -> RowResult:
             per_language.setdefault(lang, {})[seed] = row["mR"]
     results = [result for _, result in results]
     row = RowResult(TRANSLATED,
-                    note="lexicons: " + ", ".join(f"en-{lang}" for lang in results[0]["languages"]),
+                    note="word tables: " + ", ".join(f"{lang}->en {results[0].get('tables', {}).get(lang, 'lexicon')}"
+                                                     .split(":")[0] for lang in results[0]["languages"]),
                     parameters=results[0]["parameters"]["total"],
                     language_specific=results[0]["parameters"]["language_specific"])  # fmt: skip
     _average(row, per_language)
@@ -207,7 +208,7 @@ class Sweep:
     report: Callable[[Workdir, MuleConfig, list[Variant], dict, str | None], dict]
 
 
-TRANSLATED = "Translate the query (EmbN en + lexicon)"
+TRANSLATED = "Translate the query (EmbN en + word table)"
 CHANCE = "chance (a random ranking of the same images and sentences)"
 
 
@@ -264,30 +265,23 @@ def _ablation_report(wd: Workdir, cfg: MuleConfig, variants: list[Variant], resu
 
 
 def _add_language_variants(wd: Workdir, cfg: MuleConfig) -> list[Variant]:
-    """A model trained without train.add_language, that language added to it (only its
-    branch trains), and the model trained on every language from scratch; each evaluated."""
-    from mule.tasks.extend import added_model_name, base_model_name
+    """Adding train.add_language's languages to a trained model (declaration.adds_to_a_trained_model):
+    the base measured as it is, each language's captions read and its branch added in turn
+    (es onto the base, ja onto <base>+es: each branch trains as it would alone), and the
+    model with all of them measured. The study of one language of data.languages instead: a
+    model trained without it, that language added to it, and every language from scratch."""
+    from mule.pipeline.declaration import adds_to_a_trained_model
 
-    lang = cfg.train.add_language
-    if not lang:
+    langs = cfg.train.added
+    if not langs:
         raise ConfigError("add-language needs a language: mule run add-language --lang ja (train.add_language)")
+    if adds_to_a_trained_model(cfg):
+        return _added_to_trained(wd, cfg, langs)
+    (lang,) = langs
     others = [x for x in cfg.data.languages if x != lang]
     if not others:
         raise ConfigError(f"data.languages {list(cfg.data.languages)} has no language besides {lang} to start from")
-    base_name, added_name = base_model_name(lang, cfg.train.base_model), added_model_name(lang, cfg.train.base_model)
-    if cfg.train.base_model:
-        # A model the user trained: it is measured as it is and the language added to it;
-        # nothing is retrained (training from scratch, the third row, is the unnamed base's).
-        path = wd.model_path(cfg.data.dataset, base_name)
-        if not path.is_file():
-            raise ConfigError(f"train.base_model={base_name!r}: no model at {path} (train it first, or leave "
-                              f"train.base_model unset to train one without {lang})")  # fmt: skip
-        return [
-            Variant(f"without {lang}", apply_overrides(cfg, {"train.model_name": base_name, "train.add_language": ""}),
-                    ("evaluate",)),
-            Variant(f"without {lang}, then {lang} added", apply_overrides(cfg, {"train.model_name": added_name}),
-                    ("extend", "evaluate")),
-        ]  # fmt: skip
+    base_name, added_name = cfg.train.root_model, cfg.train.added_model
     lp = ("pretrain",) if cfg.pretrain.enabled else ()
     return [
         Variant(f"without {lang}", apply_overrides(cfg, {"data.languages": ",".join(others),
@@ -299,8 +293,56 @@ def _add_language_variants(wd: Workdir, cfg: MuleConfig) -> list[Variant]:
     ]  # fmt: skip
 
 
+def _added_to_trained(wd: Workdir, cfg: MuleConfig, langs: tuple[str, ...]) -> list[Variant]:
+    root = cfg.train.base_model or cfg.train.model_name
+    path = wd.model_path(cfg.data.dataset, root)
+    if not path.is_file():
+        named = f"train.base_model={root!r}" if cfg.train.base_model else f"the rebuild's model ({root!r})"
+        raise ConfigError(f"{named}: no model at {path} to add {', '.join(langs)} to: train one first (mule run "
+                          "all), or name one with --set train.base_model=NAME (models/<dataset>/NAME.pt)")  # fmt: skip
+    variants = [Variant(f"{root}, as trained", apply_overrides(cfg, {"train.model_name": root, "train.add_language": "",
+                                                                    "train.base_model": "", "train.add_captions": ""}),
+                        ("evaluate",), "base")]  # fmt: skip
+    def files(named) -> str:  # the --captions tables of these languages (and those given for none)
+        return ",".join(item for item in cfg.train.add_captions if caption_file(item)[0] in ("", *named))
+
+    for n, lang in enumerate(langs, start=1):
+        chain = {"train.base_model": root, "train.add_language": ",".join(langs[:n]), "train.add_captions": files(langs[:n])}
+        if lang not in cfg.data.languages:  # its captions: a table of their own
+            variants.append(Variant(f"{lang}: its captions", apply_overrides(cfg, {**chain, "train.add_language": lang,
+                                                                                  "train.add_captions": files([lang])}),
+                                    ("language-captions",), lang))  # fmt: skip
+        named = apply_overrides(cfg, chain)
+        variants.append(Variant(f"{lang} added to {named.train.extended_model}",
+                                apply_overrides(cfg, {**chain, "train.model_name": named.train.added_model}),
+                                ("extend",), lang))  # fmt: skip
+    full = apply_overrides(cfg, {"train.base_model": root})
+    final = apply_overrides(full, {"train.model_name": full.train.added_model})
+    variants.append(Variant(f"{final.train.model_name}, measured", final, ("evaluate",), "added"))
+    # beside it: the added languages' queries translated into English word by word, read by the base's English branch
+    if "en" in cfg.data.languages:
+        variants.append(Variant(f"{', '.join(langs)} queries translated into en for {root}",
+                                apply_overrides(full, {"train.model_name": root}), ("query-translation",),
+                                "translated"))  # fmt: skip
+    return variants
+
+
 def _add_language_report(wd: Workdir, cfg: MuleConfig, variants: list[Variant], results: dict,
                          run_id: str | None) -> dict[str, Any]:  # fmt: skip
+    from mule.pipeline.declaration import adds_to_a_trained_model
+
+    if adds_to_a_trained_model(cfg):
+        base = next(v for v in variants if v.row == "base")
+        final = next(v for v in variants if v.row == "added")
+        steps = {v.row: results[v.label] for v in variants if v.row not in ("base", "added", "translated")}
+        added = {lang: {"captions": results.get(f"{lang}: its captions", {}).get("language-captions"),
+                        "extend": next(results[v.label]["extend"] for v in variants
+                                       if v.row == lang and "extend" in v.steps)}
+                 for lang in cfg.train.added if lang in steps}  # fmt: skip
+        translated = next((results[v.label]["query-translation"] for v in variants if v.row == "translated"), None)
+        return publish.added_languages_report(wd, cfg, results[base.label]["evaluate"],
+                                              results[final.label]["evaluate"], added, base.cfg.train.model_name,
+                                              final.cfg.train.model_name, run_id, translated)  # fmt: skip
     rows = {v.label: {"train": results[v.label].get("extend") or results[v.label].get("train"),
                       "evaluation": results[v.label]["evaluate"]} for v in variants}  # fmt: skip
     return publish.add_language_report(wd, cfg, cfg.train.add_language, rows, run_id)

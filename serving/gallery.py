@@ -156,7 +156,7 @@ def load_gallery(searcher: Searcher, split: str = "all", stored: tuple[object, l
 def _captions(searcher: Searcher, data) -> dict[str, Captions]:
     """Every caption of the split, per language, as the evaluate stage embeds them."""
     encoded = encode_split(searcher.model, data, searcher.device)
-    texts = queries.caption_texts(searcher.catalog, searcher.dataset, data.caption_ids)
+    texts = queries.caption_texts(searcher.catalog, searcher.dataset, data.caption_ids, searcher.added)
     caption_vectors = _unit(encoded["caption_joint"].cpu().numpy())
     out = {}
     for index, lang in enumerate(data.languages):

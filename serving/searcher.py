@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from mule.data_catalog.queries import added_dataset
 from mule.data_catalog.splits import load_split
 from mule.data_catalog.tables import Catalog
 from mule.mule_core.embedder import Embedder
@@ -49,9 +50,19 @@ class Searcher:
     def languages(self) -> list[str]:
         return list(self.meta["vocabulary"].languages)
 
+    @property
+    def added(self) -> tuple[str, ...]:
+        """Languages added to the model whose captions are in tables of their own (their
+        language-captions step's), not among the dataset's."""
+        listed = [lang for lang in self.meta.get("added_languages") or ()
+                  if self.catalog.has_table("captions", added_dataset(self.dataset, lang))]
+        own = set(self.catalog.languages(self.dataset)) if listed else set()
+        return tuple(lang for lang in listed if lang not in own)
+
     def split(self, selector: str, with_features: bool) -> SplitTensors:
         try:
             return load_split(self.catalog, self.dataset, selector, self.meta["vocabulary"],
-                              self.meta["cfg"].text.max_tokens, self.meta["extractor"] if with_features else None)  # fmt: skip
+                              self.meta["cfg"].text.max_tokens, self.meta["extractor"] if with_features else None,
+                              added=self.added)  # fmt: skip
         except InputError as error:
             raise SearchError(str(error)) from None

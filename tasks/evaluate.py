@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from mule.data_catalog import queries
+from mule.data_catalog.entries import added_from_tables
 from mule.data_catalog.model_files import load_model
 from mule.data_catalog.splits import load_split
 from mule.data_catalog.tables import write_json_atomic
@@ -30,7 +31,7 @@ from mule.tasks.shared.context import StageContext, logger
 
 
 def retrieval_examples(model, data: SplitTensors, catalog, dataset: str, device, per_language: int,
-                       encoded: dict[str, torch.Tensor] | None = None) -> list[dict]:  # fmt: skip
+                       encoded: dict[str, torch.Tensor] | None = None, added=()) -> list[dict]:  # fmt: skip
     """A few sentence -> image queries per language, with their top 5 images."""
     encoded = encoded if encoded is not None else encode_split(model, data, device)
     paths = queries.image_paths(catalog, dataset)
@@ -39,7 +40,7 @@ def retrieval_examples(model, data: SplitTensors, catalog, dataset: str, device,
     for index, lang in enumerate(data.languages):
         rows = np.nonzero(data.caption_lang == index)[0]
         chosen += [(lang, int(r)) for r in rng.choice(rows, size=min(per_language, len(rows)), replace=False)]
-    texts = queries.caption_texts(catalog, dataset, [data.caption_ids[r] for _, r in chosen])
+    texts = queries.caption_texts(catalog, dataset, [data.caption_ids[r] for _, r in chosen], added)
     examples = []
     for lang, row in chosen:
         scores = encoded["image"] @ encoded["caption_joint"][row]
@@ -99,9 +100,11 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     layers = ("mule", "joint") if model.has_mule else ("joint",)
     out = wd.model_results_dir(dataset, cfg.train.model_name)
     results = {}
+    # a language added to a trained model: its captions are in a table of their own (train.add_language names it)
+    added = tuple(x for x in added_from_tables(cfg) if x in meta["vocabulary"].languages)
     for number, (selector, name) in enumerate(splits):
         data = load_split(catalog, dataset, selector, meta["vocabulary"], meta["cfg"].text.max_tokens,
-                          meta["extractor"])  # fmt: skip
+                          meta["extractor"], added=added)  # fmt: skip
         encoded = encode_split(model, data, device)  # once: every measure below reads these vectors
         table = evaluate_split(model, data, device, cfg.eval.ks, encoded)
         # a random ranking of the same images and sentences: 31 photos make chance mR 17, not 0.5
@@ -118,8 +121,8 @@ def compute(ctx: StageContext) -> dict[str, Any]:
         if ceiling:  # what a model that knew every scene would score: how far there is to go
             result["ceiling"] = {lang: ceiling[lang] for lang in table if lang in ceiling}
         if number == 0:  # the headline split's retrieved images
-            result["examples"] = (retrieval_examples(model, data, catalog, dataset, device, cfg.eval.examples, encoded)
-                                  if cfg.eval.examples > 0 else [])  # fmt: skip
+            result["examples"] = (retrieval_examples(model, data, catalog, dataset, device, cfg.eval.examples, encoded,
+                                                     added) if cfg.eval.examples > 0 else [])  # fmt: skip
         results[name] = result
         logger().info("%s mean mR %.2f (%d images; chance %.1f)", name, result["mean_mR"], data.n_images,
                       result["chance_mean_mR"], extra=SHOWN)  # fmt: skip

@@ -185,7 +185,7 @@ REBUILT_TINY = {
 # --dist loadfile would make it.
 SHARED_WORKER = {"test_serving": "test_rebuild_flow", "test_stage_keys": "test_rebuild_flow",
                  "test_option_reads": "test_rebuild_flow", "test_readers": "test_rebuild_flow",
-                 "test_aligned_start": "test_rebuild_flow",
+                 "test_aligned_start": "test_rebuild_flow", "test_add_language": "test_rebuild_flow",
                  # `never_interrupted` and the forking process (`forker`), made once for the three
                  "test_crashes": "test_stopping", "test_publishing": "test_stopping"}
 

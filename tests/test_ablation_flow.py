@@ -31,7 +31,7 @@ TINY = {
     "pretrain.mining_warmup_steps": 2,
     "eval.examples": 0,
 }
-ROWS = ["EmbN (one model per language)", "Translate the query (EmbN en + lexicon)", "PARALLEL-EmbN", "MULE EmbN",
+ROWS = ["EmbN (one model per language)", "Translate the query (EmbN en + word table)", "PARALLEL-EmbN", "MULE EmbN",
         "MULE + NC", "MULE + NC + LC", "MULE + NC + LC + LP (full)"]  # fmt: skip
 
 

@@ -51,13 +51,15 @@ def test_coco_rebuild_then_add_a_language(tmp_path):
     assert set(again["steps"].values()) == {"reused"} and again["rows"] == rows
 
     # A model the user trained, named as the base: measured as it is and extended, with
-    # nothing retrained and no from-scratch row; a base that is not there is said, by path.
+    # nothing retrained and no from-scratch row (the English branch reading the Chinese
+    # queries translated word by word beside); a base that is not there is said, by path.
     named = add_language_flow(workdir=str(tmp_path),
                               overrides={**TINY, "train.add_language": "zh", "train.base_model": "without-zh"})  # fmt: skip
-    assert set(named["rows"]) == {"without zh", "without zh, then zh added"}
+    assert set(named["rows"]) == {"without-zh", "without-zh+zh", "translated queries"}
     assert not [step for step in named["steps"] if step.endswith((": train", ": pretrain"))]
-    assert named["rows"]["without zh"] == rows["without zh"]
-    assert named["rows"]["without zh, then zh added"]["en"] == rows["without zh"]["en"]
+    assert named["rows"]["without-zh"] == rows["without zh"]
+    assert named["rows"]["without-zh+zh"]["en"] == rows["without zh"]["en"]
+    assert set(named["rows"]["translated queries"]) == {"zh"}
     from mule.mule_core.settings import ConfigError
 
     with pytest.raises(ConfigError, match=r"train.base_model='nothing-here': no model at .*nothing-here\.pt"):

@@ -160,7 +160,7 @@ def test_the_registries_and_the_declaration_hold_together():
     assert set(WRITTEN_BY) <= set(ENTRIES) and set(TABLE_ENTRIES.values()) <= set(WRITTEN_BY)
     assert all(set(writers) <= names for writers in WRITTEN_BY.values())
     inputs = set(ENTRIES) - set(WRITTEN_BY)
-    assert inputs == {"raw files", "lexicons", "extractor weights", "vector files", "base model"}, inputs
+    assert inputs == {"raw files", "lexicons", "extractor weights", "vector files", "base model", "caption files"}, inputs
     for stage in STAGES:
         assert {r if isinstance(r, str) else r.entry for r in stage.reads} <= set(ENTRIES), stage.name
         if stage.keyed:

@@ -53,6 +53,32 @@ def test_the_champion_moves_only_when_a_comparable_model_is_better_and_test_resu
     assert registry.tag_test_results(wd, "toy", {"run_id": "no-such-run"}, "test_2016", 41.25, table) is None
 
 
+def test_a_model_extending_the_champion_takes_its_place_and_one_reading_fewer_languages_never_does(tmp_path):
+    """A language added to the champion (its weights unchanged: the version names the models
+    it extends) becomes the champion; a base trained again, better on validation but without
+    the added language, stays behind with the command that adds it; added to, it competes."""
+    wd = Workdir.at(tmp_path)
+    client = tracking.client(wd)
+    experiment = tracking.experiment_id(wd, "toy")
+    val = registry.split_digest(["img-1", "img-2"])
+
+    def candidate(val_mr: float, languages, identity: str, extends=()) -> registry.Candidate:
+        run = client.create_run(experiment).info.run_id
+        return registry.Candidate("toy", run, f"runs:/{run}/model", val_mr, languages, val, "test", identity, MEASURE,
+                                  extends)  # fmt: skip
+
+    base = registry.register(wd, candidate(50.0, ("en", "de"), "base-1"))
+    added = registry.register(wd, candidate(50.0, ("en", "de", "es"), "base-1+es", ("base-1",)))
+    retrained = registry.register(wd, candidate(60.0, ("en", "de"), "base-2"))
+    readded = registry.register(wd, candidate(60.0, ("en", "de", "es"), "base-2+es", ("base-2",)))
+    assert [d["champion"] for d in (base, added, retrained, readded)] == [True, True, False, True]
+    assert added["why"] == "champion v1 with es added (its languages read by the same weights: bit-identical)"
+    assert retrained["why"].startswith("reads fewer languages than champion v2 (not es): add them to it (mule run "
+                                       "add-language --lang es)")  # fmt: skip
+    assert readded["why"] == "val mR 60.00 beats champion v2 (50.00)"
+    assert client.get_model_version("mule-toy", "2").tags["mule.extends"] == "base-1"
+
+
 def test_a_trained_model_is_registered_once_whoever_publishes_it(tmp_path):
     """The train publisher asks first whether its model (train key and weights' digest) is
     registered already: a run stopped after registering, before its record said so, leaves

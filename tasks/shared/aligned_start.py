@@ -84,14 +84,19 @@ def _mule_features(model: MuleModel, lang: str, rows: int) -> np.ndarray:
 
 def aligned_start(model: MuleModel, vocabulary: Vocabulary, lang: str, caption_words: list[str], open_words: int,
                   fit_words: int, tokenizers: dict[str, str] | None = None, neighbours: int = NEIGHBOURS,
-                  temperature: float = TEMPERATURE) -> AlignedStart:  # fmt: skip
+                  temperature: float = TEMPERATURE, keys_from: list[str] | None = None,
+                  word_dim: int | None = None) -> AlignedStart:  # fmt: skip
     """The start of `lang`'s branch on `model` (its trained languages' vocabularies in
     `vocabulary`): the vocabulary (caption words first, then the commonest words), its word
     vectors in the shared space, fitted n-grams, and the FC into MULE fitted on the trained
-    languages' `fit_words` commonest words each."""
+    languages' `fit_words` commonest words each. `keys_from`: the languages whose words are
+    the keys (default: every other language of the model; a language added before is not one
+    whose rows are ordered by how often its captions use them). `word_dim`: the branch's word
+    width (default mule_dim: the MULE feature itself, nothing more)."""
     log = logger()
-    trained = [x for x in model.languages if x != lang]
-    word_dim = next(iter(model.branches.values())).embed.embedding_dim
+    trained = [x for x in (keys_from or model.languages) if x != lang]
+    mule_dim = next(iter(model.branches.values())).fc.out_features
+    word_dim = word_dim or mule_dim
     common = common_words(lang, open_words, tokenizers)
     tokens = list(dict.fromkeys([PAD, UNK, *(w for w in caption_words if w not in (PAD, UNK)), *common]))
     if len(tokens) == 2:
