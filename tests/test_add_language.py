@@ -104,6 +104,43 @@ def test_a_language_no_caption_holds_is_added_by_one_command_and_is_the_champion
     assert np.allclose(np.array(rows["embedding"][0], np.float32), loaded.encode_text("un círculo azul")[0], atol=1e-5)
 
 
+def test_mule_serve_answers_in_the_added_language_and_says_which_it_read(spanish_from_nothing):
+    """`mule serve` serves the champion, Spanish and all: a Spanish query is read as Spanish
+    (said in the answer, as the page shows it, with the languages to choose from), and the
+    language given by name is read as everywhere."""
+    import subprocess
+    import sys
+    import urllib.parse
+    import urllib.request
+
+    from tests.test_serving import _wait_for, free_port
+
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "mule.commands", "serve", "--workdir", str(spanish_from_nothing.root),
+                               "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+
+    def get(path: str) -> dict:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=60) as answer:
+            return json.load(answer)
+
+    try:
+        _wait_for(f"http://127.0.0.1:{port}/api/info", server, 180)
+        info = get("/api/info")
+        spanish = get("/api/search?k=3&q=" + urllib.parse.quote("un círculo rojo a la izquierda"))
+        english = get("/api/search?k=3&q=" + urllib.parse.quote("a red circle on the left"))
+        named = get("/api/search?k=3&lang=Spanish&q=" + urllib.parse.quote("un círculo rojo"))
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=60) as answer:
+            page = answer.read().decode()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert info["languages"] == ["en", "de", "fr", "cs", "es"] and info["model"] == "mule-embedded v2 (champion)"
+    assert spanish["lang"] == "es" and spanish["language"].startswith("detected: es") and len(spanish["results"]) == 3
+    assert english["lang"] == "en"
+    assert named["lang"] == "es" and named["language"] == "given as 'Spanish', read as es"
+    assert 'id="lang"' in page and "detect language" in page  # the page: the language read, and a choice of them
+
+
 def test_an_added_branch_is_narrow_and_its_tables_are_stored_in_half(spanish_from_nothing):
     """From its aligned start a branch needs only mule_dim word coordinates (its words carry
     their MULE features) and its tables are stored in float16: the model that loads is the
@@ -156,6 +193,11 @@ def test_a_language_is_added_from_a_table_of_its_captions_and_its_bad_rows_are_k
         lang: row["mR"] for lang, row in evaluation["table"].items() if lang != "es"}  # the base's, to the digit
     record = json.loads((wd.state_dir / "stages" / "embedded" / "extend.model+es.json").read_text())["result"]
     assert record["history"] and record["val_captions"] == "human" and record["images"] == 30
+    # beside it, the base's English branch reading the Spanish test queries translated word by word
+    translated = json.loads((wd.root / "results" / "embedded" / "translated_queries.json").read_text())
+    assert set(translated["table"]) == {"en", "es"} and translated["tables"]["es"].startswith("aligned")
+    report = (wd.root / "results" / "embedded" / "add-language-es.md").read_text()
+    assert "| model's English branch, queries translated into en word by word | – | – | – | – |" in report
 
 
 def test_two_languages_one_after_the_other_or_in_one_command_each_branch_as_if_added_alone(rebuilt,
