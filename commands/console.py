@@ -105,12 +105,15 @@ def setup(command: str, workdir: Path | None, verbose: bool = False) -> Path | N
     path = None
     if workdir is not None and Path(workdir).is_dir():
         path = run_log_path(Path(workdir), command)
-        try:
+        try:  # opened now, not at the first line: a workdir that cannot take it is known here
             path.parent.mkdir(exist_ok=True)
             _prune(path.parent)
-            file = logging.FileHandler(path, encoding="utf-8", delay=True)
-        except OSError:
-            return None  # a workdir that cannot take a log still runs
+            file = logging.FileHandler(path, encoding="utf-8")
+        except OSError as error:  # a workdir that cannot take a log (read-only: a shared model folder) still runs
+            logging.getLogger("mule.console").warning(
+                "%s cannot be written (%s): nothing is logged there", Path(workdir),
+                error.strerror or type(error).__name__)  # fmt: skip
+            return None
         file.setFormatter(logging.Formatter("%(asctime)s.%(msecs)03d | %(levelname)-7s | %(name)s - %(message)s",
                                             "%H:%M:%S"))  # fmt: skip
         file.mule_console = True

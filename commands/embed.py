@@ -37,10 +37,10 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out).expanduser()
     if args.images:
         found = batch_embed.embed_images(embedder, Path(args.images).expanduser(), out, store=args.store,
-                                         table=args.table, max_pixels=args.max_pixels)  # fmt: skip
+                                         table=args.table, max_pixels=args.max_pixels, wait=args.wait)  # fmt: skip
     else:
         found = batch_embed.embed_sentences(embedder, Path(args.sentences).expanduser(), out, lang=args.lang,
-                                            store=args.store, table=args.table)  # fmt: skip
+                                            store=args.store, table=args.table, wait=args.wait)  # fmt: skip
     name = args.table or ("images" if args.images else "sentences")
     reasons = {"parquet": f"{out}/rejects-*.parquet", "lancedb": f"table {name}_rejects in {out}",
                "qdrant": f"collection {name}_rejects in {out}"}[args.store]  # fmt: skip

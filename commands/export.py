@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     weights = _weights_file(workdir, features)
     towers, info = _towers(model, meta, weights) if not args.no_onnx else ({}, None)
     folder = write_model_folder(out, file, model_card(meta, label, evaluation, towers), weights, towers, info,
-                                _workdir_root(args.workdir))  # fmt: skip
+                                _workdir_root(args.workdir), wait=args.wait)  # fmt: skip
     size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
     onnx = ", or engine='onnxruntime' for its ONNX towers" if towers else ""
     print(f"{label} exported to {folder} ({size / 2**20:.1f} MiB; load it with mule.api.load({str(folder)!r}){onnx})")

@@ -15,6 +15,7 @@ The workdir is --workdir, else $MULE_HOME, else ./mule-work.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -28,6 +29,8 @@ from mule.config.resolution import resolve
 from mule.mule_core.errors import is_user_error
 from mule.pipeline.declaration import ALL, REBUILD, checked_stages
 
+# what the system says of a place that cannot be written: read-only, not ours, full
+UNWRITABLE = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT}
 DEMO_DATASETS = {"multi30k": "embedded", "coco": "embedded-coco", "table": "embedded-table"}  # mule demo --dataset -> generated dataset
 READING = {"ui": ui.run, "catalog": catalog.run, "search": search.run, "serve": serve.run,
            "export": export.run, "embed": embed.run}  # read the workdir, never write its data (commands/__init__.py)
@@ -242,6 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--no-onnx", action="store_true",
                         help="leave out the ONNX towers (textual/, visual/): safetensors and vocabularies only")  # fmt: skip
     export.add_argument("--workdir")
+    export.add_argument("--wait", action="store_true",
+                        help="when another mule writes next to --out, wait for it (default: refused, naming it)")  # fmt: skip
 
     embed = sub.add_parser("embed", help="a folder of images or a table of sentences to vectors (Parquet, LanceDB, Qdrant)")
     _verbose(embed)
@@ -261,6 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
     embed.add_argument("--max-pixels", type=int, help="the largest image opened, in pixels from its header (default: "
                        "ingest's, Pillow's limit of 89,478,485; at most twice that)")  # fmt: skip
     embed.add_argument("--workdir")
+    embed.add_argument("--wait", action="store_true",
+                       help="when another mule writes into --out, wait for it (default: refused, naming it)")  # fmt: skip
 
     catalog = sub.add_parser("catalog", help="list the catalog's datasets and tables")
     catalog.add_argument("--workdir")
@@ -315,12 +322,30 @@ def main(argv: list[str] | None = None) -> int:
         console.teardown()
 
 
+def _check_dataset(args: argparse.Namespace) -> None:
+    """--dataset is a name, which becomes file names inside the workdir; a folder given there
+    is what --source takes."""
+    value = getattr(args, "dataset", None)
+    if not value or args.command == "demo":
+        return
+    if ("/" in value or os.sep in value) and Path(value).expanduser().is_dir():
+        from mule.mule_core.settings import ConfigError
+
+        raise ConfigError(f"--dataset {value} is a folder: --dataset names the dataset in the catalog (any name, e.g. "
+                          f"{Path(value).name or 'photos'}), and --source is the folder that holds its files: "
+                          f"--dataset {Path(value).name or 'photos'} --source {value}")  # fmt: skip
+    from mule.storage.workdir import check_name
+
+    check_name(value, "--dataset")
+
+
 def _command(args: argparse.Namespace) -> int:
     if os.environ.get("MULE_CRASH_AT") or os.environ.get("MULE_BUG_AT"):  # tests that kill runs ask for it
         from mule.storage import faults
 
         faults.install()
     try:
+        _check_dataset(args)
         if args.command == "demo":
             overrides = parse_assignments(args.assignments)
             overrides.update({"data.dataset": DEMO_DATASETS[args.dataset], "data.seed": args.seed})
@@ -357,6 +382,10 @@ def _command(args: argparse.Namespace) -> int:
             return finish(signum)
         if is_user_error(error):
             print(f"mule: error: {error}", file=sys.stderr)
+            return 2
+        if isinstance(error, OSError) and error.errno in UNWRITABLE and error.filename:  # a place, not a bug
+            print(f"mule: error: cannot write {error.filename}: {error.strerror} (name a place that can be written)",
+                  file=sys.stderr)  # fmt: skip
             return 2
         raise  # a bug: its traceback is what we need
     return 0

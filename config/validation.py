@@ -4,12 +4,20 @@ from __future__ import annotations
 
 from mule.config.sections import IndexConfig, MuleConfig, caption_file
 from mule.datasets.formats import FORMATS
-from mule.mule_core.languages import language_code, tokenizer_name
+from mule.mule_core.languages import language_code, language_pair, tokenizer_name
 from mule.mule_core.settings import ConfigError
+from mule.storage.workdir import MODEL_FOLDERS, BadNameError, check_name
 
 
 def validate(cfg: MuleConfig) -> None:
     validate_index(cfg.index)
+    try:  # names that become paths inside the workdir
+        check_name(cfg.data.dataset, "data.dataset")
+        check_name(cfg.train.model_name, "train.model_name", MODEL_FOLDERS)
+        if cfg.train.base_model:
+            check_name(cfg.train.base_model, "train.base_model", MODEL_FOLDERS)
+    except BadNameError as error:
+        raise ConfigError(str(error)) from None
     f = cfg.features
     if f.weights not in ("imagenet", "random"):
         raise ConfigError(f"features.weights must be 'imagenet' or 'random', got {f.weights!r}")
@@ -72,9 +80,13 @@ def validate(cfg: MuleConfig) -> None:
     t = cfg.translate
     if t.backend not in ("lexicon", "induced", "auto", "aligned", "googletrans", "argos"):
         raise ConfigError(f"translate.backend must be lexicon, induced, auto, aligned, googletrans or argos, got {t.backend!r}")
-    for pair in t.pairs:
-        if pair.count("-") != 1 or pair.split("-")[0] == pair.split("-")[1]:
-            raise ConfigError(f"translate.pairs: {pair!r} is not 'src-dest' (e.g. en-de)")
+    for pair in t.pairs:  # read as languages are everywhere: a region or script is kept (en-pt-BR)
+        try:
+            source, target = language_pair(pair, ("en", *d.languages))
+        except ValueError as error:
+            raise ConfigError(f"translate.pairs: {error}") from None
+        if pair not in (f"{source}-{target}", f"{source}:{target}"):
+            raise ConfigError(f"translate.pairs: write {pair!r} as '{source}-{target}'")
     if t.aligned_words < 0:
         raise ConfigError(f"translate.aligned_words must be 0 or more, got {t.aligned_words}")
     if any(s.startswith("test") for s in t.splits):

@@ -24,7 +24,7 @@ from pathlib import Path
 from mule.data_catalog import index_files
 from mule.data_catalog.sources import locate
 from mule.data_catalog.tables import Catalog
-from mule.storage.atomic import is_map_of, read_json_cache, write_json_atomic
+from mule.storage.atomic import is_map_of, read_json_cache, write_json_cache
 from mule.storage.workdir import Workdir
 
 
@@ -68,7 +68,7 @@ def weights_file(wd: Workdir, f) -> Path | None:
     known = read_json_cache(cache, lambda v: is_map_of(v, lambda path: isinstance(path, str))) or {}
     if key not in known:
         known[key] = str(weights.torchvision_file(f.arch))
-        write_json_atomic(known, cache, crash_point=False)
+        write_json_cache(known, cache)
     return Path(known[key])
 
 

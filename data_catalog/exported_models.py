@@ -75,16 +75,18 @@ def is_model_folder(path: Path) -> bool:
 
 def write_model_folder(folder: Path, model_file: Path, card: str, weights_file: Path | None = None,
                        towers: dict[str, bytes] | None = None, tower_info: dict | None = None,
-                       workdir: Path | None = None) -> Path:  # fmt: skip
+                       workdir: Path | None = None, wait: bool = True) -> Path:  # fmt: skip
     """`model_file` (data_catalog.model_files' format) as a folder at `folder`; `towers`:
     the ONNX files by their names in it (mule_core.onnx_towers.export_towers), `tower_info`
     what textual/tower.json says of the text tower's inputs; `workdir`: the workdir the
-    folder must not be (or be inside). Where `folder` may not be written: ExportTargetError."""
+    folder must not be (or be inside). Where `folder` may not be written: ExportTargetError.
+    Another writer next to it: waited for, saying who, or without `wait` refused naming it."""
     folder = check_export_target(folder, workdir)
     folder.parent.mkdir(parents=True, exist_ok=True)
     # one export at a time next to the folder: they share its staging and aside names
-    with folder_lock(folder.parent, lambda: log.warning("another mule export is writing in %s: waiting for it to "
-                                                        "finish", folder.parent, extra=SHOWN)):  # fmt: skip
+    with folder_lock(folder.parent, lambda who: log.warning("%s is being written by %s: waiting for it to finish "
+                                                            "(Ctrl-C stops waiting)", folder.parent, who, extra=SHOWN),
+                     wait=wait):  # fmt: skip
         folder = check_export_target(folder, workdir)  # again: the export waited for may have changed it
         _put_back(folder)
         data = torch.load(Path(model_file), map_location="cpu", weights_only=True)

@@ -114,14 +114,42 @@ def registered_for(workdir: Workdir, dataset: str, model_identity: str) -> dict[
         versions = client.search_model_versions(f"name = '{name}'")
     except MlflowException:
         return None
-    found = [v for v in versions if _identity(workdir, client, v) == model_identity]
+    found = [v for v in versions if _identity(workdir, client, v) == model_identity
+             and not model_lost(workdir, client, v)]  # a version whose files are gone is no version of it  # fmt: skip
     if not found:
         return None
-    _finish_cut_writes(client, name, dataset)
+    _finish_cut_writes(client, name, dataset, workdir)
     version = client.get_model_version(name, min(found, key=lambda v: int(v.version)).version)
-    settled = _settle(client, name, version)
+    settled = _settle(client, name, version, workdir)
     settled["why"] += " (registered before: these weights are this version, whichever run trained them)"
     return settled
+
+
+def model_lost(workdir: Workdir, client, version) -> str:
+    """Why a version's model cannot be loaded, "" when it can: its run is gone, or the run's
+    model.pt (`mlflow gc`, a hand in the artifact store)."""
+    try:
+        root = client.get_run(version.run_id).info.artifact_uri
+    except MlflowException:
+        return f"its run {version.run_id} is gone"
+    if root.startswith("file://") and not workdir.here(Path(urlparse(root).path) / "model.pt").is_file():
+        return f"its run {version.run_id} holds no model.pt any more"
+    return ""
+
+
+def lost(workdir: Workdir, dataset: str, model_identity: str) -> str:
+    """Why the model of this identity cannot be loaded from the registry ("" when a version
+    of it loads, or it has none: a version deleted by hand is not made again)."""
+    if not model_identity or not mlflow_store.store_exists(workdir):
+        return ""
+    client = tracking.client(workdir)
+    try:
+        versions = client.search_model_versions(f"name = '{model_name(dataset)}'")
+    except MlflowException:
+        return ""
+    mine = [v for v in versions if v.tags.get("mule.model_identity") == model_identity]
+    reasons = [model_lost(workdir, client, v) for v in mine]
+    return f"v{mine[0].version}: {reasons[0]}" if mine and all(reasons) else ""
 
 
 WEIGHTS_DIGEST_LENGTH = 16  # data_catalog.model_files.weights_digest's; identities made before were 24 long
@@ -151,7 +179,7 @@ def _identity(workdir: Workdir, client, version) -> str:
     return digest
 
 
-def _finish_cut_writes(client, name: str, dataset: str) -> None:
+def _finish_cut_writes(client, name: str, dataset: str, workdir: Workdir | None = None) -> None:
     """What stops left undone in the dataset's registry, in the order an uninterrupted run
     does it: candidates whose version was never made are registered, and every version
     whose decision was not carried out is decided, oldest first (against the champion as
@@ -164,7 +192,7 @@ def _finish_cut_writes(client, name: str, dataset: str) -> None:
         return
     for version in sorted(versions, key=lambda v: int(v.version)):
         if version.tags.get(SETTLED) != "true":
-            _settle(client, name, version)
+            _settle(client, name, version, workdir)
 
 
 def _intended(client, name: str, dataset: str) -> list[Candidate]:
@@ -214,13 +242,16 @@ def _champion(client, name: str):
         return None
 
 
-def _decide(client, name: str, version) -> tuple[bool, str]:
+def _decide(client, name: str, version, workdir: Workdir | None = None) -> tuple[bool, str]:
     """Whether `version` should hold the alias, against the champion other than itself."""
     champion = _champion(client, name)
     if champion is None:
         return True, "first model of this dataset"
     if champion.version == version.version:
         return True, version.tags.get("mule.champion_decision") or "champion"
+    gone = model_lost(workdir, client, champion) if workdir is not None else ""
+    if gone:  # a champion that cannot be loaded serves no one
+        return True, f"champion v{champion.version} cannot be loaded ({gone}): v{version.version} takes its place"
     tags, mine = champion.tags, version.tags
     # A model that extends the champion reads its languages through its very weights, and
     # more: it serves everything the champion serves, to the bit, so it takes its place.
@@ -282,7 +313,7 @@ def _shown(client, version, what: list[str]) -> str:
     return f"v{version.version} " + "; ".join(parts[w] for w in what)
 
 
-def _settle(client, name: str, version) -> dict[str, Any]:
+def _settle(client, name: str, version, workdir: Workdir | None = None) -> dict[str, Any]:
     """The champion decision for a version, made and carried out until it is settled.
 
     A version's writes are: the version with its tags (one write), its decision (a tag),
@@ -296,7 +327,7 @@ def _settle(client, name: str, version) -> dict[str, Any]:
         return {"model": name, "version": int(version.version),
                 "champion": champion is not None and champion.version == version.version,
                 "why": version.tags.get("mule.champion_decision", "")}  # fmt: skip
-    promote, why = _decide(client, name, version)
+    promote, why = _decide(client, name, version, workdir)
     if version.tags.get("mule.champion_decision") != why:
         client.set_model_version_tag(name, version.version, "mule.champion_decision", why)
     if promote:
@@ -316,12 +347,12 @@ def register(workdir: Workdir, candidate: Candidate) -> dict[str, Any]:
     except MlflowException:
         client.create_registered_model(name, description=f"mule models trained on {candidate.dataset}; "
                                        f"alias {CHAMPION!r}: the best validation mR so far")  # fmt: skip
-    _finish_cut_writes(client, name, candidate.dataset)  # this candidate's version too, when it has none yet
+    _finish_cut_writes(client, name, candidate.dataset, workdir)  # this candidate's version too, when it has none yet
     found = [v for v in client.search_model_versions(f"name = '{name}'")
              if (v.tags.get("mule.model_identity") == candidate.model_identity if candidate.model_identity
-                 else v.run_id == candidate.run_id)]  # fmt: skip
+                 else v.run_id == candidate.run_id) and not model_lost(workdir, client, v)]  # fmt: skip
     version = min(found, key=lambda v: int(v.version)) if found else _create_version(client, name, candidate)
-    decided = _settle(client, name, client.get_model_version(name, version.version))
+    decided = _settle(client, name, client.get_model_version(name, version.version), workdir)
     logging.getLogger("mule.registry").info("registered %s version %s; %s: %s", name, version.version,
                   f"now {CHAMPION}" if decided["champion"] else f"{CHAMPION} stays", decided["why"], extra=SHOWN)  # fmt: skip
     return decided
@@ -389,7 +420,9 @@ def resolve_model_file(
     try:
         root = client.get_run(run_id).info.artifact_uri
     except MlflowException:
-        raise RegistryError(f"no MLflow run {run_id} in {workdir.root}") from None
+        raise RegistryError(f"{label}: no MLflow run {run_id} in {workdir.root} (deleted, or removed by mlflow gc): "
+                            "the run of the stage that trained it (mule run train, or mule run add-language) "
+                            "publishes it again from the workdir") from None  # fmt: skip
     if root.startswith("file://"):  # the workdir's own artifact store: read in place (where it is now)
         path = workdir.here(Path(urlparse(root).path) / "model.pt")
     else:
@@ -399,5 +432,7 @@ def resolve_model_file(
         except (MlflowException, OSError):  # no such artifact: the error below says so
             path = None
     if path is None or not path.is_file():
-        raise RegistryError(f"{label}: its run {run_id} has no model.pt artifact (not a train run?)")
+        raise RegistryError(f"{label}: its run {run_id} has no model.pt artifact (not a train run, or its files were "
+                            "removed: mlflow gc): the run of the stage that trained it (mule run train, or mule run "
+                            "add-language) publishes it again from the workdir")  # fmt: skip
     return path, label

@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import getpass
 import json
+import logging
 import math
 import os
 import re
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from mule.experiments.mlflow_store import WorkdirError, seed_store, store_exists
 from mule.mule_core.errors import is_user_error
+from mule.mule_core.progress import SHOWN
 from mule.mule_core.settings import flatten
 from mule.stopping import interrupts
 from mule.storage.workdir import Workdir
@@ -101,7 +103,8 @@ def experiment_id(workdir: Workdir, dataset: str) -> str:
     name = f"mule/{dataset}"
     experiment = c.get_experiment_by_name(name)
     if experiment is not None and experiment.lifecycle_stage == "deleted":
-        raise WorkdirError(deleted_experiment(workdir, name, experiment.experiment_id))
+        set_aside(workdir, experiment)  # its runs and models kept; the name free for a new one
+        experiment = None
     if experiment is None:
         workdir.artifacts_dir.mkdir(parents=True, exist_ok=True)
         note = f"mule runs on dataset {dataset}: one parent run per rebuild, a child run per stage."
@@ -113,14 +116,31 @@ def experiment_id(workdir: Workdir, dataset: str) -> str:
     return experiment.experiment_id
 
 
-def deleted_experiment(workdir: Workdir, name: str, experiment: str) -> str:
-    """What to do about a dataset's experiment deleted by hand (MLflow's UI keeps it, deleted,
-    until it is removed for good): mule will not log into it, nor make another of its name."""
-    uri = workdir.mlflow_uri
-    return (f"the MLflow experiment {name!r} (id {experiment}) in {uri.removeprefix('sqlite:///')} was deleted: "
-            f"restore it (in MLflow's UI, or `MLFLOW_TRACKING_URI={uri} mlflow experiments restore --experiment-id "
-            f"{experiment}`), or remove it for good with its runs (`MLFLOW_TRACKING_URI={uri} mlflow gc "
-            f"--backend-store-uri {uri} --experiment-ids {experiment}`) so that the next run starts a new one")
+def set_aside(workdir: Workdir, experiment) -> str:
+    """A dataset's experiment deleted by hand (MLflow's UI keeps it, deleted, and refuses
+    every run in it, and its name) set aside under a name of its own, still deleted: its
+    runs, their artifacts and the registered models they hold are kept (restore it in the UI
+    to see them), and the next run starts a new experiment. Never `mlflow gc`, which removes
+    every run's artifacts, the registered champion's model with them. Returns its new name."""
+    from mlflow.exceptions import MlflowException
+
+    c = client(workdir)
+    aside = f"{experiment.name} (deleted, set aside {time.strftime('%Y-%m-%d %H:%M:%S')})"
+    try:
+        c.restore_experiment(experiment.experiment_id)  # MLflow renames only active experiments
+        c.rename_experiment(experiment.experiment_id, aside)
+        c.delete_experiment(experiment.experiment_id)
+    except MlflowException as error:
+        raise WorkdirError(f"the MLflow experiment {experiment.name!r} (id {experiment.experiment_id}) in "
+                           f"{workdir.mlflow_uri.removeprefix('sqlite:///')} was deleted, and could not be set aside "
+                           f"({str(error).splitlines()[0][:160]}): restore it in MLflow's UI (`MLFLOW_TRACKING_URI="
+                           f"{workdir.mlflow_uri} mlflow experiments restore --experiment-id "
+                           f"{experiment.experiment_id}`)") from None  # fmt: skip
+    logging.getLogger("mule.tracking").warning(
+        "the MLflow experiment %r (id %s) was deleted: set aside as %r, still deleted, with its runs and models "
+        "(restore it in MLflow's UI to see them); this run starts a new one", experiment.name,
+        experiment.experiment_id, aside, extra=SHOWN)  # fmt: skip
+    return aside
 
 
 def run_alive(workdir: Workdir, run_id: str | None) -> bool:

@@ -149,6 +149,35 @@ def read_language(value, known=None) -> tuple[str, str]:
     return shorter, f"{how} and " * bool(how) + f"{shorter} without {code}'s subtags"
 
 
+def language_pair(value: str, known=()) -> tuple[str, str]:
+    """A translation pair, "src-dest" (en-de, en-pt-BR, zh-Hant-en; or src:dest), as two
+    codes read as language_code reads them; where the dashes allow two readings (en-pt-BR:
+    en -> pt-BR, or en-PT -> br, Breton), the one whose languages are `known`, else
+    LanguageCodeError asking for src:dest. Refused: a side that is no language (en-xx), a
+    pair of one language."""
+    text = str(value).strip()
+    splits = [tuple(text.split(":", 1))] if ":" in text else [(text[:i], text[i + 1 :]) for i, c in enumerate(text)
+                                                               if c == "-"]  # fmt: skip
+    readings = []
+    for source, target in splits:
+        try:
+            readings.append((language_code(source.replace("_", "-")), language_code(target.replace("_", "-"))))
+        except LanguageCodeError:
+            continue
+    readings = list(dict.fromkeys(readings))
+    if len(readings) > 1 and known:
+        readings = [r for r in readings if set(r) <= set(known)] or readings
+    if not readings:
+        raise LanguageCodeError(f"{value!r} is not 'src-dest' of two language codes (e.g. en-de, en-pt-BR)")
+    if len(readings) > 1:
+        said = " or ".join(f"{a} -> {b}" for a, b in readings)
+        raise LanguageCodeError(f"{value!r} reads as {said}: write it src:dest (e.g. {readings[0][0]}:{readings[0][1]})")
+    source, target = readings[0]
+    if source == target:
+        raise LanguageCodeError(f"{value!r} translates {source} into itself")
+    return source, target
+
+
 def base(lang: str) -> str:
     """The language subtag: pt-BR -> pt, zh-Hant -> zh."""
     return lang.split("-", 1)[0].lower()

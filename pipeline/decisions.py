@@ -335,6 +335,17 @@ def publish_pending(decision: Decision) -> bool:
     return bool(decision.record) and decision.record.get("published") is False
 
 
+def registered_model_gone(wd: Workdir, decision: Decision) -> bool:
+    """A registered model's file is gone from the run it was published in (`mlflow gc`, a
+    hand in the artifact store): told from the files alone, without MLflow, so a run with
+    nothing to compute still publishes it again (pipeline.hooks)."""
+    record = decision.record or {}
+    run = record.get("published_in_run")
+    if not run or not (record.get("result") or {}).get("registry"):
+        return False
+    return not any(wd.artifacts_dir.glob(f"*/{run}/artifacts/model.pt"))
+
+
 def pending_changed(wd: Workdir, decision: Decision) -> str:
     """Why the unpublished result of `decision.record` can no longer be published as it was
     computed (an output missing or changed since: edited, or damaged); "" when it can."""

@@ -143,6 +143,30 @@ class Publishing(Hook):
             published = _publish_pending(run, replaced=False)
             if published is not None:
                 run.result = run.result | published
+        elif run.run_id and run.stage.name in REGISTERED:
+            _publish_lost(run)
+
+
+# the stages whose models are registered: a reuse publishes again a model the registry cannot load
+REGISTERED = ("train", "extend")
+
+
+def _publish_lost(run: StageRun) -> None:
+    """A reused model whose registered versions cannot be loaded any more (their runs' files
+    removed: `mlflow gc`, a hand in the store) is published again from the workdir, into this
+    run: a new version, the champion in a lost one's place."""
+    from mule.experiments import registry
+    from mule.pipeline.publish import publish
+
+    record = run.decision.record or {}
+    why = registry.lost(run.workdir, run.cfg.data.dataset, registry.model_identity(record))
+    if not why:
+        return
+    logger().warning("%s: the registered model cannot be loaded (%s): publishing it again from %s", run.stage.name,
+                     why, (record.get("result") or {}).get("path", "the workdir"), extra=SHOWN)  # fmt: skip
+    result = {k: v for k, v in decisions.reused_result(run.decision, run.workdir).items()
+              if k not in ("reused", "stage_key", "reused_from_run")}  # fmt: skip
+    run.result = run.result | publish(run.stage.name, run.workdir, run.cfg, result, run.run_id)
 
 
 def _publish_pending(run: StageRun, replaced: bool) -> dict | None:

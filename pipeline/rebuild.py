@@ -131,8 +131,8 @@ def finish_unchanged(wd: Workdir, cfg: MuleConfig, planned: Plan, hooks: Sequenc
     here, with `hooks`."""
     from mule.pipeline import deferred
 
-    later = not any(decisions.publish_pending(d) for d in planned.decided.values()) and all(
-        BY_NAME[s].kind != "sweep" for s in planned.stages)  # fmt: skip
+    later = not any(decisions.publish_pending(d) or decisions.registered_model_gone(wd, d)
+                    for d in planned.decided.values()) and all(BY_NAME[s].kind != "sweep" for s in planned.stages)  # fmt: skip
     if not later or os.environ.get("MULE_RECORD_LATER") == "0":
         return run(wd, cfg, planned, hooks)
     results = {stage: decisions.reused_result(d, wd) for stage, d in planned.decided.items()}

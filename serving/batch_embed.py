@@ -60,7 +60,7 @@ def image_files(folder: Path) -> list[tuple[str, Path]]:
 
 
 def embed_images(embedder: Embedder, folder: Path, out: Path, batch: int = 64, store: str = "parquet",
-                 table: str | None = None, max_pixels: int = MAX_PIXELS) -> dict:  # fmt: skip
+                 table: str | None = None, max_pixels: int = MAX_PIXELS, wait: bool = True) -> dict:  # fmt: skip
     """Every image file under `folder` not yet in the store at `out` (`store`: its kind;
     `table`: LanceDB's table or Qdrant's collection, default "images"; `max_pixels`: the
     largest image opened, read from its header: ingest's limit unless raised)."""
@@ -68,7 +68,7 @@ def embed_images(embedder: Embedder, folder: Path, out: Path, batch: int = 64, s
         raise InputError(f"max_pixels must be between 1 and {CEILING_PIXELS:,} (twice Pillow's limit: Pillow refuses "
                          f"larger images itself), got {max_pixels:,}")  # fmt: skip
     files = image_files(Path(folder))
-    vectors_store = open_store(store, Path(out), _maker(embedder, "images"), table)
+    vectors_store = open_store(store, Path(out), _maker(embedder, "images"), table, wait)
     try:
         return _embed_images(embedder, files, vectors_store, batch, max_pixels)
     finally:
@@ -150,11 +150,11 @@ def read_sentences(path: Path, lang: str | None = None) -> pa.Table:
 
 
 def embed_sentences(embedder: Embedder, table_path: Path, out: Path, lang: str | None = None, batch: int = 512,
-                    store: str = "parquet", table: str | None = None) -> dict:  # fmt: skip
+                    store: str = "parquet", table: str | None = None, wait: bool = True) -> dict:  # fmt: skip
     """Every sentence of the table not yet in the store at `out` (its language: the row's,
     else `lang`, else detected; `table`: LanceDB's table or Qdrant's collection, default "sentences")."""
     sentences = read_sentences(table_path, lang)
-    vectors_store = open_store(store, Path(out), _maker(embedder, "sentences"), table)
+    vectors_store = open_store(store, Path(out), _maker(embedder, "sentences"), table, wait)
     try:
         return _embed_sentences(embedder, sentences, vectors_store, lang, batch)
     finally:

@@ -79,18 +79,20 @@ def refuse_foreign(kind: str, out: Path) -> None:
                              "folder, or a store mule embed wrote")  # fmt: skip
 
 
-def open_store(kind: str, out: Path, made_by: Maker, table: str | None = None):
+def open_store(kind: str, out: Path, made_by: Maker, table: str | None = None, wait: bool = True):
     """The store at `out`, for this process's writes alone until it is closed: a second
-    `mule embed` into it says so in one line and waits (its batches would be numbered as
-    the first's, and each would embed what the other is embedding)."""
+    writer into it says who holds it in one line and waits, or without `wait` is refused
+    (its batches would be numbered as the first's, and each would embed what the other is
+    embedding)."""
     if kind not in KINDS:
         raise ValueError(f"store must be one of {', '.join(KINDS)}, got {kind!r}")
     out = Path(out)
     refuse_foreign(kind, out)
     out.mkdir(parents=True, exist_ok=True)
     held = ExitStack()
-    held.enter_context(folder_lock(out, lambda: logging.getLogger("mule.embed").warning(
-        "another mule embed is writing into %s: waiting for it to finish", out, extra=SHOWN)))  # fmt: skip
+    held.enter_context(folder_lock(out, lambda who: logging.getLogger("mule.embed").warning(
+        "%s is being written by %s: waiting for it to finish (Ctrl-C stops waiting)", out, who, extra=SHOWN),
+        wait=wait))  # fmt: skip
     try:
         store = {"parquet": ParquetStore, "lancedb": LanceStore, "qdrant": QdrantStore}[kind](out, made_by,
                                                                                          table or made_by.kind)  # fmt: skip

@@ -14,6 +14,7 @@ for it (MULE_CRASH_AT, MULE_BUG_AT; the command installs it then).
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import socket
@@ -128,16 +129,34 @@ def write_json_atomic(data: Any, path: Path, compact: bool = False, crash_point:
     return write_text_atomic(text, path, crash_point)
 
 
+CACHE_FORMAT = "mule-cache-1"
+
+
+def write_json_cache(value: Any, path: Path, crash_point: bool = False) -> Path:
+    """A cache file, atomically: its value beside the SHA-256 of the value as written, so a
+    reader tells a file mule wrote whole from one cut, edited by hand or left by another
+    version (read_json_cache)."""
+    text = json.dumps(value, separators=(",", ":"))
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    return write_text_atomic(f'{{"format":"{CACHE_FORMAT}","sha256":"{digest}","value":{text}}}', path, crash_point)
+
+
 def read_json_cache(path: Path, valid: Callable[[Any], bool]) -> Any:
-    """A cache file's content when it reads as JSON of the shape `valid` accepts; None when
-    it is missing, unreadable or of another shape (edited by hand, or by another version of
-    mule): the caller computes what it held again and writes it back, so a bad cache costs
-    time once, never a run."""
+    """A cache file's value when write_json_cache wrote it whole (its digest matches) and it
+    is of the shape `valid` accepts; None when it is missing, unreadable, cut, edited, nested
+    past what JSON reads, or of another shape: the caller computes what it held again and
+    writes it back, so a bad cache costs time once, never a run."""
     try:
-        value = json.loads(Path(path).read_text())
-    except (OSError, ValueError, UnicodeDecodeError):
+        data = json.loads(Path(path).read_text())
+        if not (isinstance(data, dict) and data.get("format") == CACHE_FORMAT and "value" in data):
+            return None
+        value = data["value"]
+        text = json.dumps(value, separators=(",", ":"))
+        if hashlib.sha256(text.encode()).hexdigest() != data.get("sha256"):
+            return None
+        return value if valid(value) else None
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError, TypeError, AttributeError):
         return None
-    return value if valid(value) else None
 
 
 def is_map_of(value: Any, valid: Callable[[Any], bool]) -> bool:

@@ -19,13 +19,12 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
-import json
 import os
 import sys
 from importlib.metadata import PackageNotFoundError, distribution, distributions, packages_distributions, version
 from pathlib import Path
 
-from mule.storage.atomic import is_map_of, is_strings, read_json_cache
+from mule.storage.atomic import is_map_of, is_strings, read_json_cache, write_json_cache
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -101,13 +100,12 @@ def cache_dir() -> Path:
 
 
 def _write_cache(path: Path, value) -> bool:
-    """`value` as JSON at `path` in the user's cache, atomically; False when the cache is
-    not writable (what it holds is computed again next time)."""
+    """`value` as a cache file at `path` in the user's cache (storage.atomic.write_json_cache:
+    sealed by its digest); False when the cache is not writable (what it holds is computed
+    again next time)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        tmp.write_text(json.dumps(value))
-        os.replace(tmp, path)
+        write_json_cache(value, path)
         return True
     except OSError:
         return False
@@ -123,7 +121,9 @@ class _ImportCache:
 
     def __init__(self) -> None:
         self.path = cache_dir() / "imports.json"
-        self.entries: dict[str, list[str]] = read_json_cache(self.path, lambda v: is_map_of(v, is_strings)) or {}
+        found = read_json_cache(self.path, lambda v: is_map_of(v, is_strings)) or {}
+        # a code digest is one string: an entry of any other content is computed again
+        self.entries: dict[str, list[str]] = {k: v for k, v in found.items() if not k.startswith("code:") or len(v) == 1}
         self.changed = False
 
     def save(self) -> None:

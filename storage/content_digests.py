@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from mule.storage.atomic import read_json_cache, write_json_atomic
+from mule.storage.atomic import read_json_cache, write_json_atomic, write_json_cache
 from mule.storage.workdir import Workdir
 
 CHUNK = 1 << 20
@@ -136,7 +136,7 @@ class FileHasher:
         digests = {v[3] for k, v in self.cache.items() if isinstance(v, list) and os.path.exists(k)}
         existing = {k: v for k, v in self.cache.items()
                     if (os.path.exists(k) if isinstance(v, list) else k.partition(":")[2] in digests)}  # fmt: skip
-        write_json_atomic(existing, self.path, compact=True, crash_point=False)
+        write_json_cache(existing, self.path)
         self.changed = False
 
 

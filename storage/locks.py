@@ -27,8 +27,10 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from mule.mule_core.errors import UserError
+from mule.storage.atomic import write_json_atomic
 from mule.storage.workdir import Workdir
 
 BRIEF_S = 60.0  # how long a brief holder is waited for
@@ -48,7 +50,7 @@ def _describe(info: dict) -> str:
 
 def _write_holder(fd: int, stage: str, since: float, run: str = "", brief: bool = False) -> None:
     info = {"pid": os.getpid(), "host": socket.gethostname(), "stage": stage, "run": run, "brief": brief,
-            "command": " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv)), "since": since}  # fmt: skip
+            "command": _command_line(), "since": since}  # fmt: skip
     data = json.dumps(info).encode()
     os.ftruncate(fd, 0)
     os.pwrite(fd, data, 0)
@@ -231,30 +233,69 @@ def catalog_reading(workdir: Workdir, timeout: float = 120.0) -> Iterator[None]:
         os.close(fd)  # releases the shared lock
 
 
+class FolderBusyError(UserError):
+    pass
+
+
 @contextmanager
-def folder_lock(folder, waiting: Callable[[], None] | None = None) -> Iterator[None]:
+def folder_lock(folder, waiting: Callable[[str], None] | None = None, wait: bool = True) -> Iterator[None]:
     """`folder` (which exists) for this process's writes alone: an flock on the folder itself,
-    so no file is left in it or beside it, and the kernel lets go when the holder dies. A
-    second writer (another `mule export` next to the same folder, another `mule embed` into
-    the same store) is told once through `waiting()`, then waits for the first."""
+    so no file is left in it or beside it, and the kernel lets go when the holder dies; who
+    holds it (command, pid, since when) is noted in the user's cache. A second writer
+    (another `mule export` next to the same folder, a `mule embed` into the same store) is
+    told who holds it through `waiting(who)` and waits for it, or without `wait` is refused
+    in one line naming the holder (the commands: unless --wait, as the workdir's lock)."""
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     stat = os.fstat(fd)
     which = (stat.st_dev, stat.st_ino)
     if which in _folders:  # this process's own second writer would wait for itself forever
         os.close(fd)
         raise RuntimeError(f"{folder} is open for writing in this process already: close that first")
+    note: Path | None = None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            who = _folder_holder(which)
+            if not wait:
+                raise FolderBusyError(f"{folder} is being written by {who}: run this again when it is done, or with "
+                                      "--wait to wait for it") from None  # fmt: skip
             if waiting:
-                waiting()
+                waiting(who)
             fcntl.flock(fd, fcntl.LOCK_EX)
         _folders.add(which)
+        note = _folder_note(which)
+        try:
+            write_json_atomic({"pid": os.getpid(), "command": _command_line(), "since": time.time(),
+                               "folder": str(folder)}, note, crash_point=False)  # fmt: skip
+        except OSError:  # a cache that cannot be written: a waiter is told less
+            note = None
         yield
     finally:
+        if which in _folders and note is not None:
+            note.unlink(missing_ok=True)
         _folders.discard(which)
         os.close(fd)  # lets go of the lock
+
+
+def _folder_note(which: tuple[int, int]) -> Path:
+    from mule.storage.code_digests import cache_dir
+
+    return cache_dir() / "locks" / f"folder-{which[0]}-{which[1]}.json"
+
+
+def _folder_holder(which: tuple[int, int]) -> str:
+    """Who holds a folder, as its note says: pid, command and since when."""
+    try:
+        info = json.loads(_folder_note(which).read_text())
+        since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(info["since"])))
+        return f"pid {int(info['pid'])} (`{info['command']}`), since {since}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "another process (it does not say which: a mule from before holders were noted?)"
+
+
+def _command_line() -> str:
+    return " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))
 
 
 _folders: set[tuple[int, int]] = set()  # the folders this process holds (folder_lock)

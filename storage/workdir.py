@@ -26,10 +26,38 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from mule.mule_core.errors import UserError
+
 DEFAULT_DIRNAME = "mule-work"
+# A name that becomes part of a path inside the workdir (a dataset's, a model's): a plain
+# file name, so that no name can lead out of the workdir or into another dataset's folders
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
+# the one folder a model name may hold: the ablation's own models (pipeline/sweeps.py)
+MODEL_FOLDERS = ("ablation",)
+
+
+class BadNameError(UserError, ValueError):
+    pass
+
+
+def check_name(value: str, option: str, folders: tuple[str, ...] = ()) -> str:
+    """`value` when it is a name (letters, digits, then also . _ - +; `folders`' names may
+    lead it: ablation/mule-full), else one line naming the option and what is wrong."""
+    text = str(value)
+    head, sep, tail = text.partition("/")
+    plain = tail if sep and head in folders else text
+    if NAME.fullmatch(plain) and not plain.endswith("."):
+        return text
+    if os.path.isabs(text) or "/" in text or "\\" in text or ".." in Path(text).parts:
+        why = "is a path"
+    else:
+        why = "has characters a name cannot hold"
+    raise BadNameError(f"{option}={text!r} {why}: a name is letters, digits and . _ - + (it becomes a file name "
+                     "inside the workdir)")  # fmt: skip
 
 
 def default_workdir() -> Path:

@@ -31,6 +31,7 @@ from mule.data_catalog.sources import locate
 from mule.data_catalog.tables import Catalog
 from mule.datasets.lexicons import LexiconError, read_muse
 from mule.mule_core.errors import UserError
+from mule.mule_core.languages import language_pair
 from mule.mule_core.progress import SHOWN, Progress
 from mule.mule_core.tokenizers import tokenizer_names
 from mule.mule_core.vocabulary import tokenize
@@ -50,8 +51,8 @@ class TranslateError(UserError):
 
 
 def language_pairs(cfg: MuleConfig) -> list[tuple[str, str]]:
-    if cfg.translate.pairs:
-        return [tuple(p.split("-")) for p in cfg.translate.pairs]
+    if cfg.translate.pairs:  # en-pt-BR: en -> pt-BR (mule_core.languages.language_pair)
+        return [language_pair(p, ("en", *cfg.data.languages)) for p in cfg.translate.pairs]
     others = [lang for lang in cfg.data.languages if lang != ENGLISH]
     return [(ENGLISH, lang) for lang in others] + [(lang, ENGLISH) for lang in others]
 

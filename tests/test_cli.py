@@ -302,3 +302,43 @@ def test_a_stopped_command_ends_the_open_runs_of_what_it_imported_and_nothing_el
     command._end_open_mlflow_runs()
     command._crash_open_flow_runs()
     assert ended == ["KILLED", "mule was stopped by Ctrl-C"]  # no signal came: Ctrl-C is what a stop is said to be
+
+
+def test_a_name_that_would_become_a_path_outside_the_workdir_is_refused_in_one_line(tmp_path, capsys):
+    """--dataset given a folder says to use --source; a model or dataset name with a
+    separator, `..` or an absolute path is refused naming the option, and nothing is written
+    outside the workdir (before: `/path/photos.parquet` beside the folder, `x/model.pt` three
+    folders up)."""
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    work = tmp_path / "deep" / "er" / "work"
+    assert main(["run", "ingest", "--workdir", str(work), "--dataset", str(photos)]) == 2
+    err = capsys.readouterr().err
+    assert f"--dataset {photos} is a folder" in err and f"--dataset photos --source {photos}" in err
+    assert main(["run", "train", "--workdir", str(work), "--set", "train.model_name=../../../x/model"]) == 2
+    assert "train.model_name='../../../x/model' is a path: a name is letters, digits and" in capsys.readouterr().err
+    for value in ("../x", "/etc/x", "a/b", "a\\b"):
+        assert main(["search", "hello", "--workdir", str(work), "--dataset", value]) == 2
+        assert f"--dataset={value!r} is a path" in capsys.readouterr().err
+    assert main(["run", "train", "--workdir", str(work), "--set", "data.dataset=my shop"]) == 2
+    assert "data.dataset='my shop' has characters a name cannot hold" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file() and "logs" not in p.parts) == []
+
+
+def test_translation_pairs_are_read_as_languages_are_everywhere():
+    """A region or script is kept (en-pt-BR); a side that names no language (en-xx), a
+    pair with an underscore (written back in standard form) or of one language is refused."""
+    import pytest
+
+    from mule.config.resolution import resolve
+    from mule.mule_core.settings import ConfigError
+
+    cfg = resolve("demo", {"data.languages": "en,pt-BR", "translate.pairs": "en-pt-BR,pt-BR-en"})
+    assert cfg.translate.pairs == ("en-pt-BR", "pt-BR-en")
+    from mule.tasks.translate import language_pairs
+
+    assert language_pairs(cfg) == [("en", "pt-BR"), ("pt-BR", "en")]
+    for pairs, said in (("en-xx", "not 'src-dest' of two language codes"), ("en-pt_BR", "write 'en-pt_BR' as 'en-pt-BR'"),
+                        ("en-en", "translates en into itself")):  # fmt: skip
+        with pytest.raises(ConfigError, match=said):
+            resolve("demo", {"data.languages": "en,pt-BR", "translate.pairs": pairs})

@@ -114,6 +114,7 @@ def test_library_versions_come_from_the_user_s_cache_while_the_same_distribution
     import numpy
 
     from mule.storage import code_digests
+    from mule.storage.atomic import read_json_cache, write_json_cache
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     code_digests.forget()
@@ -121,12 +122,19 @@ def test_library_versions_come_from_the_user_s_cache_while_the_same_distribution
         assert code_digests.libraries({"numpy"}) == {"numpy": numpy.__version__}
         code_digests._installed_cache().save()
         (cache,) = (tmp_path / "mule").glob("installed-*.json")
-        held = json.loads(cache.read_text())
+        held = read_json_cache(cache, lambda value: True)
         assert held["versions"]["numpy"] == numpy.__version__ and held["names"]["numpy"] == ["numpy"]
-        held["versions"]["numpy"] = "0.0-from-the-cache"  # what the cache says is what is used
-        cache.write_text(json.dumps(held))
+        held["versions"]["numpy"] = "0.0-from-the-cache"  # what the cache, written whole by mule, says is used
+        write_json_cache(held, cache)
         code_digests.forget()
         assert code_digests.libraries({"numpy"}) == {"numpy": "0.0-from-the-cache"}
+        sealed = json.loads(cache.read_text())
+        sealed["value"]["versions"]["numpy"] = "9.9-edited-by-hand"  # its digest no longer matches: read again
+        cache.write_text(json.dumps(sealed))
+        code_digests.forget()
+        assert code_digests.libraries({"numpy"}) == {"numpy": numpy.__version__}
+        write_json_cache(held, cache)
+        code_digests.forget()
         monkeypatch.setattr(code_digests, "_installed_signature", lambda: "another-install")
         code_digests.forget()  # another set of distributions: read from their metadata again
         assert code_digests.libraries({"numpy"}) == {"numpy": numpy.__version__}
@@ -180,3 +188,86 @@ def test_a_cache_file_of_any_shape_is_computed_again_never_a_crash(tmp_path, mon
     assert hasher.digest(some) == hashlib.sha256(b"text").hexdigest()
     hasher.save()
     assert FileHasher(wd).digest(some) == hasher.digest(some)
+
+
+def _random_json(rng, depth: int = 0):
+    """A JSON value of any shape: what a crash, another program or a hand may leave."""
+    kind = rng.randrange(7 if depth < 4 else 5)
+    if kind == 0:
+        return None
+    if kind == 1:
+        return rng.choice([True, False, 0, -1, 2.5, 10**30])
+    if kind == 2:
+        return "".join(rng.choice("abc:/é0 \\\"") for _ in range(rng.randrange(8)))
+    if kind == 3:
+        return []
+    if kind == 4:
+        return {}
+    if kind == 5:
+        return [_random_json(rng, depth + 1) for _ in range(rng.randrange(4))]
+    return {_random_json(rng, 5) if rng.random() < 0.2 else f"code:{rng.randrange(99)}": _random_json(rng, depth + 1)
+            for _ in range(rng.randrange(4))}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_every_cache_mule_keeps_is_computed_again_from_whatever_is_left_there(tmp_path, monkeypatch):
+    """A fuzz test over the caches' files (the user cache's imports, installed libraries and
+    packages; the workdir's file digests and extractor weights' files): random JSON, mule's
+    own file cut at random points, nesting past what JSON reads, a sealed file holding an
+    entry of the wrong content (`"code:<digest>": []`, which crashed every command), and
+    bytes that are no text. Each is read as missing or cleaned, the answers are those of no
+    cache at all, and no command sees a traceback."""
+    import random
+
+    from mule.config.sections import FeaturesConfig
+    from mule.data_catalog.entries import weights_file
+    from mule.storage import code_digests
+    from mule.storage.atomic import write_json_cache
+    from mule.storage.content_digests import FileHasher
+    from mule.storage.workdir import Workdir
+
+    def fresh() -> None:
+        code_digests.forget()
+        for cached in (code_digests._import_cache, code_digests._imports_in, code_digests._packages_distributions,
+                       code_digests._code_digest):  # fmt: skip
+            cached.cache_clear()
+
+    module = BY_NAME["evaluate"].module
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    folder = tmp_path / "cache" / "mule"
+    wd = Workdir.at(tmp_path / "work")
+    some = tmp_path / "some.txt"
+    some.write_text("text")
+    features = FeaturesConfig(arch="resnet18")
+    fresh()
+    try:
+        expected, packages = code_parts(module), code_digests.installed_packages()
+        hasher = FileHasher(wd)
+        hasher.digest(some)
+        hasher.save()
+        weights = weights_file(wd, features)
+        signature = code_digests._installed_signature()
+        files = [folder / "imports.json", folder / f"installed-{signature}.json", folder / f"packages-{signature}.json",
+                 wd.state_dir / "file_hashes.json", wd.state_dir / "weights_files.json"]  # fmt: skip
+        written = {path: path.read_bytes() for path in files}
+        rng = random.Random(20261207)
+        lefts = [b"[" * 100_000 + b"]" * 100_000, b"\xff\xfe\x00", b""]
+        lefts += [json.dumps(_random_json(rng)).encode() for _ in range(12)]
+        for path in files:
+            lefts += [written[path][: rng.randrange(1, len(written[path]))] for _ in range(3)]
+        stale = json.loads(written[files[0]])["value"]
+        stale[next(k for k in stale if k.startswith("code:"))] = []  # sealed whole, the wrong content inside
+        for left in lefts + ["sealed"]:
+            for path in files:
+                if left == "sealed":
+                    write_json_cache(stale if path == files[0] else json.loads(written[path])["value"], path)
+                else:
+                    path.write_bytes(left)
+            fresh()
+            assert code_parts(module) == expected, left[:40]
+            assert code_digests.installed_packages() == packages
+            assert FileHasher(wd).digest(some) == hashlib.sha256(b"text").hexdigest()
+            assert weights_file(wd, features) == weights
+    finally:
+        monkeypatch.undo()
+        fresh()

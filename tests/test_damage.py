@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -254,26 +255,48 @@ def test_a_run_stopped_after_writing_its_output_and_before_its_record_is_finishe
 
 
 @pytest.mark.slow
-def test_a_deleted_mlflow_experiment_stops_a_run_with_one_line_saying_what_to_do(copy, capsys):
-    """Deleting the dataset's experiment in MLflow's UI keeps it, deleted, in the store: MLflow
-    refuses every run in it (a 28-frame traceback). mule says so in one line, naming the
-    store and the two ways out, and changes nothing."""
+def test_a_deleted_mlflow_experiment_loses_no_model_even_after_mlflow_gc(copy, capsys):
+    """Deleting the dataset's experiment in MLflow's UI keeps it, deleted, in the store, and
+    MLflow refuses every run in it. mule sets it aside under a name of its own (still
+    deleted, its runs and the champion's files kept: the champion still loads) and starts
+    a new one, said in one line. When `mlflow gc` removes the set-aside runs anyway, the
+    champion cannot be loaded: `mule search` says so and what publishes it again, and
+    `mule run train`, with nothing to compute, publishes the workdir's model again, the new
+    version the champion in the lost one's place."""
+    import subprocess
+
     from mlflow.tracking import MlflowClient
 
     from mule.commands.main import main
-
-    wd, _, _ = copy
     from mule.experiments import tracking
 
-    experiment = tracking.experiment_id(wd, "embedded")  # as a run makes it (these stages ran untracked)
-    MlflowClient(wd.mlflow_uri).delete_experiment(experiment)
-    records = sorted((wd.root / "state" / "stages").rglob("*.json"))
-    before = {p: p.read_bytes() for p in records}
+    wd, _, _ = copy
     options = [a for k, v in TINY.items() for a in ("--set", f"{k}={v}")]
-    assert main(["run", "train", "--workdir", str(wd.root), "--force", "train", *options]) == 2
-    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("mule:")]
-    assert len(said) == 1 and "Traceback" not in said[0], said
-    assert said[0].startswith(f"mule: error: the MLflow experiment 'mule/embedded' (id {experiment}) in "
-                              f"{wd.root / 'mlflow.db'} was deleted: restore it")  # fmt: skip
-    assert f"mlflow experiments restore --experiment-id {experiment}" in said[0] and "mlflow gc" in said[0]
-    assert {p: p.read_bytes() for p in records} == before
+    assert main(["run", "train", "--workdir", str(wd.root), *options]) == 0  # published and registered: v1
+    client = MlflowClient(wd.mlflow_uri)
+    experiment = tracking.experiment_id(wd, "embedded")
+    client.delete_experiment(experiment)
+    capsys.readouterr()
+    assert main(["run", "train", "--workdir", str(wd.root), "--force", "train", *options]) == 0
+    said = capsys.readouterr().err
+    assert f"the MLflow experiment 'mule/embedded' (id {experiment}) was deleted: set aside as 'mule/embedded (deleted, " \
+           "set aside " in said and "this run starts a new one" in said  # fmt: skip
+    assert client.get_experiment(experiment).lifecycle_stage == "deleted"  # still deleted, its runs kept
+    assert client.get_experiment_by_name("mule/embedded").experiment_id != experiment
+    assert main(["search", "a red circle", "--workdir", str(wd.root)]) == 0  # the champion loads
+    # what the old advice said to do: remove the deleted experiment's runs for good
+    gc = subprocess.run([sys.executable, "-m", "mlflow", "gc", "--backend-store-uri", wd.mlflow_uri,
+                         "--experiment-ids", experiment], capture_output=True, text=True,
+                        env={**os.environ, "MLFLOW_TRACKING_URI": wd.mlflow_uri})  # fmt: skip
+    assert gc.returncode == 0, gc.stderr[-2000:]
+    capsys.readouterr()
+    assert main(["search", "a red circle", "--workdir", str(wd.root)]) == 2
+    err = capsys.readouterr().err
+    assert "publishes it again from the workdir" in err and "Traceback" not in err
+    assert main(["run", "train", "--workdir", str(wd.root), *options]) == 0  # nothing to compute
+    err = capsys.readouterr().err
+    assert "train: the registered model cannot be loaded" in err and "publishing it again from" in err
+    champion = client.get_model_version_by_alias("mule-embedded", "champion")
+    assert champion.tags["mule.champion_decision"].startswith("champion v")
+    assert "cannot be loaded" in champion.tags["mule.champion_decision"]
+    assert main(["search", "a red circle", "--workdir", str(wd.root)]) == 0

@@ -4,6 +4,7 @@ never `.` or a file; and a stop anywhere leaves the old export or the new one at
 
 import hashlib
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -207,8 +208,37 @@ def test_a_second_export_to_the_same_folder_waits_for_the_first_saying_so(model_
         assert second.poll() is None and not out.exists() and leftovers(out.parent) == []
     assert second.wait(60) == 0
     said = (tmp_path / "second.log").read_text()
-    assert f"another mule export is writing in {out.parent}: waiting for it to finish" in said
+    assert f"{out.parent} is being written by pid {os.getpid()} (`" in said and ": waiting for it to finish" in said
     assert is_model_folder(out) and "exported" in said and leftovers(out.parent) == []
+
+
+@pytest.mark.slow
+def test_a_folder_another_writer_holds_is_refused_naming_it_unless_told_to_wait(model_file, tmp_path):
+    """`mule export` next to a folder another process writes (here: this test's) refuses in
+    one line naming the holder (pid, command, since when) and what to do, as the workdir's
+    lock does; with --wait it waits, saying whom for."""
+    import subprocess
+    import sys
+
+    from mule.storage.locks import folder_lock
+
+    out = tmp_path / "exports" / "model"
+    out.parent.mkdir()
+    command = [sys.executable, "-m", "mule.commands", "export", "--model-file", str(model_file), "--out", str(out),
+               "--no-onnx"]  # fmt: skip
+    with folder_lock(out.parent):
+        refused = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        with open(tmp_path / "waiting.log", "w") as log:
+            waiting = subprocess.Popen([*command, "--wait"], stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        while "waiting for it" not in (tmp_path / "waiting.log").read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert waiting.poll() is None and not out.exists()
+    assert refused.returncode == 2 and not out.exists(), refused.stderr[-2000:]
+    assert f"{out.parent} is being written by pid {os.getpid()} (`" in refused.stderr
+    assert "run this again when it is done, or with --wait to wait for it" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert waiting.wait(300) == 0 and is_model_folder(out)
 
 
 @pytest.mark.slow

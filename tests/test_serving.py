@@ -1302,3 +1302,63 @@ def test_a_search_over_mule_embed_s_vectors_finds_what_mule_search_finds(served,
         assert [p.payload["id"].removesuffix(".jpg") for p in found] == searched
     finally:
         client.close()
+
+
+@contextmanager
+def read_only(folder: Path):
+    """`folder` as a read-only mount at another path (root: a read-only bind mount, which
+    even root cannot write), or, for another user, with every write permission taken away."""
+    import subprocess
+
+    if os.geteuid() == 0:
+        mount = folder.with_name(folder.name + "-read-only")
+        mount.mkdir()
+        made = subprocess.run(["mount", "--bind", str(folder), str(mount)], capture_output=True)
+        if made.returncode or subprocess.run(["mount", "-o", "remount,ro,bind", str(mount)],
+                                             capture_output=True).returncode:  # fmt: skip
+            if not made.returncode:
+                subprocess.run(["umount", str(mount)])
+            mount.rmdir()
+            pytest.skip(f"a read-only bind mount cannot be made here ({made.stderr.decode()[:200]})")
+        try:
+            yield mount
+        finally:  # lazily: the commands run in this process may still hold a database of it open
+            subprocess.run(["umount", "-l", str(mount)])
+            mount.rmdir()
+        return
+    modes = {p: p.stat().st_mode for p in [folder, *folder.rglob("*")] if not p.is_symlink()}
+    for path, mode in modes.items():
+        path.chmod(mode & ~0o222)
+    try:
+        yield folder
+    finally:
+        for path, mode in modes.items():
+            path.chmod(mode)
+
+
+@pytest.mark.slow
+def test_the_reading_commands_work_on_a_workdir_that_cannot_be_written(rebuilt_as_built, tmp_path, capsys):
+    """A shared model folder, a container's volume: search, export, catalog and mule.api read
+    a read-only workdir, saying once that nothing is logged there; writing into a place that
+    cannot be written is one line naming it."""
+    import shutil
+
+    from mule import api
+    from mule.commands.main import main
+
+    wd, _ = rebuilt_as_built
+    copy = tmp_path / "shared" / "work"
+    shutil.copytree(wd.root, copy, symlinks=True)
+    with read_only(copy) as mounted:
+        capsys.readouterr()
+        assert main(["search", "a red circle on the left", "--workdir", str(mounted), "--k", "2"]) == 0
+        out, err = capsys.readouterr()
+        assert "query in en" in out and "cannot be written" in err and "nothing is logged there" in err
+        assert main(["catalog", "--workdir", str(mounted)]) == 0
+        assert main(["export", "--workdir", str(mounted), "--out", str(tmp_path / "export"), "--no-onnx"]) == 0
+        assert api.load(mounted).languages == ["en", "de", "fr", "cs"]
+        capsys.readouterr()
+        assert main(["embed", "--workdir", str(mounted), "--images", str(mounted / "raw" / "embedded" / "images"),
+                     "--out", str(mounted / "vectors")]) == 2  # fmt: skip
+        err = capsys.readouterr().err
+        assert f"cannot write {mounted / 'vectors'}" in err and "Traceback" not in err

@@ -1,6 +1,8 @@
 """The stores `mule embed` writes (serving/vector_stores.py), on their own: every batch keeps
 its rejects, a rerun reads back exactly what was written, and resuming reads only ids."""
 
+import os
+
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
@@ -159,7 +161,8 @@ def test_a_second_writer_of_a_parquet_store_waits_and_numbers_its_parts_after_th
     first.close()
     assert second.wait(60) == 0
     said = (tmp_path / "second.log").read_text()
-    assert f"another mule embed is writing into {out}: waiting for it to finish" in said
+    # who holds it: this test's process, its command and since when
+    assert f"{out} is being written by pid {os.getpid()} (`" in said and ": waiting for it to finish" in said
     assert "already ['a.jpg', 'b.jpg']" in said
     assert sorted(p.name for p in out.glob("part-*")) == ["part-00000.parquet", "part-00001.parquet"]
     ids = [i for p in sorted(out.glob("part-*")) for i in pq.read_table(p).column("id").to_pylist()]
