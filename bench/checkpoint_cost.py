@@ -31,8 +31,8 @@ from mule.config.resolution import resolve  # noqa: E402
 from mule.data_catalog.model_files import save_atomic  # noqa: E402
 from mule.data_catalog.splits import load_split, load_vocabulary  # noqa: E402
 from mule.data_catalog.tables import Catalog  # noqa: E402
-from mule.mule_core.lp_training import LPTrainer  # noqa: E402
 from mule.mule_core.model import build_model  # noqa: E402
+from mule.mule_core.training.lp import LPTrainer  # noqa: E402
 from mule.storage.workdir import Workdir  # noqa: E402
 from mule.tasks.shared.checkpoints import snapshot, yield_cpu  # noqa: E402
 

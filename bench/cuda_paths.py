@@ -29,11 +29,11 @@ from mule.config.resolution import resolve  # noqa: E402
 from mule.mule_core.backbones import extractor_network  # noqa: E402
 from mule.mule_core.devices import resolve_device  # noqa: E402
 from mule.mule_core.encoding import evaluate_split  # noqa: E402
-from mule.mule_core.joint_training import JointTrainer  # noqa: E402
-from mule.mule_core.lp_training import LPTrainer  # noqa: E402
 from mule.mule_core.metrics import mean_mr  # noqa: E402
 from mule.mule_core.model import MuleModel  # noqa: E402
 from mule.mule_core.split_tensors import SplitTensors  # noqa: E402
+from mule.mule_core.training.joint import JointTrainer  # noqa: E402
+from mule.mule_core.training.lp import LPTrainer  # noqa: E402
 
 LANGS = ["en", "fr"]
 

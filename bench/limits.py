@@ -240,9 +240,9 @@ def bare_training(cfg, workdir: Path, dataset: str, mode: str, steps: int) -> di
     from mule.data_catalog.splits import load_split, load_vocabulary
     from mule.data_catalog.tables import Catalog
     from mule.mule_core.devices import resolve_device, use_cpu_threads
-    from mule.mule_core.joint_training import JointTrainer
-    from mule.mule_core.lp_training import LPTrainer
     from mule.mule_core.model import build_model
+    from mule.mule_core.training.joint import JointTrainer
+    from mule.mule_core.training.lp import LPTrainer
     from mule.storage.workdir import Workdir
 
     catalog = Catalog(Workdir.at(workdir), read_only=True)
@@ -422,8 +422,8 @@ def machine_ratio(cfg, workdir: Path, dataset: str, steps: int = 10) -> dict:
     from mule.data_catalog.splits import load_split, load_vocabulary
     from mule.data_catalog.tables import Catalog
     from mule.mule_core.devices import resolve_device, use_cpu_threads
-    from mule.mule_core.joint_training import JointTrainer
     from mule.mule_core.model import build_model
+    from mule.mule_core.training.joint import JointTrainer
     from mule.storage.workdir import Workdir
 
     catalog = Catalog(Workdir.at(workdir), read_only=True)

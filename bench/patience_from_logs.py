@@ -2,7 +2,7 @@
 each run log (a workdir's logs/*-run.log, every epoch's validation in it) and each
 patience, the epoch it would stop after, the epoch it would keep and that epoch's
 validation score, against the full run. A run with patience is the same model as the full
-run up to its stop (mule_core/trainer.py: the best epoch so far is kept), so this is exact,
+run up to its stop (mule_core/training/loop.py: the best epoch so far is kept), so this is exact,
 not an estimate, and costs no training.
 
     python bench/patience_from_logs.py LOG [LOG ...] [--patience 1,2,3,4] [--kind joint|lp]

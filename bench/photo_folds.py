@@ -58,9 +58,9 @@ from mule.experiments.seeds import paired_difference  # noqa: E402
 from mule.mule_core.devices import resolve_device  # noqa: E402
 from mule.mule_core.encoding import evaluate_split  # noqa: E402
 from mule.mule_core.folds import FoldRun, cross_validate, fold_of_images, summarize  # noqa: E402
-from mule.mule_core.joint_training import JointTrainer  # noqa: E402
 from mule.mule_core.metrics import chance_table, mean_mr, per_language_recalls  # noqa: E402
 from mule.mule_core.progress import format_seconds  # noqa: E402
+from mule.mule_core.training.joint import JointTrainer  # noqa: E402
 
 RIDGE_STRENGTHS = (1e-1, 1.0, 1e1, 1e2, 1e3, 1e4)
 

@@ -41,8 +41,8 @@ def measure(inputs: str, threads: int, steps: int, sets: list[str]) -> dict[str,
 
     from mule.config.presets import PRESETS
     from mule.config.resolution import resolve
-    from mule.mule_core.joint_training import JointTrainer
-    from mule.mule_core.lp_training import LPTrainer
+    from mule.mule_core.training.joint import JointTrainer
+    from mule.mule_core.training.lp import LPTrainer
 
     torch.set_num_threads(threads)
     data, splits = tw.load_inputs(inputs)

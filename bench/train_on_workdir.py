@@ -41,8 +41,6 @@ from mule.config.overrides import parse_assignments  # noqa: E402
 from mule.config.resolution import resolve  # noqa: E402
 from mule.mule_core.devices import resolve_device  # noqa: E402
 from mule.mule_core.encoding import encode_split, evaluate_split  # noqa: E402
-from mule.mule_core.joint_training import JointTrainer  # noqa: E402
-from mule.mule_core.lp_training import LPTrainer  # noqa: E402
 from mule.mule_core.metrics import (  # noqa: E402
     cross_lingual_recalls,
     mean_mr,
@@ -51,7 +49,9 @@ from mule.mule_core.metrics import (  # noqa: E402
 )
 from mule.mule_core.model import MuleModel  # noqa: E402
 from mule.mule_core.split_tensors import SplitTensors  # noqa: E402
-from mule.mule_core.trainer import Trainer  # noqa: E402
+from mule.mule_core.training.joint import JointTrainer  # noqa: E402
+from mule.mule_core.training.loop import Trainer  # noqa: E402
+from mule.mule_core.training.lp import LPTrainer  # noqa: E402
 
 CPU_AMP = False  # --cpu-amp
 

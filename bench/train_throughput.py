@@ -20,10 +20,10 @@ import torch
 
 from mule.config.resolution import resolve
 from mule.mule_core.encoding import encode_split
-from mule.mule_core.joint_training import JointTrainer
 from mule.mule_core.metrics import per_language_recalls
 from mule.mule_core.model import MuleModel, count_parameters
 from mule.mule_core.split_tensors import SplitTensors
+from mule.mule_core.training.joint import JointTrainer
 
 LANGS = ["en", "de", "fr", "cs"]
 PER_IMAGE = {"en": 5, "de": 5, "fr": 1, "cs": 1}

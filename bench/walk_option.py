@@ -44,7 +44,7 @@ def main() -> None:
     # the class the train stage builds: JointTrainer since 2026-12-06, else the checkout's
     # Trainer (in training.py before 2026-11-27)
     if (repo / "mule_core" / "joint_training.py").exists():
-        Trainer = importlib.import_module("mule.mule_core.joint_training").JointTrainer
+        Trainer = importlib.import_module("mule.mule_core.training.joint").JointTrainer
     else:
         name = "trainer" if (repo / "mule_core" / "trainer.py").exists() else "training"
         Trainer = importlib.import_module(f"mule.mule_core.{name}").Trainer

@@ -401,10 +401,9 @@ def entry() -> None:
     code = main()
     import atexit
 
-    from mule.stopping.interrupts import stopping
+    from mule.stopping.interrupts import stopped_exit
 
-    if stopping() is not None:
-        command.skip_prefect_log_drain()
+    stopped_exit()  # what the rooms registered for a stopped exit (Prefect's log drain skipped)
 
     sys.stdout.flush()
     sys.stderr.flush()

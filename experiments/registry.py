@@ -173,7 +173,10 @@ def _identity(workdir: Workdir, client, version) -> str:
         return identity
     from mule.data_catalog.model_files import model_digest
 
-    digest = model_digest(path) or identity
+    try:
+        digest = model_digest(path) or identity
+    except Exception:  # noqa: BLE001 - not a model file torch reads (damaged, another program's): as tagged
+        return identity
     client.set_model_version_tag(version.name, version.version, "mule.model_identity", digest)
     version.tags["mule.model_identity"] = digest
     return digest
@@ -324,7 +327,7 @@ def _settle(client, name: str, version, workdir: Workdir | None = None) -> dict[
     by hand stays where it was put)."""
     if version.tags.get(SETTLED) == "true":
         champion = _champion(client, name)
-        return {"model": name, "version": int(version.version),
+        return {"model": name, "version": int(version.version), "run_id": version.run_id,
                 "champion": champion is not None and champion.version == version.version,
                 "why": version.tags.get("mule.champion_decision", "")}  # fmt: skip
     promote, why = _decide(client, name, version, workdir)
@@ -333,7 +336,7 @@ def _settle(client, name: str, version, workdir: Workdir | None = None) -> dict[
     if promote:
         client.set_registered_model_alias(name, CHAMPION, version.version)
     client.set_model_version_tag(name, version.version, SETTLED, "true")
-    return {"model": name, "version": int(version.version), "champion": promote, "why": why}
+    return {"model": name, "version": int(version.version), "run_id": version.run_id, "champion": promote, "why": why}
 
 
 def register(workdir: Workdir, candidate: Candidate) -> dict[str, Any]:

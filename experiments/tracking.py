@@ -370,6 +370,7 @@ def run(workdir: Workdir, cfg, stage: str, parent_run_id: str | None = None,
     # open from its creation on: a stop while its config is logged (as its stage starts)
     # ends it KILLED, as the cleanups end the open runs; it stayed RUNNING
     _open_runs[run_id] = workdir
+    interrupts.on_stop(_end_open_runs_killed, key="mlflow runs")  # a stop ends what this room opened
     status = "FAILED"
     try:
         tracker = Tracker(workdir, run_id)
@@ -405,6 +406,10 @@ def let_go(stop: BaseException) -> None:
 
 
 _open_runs: dict[str, Workdir] = {}  # run id -> workdir, for the runs this process has not ended yet
+
+
+def _end_open_runs_killed() -> None:
+    end_open_runs("KILLED")
 
 
 def end_open_runs(status: str = "KILLED") -> list[str]:

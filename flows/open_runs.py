@@ -27,12 +27,24 @@ def inside(body: Callable[[], T]) -> T:
     if flow_run_id is not None:
         with _lock:
             _open[flow_run_id] = None
+        from mule.stopping import interrupts
+
+        interrupts.on_stop(_crash_on_stop, key="flow runs")  # a stop marks what this room opened
     try:
         return body()
     finally:
         if flow_run_id is not None and stopping() is None:
             with _lock:
                 _open.pop(flow_run_id, None)
+
+
+def _crash_on_stop() -> None:
+    """A stop's cleanup: the open flow runs Crashed, as Prefect marks those that unwind."""
+    import signal
+
+    from mule.stopping import interrupts
+
+    crash_open(f"mule was stopped by {interrupts.how(interrupts.stopping() or signal.SIGINT)}")
 
 
 def crash_open(message: str) -> list[str]:

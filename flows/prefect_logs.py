@@ -47,9 +47,27 @@ class _NoDrainNotices(logging.Filter):
         return not record.getMessage().startswith("Still processing items")
 
 
+def skip_log_drain() -> None:
+    """After a stop, Prefect's exit handler would wait up to 5 s for its log worker to ship
+    the last lines to its API (logging.shutdown flushes every handler): the stop's 2 s went
+    to it (1.5 s, then the watchdog ended the process). The one line says what happened and
+    the flow run is marked crashed already; what the run logged before the signal was shipped
+    as it went."""
+    from prefect.logging.handlers import APILogHandler
+
+    for ref in list(getattr(logging, "_handlerList", [])):  # every handler logging.shutdown flushes
+        handler = ref()
+        if isinstance(handler, APILogHandler):
+            handler.flush = lambda: None
+
+
 def quiet_user_errors() -> None:
     """Installs the filters on Prefect's run loggers and its queue services' (idempotent;
-    Prefect may reconfigure logging)."""
+    Prefect may reconfigure logging), and registers what a stop does to Prefect's log drain
+    (stopping.interrupts.at_stopped_exit: skipped)."""
+    from mule.stopping import interrupts
+
+    interrupts.at_stopped_exit(skip_log_drain, key="prefect log drain")
     for name in ("prefect.task_runs", "prefect.flow_runs", "prefect.flow_engine", "prefect.task_engine",
                  "prefect.engine"):  # fmt: skip
         logger = logging.getLogger(name)

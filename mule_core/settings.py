@@ -121,7 +121,7 @@ class TrainConfig:
     word_lr_scale: float = 10.0
     # How the word and n-gram tables step: "dense" (every row every step: Adam's momentum keeps
     # moving a row after a batch read it) or "rows" (the rows a batch read, with their own Adam
-    # moments, L2 pull and average: mule_core/row_updates.py; LP steps 10-35% faster on the real
+    # moments, L2 pull and average: mule_core/training/row_updates.py; LP steps 10-35% faster on the real
     # text, and its val R@1 is about a point lower: docs/benchmarks-journal.md, "Row-wise updates")
     word_updates: str = "dense"
     grad_clip: float = 2.0

@@ -340,10 +340,15 @@ def registered_model_gone(wd: Workdir, decision: Decision) -> bool:
     hand in the artifact store): told from the files alone, without MLflow, so a run with
     nothing to compute still publishes it again (pipeline.hooks)."""
     record = decision.record or {}
-    run = record.get("published_in_run")
-    if not run or not (record.get("result") or {}).get("registry"):
+    registered = (record.get("result") or {}).get("registry")
+    if not isinstance(registered, dict):
         return False
-    return not any(wd.artifacts_dir.glob(f"*/{run}/artifacts/model.pt"))
+    run = registered.get("run_id") or record.get("published_in_run")  # the version's run: where its files are
+    if not run:
+        return False
+    # the workdir's artifact store: <run>/artifacts/ (an experiment's folder above it in stores made elsewhere)
+    return not any(wd.artifacts_dir.glob(f"{run}/artifacts/model.pt")) and \
+        not any(wd.artifacts_dir.glob(f"*/{run}/artifacts/model.pt"))  # fmt: skip
 
 
 def pending_changed(wd: Workdir, decision: Decision) -> str:

@@ -65,6 +65,8 @@ class _State:
         self.cleanups: list[Callable[[], None]] = []  # in order, before the line is printed
         self.last: list[Callable[[], None]] = []  # after it (the Prefect server, stopped last)
         self.abandon: list[Callable[[], None]] = []  # when the cleanups cannot run (a second signal)
+        self.keys: set[str] = set()  # what the rooms registered once (on_stop's and at_stopped_exit's keys)
+        self.at_exit: list[Callable[[], None]] = []  # as a stopped command exits (at_stopped_exit)
         self.message: Callable[[int], str] = lambda signum: f"mule: stopped ({how(signum)})"
 
 
@@ -163,12 +165,39 @@ def _importing(frame) -> bool:
     return False
 
 
-def on_stop(cleanup: Callable[[], None], last: bool = False, abandon: Callable[[], None] | None = None) -> None:
+def on_stop(cleanup: Callable[[], None], last: bool = False, abandon: Callable[[], None] | None = None,
+            key: str | None = None) -> None:  # fmt: skip
     """`cleanup` runs when a signal stops the command (before its line is printed, or after
-    it with last=True); `abandon` instead of it when there is no time (a second signal)."""
+    it with last=True); `abandon` instead of it when there is no time (a second signal).
+    `key`: registered once a process under that name (a room registering what a stop does
+    to what it opened, the first time it opens one: its MLflow runs, its flow runs)."""
+    if key is not None:
+        if key in _state.keys:
+            return
+        _state.keys.add(key)
     (_state.last if last else _state.cleanups).append(cleanup)
     if abandon is not None:
         _state.abandon.append(abandon)
+
+
+def at_stopped_exit(action: Callable[[], None], key: str) -> None:
+    """`action` runs as a stopped command exits, before the exit handlers (Prefect's log
+    drain, which would spend the stop's seconds); once a process under `key`."""
+    if key not in _state.keys:
+        _state.keys.add(key)
+        _state.at_exit.append(action)
+
+
+def stopped_exit() -> None:
+    """The actions at_stopped_exit registered, when a signal stopped this process (the
+    command's entry calls it before the exit handlers run)."""
+    if _state.armed is None:
+        return
+    for action in _state.at_exit:
+        try:
+            action()
+        except Exception:  # noqa: BLE001 - the exit goes on; the stop's line was said
+            pass
 
 
 def stopping() -> int | None:

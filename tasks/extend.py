@@ -32,11 +32,11 @@ from mule.data_catalog.splits import load_split, load_vocabulary
 from mule.mule_core.devices import resolve_device, use_cpu_threads
 from mule.mule_core.encoding import cross_lingual, encode_split, evaluate_split
 from mule.mule_core.errors import UserError
-from mule.mule_core.joint_training import JointTrainer
-from mule.mule_core.lp_training import LPTrainer
 from mule.mule_core.metrics import mean_r1
 from mule.mule_core.model import count_parameters, half_tables, with_added_language
 from mule.mule_core.progress import SHOWN
+from mule.mule_core.training.joint import JointTrainer
+from mule.mule_core.training.lp import LPTrainer
 from mule.mule_core.vocabulary import Vocab, Vocabulary
 from mule.storage.content_digests import ids_digest
 from mule.tasks.shared.aligned_start import aligned_start

@@ -12,10 +12,10 @@ from mule.data_catalog.splits import load_split, load_vocabulary
 from mule.mule_core.batching import captions_per_image
 from mule.mule_core.devices import resolve_device, use_cpu_threads
 from mule.mule_core.encoding import cross_lingual
-from mule.mule_core.lp_training import LPTrainer
 from mule.mule_core.metrics import mean_r1
 from mule.mule_core.model import build_model
 from mule.mule_core.progress import SHOWN
+from mule.mule_core.training.lp import LPTrainer
 from mule.tasks.shared.checkpoints import fit_checkpointed, history_records, phase_seconds
 from mule.tasks.shared.context import StageContext, logger
 from mule.tasks.shared.token_identity import caption_tokenizers

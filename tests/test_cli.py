@@ -283,25 +283,30 @@ def test_mule_config_lists_the_presets_from_their_files(capsys):
     assert cfg.model.mule_dim == paper["model.mule_dim"] == 512 and cfg.features.arch == paper["features.arch"]
 
 
-def test_a_stopped_command_ends_the_open_runs_of_what_it_imported_and_nothing_else(monkeypatch):
-    """The stop's cleanups (stopping/command.py) end MLflow runs KILLED and Prefect flow
-    runs Crashed through the modules the command imported; a command that never imported
-    MLflow or Prefect has none to end, and the cleanups import neither."""
+def test_a_room_registers_what_a_stop_does_to_what_it_opens_when_it_opens_it(tmp_path, monkeypatch):
+    """stopping/ holds the signal mechanics alone: installing the command's handlers
+    registers nothing of the rooms above it. MLflow's room registers ending its runs KILLED
+    when it opens the first (once, however many it opens), the flows' room marking its flow
+    runs Crashed when it runs the first; a command that opened neither has nothing to end."""
     import types
 
-    from mule.stopping import command
+    from mule.config.resolution import resolve
+    from mule.experiments import tracking
+    from mule.flows import open_runs
+    from mule.stopping import command, interrupts
+    from mule.storage.workdir import Workdir
 
-    monkeypatch.delitem(sys.modules, "mule.experiments.tracking", raising=False)
-    monkeypatch.delitem(sys.modules, "mule.flows.open_runs", raising=False)
-    command._end_open_mlflow_runs()
-    command._crash_open_flow_runs()
-    assert "mule.experiments.tracking" not in sys.modules and "mule.flows.open_runs" not in sys.modules
-    ended = []
-    monkeypatch.setitem(sys.modules, "mule.experiments.tracking", types.SimpleNamespace(end_open_runs=ended.append))
-    monkeypatch.setitem(sys.modules, "mule.flows.open_runs", types.SimpleNamespace(crash_open=ended.append))
-    command._end_open_mlflow_runs()
-    command._crash_open_flow_runs()
-    assert ended == ["KILLED", "mule was stopped by Ctrl-C"]  # no signal came: Ctrl-C is what a stop is said to be
+    monkeypatch.setattr(interrupts, "_state", interrupts._State())
+    monkeypatch.setattr(interrupts._State, "installed", True, raising=False)  # no handlers in the test process
+    command.install_stop_handlers()
+    assert interrupts._state.cleanups == [] and interrupts._state.at_exit == []
+    wd, cfg = Workdir.at(tmp_path / "work"), resolve("demo", {})
+    with tracking.run(wd, cfg, "one"), tracking.run(wd, cfg, "two"):
+        assert interrupts._state.cleanups == [tracking._end_open_runs_killed]  # once
+    context = types.SimpleNamespace(flow_run=types.SimpleNamespace(id="f-1"))
+    monkeypatch.setattr("prefect.context.FlowRunContext.get", lambda: context)
+    assert open_runs.inside(lambda: 7) == 7
+    assert interrupts._state.cleanups == [tracking._end_open_runs_killed, open_runs._crash_on_stop]
 
 
 def test_a_name_that_would_become_a_path_outside_the_workdir_is_refused_in_one_line(tmp_path, capsys):

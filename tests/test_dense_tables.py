@@ -1,5 +1,5 @@
 """Dense updates of the word and n-gram tables with gradients built by hand
-(mule_core/dense_tables.py): the L2 pull's and the rows a batch read, the same numbers as
+(mule_core/training/dense_tables.py): the L2 pull's and the rows a batch read, the same numbers as
 autograd's, step after step."""
 
 from dataclasses import replace
@@ -7,9 +7,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from mule.mule_core.dense_tables import DenseTables
-from mule.mule_core.lp_training import LPTrainer
-from mule.mule_core.trainer import Trainer
+from mule.mule_core.training.dense_tables import DenseTables
+from mule.mule_core.training.loop import Trainer
+from mule.mule_core.training.lp import LPTrainer
 from tests.test_training import LOSS, amp_on_the_cpu, lp, optim, toy_model, toy_split
 
 PULLED = replace(LOSS, word_l2=0.05)  # strong enough that the pull is a visible part of each gradient
@@ -136,7 +136,7 @@ def test_a_step_with_nan_gradients_leaves_nothing_in_the_dense_gradients(amp):
     weights, histories = {}, {}
     for by_hand in (True, False):
         made = poisoned_at(trainer(by_hand, grad_clip=0.5, ema=0.9), step=4)
-        made.epochs = 4  # LP's own epochs (2 in lp()): the poisoned step 4 falls in the second, two after it
+        made.schedule = replace(made.schedule, epochs=4)  # LP's (2 in lp()): the poisoned step 4 in the second
         if amp:
             amp_on_the_cpu(made)
         history = made.fit()
@@ -155,7 +155,7 @@ def test_a_step_with_nan_gradients_leaves_nothing_in_the_dense_gradients(amp):
 
 def test_an_epoch_whose_steps_amp_skipped_says_so(caplog):
     made = amp_on_the_cpu(poisoned_at(trainer(True, grad_clip=0.5), step=None))
-    made.epochs = 1
+    made.schedule = replace(made.schedule, epochs=1)
     made.fit()
     assert "lp epoch 1: AMP's scaler skipped 3 of 3 steps (gradients not finite in float16)" in caplog.text
 

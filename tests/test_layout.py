@@ -65,6 +65,19 @@ def test_each_floor_imports_only_the_floors_below_it():
     assert not upward, upward
 
 
+def test_no_room_reaches_a_higher_one_at_run_time_either():
+    """A module found among those already imported (`sys.modules.get("mule.flows...")`) is
+    an import by another name: it counts against the floors like any other."""
+    reach = re.compile(r"""sys\.modules(?:\.get\(|\[)\s*["']mule\.(\w+)""")
+    upward = []
+    for package, allowed in FLOORS.items():
+        for path, _ in _modules(package):
+            for top in reach.findall(path.read_text()):
+                if top in FLOORS and top != package and top not in allowed:
+                    upward.append(f"{path.relative_to(REPO)} reaches mule.{top} through sys.modules")
+    assert not upward, upward
+
+
 def test_mule_core_knows_nothing_of_prefect_mlflow_or_the_catalog():
     for path, name in _modules("mule_core"):
         tops = {_folder(i) for i in _written_imports(path, name)}

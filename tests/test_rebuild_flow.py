@@ -485,7 +485,7 @@ def test_an_interrupted_extraction_redoes_only_the_missing_part(rebuilt):
 
 @pytest.mark.slow
 def test_an_interrupted_training_resumes_from_its_checkpoint(rebuilt, monkeypatch):
-    from mule.mule_core.trainer import Trainer
+    from mule.mule_core.training.loop import Trainer
     from mule.pipeline.runner import run_alone
 
     wd, _ = rebuilt
@@ -518,7 +518,7 @@ def test_an_interrupted_training_resumes_from_its_checkpoint(rebuilt, monkeypatc
 @pytest.mark.slow
 def test_an_interrupted_lp_resumes_from_its_checkpoint(rebuilt, monkeypatch):
     """LP checkpoints every epoch too, and a rerun of the same key resumes there."""
-    from mule.mule_core.trainer import Trainer
+    from mule.mule_core.training.loop import Trainer
     from mule.pipeline.runner import run_alone
 
     wd, _ = rebuilt

@@ -7,11 +7,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from mule.mule_core.joint_training import JointTrainer
-from mule.mule_core.lp_training import LPTrainer
-from mule.mule_core.row_updates import RowAdam, RowAverage, clip_grad_norm, coalesced, ema_keep, sparse_tables
 from mule.mule_core.subwords import SubwordVectors
-from mule.mule_core.weight_average import ema_weight
+from mule.mule_core.training.average import ema_weight
+from mule.mule_core.training.joint import JointTrainer
+from mule.mule_core.training.lp import LPTrainer
+from mule.mule_core.training.row_updates import RowAdam, RowAverage, clip_grad_norm, coalesced, ema_keep, sparse_tables
 from tests.test_training import LOSS, lp, optim, toy_model, toy_split
 
 
@@ -190,7 +190,7 @@ def test_dense_updates_give_dense_gradients_again():
     model = toy_model()
     assert sparse_tables(model, True)
     trainer = JointTrainer(model, toy_split(), LOSS, replace(optim(1), word_updates="dense"), torch.device("cpu"))
-    trainer.run_epoch()  # the tables read their rows sparse, and step on dense gradients (mule_core/dense_tables.py)
+    trainer.run_epoch()  # the tables read their rows sparse, and step on dense gradients (mule_core/training/dense_tables.py)
     tables = [t for b in model.branches.values() for t in (b.embed.weight, b.subwords.vectors.weight)]
     assert all(t.grad is not None and not t.grad.is_sparse for t in tables)
     assert type(trainer.optimizer) is torch.optim.Adam

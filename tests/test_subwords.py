@@ -11,11 +11,11 @@ import torch
 from mule.config.overrides import from_dict, to_dict
 from mule.config.resolution import resolve
 from mule.data_catalog.model_files import load_model, save_model
-from mule.mule_core.lp_training import LPTrainer
 from mule.mule_core.model import MuleModel, TextBatch, count_parameters
 from mule.mule_core.settings import LossConfig, ModelConfig, PretrainConfig, TrainConfig
 from mule.mule_core.split_tensors import SplitTensors
 from mule.mule_core.subwords import char_ngrams, ngram_index
+from mule.mule_core.training.lp import LPTrainer
 from mule.mule_core.vocabulary import Vocab, Vocabulary, pad_batch
 
 WORDS = ["<pad>", "<unk>", "dog", "dogs", "cat"]

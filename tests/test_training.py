@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from mule.mule_core.encoding import evaluate_split
-from mule.mule_core.joint_training import JointTrainer
 from mule.mule_core.losses import image_sentence_loss, neighborhood_loss
-from mule.mule_core.lp_training import LPTrainer
 from mule.mule_core.model import MuleModel
 from mule.mule_core.settings import LossConfig, ModelConfig, PretrainConfig, TrainConfig
 from mule.mule_core.split_tensors import SplitTensors
-from mule.mule_core.trainer import Trainer
-from mule.mule_core.weight_average import BEST_IS_KEPT
+from mule.mule_core.training.average import BEST_IS_KEPT
+from mule.mule_core.training.joint import JointTrainer
+from mule.mule_core.training.loop import Trainer
+from mule.mule_core.training.lp import LPTrainer
 
 LANGS = ["en", "fr"]
 
@@ -222,12 +222,12 @@ def test_a_checkpoint_names_the_best_epoch_s_copies_when_they_are_the_kept_weigh
     first.run_epoch()
     assert first.best_epoch == first.epoch == 1
     now, now_bytes = through_a_file(first.state_dict())
-    assert now["best_state"] == now["best_optimizer"] == BEST_IS_KEPT
-    first.best_score = math.inf  # epoch 2 cannot be the best
+    assert now["best"]["state"] == now["best"]["optimizer"] == BEST_IS_KEPT  # the best epoch's part: its own state
+    first.best.score = math.inf  # epoch 2 cannot be the best
     first.run_epoch()
     assert first.best_epoch == 1 and first.epoch == 2
     before, before_bytes = through_a_file(first.state_dict())
-    assert isinstance(before["best_state"], dict) and isinstance(before["best_optimizer"], dict)
+    assert isinstance(before["best"]["state"], dict) and isinstance(before["best"]["optimizer"], dict)
     assert now_bytes < 0.7 * before_bytes
 
     for state, epoch in ((now, 1), (before, 2)):
@@ -481,7 +481,7 @@ def test_the_weight_average_uses_its_decay_from_the_first_step():
     d = 0.5 over weights 1, 2, 3: (0.25*1 + 0.5*2 + 1*3) / 1.75 = 2.4286. And two decays
     differ from the first steps on (the former warm-up held every d >= 0.999 at
     (1+t)/(10+t) until step 8,990: 0.999 and 0.9995 were one run)."""
-    from mule.mule_core.weight_average import ema_weight
+    from mule.mule_core.training.average import ema_weight
 
     assert [ema_weight(0.5, t) for t in (1, 2, 3)] == pytest.approx([1.0, 2 / 3, 4 / 7])
     average = 0.0

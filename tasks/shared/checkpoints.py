@@ -97,7 +97,7 @@ class Checkpoints:
         self._writer.start()
 
     def due(self, trainer) -> bool:
-        if trainer.epoch >= trainer.epochs or trainer.stopped:
+        if trainer.finished:
             return False  # the stage saves its model next
         if self._failed is not None or self._last_start is None:
             return True  # the first, or the next save raises the last one's error
@@ -179,10 +179,16 @@ def tensor_bytes(state) -> int:
 
 def snapshot(state: dict) -> dict:
     """The trainer's state as it is now, on the CPU: training moves its tensors in place.
-    The best epoch's copies are copies already (weight_average.cpu_copy): kept as they are."""
-    from mule.mule_core.weight_average import cpu_copy
+    The best epoch's copies are copies already (mule_core.training.average.cpu_copy): kept
+    as they are."""
+    from mule.mule_core.training.average import cpu_copy
 
-    return {k: v if k in ("best_state", "best_optimizer") else cpu_copy(v) for k, v in state.items()}
+    def part(key, value):
+        if key == "best" and isinstance(value, dict):
+            return {k: v if k in ("state", "optimizer") else cpu_copy(v) for k, v in value.items()}
+        return cpu_copy(value)
+
+    return {k: part(k, v) for k, v in state.items()}
 
 
 def read_checkpoint(path: Path) -> dict | None:

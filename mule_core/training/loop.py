@@ -1,11 +1,11 @@
 """The training loop that LP and joint training share: pure PyTorch, callers bring tensors.
-What differs between the two kinds (their settings, their losses) is in
-mule_core/lp_training.py and mule_core/joint_training.py. Here: a batch's losses (the
-kind's, plus LC and the fine-tuned words' pull), epochs, validation with the best epoch
-kept, patience, and checkpoints (state_dict / load_state_dict, so an interrupted run
-resumes). How a loss becomes a step of the weights is mule_core/updates.py; LC and the
-words' pull, mule_core/shared_losses.py; which epoch is kept, mule_core/best_epoch.py (the
-divergence guard: mule_core/divergence.py); checkpoints, mule_core/trainer_state.py.
+What differs between the two kinds (their settings, their losses) is in lp.py and joint.py.
+Here: a batch's losses (the kind's, plus LC and the fine-tuned words' pull), epochs,
+validation, and when training ends, decided in one place (`finished`). The parts it is
+made of own their state: how a loss becomes a step of the weights (updates.py), which
+epoch is kept and patience (best_epoch.py), the divergence guard (guard.py); a checkpoint
+(state_dict / load_state_dict, so an interrupted run resumes) is their states and the
+loop's own: the epoch, the history, why it stopped.
 """
 
 from __future__ import annotations
@@ -21,18 +21,17 @@ import torch
 import torch.nn.functional as F
 
 from mule.mule_core.batching import Batch, ImageBatchSampler, duplicate_ids
-from mule.mule_core.best_epoch import close_epoch, stop_without_progress
 from mule.mule_core.devices import resolve_device  # noqa: F401 - where the training stages find it
-from mule.mule_core.divergence import GUARD_ACTIONS
 from mule.mule_core.losses import image_sentence_loss, neighborhood_loss
 from mule.mule_core.model import MuleModel, TextEncoding
 from mule.mule_core.progress import SHOWN, Progress, format_seconds
-from mule.mule_core.shared_losses import adversary_scale, language_adversary, word_pull
 from mule.mule_core.split_tensors import SplitTensors
-from mule.mule_core.trainer_state import restore_trainer, trainer_state
-from mule.mule_core.training_records import Constraints, EpochResult, EpochTotals, Schedule, sentences_per_image
-from mule.mule_core.updates import Updates
-from mule.mule_core.weight_average import cpu_copy
+from mule.mule_core.training.average import cpu_copy
+from mule.mule_core.training.best_epoch import BestEpoch, stopped_for
+from mule.mule_core.training.guard import GUARD_ACTIONS, DivergenceGuard
+from mule.mule_core.training.records import Constraints, EpochResult, EpochTotals, Schedule, sentences_per_image
+from mule.mule_core.training.shared_losses import adversary_scale, language_adversary, word_pull
+from mule.mule_core.training.updates import Updates
 
 if TYPE_CHECKING:
     from mule.mule_core.settings import LossConfig, TrainConfig
@@ -57,8 +56,8 @@ class Trainer(ABC):
             raise ValueError(f"divergence must be one of {GUARD_ACTIONS}, got {train.divergence!r}")
         self.model, self.data, self.loss, self.train, self.schedule = model.to(device), data, loss, train, schedule
         self.device, self.validate = device, validate
-        self.epochs, self.lr, self.patience = schedule.epochs, schedule.lr, schedule.patience
-        self.sentences_per_image, self.mining_warmup_steps = schedule.sentences_per_image, schedule.mining_warmup_steps
+        self.lr, self.sentences_per_image = schedule.lr, schedule.sentences_per_image
+        self.mining_warmup_steps = schedule.mining_warmup_steps
         torch.manual_seed(train.seed)
         self.sampler = ImageBatchSampler(
             data.caption_image,
@@ -70,24 +69,67 @@ class Trainer(ABC):
             balance_groups=train.balance_language_groups,
             caption_text=duplicate_ids(data.tokens, data.lengths, data.caption_lang) if loss.mask_duplicates else None,
         )
+        # the parts, each owning its state (a checkpoint is theirs and the loop's)
         self.updates = Updates(model, self.trained_parameters(), device, train, loss, schedule, len(self.sampler))
-        # the parts tests and bench/ read by name (none of them is ever replaced)
-        self.optimizer, self.scheduler, self.average = self.updates.optimizer, self.updates.scheduler, self.updates.average  # fmt: skip
+        self.best = BestEpoch(schedule.patience)
+        self.guard = DivergenceGuard(train)
         self._image_sentence_loss, self._neighborhood_loss = image_sentence_loss, neighborhood_loss
         if train.compile:
             self._image_sentence_loss = torch.compile(image_sentence_loss, dynamic=True)
             self._neighborhood_loss = torch.compile(neighborhood_loss, dynamic=True)
+        # the loop's own state
         self.epoch = 0
-        self.best_score = -math.inf
-        self.best_epoch = 0
-        self.best_state: dict | None = None
-        self.best_optimizer: dict | None = None
-        # Where a rollback goes before any epoch was best: the weights training started from.
-        self.start_state = cpu_copy(model.state_dict())
-        self.first_loss: float | None = None  # the total loss of training's first batch
-        self.rollbacks = 0
         self.stopped: str | None = None  # why training stopped early, if it did
         self.history: list[EpochResult] = []
+        # Where a rollback goes before any epoch was best: the weights training started from.
+        self.start_state = cpu_copy(model.state_dict())
+
+    # the parts tests and bench/ read by name (none of them is ever replaced)
+    @property
+    def epochs(self) -> int:
+        return self.schedule.epochs
+
+    @property
+    def optimizer(self):
+        return self.updates.optimizer
+
+    @property
+    def scheduler(self):
+        return self.updates.scheduler
+
+    @property
+    def average(self):
+        return self.updates.average
+
+    @property
+    def best_epoch(self) -> int:
+        return self.best.epoch
+
+    @property
+    def best_score(self) -> float:
+        return self.best.score
+
+    @property
+    def best_state(self) -> dict | None:
+        return self.best.state
+
+    @property
+    def best_optimizer(self) -> dict | None:
+        return self.best.optimizer
+
+    @property
+    def rollbacks(self) -> int:
+        return self.guard.rollbacks
+
+    @property
+    def first_loss(self) -> float | None:
+        return self.guard.first_loss
+
+    @property
+    def finished(self) -> bool:
+        """Whether training is over: every epoch run, or stopped early (patience, the guard).
+        The one place that decides it (the loop, and the checkpoints: tasks/shared/checkpoints.py)."""
+        return self.epoch >= self.epochs or self.stopped is not None
 
     # -- what a kind says ---------------------------------------------------------------
     @abstractmethod
@@ -105,7 +147,7 @@ class Trainer(ABC):
         return self._neighborhood_loss(sentences, c.sentence_image, c.pairs, c.margin, c.k, c.same_text)
 
     def mixed_precision(self, on: bool) -> None:
-        """train.amp's arithmetic (mule_core/updates.py), switched on or off."""
+        """train.amp's arithmetic (mule_core/training/updates.py), switched on or off."""
         self.updates.mixed_precision(on)
 
     @property
@@ -113,7 +155,7 @@ class Trainer(ABC):
         return self.updates.step
 
     def lc_scale(self) -> float:
-        """The adversary's strength on the encoder now (mule_core/shared_losses.py)."""
+        """The adversary's strength on the encoder now (mule_core/training/shared_losses.py)."""
         return adversary_scale(self.loss, self.step)
 
     # -- one step -------------------------------------------------------------------
@@ -147,8 +189,8 @@ class Trainer(ABC):
         lap("forward")
         skipped = self.updates.apply(total, lap)
         parts["total"] = total
-        if self.first_loss is None:  # one host sync, once per training
-            self.first_loss = float(total.detach())
+        if self.guard.first_loss is None:  # one host sync, once per training
+            self.guard.first_loss = float(total.detach())
         return parts, skipped
 
     # -- epochs ---------------------------------------------------------------------
@@ -185,8 +227,19 @@ class Trainer(ABC):
             result.score, result.validation = self.validate(self.kept_model)
             totals.lap("validation")
         result.phases = {k: round(v, 3) for k, v in totals.phases.items()}
-        close_epoch(self, result)
+        self._close_epoch(result)
         return result
+
+    def _close_epoch(self, result: EpochResult) -> None:
+        """The epoch's verdict: diverged (and the guard's action), or the best so far (kept),
+        or neither; then it joins the history."""
+        result.divergence = self.guard.reading(result.losses, result.score, self.best.score, self.best.epoch)
+        result.is_best = self.best.consider(result, self.kept_model, self.optimizer)
+        self.epoch = result.epoch
+        if result.divergence is not None:
+            result.action = self.guard.respond(self, result.epoch)
+            log.warning("%s epoch %d diverged: %s; %s", self.kind, result.epoch, result.divergence, result.action)
+        self.history.append(result)
 
     # -- the weight average (train.ema) --------------------------------------------------
     @property
@@ -197,7 +250,7 @@ class Trainer(ABC):
     def fit(self, on_epoch_end: Callable[[EpochResult], None] | None = None) -> list[EpochResult]:
         started, first_epoch = time.perf_counter(), self.epoch
         shown = started
-        while self.epoch < self.epochs and not self.stopped:
+        while not self.finished:
             result = self.run_epoch()
             now = time.perf_counter()
             per_epoch = (now - started) / (self.epoch - first_epoch)  # validation included
@@ -209,16 +262,29 @@ class Trainer(ABC):
                 shown = now
                 log.info("%s: epoch %d/%d (%.1f s/epoch, %.0f sentences/s%s, ETA %s)", self.kind, result.epoch,
                          self.epochs, per_epoch, result.sentences_per_second, score, eta, extra=SHOWN)  # fmt: skip
-            stop_without_progress(self, result)
+            reason = self.best.without_progress(self.epoch, self.epochs, result.score) if not self.stopped else None
+            if reason:
+                self.stopped = reason
+                stopped_for(reason, self.kind, self.epoch, self.epochs)
             if on_epoch_end is not None:
                 on_epoch_end(result)
-        if self.best_state is not None:
-            self.model.load_state_dict(self.best_state)
+        if self.best.state is not None:
+            self.model.load_state_dict(self.best.state)
         return self.history
 
-    # -- checkpoints (mule_core/trainer_state.py) ----------------------------------------
+    # -- checkpoints: the parts' states and the loop's ----------------------------------
     def state_dict(self) -> dict:
-        return trainer_state(self)
+        """Everything an interrupted run needs to go on as if never stopped: tensors, numbers
+        and strings (torch's weights_only loader reads it)."""
+        return {"model": self.model.state_dict(), "epoch": self.epoch, "stopped": self.stopped,
+                "history": [vars(r) for r in self.history], "updates": self.updates.state_dict(),
+                "best": self.best.state_dict(self.epoch), "guard": self.guard.state_dict()}  # fmt: skip
 
     def load_state_dict(self, state: dict) -> None:
-        restore_trainer(self, state)
+        """The trainer as state_dict found it."""
+        self.model.load_state_dict(state["model"])
+        self.updates.load_state_dict(state["updates"])
+        self.guard.load_state_dict(state["guard"])
+        self.epoch, self.stopped = state["epoch"], state.get("stopped")
+        self.history = [EpochResult(**r) for r in state["history"]]
+        self.best.load_state_dict(state["best"], self.kept_model, self.optimizer)

@@ -9,7 +9,7 @@ import copy
 import torch
 from torch import nn
 
-from mule.mule_core.row_updates import RowAverage
+from mule.mule_core.training.row_updates import RowAverage
 
 
 def fused_adam(device: torch.device) -> bool | None:

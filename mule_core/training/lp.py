@@ -12,8 +12,8 @@ import torch
 from mule.mule_core.batching import Batch
 from mule.mule_core.model import MuleModel, TextEncoding
 from mule.mule_core.split_tensors import SplitTensors
-from mule.mule_core.trainer import Trainer
-from mule.mule_core.training_records import Constraints, Schedule, sentences_per_image
+from mule.mule_core.training.loop import Trainer
+from mule.mule_core.training.records import Constraints, Schedule, sentences_per_image
 
 if TYPE_CHECKING:
     from mule.mule_core.settings import LossConfig, PretrainConfig, TrainConfig

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from mule.mule_core.dense_tables import DenseTables
 from mule.mule_core.model import MuleModel
-from mule.mule_core.row_updates import RowAdam, clip_grad_norm, coalesced, sparse_tables
-from mule.mule_core.training_records import Schedule
-from mule.mule_core.weight_average import ModelAverage, fused_adam
+from mule.mule_core.training.average import ModelAverage, fused_adam
+from mule.mule_core.training.dense_tables import DenseTables
+from mule.mule_core.training.records import Schedule
+from mule.mule_core.training.row_updates import RowAdam, clip_grad_norm, coalesced, sparse_tables
 
 if TYPE_CHECKING:
     from mule.mule_core.settings import LossConfig, TrainConfig
@@ -32,9 +32,9 @@ class Updates:
         params = list(params)
         words = {id(p) for b in model.branches.values() for p in b.word_parameters()}
         # train.word_updates=rows: the tables' gradients are the rows a batch read, and those
-        # alone step (mule_core/row_updates.py); dense: every row, every step
+        # alone step (mule_core/training/row_updates.py); dense: every row, every step
         self.rowwise = train.word_updates == "rows"
-        # dense updates: the tables' gradients built by hand (mule_core/dense_tables.py), autograd's numbers in fewer passes
+        # dense updates: the tables' gradients built by hand (mule_core/training/dense_tables.py), autograd's numbers in fewer passes
         self.tables = sparse_tables(model, True) if self.rowwise else []
         self.dense_tables = None if self.rowwise else DenseTables(model.branches.values(), loss.word_l2) or None
         self.optimizer = (RowAdam if self.rowwise else torch.optim.Adam)(
@@ -107,6 +107,25 @@ class Updates:
             self.average.restart(self.step)
         if self.dense_tables is not None:  # the gradients that led here (NaN, after a divergence) go
             self.dense_tables.reset()
+
+    def state_dict(self) -> dict:
+        """Adam's state, the schedules' step, AMP's scale, the rollbacks' learning-rate scale
+        and the weight average."""
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict(), "lr_scale": self.lr_scale,
+                "average": self.average.model.state_dict() if self.average is not None else None}  # fmt: skip
+
+    def load_state_dict(self, state: dict) -> None:
+        """As state_dict found it (the model's own weights restored first: an average saved
+        without one restarts from them)."""
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.lr_scale = state.get("lr_scale", 1.0)
+        self.scheduler.load_state_dict(state["scheduler"])
+        if state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        if self.average is not None:
+            self.average.model.load_state_dict(state.get("average") or self.model.state_dict())
+            self.average.restart(self.step)  # checkpoints hold settled averages
 
     def lower_lr(self, factor: float) -> None:
         """The learning rate times `factor` from now on (a rollback's)."""

@@ -1,4 +1,4 @@
-"""The losses both kinds of training add to their own (mule_core/trainer.py): the
+"""The losses both kinds of training add to their own (mule_core/training/loop.py): the
 adversarial language classifier (LC, through gradient reversal) and the pull of
 fine-tuned words toward where they started."""
 
@@ -33,7 +33,7 @@ def language_adversary(model: MuleModel, mule: torch.Tensor, language: torch.Ten
 
 def word_pull(model: MuleModel, loss: LossConfig, dense_tables, read: dict | None) -> dict[str, torch.Tensor]:
     """loss.word_l2's pull of fine-tuned word vectors toward their start: the dense tables'
-    own (mule_core/updates.py) when they hold the words, else over the rows `read` (row-wise
+    own (mule_core/training/updates.py) when they hold the words, else over the rows `read` (row-wise
     updates: a row no batch read does not move) or every row. Nothing when no word trains."""
     pull = dense_tables.pull_loss() if dense_tables is not None else None
     if pull is not None:

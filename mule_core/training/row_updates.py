@@ -2,7 +2,7 @@
 
 On the real Multi30K text the word and n-gram tables hold 85 M of LP's parameters, and a
 batch reads a few thousand of their rows. Stepped densely (the default), every batch gives
-every row a gradient (mule_core/dense_tables.py builds it: the L2 pull toward the initial
+every row a gradient (mule_core/training/dense_tables.py builds it: the L2 pull toward the initial
 vector, plus the rows read), runs Adam over every row and averages every row into the
 weight average. With train.word_updates=rows:
 
