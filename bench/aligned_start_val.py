@@ -1,6 +1,6 @@
 """How an aligned start is chosen without reading a test split: each trained language of a
 model is taken out in turn and started again aligned from the others (as a language with
-no captions would be, tasks/shared/aligned_start.py), and its validation mR is read over
+no captions would be, words/aligned.py), and its validation mR is read over
 the validation photos. Prints one row per setting (the held-out languages' val mR and
 their mean), beside the trained branch's own val mR and chance.
 
@@ -29,7 +29,7 @@ from mule.mule_core.metrics import chance_table
 from mule.mule_core.model import MuleModel, with_added_language
 from mule.storage.workdir import Workdir
 from mule.tasks.extend import FIT_WORDS
-from mule.tasks.shared.aligned_start import aligned_start
+from mule.words.aligned import aligned_start
 
 
 def without(model: MuleModel, lang: str, cfg) -> MuleModel:

@@ -39,7 +39,7 @@ from mule.data_catalog.splits import translation_groups  # noqa: E402
 from mule.data_catalog.tables import Catalog  # noqa: E402
 from mule.mule_core.metrics import cross_lingual_recalls, translation_pair_recalls  # noqa: E402
 from mule.storage.workdir import Workdir  # noqa: E402
-from mule.tasks.shared import e5_vectors as e5  # noqa: E402
+from mule.words import encoder as e5  # noqa: E402
 
 
 def cached_e5(ordered: list[str], cache: Path, label: str) -> np.ndarray:

@@ -10,10 +10,10 @@ ranked against every held-out word's own vector (rank 1: its own is the nearest)
     python bench/unseen_words.py --lang es --words 50000 --held 5000 [--workdir W]
 
 With --workdir (a workdir whose train stage ran) the vectors are the ones an added
-language starts from (tasks/shared/aligned_start.py: each word its nearest trained words'
+language starts from (words/aligned.py: each word its nearest trained words'
 MULE features), not e5's own.
 
-Words are read by e5 once per machine (the user's cache: tasks/shared/e5_words.py).
+Words are read by e5 once per machine (the user's cache: words/vectors.py).
 """
 
 from __future__ import annotations
@@ -27,12 +27,13 @@ import torch
 from stage_times import cpu_model  # bench/ is on the path
 
 from mule.data_catalog.model_files import load_model
-from mule.mule_core.aligned_words import fit_ngram_means
 from mule.mule_core.subwords import NgramTable
 from mule.storage.workdir import Workdir
 from mule.tasks.extend import FIT_WORDS
-from mule.tasks.shared import e5_words
-from mule.tasks.shared.aligned_start import MEAN_WORDS, aligned_start, common_words
+from mule.words import vectors as e5_words
+from mule.words.aligned import aligned_start
+from mule.words.arithmetic import fit_ngram_means
+from mule.words.common import MEAN_WORDS, common_words
 
 
 def mean_table(index: torch.Tensor, targets: torch.Tensor, rows: int) -> torch.Tensor:

@@ -87,7 +87,7 @@ class TextConfig(model_settings.TextConfig):
     # captions, one language at a time) or "multilingual-e5" (each vocabulary word through
     # the bundled multilingual-e5-small, every language projected by one shared PCA to
     # word_dim: aligned across languages from the start; needs the e5 extra,
-    # tasks/shared/e5_vectors.py)
+    # words/encoder.py)
     init: str = "fasttext"
     fasttext_model: str = "skipgram"
     # fastText's own default. LP and joint training fine-tune the vectors: on the real
@@ -127,7 +127,7 @@ class TrainConfig(model_settings.TrainConfig):
     # How the added language's branch starts: "aligned" (its captions' words and wordfreq's
     # commonest add_words, each at the MULE feature of its nearest trained words by
     # multilingual-e5: it reads the language zero-shot, captions or not;
-    # tasks/shared/aligned_start.py) or "captions" (word vectors from the text stage, the FC
+    # words/aligned.py) or "captions" (word vectors from the text stage, the FC
     # random: what the paper does). 50,000 words: 26.8 held-out val mR against 23.7 for 20,000
     # and 18.4 for 5,000 (bench/aligned_start_val.py, docs/real-photos.md)
     add_start: str = "aligned"

@@ -17,6 +17,7 @@ import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
+from mule.storage.atomic import write_atomic
 from mule.storage.code_digests import cache_dir
 from mule.storage.workdir import sqlite_problem
 
@@ -24,17 +25,16 @@ log = logging.getLogger("mule.catalog")
 
 
 def copy_database(source: Path, dest: Path) -> None:
-    """An SQLite database copied whole (SQLite's backup: its WAL included), then renamed into place."""
-    tmp = dest.with_name(f".{dest.name}.copy-{os.getpid()}")
-    tmp.unlink(missing_ok=True)
-    try:
+    """An SQLite database copied whole (SQLite's backup: its WAL included), then renamed into
+    place (storage.atomic: the one writer of a file that takes another's place)."""
+
+    def copy(tmp: Path) -> None:
         with contextlib.closing(sqlite3.connect(f"{source.as_uri()}?mode=ro", uri=True)) as src, \
                 contextlib.closing(sqlite3.connect(tmp)) as out:  # fmt: skip
             src.backup(out)
             out.execute("PRAGMA journal_mode=DELETE")  # one file; the library sets its own mode when it opens it
-        os.replace(tmp, dest)
-    finally:
-        tmp.unlink(missing_ok=True)
+
+    write_atomic(dest, copy, crash_point=False)
 
 
 def from_template(dest: Path, name: str, make: Callable[[Path], None]) -> bool:

@@ -39,10 +39,10 @@ from mule.mule_core.training.joint import JointTrainer
 from mule.mule_core.training.lp import LPTrainer
 from mule.mule_core.vocabulary import Vocab, Vocabulary
 from mule.storage.content_digests import ids_digest
-from mule.tasks.shared.aligned_start import aligned_start
 from mule.tasks.shared.checkpoints import fit_checkpointed, history_records, snapshot
 from mule.tasks.shared.context import StageContext, logger
 from mule.tasks.shared.token_identity import caption_tokenizers
+from mule.words.aligned import aligned_start
 
 # Each trained language's commonest words: the keys a new language's words are read from.
 # Fewer, better-trained words beat more on the validation photos (1,000: 32.6 mR held out,

@@ -196,15 +196,16 @@ def vector_column(vectors: list[np.ndarray]) -> pa.Array:
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat.reshape(-1)))
 
 
-def multilingual_e5_lookups(vocabs: dict[str, list[str]], dim: int) -> dict[str, Any]:
+def multilingual_e5_lookups(vocabs: dict[str, list[str]], dim: int, tokenizers: dict[str, str]) -> dict[str, Any]:
     """word -> vector per language, from multilingual-e5 projected to `dim` (one shared
-    projection: the languages stay aligned)."""
-    from mule.tasks.shared import e5_vectors as e5
+    projection: the languages stay aligned; words/projection.py)."""
+    from mule.words.encoder import NAME
+    from mule.words.projection import aligned_word_vectors
 
     words = {lang: [w for w in vocab if w not in (PAD, UNK)] for lang, vocab in vocabs.items()}
-    logger().info("%s: %d words in %s, projected to %d dimensions", e5.NAME, sum(map(len, words.values())),
+    logger().info("%s: %d words in %s, projected to %d dimensions", NAME, sum(map(len, words.values())),
                   ", ".join(words), dim, extra=SHOWN)  # fmt: skip
-    vectors = e5.aligned_word_vectors(words, dim, lambda ws, lang: e5.embed(ws, f"e5 words ({lang})", logger=logger()))
+    vectors = aligned_word_vectors(words, dim, tokenizers, logger=logger())
     tables = {lang: dict(zip(words[lang], vectors[lang])) for lang in words}
     return {lang: table.get for lang, table in tables.items()}
 
@@ -224,9 +225,10 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     started = time.perf_counter()
     words = {lang: language_vocabulary(catalog, dataset, lang, cfg.data.captions) for lang in languages}
     from_e5 = [lang for lang in languages if lang not in t.vectors] if t.init == "multilingual-e5" else []
-    e5_lookups = multilingual_e5_lookups({lang: words[lang]["vocab"] for lang in from_e5}, t.word_dim) if from_e5 else {}
+    e5_lookups = multilingual_e5_lookups({lang: words[lang]["vocab"] for lang in from_e5}, t.word_dim,
+                                         t.tokenizers) if from_e5 else {}  # fmt: skip
     if from_e5:
-        from mule.tasks.shared.e5_vectors import encoder_version
+        from mule.words.encoder import encoder_version
 
         e5_origin = f"multilingual-e5:{encoder_version()}:pca{t.word_dim}"
     trained = [lang for lang in languages if lang not in t.vectors and lang not in e5_lookups]

@@ -35,10 +35,10 @@ from mule.mule_core.languages import language_pair
 from mule.mule_core.progress import SHOWN, Progress
 from mule.mule_core.tokenizers import tokenizer_names
 from mule.mule_core.vocabulary import tokenize
-from mule.mule_core.word_translation import WordTable, best_translations, ibm_model1
 from mule.storage.atomic import point
 from mule.tasks.shared.context import StageContext, logger
 from mule.tasks.shared.token_identity import caption_tokenizers
+from mule.words.tables import WordTable, best_translations, ibm_model1
 
 if TYPE_CHECKING:
     from mule.config.sections import MuleConfig
@@ -143,10 +143,11 @@ def induced_backend(cfg: MuleConfig, catalog: Catalog, pairs, required: bool = T
 
 def aligned_backend(cfg: MuleConfig, catalog: Catalog, pairs, captions: list[dict]) -> WordByWord:
     """Each source word (of the captions to translate) to its nearest target word by
-    multilingual-e5 (tasks/shared/aligned_start.py: word_table): the target's caption words
+    multilingual-e5 (words/aligned.py: word_table): the target's caption words
     and its commonest words. No parallel text and no lexicon, for any pair e5 reads."""
-    from mule.tasks.shared.aligned_start import common_words, word_table
-    from mule.tasks.shared.e5_vectors import encoder_version
+    from mule.words.common import common_words
+    from mule.words.encoder import encoder_version
+    from mule.words.tables import word_table
 
     words: dict[str, dict[str, None]] = {}
     for caption in captions:

@@ -1,10 +1,10 @@
-"""The arithmetic of an aligned start (mule_core/aligned_words.py), on cases checked by hand."""
+"""The arithmetic of an aligned start (words/arithmetic.py), on cases checked by hand."""
 
 import numpy as np
 import torch
 
-from mule.mule_core.aligned_words import fit_ngram_means, neighbour_mix
 from mule.mule_core.subwords import ngram_table
+from mule.words.arithmetic import fit_ngram_means, neighbour_mix
 
 
 def test_a_word_is_read_as_the_softmax_weighted_mean_of_its_nearest_keys_values():
@@ -41,7 +41,8 @@ def test_a_part_of_the_e5_word_cache_that_cannot_be_read_is_removed_said_and_rea
     """What a power cut leaves in the cache (an empty part, a truncated one, one of other
     content) is removed with one line each; the words of the good part come from it alone,
     and a word only a damaged part held is read again by the encoder."""
-    from mule.tasks.shared import e5_vectors, e5_words
+    from mule.words import encoder as e5_vectors
+    from mule.words import vectors as e5_words
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     folder = tmp_path / "mule" / f"e5-words-{e5_vectors.encoder_version().replace(' ', '-')}"

@@ -23,17 +23,19 @@ FLOORS = {
     "datasets": {"data_catalog", "generators", *_STORE},  # formats: readers and their registry, word-vector files
     "config": _DATA,  # the one typed config: its sections sit below every stage
     "clients": {"mule_core"},
+    # words across languages: e5's reader and cache, centres, translation tables, aligned starts
+    "words": _STORE,
     # the stages compute; they never publish (experiments) nor serve
-    "tasks": {"config", "clients", *_DATA},
+    "tasks": {"config", "clients", "words", *_DATA},
     "experiments": {"config", "stopping", *_DATA},
     # the front door: a trained model, from a workdir, a file or an MLflow URI
     "api": {"experiments", "config", *_DATA},
     # the model in use: never the stages, so never Prefect
     "serving": {"api", "experiments", "stopping", "config", *_DATA},
-    "pipeline": {"tasks", "serving", "api", "experiments", "clients", "stopping", "config", *_DATA},
-    "flows": {"pipeline", "serving", "api", "tasks", "experiments", "clients", "stopping", "config", *_DATA},
+    "pipeline": {"tasks", "serving", "api", "experiments", "clients", "stopping", "config", "words", *_DATA},
+    "flows": {"pipeline", "serving", "api", "tasks", "experiments", "clients", "stopping", "config", "words", *_DATA},
     # the command line: commands that run stages (through flows), and those that read
-    "commands": {"flows", "pipeline", "serving", "api", "experiments", "stopping", "config", *_DATA},
+    "commands": {"flows", "pipeline", "serving", "api", "experiments", "stopping", "config", "words", *_DATA},
 }
 
 

@@ -2,6 +2,5 @@
 training stages' checkpoints and records (checkpoints.py), how an image becomes a vector
 (extraction.py: its import closure is the features' identity), what must be in place
 before a stage's key is taken (preparation.py), the tokenisers' identities
-(token_identity.py), fastText in a process of its own (fasttext_worker.py), and
-multilingual-e5's sentence and word vectors with an added language's aligned start
-(e5_vectors.py, e5_words.py, aligned_start.py)."""
+(token_identity.py), fastText in a process of its own (fasttext_worker.py). Words across
+languages (multilingual-e5, aligned starts, translation tables) are a room of their own: words/."""

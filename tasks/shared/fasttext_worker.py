@@ -23,6 +23,8 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mule.storage.atomic import write_atomic
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -73,8 +75,14 @@ def train(directory: Path) -> None:
     grams = [ngram_row(model, g) for g in lines(directory / GRAMS)]
     for name, rows in ((WORD_ROWS, words), (GRAM_ROWS, grams)):
         table = np.stack(rows).astype(np.float32) if rows else np.zeros((0, settings["dim"]), np.float32)
-        np.save(directory / f"partial-{name}", table)
-        os.replace(directory / f"partial-{name}", directory / name)
+        write_atomic(directory / name, lambda tmp, table=table: _save(tmp, table), crash_point=False)
+
+
+def _save(tmp: Path, table) -> None:
+    import numpy as np
+
+    with open(tmp, "wb") as handle:  # a handle: np.save would add .npy to the temporary's name
+        np.save(handle, table)
 
 
 STOPS = {signal.SIGINT, signal.SIGTERM}

@@ -11,57 +11,29 @@ coordinates of its word vectors, and its FC into MULE starts by passing them on.
 Unseen words: the branch's character n-grams are fitted (ridge least squares,
 mule_core.aligned_words.fit_ngram_means) so that each word's mean of its n-grams is near its
 vector, so a word outside its vocabulary is composed among the words spelled like it; serving, `mule search`, the export and the ONNX text tower
-read any word that way. Words are read by e5 once per machine (tasks/shared/e5_words.py).
+read any word that way. Words are read by e5 once per machine (words/vectors.py).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from mule.mule_core.aligned_words import fit_ngram_means, nearest, neighbour_mix
 from mule.mule_core.errors import UserError
 from mule.mule_core.model import MuleModel
 from mule.mule_core.progress import SHOWN
 from mule.mule_core.subwords import ngram_table
-from mule.mule_core.tokenizers import tokenize
 from mule.mule_core.vocabulary import PAD, UNK, Vocab, Vocabulary
-from mule.tasks.shared import e5_words
-from mule.tasks.shared.context import logger
+from mule.words.arithmetic import fit_ngram_means, neighbour_mix
+from mule.words.common import centre_words, centred, common_words
+from mule.words.vectors import word_vectors
 
-MEAN_WORDS = 1000  # a language's commonest words: its centre in e5's space (comparable across languages)
 # Chosen on the validation photos by taking each trained language out in turn and starting it
 # again from the others (bench/aligned_start_val.py; docs/real-photos.md): 20 neighbours at 0.1
 NEIGHBOURS, TEMPERATURE = 20, 0.1
-
-
-class OpenWordsMissing(UserError, RuntimeError):
-    pass
-
-
-def common_words(lang: str, count: int, tokenizers: dict[str, str] | None = None) -> list[str]:
-    """The `count` commonest words of `lang` (wordfreq's list, read from the wheel: no
-    download), each as mule's tokeniser reads it: a word it splits in two is left out, so
-    every row is a word a caption can hold. [] for a language wordfreq does not list."""
-    if count <= 0:
-        return []
-    try:
-        import wordfreq
-    except ImportError:
-        raise OpenWordsMissing("wordfreq is not installed: pip install wordfreq (a language's common words, "
-                               "offline)") from None  # fmt: skip
-    from mule.mule_core.languages import base
-
-    if base(lang) not in wordfreq.available_languages():
-        return []
-    words = []
-    for word in wordfreq.top_n_list(base(lang), count):
-        tokens = tokenize(word, lang, tokenizers)
-        if len(tokens) == 1 and tokens[0] not in (PAD, UNK):
-            words.append(tokens[0])
-    return list(dict.fromkeys(words))
 
 
 @dataclass
@@ -93,7 +65,7 @@ def aligned_start(model: MuleModel, vocabulary: Vocabulary, lang: str, caption_w
     the keys (default: every other language of the model; a language added before is not one
     whose rows are ordered by how often its captions use them). `word_dim`: the branch's word
     width (default mule_dim: the MULE feature itself, nothing more)."""
-    log = logger()
+    log = logging.getLogger("mule.words")
     trained = [x for x in (keys_from or model.languages) if x != lang]
     mule_dim = next(iter(model.branches.values())).fc.out_features
     word_dim = word_dim or mule_dim
@@ -103,23 +75,21 @@ def aligned_start(model: MuleModel, vocabulary: Vocabulary, lang: str, caption_w
         raise UserError(f"no words to start {lang} from: it has no captions and wordfreq lists none of its words; "
                         "give it captions (data.extra_captions), or use train.add_start=captions")  # fmt: skip
     fitted = {x: vocabulary.vocabs[x].tokens[2 : 2 + fit_words] for x in trained}
-    centres = {x: common_words(x, MEAN_WORDS, tokenizers) for x in [*trained, lang]}
+    centres = {x: centre_words(x, tokenizers) for x in [*trained, lang]}
     log.info("%s: starting aligned with %s: %d words (%d from its captions, %d of wordfreq's commonest), each read "
              "as its %d nearest words of theirs (%s)", lang, ", ".join(trained), len(tokens) - 2, len(caption_words),
              len(common), neighbours, "+".join(str(len(w)) for w in fitted.values()), extra=SHOWN)  # fmt: skip
     every = list(dict.fromkeys([w for x in trained for w in fitted[x]] + [w for ws in centres.values() for w in ws]
                                + tokens[2:]))  # fmt: skip
-    read = dict(zip(every, e5_words.word_vectors(every, f"e5 words ({lang} and its base)", logger=log)))
+    read = dict(zip(every, word_vectors(every, f"e5 words ({lang} and its base)", logger=log)))
 
     def matrix(words: list[str]) -> np.ndarray:
         return np.stack([read[w] for w in words]) if words else np.zeros((0, 384), np.float32)
 
-    mean = {x: (matrix(centres[x]) if centres[x] else matrix(fitted.get(x, tokens[2:]))).mean(0, keepdims=True)
-            for x in [*trained, lang]}  # fmt: skip
     # each word's MULE feature: its nearest trained words' (in e5, each language centred), a translation by neighbours
-    keys = np.concatenate([matrix(fitted[x]) - mean[x] for x in trained])
+    keys = np.concatenate([centred(matrix(fitted[x]), matrix(centres[x])) for x in trained])
     features = np.concatenate([_mule_features(model, x, len(fitted[x])) for x in trained])
-    mixed = neighbour_mix(matrix(tokens[2:]) - mean[lang], keys, features, neighbours, temperature)
+    mixed = neighbour_mix(centred(matrix(tokens[2:]), matrix(centres[lang])), keys, features, neighbours, temperature)
     vectors, (weight, bias) = _carrying(mixed, word_dim)
     ngrams = None
     if vocabulary.ngram_lengths:
@@ -150,36 +120,3 @@ def _carrying(features: np.ndarray, word_dim: int) -> tuple[np.ndarray, tuple[np
     basis = axes[:word_dim].T.astype(np.float32)  # mule_dim x word_dim
     vectors[2:] = (features - centre) @ basis
     return vectors, (basis, centre.astype(np.float32))
-
-
-def word_table(words: list[str], lang: str, into: str, candidates: list[str],
-               tokenizers: dict[str, str] | None = None) -> dict[str, str]:  # fmt: skip
-    """A word table from `lang` into `into`: each of `words` to its nearest of `candidates`
-    by multilingual-e5 (each language centred on its commonest words, as the aligned start
-    reads them); what translation by nearest word is, for any two languages e5 reads."""
-    centres = {x: common_words(x, MEAN_WORDS, tokenizers) for x in (lang, into)}
-    candidates = _of_the_language(candidates, into, lang)
-    every = list(dict.fromkeys([*words, *candidates, *centres[lang], *centres[into]]))
-    read = dict(zip(every, e5_words.word_vectors(every, f"e5 words ({lang}, {into})", logger=logger())))
-
-    def centred(ws: list[str], x: str) -> np.ndarray:
-        own = np.stack([read[w] for w in ws])
-        centre = np.stack([read[w] for w in centres[x]]).mean(0) if centres[x] else own.mean(0)
-        return own - centre
-
-    index, _ = nearest(centred(words, lang), centred(candidates, into))
-    return {word: candidates[i] for word, i in zip(words, index)}
-
-
-def _of_the_language(candidates: list[str], lang: str, other: str) -> list[str]:
-    """The candidates that are `lang`'s words rather than `other`'s: wordfreq's lists are read
-    off the web, where a Spanish page quotes English ("man", "dog"), so a word more frequent
-    in `other` than in `lang` is a borrowing, not a translation (a translation by nearest
-    word would otherwise keep every word as it is)."""
-    import wordfreq
-
-    from mule.mule_core.languages import base
-
-    mine, theirs = (wordfreq.get_frequency_dict(base(x)) if base(x) in wordfreq.available_languages() else {}
-                    for x in (lang, other))  # fmt: skip
-    return [w for w in candidates if mine.get(w, 0.0) >= theirs.get(w, 0.0)]

@@ -1,6 +1,6 @@
 """A language's branch started aligned with a trained model's, from a multilingual encoder's
 word vectors: the arithmetic (numpy and torch only; where the vectors come from is the
-caller's: tasks/shared/aligned_start.py).
+caller's: words/aligned.py).
 
     features = neighbour_mix(new_words, trained_words, their_mule_features)  # a translation by neighbours
     ngrams = fit_ngram_means(index, vectors, rows)   # so an unseen word composes among those spelled like it

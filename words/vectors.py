@@ -4,7 +4,7 @@ machine.
 A word's vector depends on the encoder alone (not on its language, dataset or model), so
 it is kept in the user's cache (`~/.cache/mule/e5-words-<encoder>/`, float16 parts of the
 words read together, written atomically) and a word read before costs nothing: about 250
-words a second on 2 cores the first time (tasks/shared/e5_vectors.py: embed), a
+words a second on 2 cores the first time (words/encoder.py: embed), a
 millisecond a thousand words after. A part that cannot be read is removed and its words
 read again.
 """
@@ -12,7 +12,6 @@ read again.
 from __future__ import annotations
 
 import logging
-import os
 import time
 import uuid
 import zipfile
@@ -22,8 +21,9 @@ from pathlib import Path
 import numpy as np
 
 from mule.mule_core.progress import Progress
+from mule.storage.atomic import write_atomic
 from mule.storage.code_digests import cache_dir
-from mule.tasks.shared import e5_vectors
+from mule.words import encoder
 
 PART = 2048  # words read and kept together
 
@@ -31,13 +31,13 @@ PART = 2048  # words read and kept together
 def word_vectors(words: Sequence[str], label: str = "e5 words", logger=None) -> np.ndarray:
     """One L2-normalised row per word (as the cache holds it: float16 precision, so a word
     read now and one read from the cache are the same vector)."""
-    folder = cache_dir() / f"e5-words-{e5_vectors.encoder_version().replace(' ', '-')}"
+    folder = cache_dir() / f"e5-words-{encoder.encoder_version().replace(' ', '-')}"
     known = _cached(folder, logger)
     wanted = list(dict.fromkeys(w for w in words if w not in known))
-    progress = Progress(f"{label}: {e5_vectors.NAME}", len(wanted), "words", logger=logger)
+    progress = Progress(f"{label}: {encoder.NAME}", len(wanted), "words", logger=logger)
     for start in range(0, len(wanted), PART):  # kept part by part: a stop loses one part at most
         chunk = wanted[start : start + PART]
-        fresh = np.concatenate([np.atleast_2d(e5_vectors.load_encoder().query(chunk[i : i + 512]))
+        fresh = np.concatenate([np.atleast_2d(encoder.load_encoder().query(chunk[i : i + 512]))
                                 for i in range(0, len(chunk), 512)]).astype(np.float16)  # fmt: skip
         _write_part(folder, chunk, fresh)
         known.update(zip(chunk, fresh.astype(np.float32)))
@@ -73,10 +73,14 @@ def _cached(folder: Path, logger=None) -> dict[str, np.ndarray]:
 
 
 def _write_part(folder: Path, words: list[str], vectors: np.ndarray) -> None:
+    """A part of the cache, written atomically (storage.atomic); a cache that cannot be
+    written (read-only, full): the words are read again next time."""
+
+    def save(tmp: Path) -> None:
+        with open(tmp, "wb") as handle:  # a handle: np.savez would add .npz to the temporary's name
+            np.savez(handle, words=np.array(words), vectors=vectors)
+
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".part-{uuid.uuid4().hex}.tmp.npz"
-        np.savez(tmp, words=np.array(words), vectors=vectors)
-        os.replace(tmp, folder / f"part-{time.time_ns()}-{uuid.uuid4().hex[:8]}.npz")
-    except OSError:  # a cache that cannot be written: the words are read again next time
+        write_atomic(folder / f"part-{time.time_ns()}-{uuid.uuid4().hex[:8]}.npz", save, crash_point=False)
+    except OSError:
         pass

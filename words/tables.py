@@ -9,10 +9,15 @@ results.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from mule.words.arithmetic import nearest
+from mule.words.common import centre_words, centred, of_the_language
+from mule.words.vectors import word_vectors
 
 NULL = "<null>"  # the empty source word: target words that translate nothing align to it
 
@@ -80,3 +85,20 @@ def best_translations(table: dict[tuple[str, str], float], min_probability: floa
         if source != NULL and (source not in best or p > best[source][0]):
             best[source] = (p, target)
     return WordTable({s: t for s, (p, t) in best.items() if p >= min_probability})
+
+
+def word_table(words: list[str], lang: str, into: str, candidates: list[str],
+               tokenizers: dict[str, str] | None = None) -> dict[str, str]:  # fmt: skip
+    """A word table from `lang` into `into`: each of `words` to its nearest of `candidates`
+    by multilingual-e5 (each language centred on its commonest words, as the aligned start
+    reads them); what translation by nearest word is, for any two languages e5 reads."""
+    centres = {x: centre_words(x, tokenizers) for x in (lang, into)}
+    candidates = of_the_language(candidates, into, lang)
+    every = list(dict.fromkeys([*words, *candidates, *centres[lang], *centres[into]]))
+    read = dict(zip(every, word_vectors(every, f"e5 words ({lang}, {into})", logger=logging.getLogger("mule.words"))))
+
+    def rows(ws: list[str]) -> np.ndarray:
+        return np.stack([read[w] for w in ws]) if ws else None
+
+    index, _ = nearest(centred(rows(words), rows(centres[lang])), centred(rows(candidates), rows(centres[into])))
+    return {word: candidates[i] for word, i in zip(words, index)}
