@@ -11,7 +11,7 @@ row), the zero-shot peer and chance; then the curve of test mR against captions.
 
 W is the workdir `mule run all` made over the real photos (its `--base-model` trained).
 Each point is one `mule run add-language --lang X --captions X=<file> ...
---set train.base_model=BASE --set train.seed=N`: nothing of the base is retrained, its
+--set add.base_model=BASE --set train.seed=N`: nothing of the base is retrained, its
 languages stay bit-identical, and the test captions (xFlickr&CO's test.jsonl) join
 test_2016's photos. `--together es,id,ja,ru,zh` adds them all to one model in one command
 (at the largest size) and prints its table. Each run's log is in the output folder; a
@@ -46,7 +46,7 @@ def add(args, langs: list[str], n: int, log: Path) -> dict:
     languages (evaluation.json), and its translated-query row (translated_queries.json)."""
     command = [sys.executable, "-m", "mule.commands.main", "run", "add-language", "--lang", ",".join(langs),
                "--workdir", args.workdir, "--dataset", args.dataset, "--source", args.source, "--images", args.images,
-               "--set", f"train.base_model={args.base_model}", "--set", f"train.seed={args.seed}",
+               "--set", f"add.base_model={args.base_model}", "--set", f"train.seed={args.seed}",
                *(a for lang in langs for a in captions(args, lang, n)), *(a for kv in args.sets for a in ("--set", kv))]  # fmt: skip
     started = time.perf_counter()
     with log.open("w") as out:
@@ -118,7 +118,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="train.seed of the additions (the base's own seed)")
     parser.add_argument("--together", help="languages added to one model in one command, at the largest size")
     parser.add_argument("--set", action="append", default=[], dest="sets", metavar="KEY=VALUE",
-                        help="passed to every `mule run add-language` (train.add_start=captions: the paper's start)")
+                        help="passed to every `mule run add-language` (add.start=captions: the paper's start)")
     parser.add_argument("--peer", help="bench/peer_xflickrco.py --out JSON: the zero-shot peer's lines")
     parser.add_argument("--out", required=True)
     parser.add_argument("--replot", action="store_true", help="no runs: the table and plot of --out's curve.json")

@@ -119,11 +119,11 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run some stages: " + ", ".join(ALL) + " (or all)",
                          description=_stages_description(), formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("stages", nargs="+", metavar="STAGE")
-    run.add_argument("--lang", help="add-language: the language(s) to add, in order: es, or es,ja (train.add_language)")
+    run.add_argument("--lang", help="add-language: the language(s) to add, in order: es, or es,ja (add.languages)")
     run.add_argument("--captions", action="append", default=[], metavar="[LANG=]FILE",
                      help="add-language: a table of the added language's captions of the dataset's images (CSV, "
                           "TSV, JSON Lines or Parquet: image, caption[, lang][, split]); repeatable "
-                          "(train.add_captions)")  # fmt: skip
+                          "(add.captions)")  # fmt: skip
     _common(run)
     _force(run)
     _sequential(run)
@@ -280,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
 def overrides_from(args: argparse.Namespace) -> dict[str, str]:
     overrides = parse_assignments(args.assignments)
     for option, key in (("dataset", "data.dataset"), ("source", "data.source"), ("images", "data.images"),
-                        ("lang", "train.add_language")):  # fmt: skip
+                        ("lang", "add.languages")):  # fmt: skip
         value = getattr(args, option, None)
         if value:
             overrides[key] = value
@@ -288,7 +288,7 @@ def overrides_from(args: argparse.Namespace) -> dict[str, str]:
         from mule.config.sections import caption_file
 
         given = [caption_file(item) for item in args.captions]
-        overrides["train.add_captions"] = ",".join(f"{lang}={Path(path).expanduser().resolve()}" if lang
+        overrides["add.captions"] = ",".join(f"{lang}={Path(path).expanduser().resolve()}" if lang
                                                    else str(Path(path).expanduser().resolve()) for lang, path in given)  # fmt: skip
     return overrides
 

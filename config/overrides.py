@@ -5,6 +5,7 @@ valid ones, and a config as a dict and back (what a model file stores)."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import typing
 from typing import Any
 
@@ -81,7 +82,7 @@ def index_section(overrides: dict[str, Any]) -> IndexConfig:
 
 def apply_overrides(cfg: MuleConfig, overrides: dict[str, Any] | None) -> MuleConfig:
     cfg = dataclasses.replace(cfg, **{s: dataclasses.replace(getattr(cfg, s)) for s in SECTIONS})
-    for key, value in (overrides or {}).items():
+    for key, value in renamed(overrides or {}).items():
         section, _, name = key.partition(".")
         if section not in SECTIONS or not name:
             raise ConfigError(f"unknown config option {key!r}; options are: {', '.join(option_names())}")
@@ -115,6 +116,30 @@ RETIRED_OPTIONS = {
     "loss.warmup_epochs",  # now loss.mining_warmup_steps (schedules count steps: one config for every size)
     "train.reuse",  # a model is reused when the train stage's key is unchanged (pipeline.decisions), never by a flag
 }
+
+
+# Options renamed: the old name is read as the new one, said once a process (a preset, a
+# saved deployment or a stored config written with it still runs)
+RENAMED_OPTIONS = {"train.add_language": "add.languages", "train.base_model": "add.base_model",
+                   "train.add_captions": "add.captions", "train.add_start": "add.start",
+                   "train.add_words": "add.words"}  # fmt: skip
+_said_renamed: set[str] = set()
+
+
+def renamed(overrides: dict[str, Any]) -> dict[str, Any]:
+    """The overrides with renamed options under their new names (the new name wins where
+    both are given), each old name said once."""
+    out = {}
+    for key, value in overrides.items():
+        new = RENAMED_OPTIONS.get(key)
+        if new is None:
+            out[key] = value
+            continue
+        if key not in _said_renamed:
+            _said_renamed.add(key)
+            logging.getLogger("mule.config").warning("%s is now %s: read as it (write %s=...)", key, new, new)
+        out.setdefault(new, value)
+    return out
 
 
 # Options added later whose default changed what a model is: a stored config without them

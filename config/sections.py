@@ -107,36 +107,40 @@ class TextConfig(model_settings.TextConfig):
 
 @dataclass
 class TrainConfig(model_settings.TrainConfig):
-    """Training's settings are the model library's; which model file a run trains, and
-    which language it adds to which model, are the pipeline's."""
+    """Training's settings are the model library's; which model file a run trains is the pipeline's."""
 
     model_name: str = "model"  # models/<dataset>/<model_name>.pt; the ablation trains several
-    # Add these languages to a trained model, in order ("es" or "es,ja"): only each one's word
-    # embeddings and MULE FC train (LP, then NC + the image-sentence loss), the shared model
-    # and the other languages stay bit-identical. A language the dataset's languages lack
-    # (data.languages) is added to train.base_model, else to the rebuild's model
-    # (train.model_name), nothing retrained: from zero captions, from the dataset's own
-    # captions in it, or from add_captions (pipeline/sweeps.py). One language of
-    # data.languages with no base_model is the study: add-language trains without-<lang>,
-    # adds it, and to compare, every language from scratch
-    add_language: str = ""
+
+
+@dataclass
+class AddConfig:
+    """`mule run add-language`: the languages added to a trained model, the model, their
+    captions and how a branch starts (pipeline/sweeps.py, tasks/extend.py)."""
+
+    # The languages added, in order ("es" or "es,ja"): only each one's word embeddings and
+    # MULE FC train (LP, then NC + the image-sentence loss), the shared model and the other
+    # languages stay bit-identical. A language the dataset's languages lack (data.languages)
+    # is added to base_model, else to the rebuild's model (train.model_name), nothing
+    # retrained: from zero captions, from the dataset's own captions in it, or from
+    # `captions`. One language of data.languages with no base_model is the study: trained
+    # without it, added, and to compare, every language from scratch
+    languages: str = ""
     base_model: str = ""
     # Tables of the added languages' captions of the dataset's images (`--captions FILE`, or
     # `--captions es=FILE` for one language): datasets/readers/added_captions.py
-    add_captions: tuple[str, ...] = ()
-    # How the added language's branch starts: "aligned" (its captions' words and wordfreq's
-    # commonest add_words, each at the MULE feature of its nearest trained words by
-    # multilingual-e5: it reads the language zero-shot, captions or not;
-    # words/aligned.py) or "captions" (word vectors from the text stage, the FC
-    # random: what the paper does). 50,000 words: 26.8 held-out val mR against 23.7 for 20,000
-    # and 18.4 for 5,000 (bench/aligned_start_val.py, docs/real-photos.md)
-    add_start: str = "aligned"
-    add_words: int = 50000
+    captions: tuple[str, ...] = ()
+    # How a branch starts: "aligned" (its captions' words and wordfreq's commonest `words`,
+    # each at the MULE feature of its nearest trained words by multilingual-e5: it reads the
+    # language zero-shot, captions or not; words/aligned.py) or "captions" (word vectors from
+    # the text stage, the FC random: what the paper does). 50,000 words: 26.8 held-out val mR
+    # against 23.7 for 20,000 and 18.4 for 5,000 (bench/aligned_start_val.py, docs/real-photos.md)
+    start: str = "aligned"
+    words: int = 50000
 
     @property
     def added(self) -> tuple[str, ...]:
-        """The languages add_language names, in order."""
-        return tuple(x.strip() for x in self.add_language.split(",") if x.strip())
+        """The languages `languages` names, in order."""
+        return tuple(x.strip() for x in self.languages.split(",") if x.strip())
 
     @property
     def adding(self) -> str:
@@ -160,9 +164,9 @@ class TrainConfig(model_settings.TrainConfig):
         return self.root_model + "".join(f"+{lang}" for lang in self.added)
 
     def caption_files(self, lang: str) -> list[str]:
-        """The add_captions tables a language reads: those given for it (es=FILE) and those
+        """The `captions` tables a language reads: those given for it (es=FILE) and those
         given for none (FILE: its rows in `lang`, by their lang column)."""
-        return [path for given, path in map(caption_file, self.add_captions) if given in ("", lang)]
+        return [path for given, path in map(caption_file, self.captions) if given in ("", lang)]
 
 
 def caption_file(item: str) -> tuple[str, str]:
@@ -228,6 +232,7 @@ class MuleConfig:
     loss: LossConfig = field(default_factory=LossConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+    add: AddConfig = field(default_factory=AddConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     index: IndexConfig = field(default_factory=IndexConfig)
     translate: TranslateConfig = field(default_factory=TranslateConfig)

@@ -14,8 +14,8 @@ def validate(cfg: MuleConfig) -> None:
     try:  # names that become paths inside the workdir
         check_name(cfg.data.dataset, "data.dataset")
         check_name(cfg.train.model_name, "train.model_name", MODEL_FOLDERS)
-        if cfg.train.base_model:
-            check_name(cfg.train.base_model, "train.base_model", MODEL_FOLDERS)
+        if cfg.add.base_model:
+            check_name(cfg.add.base_model, "add.base_model", MODEL_FOLDERS)
     except BadNameError as error:
         raise ConfigError(str(error)) from None
     f = cfg.features
@@ -100,35 +100,35 @@ def validate(cfg: MuleConfig) -> None:
     ):
         if value < 1:
             raise ConfigError(f"{key} must be at least 1, got {value}")
-    added = cfg.train.added
+    added = cfg.add.added
     for lang in added:
         try:
             code = language_code(lang)
         except ValueError as error:
-            raise ConfigError(f"train.add_language: {error}") from None
+            raise ConfigError(f"add.languages: {error}") from None
         if code != lang:
-            raise ConfigError(f"train.add_language: write {lang!r} as {code!r}")
+            raise ConfigError(f"add.languages: write {lang!r} as {code!r}")
     if len(set(added)) < len(added):
-        raise ConfigError(f"train.add_language={cfg.train.add_language!r} names a language twice")
-    for item in cfg.train.add_captions:
+        raise ConfigError(f"add.languages={cfg.add.languages!r} names a language twice")
+    for item in cfg.add.captions:
         given, path = caption_file(item)
         if not path:
-            raise ConfigError(f"train.add_captions: {item!r} names no file (FILE, or LANG=FILE)")
+            raise ConfigError(f"add.captions: {item!r} names no file (FILE, or LANG=FILE)")
         if given and given not in added:
-            raise ConfigError(f"train.add_captions: {item!r} is for {given}, which train.add_language "
-                              f"({cfg.train.add_language or 'empty'}) does not add")  # fmt: skip
-    if cfg.train.add_captions and not added:
-        raise ConfigError("train.add_captions (--captions) gives captions of a language to add: name it with "
-                          "train.add_language (mule run add-language --lang es --captions FILE)")  # fmt: skip
-    if cfg.train.add_language and cfg.model.sharing != "mule":
+            raise ConfigError(f"add.captions: {item!r} is for {given}, which add.languages "
+                              f"({cfg.add.languages or 'empty'}) does not add")  # fmt: skip
+    if cfg.add.captions and not added:
+        raise ConfigError("add.captions (--captions) gives captions of a language to add: name it with "
+                          "add.languages (mule run add-language --lang es --captions FILE)")  # fmt: skip
+    if cfg.add.languages and cfg.model.sharing != "mule":
         raise ConfigError(
-            "train.add_language needs model.sharing=mule: a language is added through its own MULE branch"
+            "add.languages needs model.sharing=mule: a language is added through its own MULE branch"
         )
     tr = cfg.train
-    if tr.add_start not in ("aligned", "captions"):
-        raise ConfigError(f"train.add_start must be aligned or captions, got {tr.add_start!r}")
-    if tr.add_words < 0:
-        raise ConfigError(f"train.add_words must be 0 or more, got {tr.add_words}")
+    if cfg.add.start not in ("aligned", "captions"):
+        raise ConfigError(f"add.start must be aligned or captions, got {cfg.add.start!r}")
+    if cfg.add.words < 0:
+        raise ConfigError(f"add.words must be 0 or more, got {cfg.add.words}")
     if tr.divergence not in ("rollback", "stop", "warn", "off"):
         raise ConfigError(f"train.divergence must be rollback, stop, warn or off, got {tr.divergence!r}")
     if tr.word_updates not in ("rows", "dense"):

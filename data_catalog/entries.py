@@ -78,15 +78,15 @@ def _weights(wd: Workdir, catalog: Catalog, cfg) -> list[Path]:
 
 
 def _base_model(wd: Workdir, catalog: Catalog, cfg) -> list[Path]:
-    """The model the extend step adds train.add_language's last language to: train.base_model
+    """The model the extend step adds add.languages's last language to: add.base_model
     (default without-<language>) with the languages named before it."""
-    return [wd.model_path(cfg.data.dataset, cfg.train.extended_model)] if cfg.train.added else []
+    return [wd.model_path(cfg.data.dataset, cfg.add.extended_model)] if cfg.add.added else []
 
 
 def added_from_tables(cfg) -> list[str]:
     """The languages add_language names that the dataset's captions lack (data.languages):
     their captions are in tables of their own (data_catalog.queries.added_dataset)."""
-    return [lang for lang in cfg.train.added if lang not in cfg.data.languages]
+    return [lang for lang in cfg.add.added if lang not in cfg.data.languages]
 
 
 def _added(kind: str, every: bool = False) -> Callable:
@@ -95,15 +95,15 @@ def _added(kind: str, every: bool = False) -> Callable:
     def locate(wd: Workdir, catalog: Catalog, cfg) -> list[Path]:
         from mule.data_catalog.queries import added_dataset
 
-        langs = added_from_tables(cfg) if every else [x for x in added_from_tables(cfg) if x == cfg.train.adding]
+        langs = added_from_tables(cfg) if every else [x for x in added_from_tables(cfg) if x == cfg.add.adding]
         return [wd.table_path(kind, added_dataset(cfg.data.dataset, lang)) for lang in langs]
 
     return locate
 
 
 def _caption_files(wd: Workdir, catalog: Catalog, cfg) -> list[Path]:
-    """The tables of the language being added that train.add_captions names (their content, not their path)."""
-    return [Path(p).expanduser().resolve() for p in cfg.train.caption_files(cfg.train.adding)] if cfg.train.added else []
+    """The tables of the language being added that add.captions names (their content, not their path)."""
+    return [Path(p).expanduser().resolve() for p in cfg.add.caption_files(cfg.add.adding)] if cfg.add.added else []
 
 
 def _raw_files(wd: Workdir, catalog: Catalog, cfg) -> list[Path]:

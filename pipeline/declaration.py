@@ -41,23 +41,23 @@ def _lexicon_backend(cfg) -> bool:
 
 def _from_text_stage(cfg) -> bool:
     """An added language starts from the text stage's word vectors (the paper's start)."""
-    return cfg.train.add_start == "captions"
+    return cfg.add.start == "captions"
 
 
 def _added_from_tables(cfg) -> bool:
     """The language being added is not one of the dataset's (its captions are in a table of their own)."""
-    return bool(cfg.train.adding) and cfg.train.adding not in cfg.data.languages
+    return bool(cfg.add.adding) and cfg.add.adding not in cfg.data.languages
 
 
 def _any_added_from_tables(cfg) -> bool:
-    return any(lang not in cfg.data.languages for lang in cfg.train.added)
+    return any(lang not in cfg.data.languages for lang in cfg.add.added)
 
 
 def adds_to_a_trained_model(cfg) -> bool:
-    """add-language adds its languages to a model trained before (train.base_model, else the
+    """add-language adds its languages to a model trained before (add.base_model, else the
     rebuild's train.model_name), training nothing else; False for the study of one language of
     data.languages (trained without it, added, and every language from scratch)."""
-    return bool(cfg.train.base_model) or _any_added_from_tables(cfg) or len(cfg.train.added) > 1
+    return bool(cfg.add.base_model) or _any_added_from_tables(cfg) or len(cfg.add.added) > 1
 
 
 def add_language_upstream(cfg, stages: list[str]) -> list[str]:
@@ -182,13 +182,12 @@ _WHERE = ("data.source", "data.images", "data.dictionaries")
 # image-sentence loss; the names of trained models.
 _NOT_LP = frozenset({"train.epochs", "train.lr", "train.lr_decay", "train.decay_steps", "train.warmup_steps",
                      "train.ema", "train.batch_images", "train.sentences_per_image_many", "train.model_name",
-                     "train.add_language", "train.base_model", "train.add_start", "train.add_words", "train.add_captions",
                      "loss.match_weight",
                      "loss.nc", "loss.nc_weight"})  # fmt: skip
 _MT = Read("mt captions", _uses_mt, "data.captions uses MT")
 _ADDED = Read("added captions", _added_from_tables, "the language added is not in data.languages")
 _EVERY_ADDED = Read("added languages' captions", _any_added_from_tables,
-                    "train.add_language names languages outside data.languages")  # fmt: skip
+                    "add.languages names languages outside data.languages")  # fmt: skip
 _LP = Read("LP model", _lp_on, "pretrain.enabled")
 _PUBLISH = "mule.pipeline.publish:"
 
@@ -230,15 +229,14 @@ STAGES: tuple[Stage, ...] = (
           reads=("captions", _MT, "word vectors", "images", "features", _LP), slot="model",
           config=(*_TRAINING, "data.dataset", "data.languages", "data.captions", "text.max_tokens", "text.tokenizers", "eval.ks",
                   *_FEATURE_IDENTITY),
-          operational=_PLACEMENT, ignores=frozenset({"train.add_language", "train.base_model", "train.add_start", "train.add_words",
-                                                     "train.add_captions"}), threaded=True, resumes="its checkpoint of the last finished epoch"),
+          operational=_PLACEMENT, threaded=True, resumes="its checkpoint of the last finished epoch"),
     Stage("evaluate", "Recall table per language on the test split, cross-lingual retrieval, figures.",
           task="mule.tasks.evaluate:compute", publish=_PUBLISH + "evaluate",
           # the LP model is what a dataset without images is evaluated with
           reads=("captions", "images", "features", "model", _LP, _EVERY_ADDED), slot="model",
           config=("eval.", "data.dataset", "train.model_name", "data.train_images", "data.val_images",
                   "data.test_images", "data.seed", "data.image_size", "data.source", "train.device",
-                  "train.add_language", "data.languages"),
+                  "add.languages", "data.languages"),
           operational=frozenset({"train.device"}), presence=frozenset({"data.source"})),
     Stage("index", "The gallery's approximate index (FAISS HNSW or IVF, 8-bit) over the model's image vectors, for mule serve.",
           task="mule.tasks.index:compute", publish=_PUBLISH + "index",
@@ -248,32 +246,32 @@ STAGES: tuple[Stage, ...] = (
           "files, data.extra_captions, --captions tables), in a table of their own (add-language's step).",
           task="mule.tasks.language_captions:compute", publish=_PUBLISH + "language_captions", kind="step",
           reads=("raw files", "images", "caption files"), slot="added captions",
-          config=("data.", "text.tokenizers", "train.add_language", "train.add_captions"),
+          config=("data.", "text.tokenizers", "add.languages", "add.captions"),
           operational=frozenset({"data.source", "data.images", "data.dictionaries", "data.extra_captions",
-                                 "train.add_captions"}),
+                                 "add.captions"}),
           ignores=frozenset({"data.captions", "data.languages", "data.train_images", "data.val_images",
                              "data.test_images", "data.image_size"})),
     Stage("extend", "Trains a new language's branch onto a frozen trained model (add-language's step).",
           task="mule.tasks.extend:compute", publish=_PUBLISH + "extend", kind="step",
-          reads=("captions", _MT, Read("word vectors", _from_text_stage, "train.add_start=captions"), "images",
+          reads=("captions", _MT, Read("word vectors", _from_text_stage, "add.start=captions"), "images",
                  "features", "base model", _ADDED),
           slot="model",
-          config=(*_TRAINING, "data.dataset", "data.languages", "data.captions", "text.tokenizers", "eval.ks", "eval.split",
-                  *_FEATURE_IDENTITY),
-          operational=_PLACEMENT, ignores=frozenset({"train.add_captions"}), threaded=True,
+          config=(*_TRAINING, "add.", "data.dataset", "data.languages", "data.captions", "text.tokenizers", "eval.ks",
+                  "eval.split", *_FEATURE_IDENTITY),
+          operational=_PLACEMENT, ignores=frozenset({"add.captions"}), threaded=True,
           resumes="its checkpoints of the last finished epoch (LP, then joint training)"),
     Stage("query-translation", "A model's English branch searched with other languages' queries translated word by word "
           "(a lexicon, else induced from translated captions, else aligned by multilingual-e5).",
           task="mule.tasks.query_translation:compute", publish=_PUBLISH + "query_translation",
           kind="step", reads=("captions", "word vectors", "images", "features", "model", "lexicons", _EVERY_ADDED),
           slot="model",
-          config=("eval.", "data.dataset", "data.languages", "train.model_name", "train.device", "train.add_language",
+          config=("eval.", "data.dataset", "data.languages", "train.model_name", "train.device", "add.languages",
                   "translate.induced_iterations", "text.tokenizers", *_WHERE),
           operational=frozenset({"train.device"}) | frozenset(_WHERE)),
     Stage("ablation", "Baselines and MULE's parts (the paper's Table 2), one child run per model.",
           task=None, kind="sweep", sweep="mule.pipeline.sweeps:ABLATION",
           steps=("pretrain", "train", "evaluate", "query-translation"), resumes="the variants finished"),
-    Stage("add-language", "Adds train.add_language's languages to a trained model (from zero captions, the "
+    Stage("add-language", "Adds add.languages to a trained model (from zero captions, the "
           "dataset's, or --captions tables), or studies one: trained without it, added, and from scratch.",
           task=None, kind="sweep", sweep="mule.pipeline.sweeps:ADD_LANGUAGE",
           steps=("pretrain", "train", "language-captions", "extend", "evaluate", "query-translation"),

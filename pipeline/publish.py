@@ -200,7 +200,7 @@ def evaluate(wd: Workdir, cfg: MuleConfig, result: dict, run_id: str | None) -> 
         return {}
     if cfg.train.model_name == "model":
         trained = decisions.read_record(wd, cfg, "train")
-    elif cfg.train.added and adds_to_a_trained_model(cfg) and cfg.train.model_name == cfg.train.added_model:
+    elif cfg.add.added and adds_to_a_trained_model(cfg) and cfg.train.model_name == cfg.add.added_model:
         trained = decisions.read_record(wd, cfg, "extend")  # a language added to a trained model: registered too
     else:
         return {}
@@ -319,8 +319,8 @@ def add_language_report(wd: Workdir, cfg: MuleConfig, lang: str, rows: dict, run
     for label, row in rows.items():
         table, trained = row["evaluation"]["table"], row["train"]
         cells = [f"{table[x]['mR']:.1f}" if x in table else "–" for x in languages]
-        if trained is None:  # train.base_model: a model trained before, measured as it is
-            lines.append(f"| {label} ({cfg.train.base_model}, trained before) | {' | '.join(cells)} | – | – |")
+        if trained is None:  # add.base_model: a model trained before, measured as it is
+            lines.append(f"| {label} ({cfg.add.base_model}, trained before) | {' | '.join(cells)} | – | – |")
             continue
         parameters = trained.get("trainable_parameters") or trained["parameters"]["total"]
         seconds = "reused" if trained.get("reused") else trained.get("seconds", "")
@@ -361,7 +361,7 @@ def added_languages_report(wd: Workdir, cfg: MuleConfig, base: dict, final: dict
     if translated and len(translated["table"]) > 1:  # the added languages' queries, by a dictionary instead
         row = translated["table"]
         lines.append(f"| {base_name}'s English branch, queries translated into en word by word | " + " | ".join(
-            f"{row[x]['mR']:.1f}" if x in row and x in cfg.train.added else "–" for x in languages) + " |")  # fmt: skip
+            f"{row[x]['mR']:.1f}" if x in row and x in cfg.add.added else "–" for x in languages) + " |")  # fmt: skip
     chance = {**base.get("chance", {}), **final.get("chance", {})}
     if chance:
         lines.append("| chance (a random ranking) | " + " | ".join(f"{chance[x]['mR']:.1f}" if x in chance else "–"
@@ -386,13 +386,13 @@ def added_languages_report(wd: Workdir, cfg: MuleConfig, base: dict, final: dict
     if untested:
         markdown += (f"\n{', '.join(untested)}: no test captions, so no test figure (the model reads "
                      f"{'them' if len(untested) > 1 else 'it'}: mule search, mule serve).\n")  # fmt: skip
-    out = wd.results_dir(cfg.data.dataset) / f"add-language-{'-'.join(cfg.train.added)}.md"
+    out = wd.results_dir(cfg.data.dataset) / f"add-language-{'-'.join(cfg.add.added)}.md"
     write_text_atomic(markdown, out)
     Tracker(wd, run_id).artifact(out)
-    logging.getLogger("mule.pipeline").info("adding %s (test mR per language):\n%s", cfg.train.add_language, markdown)
+    logging.getLogger("mule.pipeline").info("adding %s (test mR per language):\n%s", cfg.add.languages, markdown)
     rows = {base_name: base["table"], final_name: final["table"]}
     if translated:
-        rows["translated queries"] = {x: row for x, row in translated["table"].items() if x in cfg.train.added}
+        rows["translated queries"] = {x: row for x, row in translated["table"].items() if x in cfg.add.added}
     return {"rows": rows, "markdown": markdown, "report": str(out),
             "model": final_name, "existing_languages_max_change": max(
                 (steps["extend"]["existing_languages_max_change"] for steps in added.values()), default=0.0)}  # fmt: skip

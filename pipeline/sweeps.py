@@ -265,59 +265,59 @@ def _ablation_report(wd: Workdir, cfg: MuleConfig, variants: list[Variant], resu
 
 
 def _add_language_variants(wd: Workdir, cfg: MuleConfig) -> list[Variant]:
-    """Adding train.add_language's languages to a trained model (declaration.adds_to_a_trained_model):
+    """Adding add.languages's languages to a trained model (declaration.adds_to_a_trained_model):
     the base measured as it is, each language's captions read and its branch added in turn
     (es onto the base, ja onto <base>+es: each branch trains as it would alone), and the
     model with all of them measured. The study of one language of data.languages instead: a
     model trained without it, that language added to it, and every language from scratch."""
     from mule.pipeline.declaration import adds_to_a_trained_model
 
-    langs = cfg.train.added
+    langs = cfg.add.added
     if not langs:
-        raise ConfigError("add-language needs a language: mule run add-language --lang ja (train.add_language)")
+        raise ConfigError("add-language needs a language: mule run add-language --lang ja (add.languages)")
     if adds_to_a_trained_model(cfg):
         return _added_to_trained(wd, cfg, langs)
     (lang,) = langs
     others = [x for x in cfg.data.languages if x != lang]
     if not others:
         raise ConfigError(f"data.languages {list(cfg.data.languages)} has no language besides {lang} to start from")
-    base_name, added_name = cfg.train.root_model, cfg.train.added_model
+    base_name, added_name = cfg.add.root_model, cfg.add.added_model
     lp = ("pretrain",) if cfg.pretrain.enabled else ()
     return [
         Variant(f"without {lang}", apply_overrides(cfg, {"data.languages": ",".join(others),
-                "train.model_name": base_name, "train.add_language": ""}), (*lp, "train", "evaluate")),
+                "train.model_name": base_name, "add.languages": ""}), (*lp, "train", "evaluate")),
         Variant(f"without {lang}, then {lang} added", apply_overrides(cfg, {"train.model_name": added_name}),
                 ("extend", "evaluate")),
         Variant("every language from scratch", apply_overrides(cfg, {"train.model_name": "model",
-                "train.add_language": ""}), (*lp, "train", "evaluate")),
+                "add.languages": ""}), (*lp, "train", "evaluate")),
     ]  # fmt: skip
 
 
 def _added_to_trained(wd: Workdir, cfg: MuleConfig, langs: tuple[str, ...]) -> list[Variant]:
-    root = cfg.train.base_model or cfg.train.model_name
+    root = cfg.add.base_model or cfg.train.model_name
     path = wd.model_path(cfg.data.dataset, root)
     if not path.is_file():
-        named = f"train.base_model={root!r}" if cfg.train.base_model else f"the rebuild's model ({root!r})"
+        named = f"add.base_model={root!r}" if cfg.add.base_model else f"the rebuild's model ({root!r})"
         raise ConfigError(f"{named}: no model at {path} to add {', '.join(langs)} to: train one first (mule run "
-                          "all), or name one with --set train.base_model=NAME (models/<dataset>/NAME.pt)")  # fmt: skip
-    variants = [Variant(f"{root}, as trained", apply_overrides(cfg, {"train.model_name": root, "train.add_language": "",
-                                                                    "train.base_model": "", "train.add_captions": ""}),
+                          "all), or name one with --set add.base_model=NAME (models/<dataset>/NAME.pt)")  # fmt: skip
+    variants = [Variant(f"{root}, as trained", apply_overrides(cfg, {"train.model_name": root, "add.languages": "",
+                                                                    "add.base_model": "", "add.captions": ""}),
                         ("evaluate",), "base")]  # fmt: skip
     def files(named) -> str:  # the --captions tables of these languages (and those given for none)
-        return ",".join(item for item in cfg.train.add_captions if caption_file(item)[0] in ("", *named))
+        return ",".join(item for item in cfg.add.captions if caption_file(item)[0] in ("", *named))
 
     for n, lang in enumerate(langs, start=1):
-        chain = {"train.base_model": root, "train.add_language": ",".join(langs[:n]), "train.add_captions": files(langs[:n])}
+        chain = {"add.base_model": root, "add.languages": ",".join(langs[:n]), "add.captions": files(langs[:n])}
         if lang not in cfg.data.languages:  # its captions: a table of their own
-            variants.append(Variant(f"{lang}: its captions", apply_overrides(cfg, {**chain, "train.add_language": lang,
-                                                                                  "train.add_captions": files([lang])}),
+            variants.append(Variant(f"{lang}: its captions", apply_overrides(cfg, {**chain, "add.languages": lang,
+                                                                                  "add.captions": files([lang])}),
                                     ("language-captions",), lang))  # fmt: skip
         named = apply_overrides(cfg, chain)
-        variants.append(Variant(f"{lang} added to {named.train.extended_model}",
-                                apply_overrides(cfg, {**chain, "train.model_name": named.train.added_model}),
+        variants.append(Variant(f"{lang} added to {named.add.extended_model}",
+                                apply_overrides(cfg, {**chain, "train.model_name": named.add.added_model}),
                                 ("extend",), lang))  # fmt: skip
-    full = apply_overrides(cfg, {"train.base_model": root})
-    final = apply_overrides(full, {"train.model_name": full.train.added_model})
+    full = apply_overrides(cfg, {"add.base_model": root})
+    final = apply_overrides(full, {"train.model_name": full.add.added_model})
     variants.append(Variant(f"{final.train.model_name}, measured", final, ("evaluate",), "added"))
     # beside it: the added languages' queries translated into English word by word, read by the base's English branch
     if "en" in cfg.data.languages:
@@ -338,18 +338,18 @@ def _add_language_report(wd: Workdir, cfg: MuleConfig, variants: list[Variant], 
         added = {lang: {"captions": results.get(f"{lang}: its captions", {}).get("language-captions"),
                         "extend": next(results[v.label]["extend"] for v in variants
                                        if v.row == lang and "extend" in v.steps)}
-                 for lang in cfg.train.added if lang in steps}  # fmt: skip
+                 for lang in cfg.add.added if lang in steps}  # fmt: skip
         translated = next((results[v.label]["query-translation"] for v in variants if v.row == "translated"), None)
         return publish.added_languages_report(wd, cfg, results[base.label]["evaluate"],
                                               results[final.label]["evaluate"], added, base.cfg.train.model_name,
                                               final.cfg.train.model_name, run_id, translated)  # fmt: skip
     rows = {v.label: {"train": results[v.label].get("extend") or results[v.label].get("train"),
                       "evaluation": results[v.label]["evaluate"]} for v in variants}  # fmt: skip
-    return publish.add_language_report(wd, cfg, cfg.train.add_language, rows, run_id)
+    return publish.add_language_report(wd, cfg, cfg.add.languages, rows, run_id)
 
 
 ABLATION = Sweep(lambda cfg: "ablation", _ablation_variants, _ablation_report)
-ADD_LANGUAGE = Sweep(lambda cfg: f"add-language {cfg.train.add_language}", _add_language_variants,
+ADD_LANGUAGE = Sweep(lambda cfg: f"add-language {cfg.add.languages}", _add_language_variants,
                      _add_language_report)  # fmt: skip
 
 

@@ -100,7 +100,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     layers = ("mule", "joint") if model.has_mule else ("joint",)
     out = wd.model_results_dir(dataset, cfg.train.model_name)
     results = {}
-    # a language added to a trained model: its captions are in a table of their own (train.add_language names it)
+    # a language added to a trained model: its captions are in a table of their own (add.languages names it)
     added = tuple(x for x in added_from_tables(cfg) if x in meta["vocabulary"].languages)
     for number, (selector, name) in enumerate(splits):
         data = load_split(catalog, dataset, selector, meta["vocabulary"], meta["cfg"].text.max_tokens,

@@ -103,25 +103,25 @@ def compute(ctx: StageContext) -> dict[str, Any]:
 
 
 def _addition(ctx: StageContext) -> Addition:
-    """The base model (train.base_model with the languages named before this one) and the
+    """The base model (add.base_model with the languages named before this one) and the
     new branch's start: aligned (its words read by e5 as the trained languages' nearest)
     or, the paper's, the text stage's vectors of the language."""
     wd, catalog, cfg = ctx.workdir, ctx.catalog, ctx.cfg
-    dataset, lang = cfg.data.dataset, cfg.train.adding
+    dataset, lang = cfg.data.dataset, cfg.add.adding
     if not lang:
-        raise AddLanguageError("no language to add: set train.add_language (mule run add-language --lang ja)")
-    base_path = wd.model_path(dataset, cfg.train.extended_model)
+        raise AddLanguageError("no language to add: set add.languages (mule run add-language --lang ja)")
+    base_path = wd.model_path(dataset, cfg.add.extended_model)
     if not base_path.exists():
         raise AddLanguageError(f"no base model at {base_path}: train one first (mule run all), or name one with "
-                               f"train.base_model (models/{dataset}/<name>.pt)")  # fmt: skip
+                               f"add.base_model (models/{dataset}/<name>.pt)")  # fmt: skip
     base, meta = load_model(base_path)
     if lang in base.languages:
         raise AddLanguageError(f"{base_path} already reads {lang}")
     trained = list(meta.get("trained_languages") or base.languages)  # the base's own, not languages added to it
     from_table = lang not in cfg.data.languages  # its captions: a table of its own (the language-captions step)
     words = queries.training_words(catalog, dataset, lang, cfg.data.captions, added=from_table)
-    if cfg.train.add_start == "aligned":  # its words, their vectors and its FC, from e5 and the trained languages
-        start = aligned_start(base, meta["vocabulary"], lang, words, cfg.train.add_words, FIT_WORDS,
+    if cfg.add.start == "aligned":  # its words, their vectors and its FC, from e5 and the trained languages
+        start = aligned_start(base, meta["vocabulary"], lang, words, cfg.add.words, FIT_WORDS,
                               cfg.text.tokenizers, keys_from=trained)  # fmt: skip
         vocab, vectors, ngrams = start.vocab, start.vectors, start.ngrams
     else:
@@ -134,13 +134,13 @@ def _addition(ctx: StageContext) -> Addition:
 def _text_stage_start(ctx: StageContext, lang: str, from_table: bool, model_cfg) -> tuple:
     """The paper's start: the text stage's vectors of the language (and a random FC)."""
     if from_table:
-        raise AddLanguageError(f"train.add_start=captions starts {lang} from the text stage's word vectors, which "
+        raise AddLanguageError(f"add.start=captions starts {lang} from the text stage's word vectors, which "
                                f"only a language of data.languages has: add {lang} to data.languages, or start "
-                               "it aligned (train.add_start=aligned, the default)")  # fmt: skip
+                               "it aligned (add.start=aligned, the default)")  # fmt: skip
     own = load_vocabulary(ctx.catalog, ctx.cfg.data.dataset, [lang], model_cfg)
     if lang not in own.languages:
         raise AddLanguageError(f"no {lang} word vectors in dataset {ctx.cfg.data.dataset!r}: run the text stage with "
-                               f"{lang} in data.languages (or start it aligned: train.add_start=aligned needs no "
+                               f"{lang} in data.languages (or start it aligned: add.start=aligned needs no "
                                "captions)")  # fmt: skip
     return own.vocabs[lang], own.vectors[lang], (own.ngram_vectors or {}).get(lang)
 
@@ -181,7 +181,7 @@ def _train(ctx: StageContext, a: Addition, model, splits: Splits) -> tuple[list,
     wd, cfg, log, lang = ctx.workdir, ctx.cfg, logger(), a.lang
     if not splits.lp.n_images:
         if a.start is None:
-            raise AddLanguageError(f"no {lang} training captions to add it from (train.add_start=aligned reads it "
+            raise AddLanguageError(f"no {lang} training captions to add it from (add.start=aligned reads it "
                                    "without any)")  # fmt: skip
         log.warning("no %s training captions: the branch is its aligned start, read zero-shot (nothing trained)",
                     lang, extra=SHOWN)  # fmt: skip
@@ -262,7 +262,7 @@ def _save(ctx: StageContext, a: Addition, model, splits: Splits, trainable: int,
             "images": splits.train.n_images, "lp_images": splits.lp.n_images, "caption_words": len(a.words),
             "trainable_parameters": trainable, "parameters": count_parameters(model),
             "branch_bytes": branch, "existing_languages_max_change": unchanged, "base_weights_max_change": moved,
-            "start": cfg.train.add_start, **({"aligned": a.start.summary} if a.start is not None else {}),
+            "start": cfg.add.start, **({"aligned": a.start.summary} if a.start is not None else {}),
             "weights_digest": weights_digest(every.words, model.state_dict()), "extractor": meta["extractor"],
             "examples": _examples(catalog, dataset, lang, a.added, a.trained[0]),
             "seconds": round(time.perf_counter() - started, 1), "history": history_records(history)}  # fmt: skip

@@ -4,7 +4,7 @@ model has of the dataset's images, from where the run says, each source said in 
 - the dataset's own files in that language (a table layout's rows of it: the rebuild read
   only data.languages; Multi30K's and COCO's files have none of the languages they lack);
 - data.extra_captions' files in it (xFlickr&CO's `es/train_100.jsonl`);
-- the tables train.add_captions names (`mule run add-language --lang es --captions FILE`).
+- the tables add.captions names (`mule run add-language --lang es --captions FILE`).
 
 They go, tokenised, to a table of their own (data_catalog.queries.added_dataset: captions
 of `<dataset>+<lang>`), with their rejects beside: no stage of the rebuild reads it, so the
@@ -40,7 +40,7 @@ from mule.tasks.shared.context import StageContext, logger
 
 def compute(ctx: StageContext) -> dict[str, Any]:
     wd, catalog, cfg, log = ctx.workdir, ctx.catalog, ctx.cfg, logger()
-    lang, dataset = cfg.train.adding, cfg.data.dataset
+    lang, dataset = cfg.add.adding, cfg.data.dataset
     target = queries.added_dataset(dataset, lang)
     started = time.perf_counter()
     images = queries.image_names(catalog, dataset)
@@ -58,7 +58,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
             parts.append(extra.captions)
             rejects.append(extra.rejects)
             sources["data.extra_captions"] = extra.captions.num_rows
-    for path in cfg.train.caption_files(lang):
+    for path in cfg.add.caption_files(lang):
         read = read_added_captions(Path(path), lang, dataset, images, options, cfg.data.encoding)
         parts.append(read.captions)
         rejects.append(read.rejects)
@@ -94,7 +94,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     else:
         log.info("%s: no captions of the dataset's images (none in its files%s%s): it is added from zero captions, "
                  "read by its aligned start", lang, ", data.extra_captions" if cfg.data.extra_captions else "",
-                 ", the --captions tables" if cfg.train.caption_files(lang) else "", extra=SHOWN)  # fmt: skip
+                 ", the --captions tables" if cfg.add.caption_files(lang) else "", extra=SHOWN)  # fmt: skip
     return {"language": lang, "table": target, "captions": table.num_rows, "per_split": per_split,
             "sources": sources, "rejects": rejected.num_rows, "rejects_by_kind": kinds,
             "tokenizer": tokenizer_version(lang, cfg.text.tokenizers),

@@ -47,7 +47,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     english = replace(meta["vocabulary"], languages=[ENGLISH], vocabs={ENGLISH: meta["vocabulary"].vocabs[ENGLISH]})
     added = tuple(added_from_tables(cfg))
     # add-language's: the languages it adds; the ablation's: the dataset's other languages
-    wanted = list(cfg.train.added) if cfg.train.added else [x for x in cfg.data.languages if x != ENGLISH]
+    wanted = list(cfg.add.added) if cfg.add.added else [x for x in cfg.data.languages if x != ENGLISH]
     folder = cfg.data.dictionaries or str(locate(wd, cfg.data).root / "dictionaries")
     tables, how = word_tables(ctx, wanted, english.vocabs[ENGLISH].tokens[2:], folder, added)
     device = resolve_device(cfg.train.device)

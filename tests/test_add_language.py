@@ -18,7 +18,7 @@ from tests.test_aligned_start import copy_of_rebuilt
 
 pytestmark = pytest.mark.slow  # the whole file: copies of one built workdir, commands run end to end
 
-WORDS = {"train.add_words": 3000}  # the languages' 3,000 commonest words: e5 reads them in seconds
+WORDS = {"add.words": 3000}  # the languages' 3,000 commonest words: e5 reads them in seconds
 ARGS = ["--preset", "demo", *(a for k, v in {**REBUILT_TINY, **WORDS}.items() for a in ("--set", f"{k}={v}"))]
 
 
@@ -216,7 +216,7 @@ def test_two_languages_one_after_the_other_or_in_one_command_each_branch_as_if_a
     assert add(wd, "--lang", "ja", *given[2:]) == 0  # alone
     assert add(wd, "--lang", "es,ja", *given) == 0  # in one command: model+es, then model+es+ja
     both, meta = load_model(wd.model_path("embedded", "model+es+ja"))
-    assert add(wd, "--lang", "ja", "--set", "train.base_model=model+es", *given[2:]) == 0  # one after the other
+    assert add(wd, "--lang", "ja", "--set", "add.base_model=model+es", *given[2:]) == 0  # one after the other
     alone = load_model(wd.model_path("embedded", "model+ja"))[0].branches["ja"].state_dict()
     after, _ = load_model(wd.model_path("embedded", "model+es+ja"))
     assert both.languages == ["en", "de", "fr", "cs", "es", "ja"] and meta["added_languages"] == ["es", "ja"]

@@ -1,4 +1,4 @@
-"""A language added with no captions at all (train.add_start=aligned, the default): on the
+"""A language added with no captions at all (add.start=aligned, the default): on the
 tiny rebuilt demo model, Spanish (which the demo never captions) is added by the extend step
 from wordfreq's commonest words read by multilingual-e5, and read zero-shot: its words land
 near their English translations, and the model answers in Spanish through mule.api and
@@ -32,8 +32,8 @@ def word_features(model, vocabulary, lang: str, words: list[str]) -> torch.Tenso
 
 
 # Spanish added to the rebuilt demo model (the extend step), 3,000 common words
-SPANISH = {**REBUILT_TINY, "data.languages": "en,de,fr,cs,es", "train.add_language": "es",
-           "train.base_model": "model", "train.add_words": 3000}  # fmt: skip
+SPANISH = {**REBUILT_TINY, "data.languages": "en,de,fr,cs,es", "add.languages": "es",
+           "add.base_model": "model", "add.words": 3000}  # fmt: skip
 
 
 def copy_of_rebuilt(rebuilt, tmp_path_factory, name: str):

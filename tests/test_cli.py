@@ -83,7 +83,7 @@ def test_run_accepts_the_issue_examples():
     args = build_parser().parse_args(["demo", "--dataset", "coco"])  # sizes from the dataset's defaults
     assert args.dataset == "coco" and args.train_images is None
     args = build_parser().parse_args(["run", "add-language", "--lang", "ja", "--dataset", "embedded-coco"])
-    assert overrides_from(args) == {"train.add_language": "ja", "data.dataset": "embedded-coco"}
+    assert overrides_from(args) == {"add.languages": "ja", "data.dataset": "embedded-coco"}
 
 
 def test_catalog_of_an_empty_workdir(capsys, tmp_path):

@@ -7,7 +7,7 @@ import pytest
 
 TINY = {
     "data.dataset": "embedded-coco",
-    "train.add_words": 1000,  # an added language's commonest words read by e5: the mechanics, not the default 50,000
+    "add.words": 1000,  # an added language's commonest words read by e5: the mechanics, not the default 50,000
     "data.train_images": 160,
     "data.val_images": 8,
     "data.test_images": 12,
@@ -35,7 +35,7 @@ def test_coco_rebuild_then_add_a_language(tmp_path):
     assert results["ingest"]["per_split"]["test"]["images"] == 12
     assert set(results["evaluate"]["table"]) == {"en", "ja", "zh"}
 
-    added = add_language_flow(workdir=str(tmp_path), overrides={**TINY, "train.add_language": "zh"})
+    added = add_language_flow(workdir=str(tmp_path), overrides={**TINY, "add.languages": "zh"})
     rows = added["rows"]
     assert set(rows) == {"without zh", "without zh, then zh added", "every language from scratch"}
     assert set(rows["without zh"]) == {"en", "ja"} and set(rows["without zh, then zh added"]) == {"en", "ja", "zh"}
@@ -47,14 +47,14 @@ def test_coco_rebuild_then_add_a_language(tmp_path):
     # the "from scratch" row, and a second run trains nothing at all
     assert added["steps"]["every language from scratch: train"] == "reused"
     assert added["steps"]["without zh: train"] == added["steps"]["without zh, then zh added: extend"] == "ran"
-    again = add_language_flow(workdir=str(tmp_path), overrides={**TINY, "train.add_language": "zh"})
+    again = add_language_flow(workdir=str(tmp_path), overrides={**TINY, "add.languages": "zh"})
     assert set(again["steps"].values()) == {"reused"} and again["rows"] == rows
 
     # A model the user trained, named as the base: measured as it is and extended, with
     # nothing retrained and no from-scratch row (the English branch reading the Chinese
     # queries translated word by word beside); a base that is not there is said, by path.
     named = add_language_flow(workdir=str(tmp_path),
-                              overrides={**TINY, "train.add_language": "zh", "train.base_model": "without-zh"})  # fmt: skip
+                              overrides={**TINY, "add.languages": "zh", "add.base_model": "without-zh"})  # fmt: skip
     assert set(named["rows"]) == {"without-zh", "without-zh+zh", "translated queries"}
     assert not [step for step in named["steps"] if step.endswith((": train", ": pretrain"))]
     assert named["rows"]["without-zh"] == rows["without zh"]
@@ -62,7 +62,7 @@ def test_coco_rebuild_then_add_a_language(tmp_path):
     assert set(named["rows"]["translated queries"]) == {"zh"}
     from mule.mule_core.settings import ConfigError
 
-    with pytest.raises(ConfigError, match=r"train.base_model='nothing-here': no model at .*nothing-here\.pt"):
+    with pytest.raises(ConfigError, match=r"add.base_model='nothing-here': no model at .*nothing-here\.pt"):
         add_language_flow(
-            workdir=str(tmp_path), overrides={**TINY, "train.add_language": "zh", "train.base_model": "nothing-here"}
+            workdir=str(tmp_path), overrides={**TINY, "add.languages": "zh", "add.base_model": "nothing-here"}
         )

@@ -169,8 +169,8 @@ def test_the_sweeps_steps_read_only_options_they_declare(workdir):
                   "pretrain.epochs": 1}  # fmt: skip
     run_recorded(workdir, "pretrain", without_cs)
     run_recorded(workdir, "train", without_cs)
-    options = run_recorded(workdir, "extend", {"train.add_language": "cs", "train.model_name": "without-cs+cs",
-                                               "train.epochs": 2, "pretrain.epochs": 1, "train.add_words": 1000})  # fmt: skip
+    options = run_recorded(workdir, "extend", {"add.languages": "cs", "train.model_name": "without-cs+cs",
+                                               "train.epochs": 2, "pretrain.epochs": 1, "add.words": 1000})  # fmt: skip
     missing = undeclared("extend", options)
     assert not missing, f"extend reads {missing} without declaring them"
     english = {"data.languages": "en", "train.model_name": "english", "train.epochs": 2, "pretrain.enabled": False}

@@ -19,7 +19,7 @@ from tests.test_serving import _wait_for, free_port
 
 TINY = {
     "data.dataset": "embedded-table",
-    "train.add_words": 1000,  # an added language's commonest words read by e5: the mechanics, not the default 50,000
+    "add.words": 1000,  # an added language's commonest words read by e5: the mechanics, not the default 50,000
     "data.train_images": 64,
     "data.val_images": 16,
     "data.test_images": 16,
@@ -53,7 +53,7 @@ def test_spanish_through_every_stage_add_language_and_mule_serve(tmp_path):
     table = results["evaluate"]["table"]
     assert set(table) == {"en", "es"}
 
-    added = add_language_flow(workdir=str(tmp_path), overrides={**TINY, "train.add_language": "es"})
+    added = add_language_flow(workdir=str(tmp_path), overrides={**TINY, "add.languages": "es"})
     rows = added["rows"]
     assert set(rows["without es"]) == {"en"} and set(rows["without es, then es added"]) == {"en", "es"}
     assert rows["without es, then es added"]["en"] == rows["without es"]["en"]  # English untouched, to the digit

@@ -84,7 +84,7 @@ def test_spanish_from_100_captions_is_added_and_measured_on_xflickrco_s_human_ca
         "data.extra_files": "es/train_100=train,test=test_xflickrco", "eval.split": "test_xflickrco,test_2016",
         "features.input_size": 64, "text.fasttext_epochs": 3, "text.fasttext_buckets": 100_000, "text.word_dim": 32,
         "pretrain.epochs": 2, "pretrain.batch_images": 16, "train.epochs": 3, "train.batch_images": 16,
-        "eval.examples": 0, "train.add_words": 2000,
+        "eval.examples": 0, "add.words": 2000,
     }  # fmt: skip
     work = tmp_path / "work"
     results = rebuild_flow(workdir=str(work), preset="demo", overrides=overrides,
@@ -94,7 +94,7 @@ def test_spanish_from_100_captions_is_added_and_measured_on_xflickrco_s_human_ca
     assert said["en"] == said["de"] == {"test_xflickrco": 30}  # en/de files named for test only
     assert results["ingest"]["per_split"]["test_2016"]["images"] == 30
 
-    added = add_language_flow(workdir=str(work), preset="demo", overrides={**overrides, "train.add_language": "es"})
+    added = add_language_flow(workdir=str(work), preset="demo", overrides={**overrides, "add.languages": "es"})
     rows = added["rows"]
     # LP read every Spanish caption; joint training only the photographed images'
     assert added["images"] == {"joint": 80, "lp": 100}
@@ -112,7 +112,7 @@ def test_spanish_from_100_captions_is_added_and_measured_on_xflickrco_s_human_ca
 
     # Indonesian has test captions alone: added with none, read zero-shot from its aligned start
     indonesian = add_language_flow(workdir=str(work), preset="demo",
-                                   overrides={**overrides, "train.add_language": "id"})  # fmt: skip
+                                   overrides={**overrides, "add.languages": "id"})  # fmt: skip
     assert indonesian["images"] == {"joint": 0, "lp": 0}
     evaluation = json.loads((work / "results" / "multi30k-x" / "without-id+id" / "evaluation.json").read_text())
     assert evaluation["table"]["id"]["sentences"] == 30 and 0 <= evaluation["table"]["id"]["mR"] <= 100

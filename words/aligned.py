@@ -1,4 +1,4 @@
-"""A language added to a trained model starts aligned with it (train.add_start=aligned):
+"""A language added to a trained model starts aligned with it (add.start=aligned):
 its words are its captions' and its commonest words (wordfreq's list, offline: none of them
 needs a caption), and each word starts at the MULE feature of its nearest words among the
 trained languages' commonest, nearness read by multilingual-e5 (each language centred on
@@ -73,7 +73,7 @@ def aligned_start(model: MuleModel, vocabulary: Vocabulary, lang: str, caption_w
     tokens = list(dict.fromkeys([PAD, UNK, *(w for w in caption_words if w not in (PAD, UNK)), *common]))
     if len(tokens) == 2:
         raise UserError(f"no words to start {lang} from: it has no captions and wordfreq lists none of its words; "
-                        "give it captions (data.extra_captions), or use train.add_start=captions")  # fmt: skip
+                        "give it captions (data.extra_captions), or use add.start=captions")  # fmt: skip
     fitted = {x: vocabulary.vocabs[x].tokens[2 : 2 + fit_words] for x in trained}
     centres = {x: centre_words(x, tokenizers) for x in [*trained, lang]}
     log.info("%s: starting aligned with %s: %d words (%d from its captions, %d of wordfreq's commonest), each read "
