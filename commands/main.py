@@ -102,6 +102,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help=VERBOSE)
     sub = parser.add_subparsers(dest="command", required=True)
 
+    _demo_command(sub)
+    _run_command(sub)
+    _ui_command(sub)
+    _serve_command(sub)
+    _config_command(sub)
+    _search_command(sub)
+    _export_command(sub)
+    _embed_command(sub)
+    _catalog_command(sub)
+    return parser
+
+
+def _demo_command(sub) -> None:
+    """`mule demo`'s options."""
     demo = sub.add_parser("demo", help="generate the embedded dataset and run the whole pipeline on it")
     _common(demo)
     demo.add_argument("--dataset", choices=sorted(DEMO_DATASETS), default="multi30k",
@@ -116,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
     _sequential(demo)
     _wait(demo)
 
+
+def _run_command(sub) -> None:
+    """`mule run`'s options."""
     run = sub.add_parser("run", help="run some stages: " + ", ".join(ALL) + " (or all)",
                          description=_stages_description(), formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("stages", nargs="+", metavar="STAGE")
@@ -130,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     _wait(run)
     _data_options(run)
 
+
+def _ui_command(sub) -> None:
+    """`mule ui`'s options."""
     ui = sub.add_parser("ui", help="start the MLflow UI on the workdir's tracking store")
     ui.add_argument("--workdir")
     ui.add_argument("--host", default="127.0.0.1")
@@ -140,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
     ui.add_argument("--dataset", help="the dataset whose runs to land on (default: the one that ran last)")
     ui.add_argument("--open", action="store_true", help="open the runs in a web browser once the UI answers")
 
+
+def _serve_command(sub) -> None:
+    """`mule serve`'s options."""
     serve = sub.add_parser("serve", help="a search page and JSON API on a trained model (the registry's champion)")
     _verbose(serve)
     serve.add_argument("--workdir")
@@ -216,11 +239,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="a serving option: " + ", ".join(SERVING_OPTIONS) + " (e.g. --set index.breadth=256)",
     )
 
+
+def _config_command(sub) -> None:
+    """`mule config`'s options."""
     config = sub.add_parser("config", help="print the resolved config (--list: the presets)")
     _common(config)
     _data_options(config)
     config.add_argument("--list", action="store_true", help="list the presets (config/presets/*.toml) and stop")
 
+
+def _search_command(sub) -> None:
+    """`mule search`'s options."""
     search = sub.add_parser("search", help="query a trained model: sentence -> images, or --image PATH -> sentences")
     _verbose(search)
     search.add_argument("text", nargs="?", help="the sentence to search images for")
@@ -234,6 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--out", help="also write a contact sheet of the results (PNG)")
     search.add_argument("--workdir")
 
+
+def _export_command(sub) -> None:
+    """`mule export`'s options."""
     export = sub.add_parser("export", help="write a trained model as a folder that loads anywhere, with its model card")
     _verbose(export)
     export.add_argument("--out", required=True, help="the folder to write: absent, empty, or an earlier export "
@@ -248,6 +280,9 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--wait", action="store_true",
                         help="when another mule writes next to --out, wait for it (default: refused, naming it)")  # fmt: skip
 
+
+def _embed_command(sub) -> None:
+    """`mule embed`'s options."""
     embed = sub.add_parser("embed", help="a folder of images or a table of sentences to vectors (Parquet, LanceDB, Qdrant)")
     _verbose(embed)
     embed.add_argument("--images", help="a folder of image files (searched below it)")
@@ -269,12 +304,14 @@ def build_parser() -> argparse.ArgumentParser:
     embed.add_argument("--wait", action="store_true",
                        help="when another mule writes into --out, wait for it (default: refused, naming it)")  # fmt: skip
 
+
+def _catalog_command(sub) -> None:
+    """`mule catalog`'s options."""
     catalog = sub.add_parser("catalog", help="list the catalog's datasets and tables")
     catalog.add_argument("--workdir")
     catalog.add_argument("--rejects", metavar="DATASET", nargs="?", const="",
                          help="list the rejected rows (of DATASET, or of every dataset): file, line, kind and reason")
     catalog.add_argument("--limit", type=int, default=50, help="rejected rows to list (default: 50)")
-    return parser
 
 
 def overrides_from(args: argparse.Namespace) -> dict[str, str]:

@@ -29,7 +29,7 @@ from mule.mule_core.errors import UserError
 from mule.mule_core.progress import SHOWN
 from mule.mule_core.vocabulary import word_translator
 from mule.tasks.shared.context import StageContext, logger
-from mule.words.tables import WordTable
+from mule.words.translation import WordTable
 
 ENGLISH = "en"
 
@@ -101,7 +101,7 @@ def word_tables(ctx: StageContext, languages: list[str], english_words: list[str
         if not words:
             continue
         try:
-            from mule.words.tables import word_table
+            from mule.words.translation import word_table
 
             tables[lang] = WordTable(word_table(words, lang, ENGLISH, list(english_words), cfg.text.tokenizers))
             how[lang] = "aligned: each word to its nearest English word by multilingual-e5"

@@ -38,7 +38,7 @@ from mule.mule_core.vocabulary import tokenize
 from mule.storage.atomic import point
 from mule.tasks.shared.context import StageContext, logger
 from mule.tasks.shared.token_identity import caption_tokenizers
-from mule.words.tables import WordTable, best_translations, ibm_model1
+from mule.words.translation import WordTable, best_translations, ibm_model1
 
 if TYPE_CHECKING:
     from mule.config.sections import MuleConfig
@@ -147,7 +147,7 @@ def aligned_backend(cfg: MuleConfig, catalog: Catalog, pairs, captions: list[dic
     and its commonest words. No parallel text and no lexicon, for any pair e5 reads."""
     from mule.words.common import common_words
     from mule.words.encoder import encoder_version
-    from mule.words.tables import word_table
+    from mule.words.translation import word_table
 
     words: dict[str, dict[str, None]] = {}
     for caption in captions:

