@@ -53,7 +53,7 @@ def version_of(workdir: Path, dataset: str, path: Path) -> str | None:
     client = tracking.client(Workdir.at(workdir))
     for version in client.search_model_versions(f"name = 'mule-{dataset}'"):
         if version.tags.get("mule.model_identity") == digest:
-            return version.version
+            return str(version.version)
     return None
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from stage_times import cpu_model  # bench/ is on the path
 
 from mule.api import load
+from mule.mule_core.embedder import EmbedError
 
 
 def captions(xflickrco: Path, multi30k: Path, languages: list[str]) -> dict[str, list[str]]:
@@ -40,6 +41,15 @@ def captions(xflickrco: Path, multi30k: Path, languages: list[str]) -> dict[str,
             with gzip.open(path, "rt", encoding="utf-8") as lines:
                 out[lang] = [line.strip() for line in lines if line.strip()]
     return out
+
+
+def found_as(model, text: str) -> str:
+    """The branch a query goes to; "none" when no vocabulary knows a word of it (an empty
+    caption, or one of unknown words alone): every command refuses it, naming it."""
+    try:
+        return model.choose_language(text, None)[0]
+    except EmbedError:
+        return "none"
 
 
 def main() -> None:
@@ -64,7 +74,7 @@ def main() -> None:
           f"(added: {', '.join(sorted(added)) or 'none'}); {'vocabularies alone' if args.words_alone else 'identifier x vocabularies'}")
     rows, started, total = {}, time.perf_counter(), 0
     for lang, texts in found.items():
-        read = Counter(model.choose_language(text, None)[0] for text in texts)
+        read = Counter(found_as(model, text) for text in texts)
         total += len(texts)
         rows[lang] = {"captions": len(texts), "own": read[lang], "elsewhere": dict(read - Counter({lang: read[lang]})),
                       "to_added": sum(n for x, n in read.items() if x in added and x != lang)}  # fmt: skip
