@@ -25,7 +25,7 @@ from mule.data_catalog.tables import Catalog
 from mule.experiments import tracking
 from mule.experiments.seeds import Difference, paired_difference
 from mule.mule_core.settings import ConfigError
-from mule.pipeline import decisions, publish
+from mule.pipeline import decisions, sweep_reports
 from mule.pipeline.runner import Runner
 from mule.storage.workdir import Workdir
 
@@ -261,7 +261,7 @@ def _ablation_report(wd: Workdir, cfg: MuleConfig, variants: list[Variant], resu
         chance |= results[v.label].get("evaluate", {}).get("chance", {})
     if chance:
         compared.append(RowResult(CHANCE, mr={lang: row["mR"] for lang, row in chance.items()}))
-    return publish.ablation_report(wd, cfg, compared, run_id)
+    return sweep_reports.ablation_report(wd, cfg, compared, run_id)
 
 
 def _add_language_variants(wd: Workdir, cfg: MuleConfig) -> list[Variant]:
@@ -340,12 +340,12 @@ def _add_language_report(wd: Workdir, cfg: MuleConfig, variants: list[Variant], 
                                        if v.row == lang and "extend" in v.steps)}
                  for lang in cfg.add.added if lang in steps}  # fmt: skip
         translated = next((results[v.label]["query-translation"] for v in variants if v.row == "translated"), None)
-        return publish.added_languages_report(wd, cfg, results[base.label]["evaluate"],
+        return sweep_reports.added_languages_report(wd, cfg, results[base.label]["evaluate"],
                                               results[final.label]["evaluate"], added, base.cfg.train.model_name,
                                               final.cfg.train.model_name, run_id, translated)  # fmt: skip
     rows = {v.label: {"train": results[v.label].get("extend") or results[v.label].get("train"),
                       "evaluation": results[v.label]["evaluate"]} for v in variants}  # fmt: skip
-    return publish.add_language_report(wd, cfg, cfg.add.languages, rows, run_id)
+    return sweep_reports.add_language_report(wd, cfg, cfg.add.languages, rows, run_id)
 
 
 ABLATION = Sweep(lambda cfg: "ablation", _ablation_variants, _ablation_report)
