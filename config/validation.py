@@ -10,14 +10,31 @@ from mule.storage.workdir import MODEL_FOLDERS, BadNameError, check_name
 
 
 def validate(cfg: MuleConfig) -> None:
+    """Raises ConfigError, naming the option, at the first option out of its range; each
+    section's checks are a function below."""
     validate_index(cfg.index)
-    try:  # names that become paths inside the workdir
+    _names(cfg)
+    _features_text_and_model(cfg)
+    _data(cfg)
+    _translate(cfg)
+    _counts(cfg)
+    _add(cfg)
+    _train(cfg)
+
+
+def _names(cfg: MuleConfig) -> None:
+    """Names that become paths inside the workdir."""
+    try:
         check_name(cfg.data.dataset, "data.dataset")
         check_name(cfg.train.model_name, "train.model_name", MODEL_FOLDERS)
         if cfg.add.base_model:
             check_name(cfg.add.base_model, "add.base_model", MODEL_FOLDERS)
     except BadNameError as error:
         raise ConfigError(str(error)) from None
+
+
+def _features_text_and_model(cfg: MuleConfig) -> None:
+    """The image features, the word vectors and the model's shape."""
     f = cfg.features
     if f.weights not in ("imagenet", "random"):
         raise ConfigError(f"features.weights must be 'imagenet' or 'random', got {f.weights!r}")
@@ -45,6 +62,10 @@ def validate(cfg: MuleConfig) -> None:
             raise ConfigError(f"{name} must be 0 (run every epoch) or a number of epochs, got {value}")
     if cfg.model.sharing not in ("mule", "parallel"):
         raise ConfigError(f"model.sharing must be 'mule' or 'parallel', got {cfg.model.sharing!r}")
+
+
+def _data(cfg: MuleConfig) -> None:
+    """The dataset: its format, splits, encoding, languages and tokenizers."""
     d = cfg.data
     if d.format not in FORMATS:
         raise ConfigError(f"data.format must be one of {', '.join(FORMATS)} (datasets/formats.py), got {d.format!r}")
@@ -77,6 +98,11 @@ def validate(cfg: MuleConfig) -> None:
         raise ConfigError(f"data.japanese must be 'all', 'yj' or 'stair', got {d.japanese!r}")
     if cfg.data.captions not in ("human", "human+mt", "mt"):
         raise ConfigError(f"data.captions must be 'human', 'human+mt' or 'mt', got {cfg.data.captions!r}")
+
+
+def _translate(cfg: MuleConfig) -> None:
+    """Machine translation."""
+    d = cfg.data
     t = cfg.translate
     if t.backend not in ("lexicon", "induced", "auto", "aligned", "googletrans", "argos"):
         raise ConfigError(f"translate.backend must be lexicon, induced, auto, aligned, googletrans or argos, got {t.backend!r}")
@@ -91,6 +117,10 @@ def validate(cfg: MuleConfig) -> None:
         raise ConfigError(f"translate.aligned_words must be 0 or more, got {t.aligned_words}")
     if any(s.startswith("test") for s in t.splits):
         raise ConfigError("translate.splits: test captions are never translated into training data")
+
+
+def _counts(cfg: MuleConfig) -> None:
+    """Counts that must be at least 1."""
     for key, value in (
         ("loss.top_k", cfg.loss.top_k),
         ("train.epochs", cfg.train.epochs),
@@ -100,6 +130,10 @@ def validate(cfg: MuleConfig) -> None:
     ):
         if value < 1:
             raise ConfigError(f"{key} must be at least 1, got {value}")
+
+
+def _add(cfg: MuleConfig) -> None:
+    """Add-language: its languages, caption files and start."""
     added = cfg.add.added
     for lang in added:
         try:
@@ -124,6 +158,10 @@ def validate(cfg: MuleConfig) -> None:
         raise ConfigError(
             "add.languages needs model.sharing=mule: a language is added through its own MULE branch"
         )
+
+
+def _train(cfg: MuleConfig) -> None:
+    """Training's schedules, guards and margins."""
     tr = cfg.train
     if cfg.add.start not in ("aligned", "captions"):
         raise ConfigError(f"add.start must be aligned or captions, got {cfg.add.start!r}")
