@@ -55,13 +55,14 @@ def run(args: argparse.Namespace) -> int:
           f"{how}; image extractor {embedder.extractor} ({weights})", flush=True)  # fmt: skip
     import uvicorn
 
-    from mule.serving.app import Live, allowed_hosts_for, create_app, deadline_protocol
+    from mule.serving.app import Limits, Live, allowed_hosts_for, create_app, deadline_protocol
 
     live = Live(served)
-    app = create_app(embedder, gallery, int(args.max_upload_mb * 2**20), args.dataset,
-                     max_pixels=int(args.max_megapixels * 1e6), max_in_flight=args.max_in_flight,
-                     max_uploads=args.max_uploads, body_timeout=args.body_timeout, cpu_threads=args.threads or None,
-                     allowed_hosts=allowed_hosts_for(args.host, tuple(args.allowed_host)), live=live)  # fmt: skip
+    limits = Limits(max_upload_bytes=int(args.max_upload_mb * 2**20), max_pixels=int(args.max_megapixels * 1e6),
+                    max_in_flight=args.max_in_flight, max_uploads=args.max_uploads, body_timeout=args.body_timeout,
+                    cpu_threads=args.threads or None,
+                    allowed_hosts=allowed_hosts_for(args.host, tuple(args.allowed_host)))  # fmt: skip
+    app = create_app(embedder, gallery, args.dataset, limits, live=live)
     if args.reload:  # a new champion or new gallery images, served without a restart
         serving.Reloader(request, live, source, args.reload).start()
     print(f"search page: http://{browsable(args.host)}:{args.port}/  (JSON API: /api/search?q=..., "

@@ -92,16 +92,28 @@ class Live:
         self.current = served
 
 
-def create_app(embedder: Embedder, gallery: Gallery, max_upload_bytes: int = 10 * 2**20, dataset: str = "", *,
-               max_pixels: int = MAX_QUERY_PIXELS, max_in_flight: int = 64, max_uploads: int = 8,
-               body_timeout: float = 10.0, cpu_threads: int | None = None, allowed_hosts: tuple[str, ...] = LOOPBACK,
+@dataclass(frozen=True)
+class Limits:
+    """What one server grants its clients (mule serve's options). allowed_hosts: the names
+    the Host header may carry (allowed_hosts_for: the bound address's); () checks nothing."""
+
+    max_upload_bytes: int = 10 * 2**20
+    max_pixels: int = MAX_QUERY_PIXELS
+    max_in_flight: int = 64
+    max_uploads: int = 8
+    body_timeout: float = 10.0
+    cpu_threads: int | None = None
+    allowed_hosts: tuple[str, ...] = LOOPBACK
+
+
+def create_app(embedder: Embedder, gallery: Gallery, dataset: str = "", limits: Limits = Limits(),
                live: Live | None = None) -> FastAPI:  # fmt: skip
-    """The search page and API over `gallery`. allowed_hosts: the names the Host header may
-    carry (serve.allowed_hosts_for: the bound address's); () checks nothing. `live`: what
-    serving.live reloads (else made here from `embedder` and `gallery`)."""
+    """The search page and API over `gallery`, within `limits`. `live`: what serving.live
+    reloads (else made here from `embedder` and `gallery`)."""
     app = FastAPI(title="mule", docs_url="/api/docs", redoc_url=None, openapi_url="/api/openapi.json")
     page = resources.files("mule.serving").joinpath("page.html").read_text(encoding="utf-8")
-    threads = cpu_threads or os.cpu_count() or 1
+    max_upload_bytes, max_pixels = limits.max_upload_bytes, limits.max_pixels
+    threads = limits.cpu_threads or os.cpu_count() or 1
     cpu = anyio.CapacityLimiter(threads)
     # Uploads decode and run the CNN on threads of their own, one fewer than the cores: a
     # burst of large images queues there, never in front of a search, and the searches
@@ -114,31 +126,9 @@ def create_app(embedder: Embedder, gallery: Gallery, max_upload_bytes: int = 10 
         """CPU work on a bounded pool (its own threads: the event loop keeps answering)."""
         return await anyio.to_thread.run_sync(partial(work, *args), limiter=limiter)
 
-    app.add_middleware(Guard, allowed_hosts=tuple(h.lower() for h in allowed_hosts), max_in_flight=max_in_flight,
-                       max_uploads=max_uploads)  # fmt: skip
-
-    @app.exception_handler(ClientGone)
-    async def client_gone(request: Request, error: ClientGone) -> Response:
-        log.info("%s %s: the client hung up before its upload arrived", request.method, request.url.path)
-        return Response(status_code=400)  # nobody reads it
-
-    @app.exception_handler(EmbedError)
-    async def embed_error(request: Request, error: EmbedError) -> JSONResponse:
-        return JSONResponse({"error": str(error)}, status_code=STATUS.get(error.kind, 400))
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
-        problems = "; ".join(f"{'.'.join(str(x) for x in e['loc'][1:])}: {e['msg']}" for e in error.errors())
-        return JSONResponse({"error": problems or "bad request"}, status_code=400)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse({"error": str(error.detail)}, status_code=error.status_code)
-
-    @app.exception_handler(Exception)
-    async def unexpected(request: Request, error: Exception) -> JSONResponse:
-        log.exception("%s %s failed", request.method, request.url.path)  # the traceback stays in the server's log
-        return JSONResponse({"error": "internal error (the server's log has the details)"}, status_code=500)
+    app.add_middleware(Guard, allowed_hosts=tuple(h.lower() for h in limits.allowed_hosts),
+                       max_in_flight=limits.max_in_flight, max_uploads=limits.max_uploads)  # fmt: skip
+    _error_answers(app)
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def index() -> HTMLResponse:
@@ -183,7 +173,7 @@ def create_app(embedder: Embedder, gallery: Gallery, max_upload_bytes: int = 10 
     async def image(request: Request, k: int = 5) -> dict:
         started, served = time.perf_counter(), live.current
         _check_k(k)
-        body = await _body(request, max_upload_bytes, body_timeout)
+        body = await _body(request, max_upload_bytes, limits.body_timeout)
         results = await on_cpu(lambda: served.gallery.top_captions(served.embedder.encode_image(body, max_pixels)[0], k),
                                limiter=upload_cpu)  # fmt: skip
         return {"bytes": len(body), "results": results, "ms": round(1000 * (time.perf_counter() - started), 2)}
@@ -197,6 +187,34 @@ def create_app(embedder: Embedder, gallery: Gallery, max_upload_bytes: int = 10 
         return FileResponse(path, media_type=kind)
 
     return app
+
+
+def _error_answers(app: FastAPI) -> None:
+    """Every error a client can cause answers one JSON line; a bug answers 500 and leaves its
+    traceback in the server's log."""
+
+    @app.exception_handler(ClientGone)
+    async def client_gone(request: Request, error: ClientGone) -> Response:
+        log.info("%s %s: the client hung up before its upload arrived", request.method, request.url.path)
+        return Response(status_code=400)  # nobody reads it
+
+    @app.exception_handler(EmbedError)
+    async def embed_error(request: Request, error: EmbedError) -> JSONResponse:
+        return JSONResponse({"error": str(error)}, status_code=STATUS.get(error.kind, 400))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(f"{'.'.join(str(x) for x in e['loc'][1:])}: {e['msg']}" for e in error.errors())
+        return JSONResponse({"error": problems or "bad request"}, status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse({"error": str(error.detail)}, status_code=error.status_code)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, error: Exception) -> JSONResponse:
+        log.exception("%s %s failed", request.method, request.url.path)  # the traceback stays in the server's log
+        return JSONResponse({"error": "internal error (the server's log has the details)"}, status_code=500)
 
 
 # An image's type, from its own first bytes (never from its name).

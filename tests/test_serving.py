@@ -45,7 +45,7 @@ def served(rebuilt_as_built):
     drawn by a seed (never chosen by the model's own ranking)."""
     from mule.serving import gallery as galleries
     from mule.serving import retrieval
-    from mule.serving.app import create_app
+    from mule.serving.app import Limits, create_app
 
     wd, results = rebuilt_as_built
     searcher = retrieval.open_searcher(wd, "embedded")
@@ -56,7 +56,7 @@ def served(rebuilt_as_built):
     test_rows = [i for i in range(len(english.ids)) if split[english.image_ids[i]].startswith("test")]
     drawn = int(np.random.default_rng(SEED).choice(test_rows))
     caption = {"text": english.texts[drawn], "image_id": english.image_ids[drawn]}
-    app = create_app(embedder, gallery, max_upload_bytes=64 * 1024, dataset="embedded")
+    app = create_app(embedder, gallery, "embedded", Limits(max_upload_bytes=64 * 1024))
     return {"wd": wd, "results": results, "searcher": searcher, "gallery": gallery, "embedder": embedder,
             "caption": caption, "app": app}  # fmt: skip
 
@@ -427,7 +427,7 @@ def test_the_search_breadth_is_given_to_mule_serve_not_read_from_the_model(serve
 def test_the_server_answers_only_to_its_own_names(served):
     """DNS rebinding: a page elsewhere whose name now points at 127.0.0.1 sends its own
     name as Host; the server refuses it before any route runs."""
-    from mule.serving.app import allowed_hosts_for, create_app
+    from mule.serving.app import Limits, allowed_hosts_for, create_app
 
     for host in ("127.0.0.1:8000", "localhost:8000", "[::1]:8000", "LOCALHOST"):
         assert client(served["app"], host).get("/api/info").status_code == 200, host
@@ -435,7 +435,7 @@ def test_the_server_answers_only_to_its_own_names(served):
         refused = client(served["app"], host).get("/api/search", params={"q": "a dog"})
         assert refused.status_code == 421 and "does not answer to the host" in refused.json()["error"], host
     proxied = create_app(served["embedder"], served["gallery"],
-                         allowed_hosts=allowed_hosts_for("127.0.0.1", ("searcher.example.org",)))  # fmt: skip
+                         limits=Limits(allowed_hosts=allowed_hosts_for("127.0.0.1", ("searcher.example.org",))))
     assert client(proxied, "searcher.example.org").get("/api/info").status_code == 200
     assert "searcher.example.org" not in allowed_hosts_for("127.0.0.1")
 
@@ -518,14 +518,14 @@ def test_uploads_decode_on_threads_of_their_own_and_searches_keep_theirs(served)
     searches' p99 past a second)."""
     import threading
 
-    from mule.serving.app import create_app
+    from mule.serving.app import Limits, create_app
 
     release, busy = threading.Event(), threading.Semaphore(0)
     slow = _slow_embedder(served, busy.release, release)
     image = _image_file(served["wd"], served["caption"]["image_id"]).read_bytes()
     query = urllib.parse.quote(served["caption"]["text"])
     answers = []
-    with client(create_app(slow, served["gallery"], dataset="embedded", cpu_threads=2)) as api:
+    with client(create_app(slow, served["gallery"], "embedded", Limits(cpu_threads=2))) as api:
         uploads = [threading.Thread(target=lambda: answers.append(api.post("/api/image", content=image)))
                    for _ in range(3)]  # fmt: skip
         for upload in uploads:
