@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from mule.mule_core.errors import UserError
-from mule.mule_core.language_id import detect_language
+from mule.mule_core.language_id import detect_language, identifier
 from mule.mule_core.languages import LanguageCodeError, read_language
 from mule.mule_core.model import MuleModel, TextBatch
 from mule.mule_core.tokenizers import drift, tokenizer_names
@@ -179,13 +179,15 @@ class Embedder:
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=made_in == "bfloat16-autocast")
 
     def warm_up(self) -> str:
-        """Loads the image extractor and runs each language's encoder once, so that a
-        server's first queries do not pay for it (0.7 s for the first sentence otherwise);
-        returns where the extractor's weights came from."""
+        """Loads the image extractor, runs each language's encoder once and, where a query's
+        language is found among several, the language identifier (0.6 s), so that a server's
+        first queries do not pay for them; returns where the extractor's weights came from."""
         for lang, vocab in self.meta["vocabulary"].vocabs.items():
             known = next((t for t in vocab.tokens[2:] if t.strip()), None)
             if known:
                 self.encode_text(known, lang)
+        if len(self.languages) > 1:
+            identifier()
         return self._warm_images()
 
     def _warm_images(self) -> str:
