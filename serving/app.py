@@ -136,15 +136,7 @@ def create_app(embedder: Embedder, gallery: Gallery, dataset: str = "", limits: 
 
     @app.get("/api/info")
     async def info() -> dict:
-        served = live.current
-        embedder, gallery = served.embedder, served.gallery
-        return {"model": embedder.label, "dataset": dataset, "languages": embedder.languages,
-                "images": len(gallery.image_ids), "captions": {k: len(v.ids) for k, v in gallery.captions.items()},
-                "extractor": embedder.extractor, "max_k": MAX_K, "max_upload_bytes": max_upload_bytes,
-                "max_pixels": max_pixels, "index": gallery.index_kind, "loaded": served.note,
-                "tokenizers": embedder.meta.get("tokenizers") or embedder.tokenizers,
-                "tokenizer_drift": {lang: {"trained": t, "installed": i}
-                                    for lang, (t, i) in embedder.tokenizer_drift().items()}}  # fmt: skip
+        return _info(live.current, dataset, limits)
 
     def text_search(served: Served, q: str, lang: str | None, k: int) -> tuple:
         found = served.embedder.encode_text(q, lang or None, details=True)[0]
@@ -187,6 +179,18 @@ def create_app(embedder: Embedder, gallery: Gallery, dataset: str = "", limits: 
         return FileResponse(path, media_type=kind)
 
     return app
+
+
+def _info(served: Served, dataset: str, limits: Limits) -> dict:
+    """/api/info: what is served, and the limits a client must keep to."""
+    embedder, gallery = served.embedder, served.gallery
+    return {"model": embedder.label, "dataset": dataset, "languages": embedder.languages,
+            "images": len(gallery.image_ids), "captions": {k: len(v.ids) for k, v in gallery.captions.items()},
+            "extractor": embedder.extractor, "max_k": MAX_K, "max_upload_bytes": limits.max_upload_bytes,
+            "max_pixels": limits.max_pixels, "index": gallery.index_kind, "loaded": served.note,
+            "tokenizers": embedder.meta.get("tokenizers") or embedder.tokenizers,
+            "tokenizer_drift": {lang: {"trained": t, "installed": i}
+                                for lang, (t, i) in embedder.tokenizer_drift().items()}}  # fmt: skip
 
 
 def _error_answers(app: FastAPI) -> None:

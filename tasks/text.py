@@ -210,6 +210,32 @@ def multilingual_e5_lookups(vocabs: dict[str, list[str]], dim: int, tokenizers: 
     return {lang: table.get for lang, table in tables.items()}
 
 
+def _source(lang: str, vocab: list[str], t, e5_lookups: dict, fasttext: dict) -> tuple:
+    """Where `lang`'s word vectors come from: (origin, word -> vector or None, dim, and the
+    n-gram vectors where a .vec file brings them, else None)."""
+    if lang in t.vectors:
+        source = VectorFile(t.vectors[lang], words=set(vocab))  # a .vec's other words are not kept
+        return f"file:{source.path}", source.vector, source.dim, source.ngram_vector
+    if lang in e5_lookups:
+        from mule.words.encoder import encoder_version
+
+        return f"multilingual-e5:{encoder_version()}:pca{t.word_dim}", e5_lookups[lang], t.word_dim, None
+    return "fasttext:trained", fasttext[lang]["vectors"].get, t.word_dim, None
+
+
+def _vectors_of(vocab: list[str], lookup, dim: int, rng: np.random.Generator) -> tuple[list[np.ndarray], int]:
+    """A vector per word, row 0 (padding) zeros; <unk> and the words `lookup` lacks drawn
+    from `rng`, counted."""
+    vectors, missing = [np.zeros(dim, np.float32)], 0
+    for word in vocab[1:]:
+        vector = lookup(word) if word != UNK else None
+        if vector is None:
+            missing += word != UNK
+            vector = rng.normal(0, 0.1, dim).astype(np.float32)  # <unk> and words a .vec file lacks
+        vectors.append(np.asarray(vector, np.float32))
+    return vectors, missing
+
+
 def compute(ctx: StageContext) -> dict[str, Any]:
     catalog, cfg = ctx.catalog, ctx.cfg
     log, t, dataset = logger(), cfg.text, cfg.data.dataset
@@ -227,10 +253,6 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     from_e5 = [lang for lang in languages if lang not in t.vectors] if t.init == "multilingual-e5" else []
     e5_lookups = multilingual_e5_lookups({lang: words[lang]["vocab"] for lang in from_e5}, t.word_dim,
                                          t.tokenizers) if from_e5 else {}  # fmt: skip
-    if from_e5:
-        from mule.words.encoder import encoder_version
-
-        e5_origin = f"multilingual-e5:{encoder_version()}:pca{t.word_dim}"
     trained = [lang for lang in languages if lang not in t.vectors and lang not in e5_lookups]
     captionless = [lang for lang in trained if not words[lang]["train"]]
     if captionless == languages:
@@ -247,25 +269,9 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     started = time.perf_counter()
     for lang in languages:
         vocab, train_counts = words[lang]["vocab"], words[lang]["train_counts"]
-        ngram_vector = None  # where the word vectors came with n-gram vectors (fastText), what they are
-        if lang in t.vectors:
-            source = VectorFile(t.vectors[lang], words=set(vocab))  # a .vec's other words are not kept
-            origin = f"file:{source.path}"
-            lookup, ngram_vector = source.vector, source.ngram_vector
-            dim = source.dim
-        elif lang in e5_lookups:
-            origin, lookup, dim = e5_origin, e5_lookups[lang], t.word_dim
-        else:
-            origin, lookup, dim = "fasttext:trained", fasttext[lang]["vectors"].get, t.word_dim
+        origin, lookup, dim, ngram_vector = _source(lang, vocab, t, e5_lookups, fasttext)
         dims.add(dim)
-        rng = np.random.default_rng([cfg.data.seed, len(lang)])
-        vectors, missing = [np.zeros(dim, np.float32)], 0
-        for word in vocab[1:]:
-            vector = lookup(word) if word != UNK else None
-            if vector is None:
-                missing += word != UNK
-                vector = rng.normal(0, 0.1, dim).astype(np.float32)  # <unk> and words a .vec file lacks
-            vectors.append(np.asarray(vector, np.float32))
+        vectors, missing = _vectors_of(vocab, lookup, dim, np.random.default_rng([cfg.data.seed, len(lang)]))
         for index, (word, vector) in enumerate(zip(vocab, vectors)):
             for key, value in (("dataset", dataset), ("lang", lang), ("index", index), ("token", word),
                                ("train_count", train_counts.get(word, 0)), ("vector", vector), ("source", origin)):  # fmt: skip
