@@ -28,8 +28,7 @@ from mule.mule_core.encoding import evaluate_split
 from mule.mule_core.metrics import chance_table
 from mule.mule_core.model import MuleModel, with_added_language
 from mule.storage.workdir import Workdir
-from mule.tasks.extend import FIT_WORDS
-from mule.words.aligned import aligned_start
+from mule.words.aligned import StartSettings, aligned_start
 
 
 def without(model: MuleModel, lang: str, cfg) -> MuleModel:
@@ -94,9 +93,7 @@ def main() -> None:
         started, scores = time.perf_counter(), {}
         for lang in held_out:
             base = without(model, lang, cfg.model)
-            start = aligned_start(base, vocabulary, lang, [], options.get("open_words", 50000),
-                                  options.get("fit_words", FIT_WORDS), cfg.text.tokenizers,
-                                  **{k: v for k, v in options.items() if k not in ("open_words", "fit_words")})  # fmt: skip
+            start = aligned_start(base, vocabulary, lang, [], StartSettings(**options), cfg.text.tokenizers)
             added = with_added_language(base, cfg.model, lang, len(start.vocab), start.vectors, start.vocab.tokens,
                                         start.ngrams)  # fmt: skip
             with torch.no_grad():

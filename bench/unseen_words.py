@@ -29,9 +29,8 @@ from stage_times import cpu_model  # bench/ is on the path
 from mule.data_catalog.model_files import load_model
 from mule.mule_core.subwords import NgramTable
 from mule.storage.workdir import Workdir
-from mule.tasks.extend import FIT_WORDS
 from mule.words import vectors as e5_words
-from mule.words.aligned import aligned_start
+from mule.words.aligned import StartSettings, aligned_start
 from mule.words.arithmetic import fit_ngram_means
 from mule.words.common import MEAN_WORDS, common_words
 
@@ -76,7 +75,8 @@ def main() -> None:
         model, meta = load_model(Workdir.at(args.workdir).model_path(args.dataset, "model"))
         if args.lang in model.languages:
             raise SystemExit(f"{args.lang} is one of the model's trained languages: name a language to add")
-        start = aligned_start(model, meta["vocabulary"], args.lang, [], args.words, FIT_WORDS, meta["cfg"].text.tokenizers)
+        start = aligned_start(model, meta["vocabulary"], args.lang, [], StartSettings(open_words=args.words),
+                              meta["cfg"].text.tokenizers)
         assert start.vocab.tokens[2:] == words
         vectors, what = start.vectors[2:].float(), "the aligned start's vectors"
     else:

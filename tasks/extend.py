@@ -42,12 +42,7 @@ from mule.storage.content_digests import ids_digest
 from mule.tasks.shared.checkpoints import fit_checkpointed, history_records, snapshot
 from mule.tasks.shared.context import StageContext, logger
 from mule.tasks.shared.token_identity import caption_tokenizers
-from mule.words.aligned import aligned_start
-
-# Each trained language's commonest words: the keys a new language's words are read from.
-# Fewer, better-trained words beat more on the validation photos (1,000: 32.6 mR held out,
-# 10,000: 27.8; bench/aligned_start_val.py, docs/real-photos.md)
-FIT_WORDS = 1000
+from mule.words.aligned import StartSettings, aligned_start
 
 
 class AddLanguageError(UserError, ValueError):
@@ -121,7 +116,7 @@ def _addition(ctx: StageContext) -> Addition:
     from_table = lang not in cfg.data.languages  # its captions: a table of its own (the language-captions step)
     words = queries.training_words(catalog, dataset, lang, cfg.data.captions, added=from_table)
     if cfg.add.start == "aligned":  # its words, their vectors and its FC, from e5 and the trained languages
-        start = aligned_start(base, meta["vocabulary"], lang, words, cfg.add.words, FIT_WORDS,
+        start = aligned_start(base, meta["vocabulary"], lang, words, StartSettings(open_words=cfg.add.words),
                               cfg.text.tokenizers, keys_from=trained)  # fmt: skip
         vocab, vectors, ngrams = start.vocab, start.vectors, start.ngrams
     else:

@@ -32,8 +32,24 @@ from mule.words.common import centre_words, centred, common_words
 from mule.words.vectors import word_vectors
 
 # Chosen on the validation photos by taking each trained language out in turn and starting it
-# again from the others (bench/aligned_start_val.py; docs/real-photos.md): 20 neighbours at 0.1
-NEIGHBOURS, TEMPERATURE = 20, 0.1
+# again from the others (bench/aligned_start_val.py; docs/real-photos.md): 20 neighbours at 0.1,
+# and each trained language's 1,000 commonest words as the keys (fewer, better-trained words
+# beat more: 1,000 read 32.6 mR held out, 10,000 27.8)
+NEIGHBOURS, TEMPERATURE, FIT_WORDS = 20, 0.1, 1000
+
+
+@dataclass(frozen=True)
+class StartSettings:
+    """How a language starts aligned. open_words: wordfreq's commonest words of the language
+    (add.words); fit_words: each trained language's commonest words, the keys its words are
+    read from and what its FC is fitted on; word_dim: the branch's word width (None: mule_dim,
+    the MULE feature itself, nothing more)."""
+
+    open_words: int = 50_000
+    fit_words: int = FIT_WORDS
+    neighbours: int = NEIGHBOURS
+    temperature: float = TEMPERATURE
+    word_dim: int | None = None
 
 
 @dataclass
@@ -54,21 +70,21 @@ def _mule_features(model: MuleModel, lang: str, rows: int) -> np.ndarray:
     return features.float().numpy()
 
 
-def aligned_start(model: MuleModel, vocabulary: Vocabulary, lang: str, caption_words: list[str], open_words: int,
-                  fit_words: int, tokenizers: dict[str, str] | None = None, neighbours: int = NEIGHBOURS,
-                  temperature: float = TEMPERATURE, keys_from: list[str] | None = None,
-                  word_dim: int | None = None) -> AlignedStart:  # fmt: skip
+def aligned_start(model: MuleModel, vocabulary: Vocabulary, lang: str, caption_words: list[str],
+                  settings: StartSettings = StartSettings(), tokenizers: dict[str, str] | None = None,
+                  keys_from: list[str] | None = None) -> AlignedStart:  # fmt: skip
     """The start of `lang`'s branch on `model` (its trained languages' vocabularies in
     `vocabulary`): the vocabulary (caption words first, then the commonest words), its word
     vectors in the shared space, fitted n-grams, and the FC into MULE fitted on the trained
-    languages' `fit_words` commonest words each. `keys_from`: the languages whose words are
-    the keys (default: every other language of the model; a language added before is not one
-    whose rows are ordered by how often its captions use them). `word_dim`: the branch's word
-    width (default mule_dim: the MULE feature itself, nothing more)."""
+    languages' commonest words. `keys_from`: the languages whose words are the keys (default:
+    every other language of the model; a language added before is not one whose rows are
+    ordered by how often its captions use them)."""
     log = logging.getLogger("mule.words")
+    open_words, fit_words = settings.open_words, settings.fit_words
+    neighbours, temperature = settings.neighbours, settings.temperature
     trained = [x for x in (keys_from or model.languages) if x != lang]
     mule_dim = next(iter(model.branches.values())).fc.out_features
-    word_dim = word_dim or mule_dim
+    word_dim = settings.word_dim or mule_dim
     common = common_words(lang, open_words, tokenizers)
     tokens = list(dict.fromkeys([PAD, UNK, *(w for w in caption_words if w not in (PAD, UNK)), *common]))
     if len(tokens) == 2:

@@ -94,26 +94,44 @@ def read_extra_captions(folder: Path, files: dict[str, str], dataset: str, image
         wanted = ", ".join(options.languages or ())
         raise ExtraCaptionsError(f"{folder}: none of the files {', '.join(f'{s}.jsonl' for s in files)} is there "  # noqa: E501
                                  f"for a language of data.languages ({wanted}) (<lang>/<file>.jsonl)")  # fmt: skip
-    rows, rejects = Rows(), Rejects(dataset, options.strict, error=ExtraCaptionsError)
+    reading = _Reading(folder, dataset, of_image, options,
+                       rejects=Rejects(dataset, options.strict, error=ExtraCaptionsError))
     counts: dict[str, Counter] = {}
-    stripped = Counter()
     for lang in languages:
         for stem, split in files_of(files, lang).items():
             path = folder / lang / f"{stem}.jsonl"
             if not path.is_file():
                 continue
             role = roles.get(split, "extra")
-            kept = _read_file(path, folder, lang, split, role, dataset, of_image, rows, rejects, options, stripped)
+            kept = _read_file(reading, path, lang, split, role)
             counts.setdefault(lang, Counter())[split] += kept
     notes = {"extra_captions": {"folder": str(folder), "files": files,
                                 "captions": {lang: dict(c) for lang, c in counts.items()}}}  # fmt: skip
-    for lang, n in stripped.items():
+    for lang, n in reading.stripped.items():
         notes["extra_captions"][f"{lang}_alignment_digits_removed"] = n
-    return ExtraCaptions(rows.table(captions_schema), rejects.rows.table(rejects_schema), notes, languages)
+    return ExtraCaptions(reading.rows.table(captions_schema), reading.rejects.rows.table(rejects_schema), notes,
+                         languages)
 
 
-def _read_file(path: Path, folder: Path, lang: str, split: str, role: str, dataset: str, of_image: dict, rows: Rows,
-               rejects: Rejects, options: ReadOptions, stripped: Counter) -> int:  # fmt: skip
+@dataclass
+class _Reading:
+    """What every file of one read shares: where, which dataset and images, the rows and
+    rejects it gathers, and the alignment digits removed per language."""
+
+    folder: Path
+    dataset: str
+    of_image: dict  # image_id -> (split, role)
+    options: ReadOptions
+    rows: Rows = field(default_factory=Rows)
+    rejects: Rejects | None = None
+    stripped: Counter = field(default_factory=Counter)
+
+
+def _read_file(reading: _Reading, path: Path, lang: str, split: str, role: str) -> int:
+    """One jsonl file's captions into reading.rows; its bad lines into reading.rejects, each
+    with its reason. Returns how many captions it kept."""
+    folder, dataset, of_image, options = reading.folder, reading.dataset, reading.of_image, reading.options
+    rows, rejects, stripped = reading.rows, reading.rejects, reading.stripped
     rel = f"{folder.name}/{path.relative_to(folder).as_posix()}"
     kept = 0
     with path.open("rb") as handle:
