@@ -66,7 +66,8 @@ def add(args, langs: list[str], n: int, log: Path) -> dict:
 
 
 def plot(curve: dict, peer: dict, out: Path, before: dict | None = None) -> None:
-    """The curve (0 captions, zero-shot, at the axis's left end), the peer's line per language, chance;
+    """The curve (0 captions, zero-shot, at the axis's left end), the peer's line per language, the
+    base's English branch reading the queries translated (x), chance;
     `before`: an earlier curve drawn faded and dashed in the same colours (another start)."""
     import matplotlib
 
@@ -83,6 +84,11 @@ def plot(curve: dict, peer: dict, out: Path, before: dict | None = None) -> None
                              yerr=[spread.get(n, 0.0) for n in sizes] if spread else None, label=f"mule, {lang}")[0]
         if lang in peer:
             axes.axhline(peer[lang], color=line.get_color(), linestyle=":", linewidth=1)
+        translated = curve.get("translated", {}).get(lang, {})
+        steps = sorted(translated, key=int)
+        if steps:  # the base's English branch reading the queries translated word by word
+            axes.plot([int(n) for n in steps], [translated[n] for n in steps], "x--", color=line.get_color(),
+                      linewidth=0.8, alpha=0.6)  # fmt: skip
         earlier = (before or {}).get("languages", {}).get(lang)
         if earlier:
             steps = sorted(earlier, key=int)
@@ -90,6 +96,8 @@ def plot(curve: dict, peer: dict, out: Path, before: dict | None = None) -> None
             axes.plot([int(n) for n in steps], [earlier[n] for n in steps], "--", color=line.get_color(), alpha=0.35)
     axes.axhline(curve["chance"], color="grey", linestyle="--", linewidth=1, label="chance")
     axes.plot([], [], "k:", linewidth=1, label="e5-small + ridge, zero-shot (same colour)")
+    if any(curve.get("translated", {}).values()):
+        axes.plot([], [], "kx--", linewidth=0.8, alpha=0.6, label="the base's English branch, queries translated")
     if before:
         axes.plot([], [], "k--", alpha=0.35, label=before.get("label", "before"))
     axes.set_xscale("symlog", linthresh=1)  # 0 captions (zero-shot) on the same axis
@@ -209,11 +217,15 @@ def report(curve: dict, peer: dict, languages: list[str], out: Path, before: dic
     print("\n| captions | " + " | ".join(languages) + " |\n|---|" + "---|" * len(languages))
     for n in header:
         print(f"| {n} | " + " | ".join(cell(curve, x, n) for x in languages) + " |")
-    for n in header:  # the base's English branch reading the queries translated word by word
-        row = [curve.get("translated", {}).get(x, {}).get(str(n)) for x in languages]
-        if any(v is not None for v in row):
-            print(f"| {n}: the base's English branch, queries translated | "
-                  + " | ".join("–" if v is None else str(v) for v in row) + " |")  # fmt: skip
+    # the base's English branch reading the queries translated word by word: one row where the
+    # captions given to the added branch change nothing of it (the same base, the same table)
+    rows = {n: [curve.get("translated", {}).get(x, {}).get(str(n)) for x in languages] for n in header}
+    rows = {n: row for n, row in rows.items() if any(v is not None for v in row)}
+    if len({tuple(row) for row in rows.values()}) == 1:
+        rows = {"any captions": next(iter(rows.values()))}
+    for n, row in rows.items():
+        print(f"| {n}: the base's English branch, queries translated | "
+              + " | ".join("–" if v is None else str(v) for v in row) + " |")  # fmt: skip
     if peer:
         print("| peer (zero-shot) | " + " | ".join(f"{peer[x]:.1f}" for x in languages) + " |")
     print("| chance | " + " | ".join(str(curve["chance"]) for _ in languages) + " |")
