@@ -1,7 +1,8 @@
 """A language outside the six, end to end on the generated table layout (a photo folder
 and captions.csv in English and Spanish): ingest, word vectors, LP, joint training,
-evaluation, Spanish added to a model trained without it, a Spanish search through `mule
-serve`, and the registered pyfunc model giving the same vector."""
+evaluation, a Spanish search through `mule serve`, and the registered pyfunc model giving
+the same vector. (Adding a language, study and all, is tests/test_add_language.py's and
+tests/test_coco_flow.py's.)"""
 
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ from tests.test_serving import _wait_for, free_port
 
 TINY = {
     "data.dataset": "embedded-table",
-    "add.words": 1000,  # an added language's commonest words read by e5: the mechanics, not the default 50,000
     "data.train_images": 64,
     "data.val_images": 16,
     "data.test_images": 16,
@@ -39,11 +39,11 @@ TINY = {
 
 
 @pytest.mark.slow
-def test_spanish_through_every_stage_add_language_and_mule_serve(tmp_path):
+def test_spanish_through_every_stage_and_mule_serve(tmp_path):
     import mlflow
     import pandas as pd
 
-    from mule.flows.stages import add_language_flow, rebuild_flow
+    from mule.flows.stages import rebuild_flow
 
     results = rebuild_flow(workdir=str(tmp_path), overrides=TINY,
                            stages=["ingest", "features", "text", "pretrain", "train", "evaluate"])  # fmt: skip
@@ -52,12 +52,6 @@ def test_spanish_through_every_stage_add_language_and_mule_serve(tmp_path):
     assert ingest["table"]["form"] == "long" and ingest["tokenizers"]["es"].startswith("moses")
     table = results["evaluate"]["table"]
     assert set(table) == {"en", "es"}
-
-    added = add_language_flow(workdir=str(tmp_path), overrides={**TINY, "add.languages": "es"})
-    rows = added["rows"]
-    assert set(rows["without es"]) == {"en"} and set(rows["without es, then es added"]) == {"en", "es"}
-    assert rows["without es, then es added"]["en"] == rows["without es"]["en"]  # English untouched, to the digit
-    assert added["existing_languages_max_change"] == 0.0
 
     # mule serve: a Spanish test caption finds images, its language detected from the vocabularies
     from mule.data_catalog.tables import Catalog
