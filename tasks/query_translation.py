@@ -67,7 +67,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
         if lang != ENGLISH:
             logger().info("translate the query, %s -> en word by word (%s), read by %s's English branch: mR %.1f", lang,
                           how[lang], path.stem, table[lang]["mR"], extra=SHOWN)  # fmt: skip
-    missing = [lang for lang in wanted if lang not in tables]
+    missing = [lang for lang in wanted if lang not in tables and lang not in how]
     if missing:
         logger().warning("no word table into English for %s (no lexicon in %s, no parallel captions, and e5 cannot "
                          "read them): their queries were not translated", ", ".join(missing), folder)  # fmt: skip
@@ -98,7 +98,8 @@ def word_tables(ctx: StageContext, languages: list[str], english_words: list[str
             tables[src], how[src] = table, "induced: IBM Model 1 on the dataset's translated training captions"
     for lang in (x for x in languages if x not in tables):
         words = queries.split_words(catalog, cfg.data.dataset, cfg.eval.split, lang, added=lang in added)
-        if not words:
+        if not words:  # no caption of it in the split: nothing to translate, nothing missing
+            how[lang] = f"none: no {lang} captions in {cfg.eval.split}"
             continue
         try:
             from mule.words.translation import word_table

@@ -87,6 +87,8 @@ def test_a_language_no_caption_holds_is_added_by_one_command_and_is_the_champion
     champion = client.get_model_version_by_alias("mule-embedded", "champion")
     assert champion.tags["mule.languages"] == "en,de,fr,cs,es" and champion.tags["mule.extends"]
     assert champion.tags["mule.champion_decision"].startswith("champion v1 with es added")
+    log = max((wd.root / "logs").glob("*-run.log")).read_text()  # the addition's
+    assert "no word table into English" not in log  # no es test caption: nothing to translate, nothing missing
     assert mule("search", "un círculo rojo a la izquierda", "--workdir", str(wd.root)) == 0
     out = capsys.readouterr().out
     assert "mule-embedded v2 (champion); query in es (detected: es" in out
