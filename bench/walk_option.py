@@ -43,8 +43,10 @@ def main() -> None:
 
     # the class the train stage builds: JointTrainer since 2026-12-06, else the checkout's
     # Trainer (in training.py before 2026-11-27)
-    if (repo / "mule_core" / "joint_training.py").exists():
+    if (repo / "mule_core" / "training" / "joint.py").exists():  # mule_core/training/ since 2026-12-07
         Trainer = importlib.import_module("mule.mule_core.training.joint").JointTrainer
+    elif (repo / "mule_core" / "joint_training.py").exists():
+        Trainer = importlib.import_module("mule.mule_core.joint_training").JointTrainer
     else:
         name = "trainer" if (repo / "mule_core" / "trainer.py").exists() else "training"
         Trainer = importlib.import_module(f"mule.mule_core.{name}").Trainer
