@@ -25,6 +25,7 @@ from mule.data_catalog.table_access import (
     MISSING_TABLE,
     CatalogError,
     damaged_table_error,
+    distinct_strings,
     duckdb_readable,
     import_compute,
     import_duckdb,
@@ -270,7 +271,7 @@ class Catalog:
             if path.exists():
                 try:
                     table = pq.ParquetFile(path, read_dictionary=["lang"]).read(columns=["lang"])
-                    found.update(_distinct_strings(table.column("lang")))
+                    found.update(distinct_strings(table.column("lang")))
                 except (OSError, pa.ArrowException) as error:
                     raise damaged_table_error("captions", path, error) from None
         if not found and not self.workdir.table_path("captions", dataset).exists():
@@ -434,21 +435,3 @@ class Catalog:
         dim = vectors.type.list_size
         flat = vectors.flatten().to_numpy(zero_copy_only=False).reshape(-1, dim)
         return flat[[row_of[i] for i in image_ids]]
-
-
-def _distinct_strings(column: pa.ChunkedArray) -> set[str]:
-    """The values of a dictionary-read string column: each chunk's dictionary entries that
-    its indices use (a dictionary may hold more). Without pyarrow.compute, whose import is
-    a tenth of a no-change rebuild, nor Arrow's to_numpy, which imports pandas: the
-    indices' buffer read as it lies."""
-    found: set[str] = set()
-    for chunk in column.chunks:
-        values, indices = chunk.dictionary.to_pylist(), chunk.indices
-        if indices.null_count:  # rare: the nulls left out, by hand
-            used = {i for i in indices.to_pylist() if i is not None}
-        else:
-            width = np.dtype(f"int{indices.type.bit_width}")
-            raw = np.frombuffer(indices.buffers()[1], dtype=width, count=len(indices), offset=indices.offset * width.itemsize)
-            used = np.unique(raw).tolist()
-        found.update(values[i] for i in used if values[i] is not None)
-    return found

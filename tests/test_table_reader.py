@@ -14,8 +14,9 @@ import pytest
 from PIL import Image
 
 from mule.datasets.readers.base import ReadOptions
-from mule.datasets.readers.table import TableOptions, read_table, seeded_role
+from mule.datasets.readers.table import TableOptions, read_table
 from mule.datasets.readers.table_files import TableError
+from mule.datasets.readers.table_splits import seeded_role
 
 ROWS = [  # (image, caption, lang, split): long form
     ("photos/a.jpg", "Un círculo rojo, a la izquierda.", "es", "train"),

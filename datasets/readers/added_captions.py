@@ -27,8 +27,9 @@ import pyarrow as pa
 
 from mule.data_catalog.schemas import REJECTS
 from mule.datasets.readers.base import ReadOptions, Rejects, Rows, SeenKeys, clean_caption
-from mule.datasets.readers.table import CAPTION_COLUMNS, SPLITS, TableOptions, layout
+from mule.datasets.readers.table import CAPTION_COLUMNS, TableOptions, layout
 from mule.datasets.readers.table_files import ROLES, TableError, table_records
+from mule.datasets.readers.table_splits import SPLITS
 from mule.datasets.readers.xflickrco import ALIGNMENT_DIGITS
 from mule.mule_core.languages import LanguageCodeError, read_language
 

@@ -30,7 +30,6 @@ there) is one error naming the file and the line.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
@@ -55,15 +54,15 @@ from mule.datasets.readers.base import (
     clean_caption,
     image_record,
 )
+from mule.datasets.readers.image_paths import OutsideDataset, locate_image
 from mule.datasets.readers.table_files import ROLES, WIDE, TableError, table_records
+from mule.datasets.readers.table_splits import seeded_role, split_role
 from mule.mule_core.languages import LanguageCodeError, language_code, read_language, variety_of
 from mule.mule_core.progress import SHOWN
 
 CAPTION_COLUMNS = CAPTIONS.remove(CAPTIONS.get_field_index("tokens"))  # what ingest adds the tokens to
 
 _LINE_BREAK = re.compile(r"[ \t]*(?:\r\n|[\r\n\x85\u2028\u2029])[ \t]*")  # inside a quoted cell
-SPLITS = {"train": "train", "training": "train", "val": "val", "valid": "val", "validation": "val", "dev": "val",
-          "test": "test", "testing": "test"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -171,26 +170,6 @@ def _code(value: str, where: str) -> str:
         return language_code(value)
     except LanguageCodeError as error:
         raise TableError(f"{where}: a caption column's language: {error}") from None
-
-
-def seeded_role(image_id: str, options: TableOptions) -> str:
-    """val, test or train for an image without a given split: by a hash of the seed and its
-    id alone, so an image keeps its split whatever rows are added."""
-    digest = hashlib.sha256(f"{options.split_seed}:{image_id}".encode()).digest()
-    share = int.from_bytes(digest[:8], "big") / 2**64
-    if share < options.val_share:
-        return "val"
-    return "test" if share < options.val_share + options.test_share else "train"
-
-
-def split_role(value: str) -> tuple[str, str] | None:
-    """A split cell -> (split name, role), or None when it names no split."""
-    name = str(value).strip().lower()
-    if name in SPLITS:
-        return SPLITS[name], SPLITS[name]
-    if re.fullmatch(r"test[_-][a-z0-9_-]+", name):
-        return name.replace("-", "_"), "test"
-    return None
 
 
 @dataclass(slots=True)
@@ -304,8 +283,8 @@ class _Rows:
     def find(self, value: str) -> tuple[str, str] | None:
         """(image id, file) of an image as named, looked up once; None with the reason in bad_images."""
         try:
-            found = _locate(value, self.bases)
-        except _Outside:
+            found = locate_image(value, self.bases)
+        except OutsideDataset:
             self.bad_images[value] = ("outside_dataset", f"image path {value!r} leads outside the dataset (only "
                                       f"files under {' or '.join(map(str, self.bases))} are read)")  # fmt: skip
             return None
@@ -402,35 +381,6 @@ class _Rows:
                           dataset=self.dataset, image_id=image_id, split=image.split, role=image.role, lang=lang,
                           text=text, source="table", source_file=self.where, line=line, origin_caption_id=None,
                           also_in=None, source_version=None)  # fmt: skip
-
-
-class _Outside(Exception):
-    """An image path that leads out of the dataset's folders."""
-
-
-def _locate(value: str, bases: list[Path]) -> tuple[str, str] | None:
-    """(image id, file) of an image path as the table names it, relative to the table's
-    folder or the images folder (the first where it is a file), or absolute under one of
-    them; None when it is in neither. A path that leads out of both (`../x.png`, `/etc/x`)
-    raises _Outside: a dataset's files stay inside it (its key covers only them, and mule
-    serve serves only them). Links inside the folders are followed. Strings, not Paths:
-    a table of 100,000 images kept 50 MB of Path objects."""
-    named = os.path.normpath(value.replace("\\", "/"))
-    if os.path.isabs(named):
-        for base in map(str, bases):
-            for root in dict.fromkeys((os.path.normpath(base), os.path.realpath(base))):
-                if named.startswith(root.rstrip("/") + "/"):
-                    relative = os.path.relpath(named, root)
-                    file = os.path.join(base, relative)
-                    return (relative, file) if os.path.isfile(file) else None
-        raise _Outside()
-    if named == ".." or named.startswith("../"):
-        raise _Outside()
-    for base in map(str, bases):
-        file = os.path.join(base, named)
-        if os.path.isfile(file):  # follows links, to files and through linked folders
-            return named, file
-    return None
 
 
 def _result(rows_read: _Rows, dataset: str, hash_images, say, options: ReadOptions, roles: Layout,
