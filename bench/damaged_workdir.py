@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.test_damage import DAMAGES, damage  # noqa: E402 - the tests' damages, the same here
 
 SIZES = ["--train-images", "48", "--val-images", "16", "--test-images", "24"]
-SETS = {"data.image_size": 48, "features.input_size": 32, "text.fasttext_epochs": 3, "pretrain.epochs": 2,
+SETS = {"data.image_size": 48, "features.input_size": 32, "vectors.fasttext_epochs": 3, "pretrain.epochs": 2,
         "pretrain.batch_images": 16, "train.epochs": 10, "train.batch_images": 16, "loss.mining_warmup_steps": 3,
         "pretrain.mining_warmup_steps": 3, "eval.examples": 1, "features.shard_images": 32}  # fmt: skip
 

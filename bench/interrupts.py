@@ -29,7 +29,7 @@ import threading
 import time
 from pathlib import Path
 
-SETS = {"data.image_size": 48, "features.input_size": 32, "text.fasttext_epochs": 3, "pretrain.epochs": 6,
+SETS = {"data.image_size": 48, "features.input_size": 32, "vectors.fasttext_epochs": 3, "pretrain.epochs": 6,
         "pretrain.batch_images": 16, "train.epochs": 12, "train.batch_images": 16, "eval.examples": 1,
         "features.shard_images": 64}  # fmt: skip
 STAGES = ("ingest", "translate", "features", "text", "pretrain", "train", "evaluate")

@@ -12,7 +12,7 @@ rows.json: {"row name": {"inputs": "file.pt", "set": {"section.option": value},
           taken from its "vs" row, else from the first row
   inputs  a file from `bench/train_on_workdir.py --workdir W --export file.pt` (its train
           split holds the photographed training images: the ones with features; another
-          extractor or text.init is another file)
+          extractor or vectors.init is another file)
   lp      "inputs": the LP model in the file (the workdir's: LP on all the training text);
           "photographed": LP on each fold's training captions alone, before joint training;
           "none": no LP (pretrain.enabled=false); "file": the LP weights in "lp_file" (from

@@ -34,7 +34,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--train-images", "48", "--val-images", "16", "--test-images", "24", "--set", "data.image_size=48",
-        "--set", "features.input_size=32", "--set", "text.fasttext_epochs=3", "--set", "pretrain.epochs=2",
+        "--set", "features.input_size=32", "--set", "vectors.fasttext_epochs=3", "--set", "pretrain.epochs=2",
         "--set", "train.epochs=4"]  # fmt: skip
 
 PREDICT = r"""

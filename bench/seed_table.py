@@ -9,7 +9,7 @@ the first row is the baseline. `inputs` are files written by
 `bench/train_on_workdir.py --export` (a workdir's splits, word vectors and, unless
 --text-only, image features): rows can differ by their inputs (fastText or e5 vectors, MT
 captions) or by settings; `vectors` (optional) takes only the word vectors of another such
-file (the same captions, another text.init: the image features need not travel twice).
+file (the same captions, another vectors.init: the image features need not travel twice).
 A seed is `train.seed`: the model's initial weights and the
 order of the batches (the data and the word vectors stay the same).
 

@@ -40,7 +40,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["--train-images", "400", "--val-images", "100", "--test-images", "200", "--set", "train.epochs=2",
-         "--set", "pretrain.epochs=1", "--set", "text.fasttext_epochs=2"]  # fmt: skip
+         "--set", "pretrain.epochs=1", "--set", "vectors.fasttext_epochs=2"]  # fmt: skip
 
 
 def free_port() -> int:

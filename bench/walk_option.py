@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 TINY = {"data.train_images": 48, "data.val_images": 16, "data.test_images": 24, "data.image_size": 48,
-        "features.input_size": 32, "text.fasttext_epochs": 3, "text.word_dim": 64, "pretrain.epochs": 2,
+        "features.input_size": 32, "vectors.fasttext_epochs": 3, "text.word_dim": 64, "pretrain.epochs": 2,
         "train.epochs": 3, "model.lstm_dim": 32, "model.joint_dim": 32, "model.mule_dim": 32}  # fmt: skip
 
 

@@ -80,9 +80,11 @@ def index_section(overrides: dict[str, Any]) -> IndexConfig:
     return index
 
 
-def apply_overrides(cfg: MuleConfig, overrides: dict[str, Any] | None) -> MuleConfig:
+def apply_overrides(cfg: MuleConfig, overrides: dict[str, Any] | None, say_renamed: bool = True) -> MuleConfig:
+    """`cfg` with `overrides` ({"train.epochs": 3, ...}) applied and checked; an old option
+    name is read as its new one (said once a process, unless `say_renamed` is False)."""
     cfg = dataclasses.replace(cfg, **{s: dataclasses.replace(getattr(cfg, s)) for s in SECTIONS})
-    for key, value in renamed(overrides or {}).items():
+    for key, value in renamed(overrides or {}, say_renamed).items():
         section, _, name = key.partition(".")
         if section not in SECTIONS or not name:
             raise ConfigError(f"unknown config option {key!r}; options are: {', '.join(option_names())}")
@@ -122,20 +124,22 @@ RETIRED_OPTIONS = {
 # saved deployment or a stored config written with it still runs)
 RENAMED_OPTIONS = {"train.add_language": "add.languages", "train.base_model": "add.base_model",
                    "train.add_captions": "add.captions", "train.add_start": "add.start",
-                   "train.add_words": "add.words"}  # fmt: skip
+                   "train.add_words": "add.words", "text.vectors": "vectors.files", "text.init": "vectors.init",
+                   **{f"text.fasttext_{name}": f"vectors.fasttext_{name}"
+                      for name in ("model", "epochs", "min_count", "buckets", "threads")}}  # fmt: skip
 _said_renamed: set[str] = set()
 
 
-def renamed(overrides: dict[str, Any]) -> dict[str, Any]:
+def renamed(overrides: dict[str, Any], say: bool = True) -> dict[str, Any]:
     """The overrides with renamed options under their new names (the new name wins where
-    both are given), each old name said once."""
+    both are given), each old name said once (`say`: a stored config is read in silence)."""
     out = {}
     for key, value in overrides.items():
         new = RENAMED_OPTIONS.get(key)
         if new is None:
             out[key] = value
             continue
-        if key not in _said_renamed:
+        if say and key not in _said_renamed:
             _said_renamed.add(key)
             logging.getLogger("mule.config").warning("%s is now %s: read as it (write %s=...)", key, new, new)
         out.setdefault(new, value)
@@ -154,4 +158,4 @@ def from_dict(data: dict[str, Any]) -> MuleConfig:
     overrides = {f"{s}.{k}": v for s in SECTIONS for k, v in data.get(s, {}).items()}
     overrides = {**INTRODUCED_OPTIONS, **overrides}
     overrides = {k: v for k, v in overrides.items() if k not in RETIRED_OPTIONS}
-    return apply_overrides(MuleConfig(preset=preset), overrides)
+    return apply_overrides(MuleConfig(preset=preset), overrides, say_renamed=False)

@@ -79,10 +79,11 @@ class FeaturesConfig(model_settings.ExtractorConfig):
 
 
 @dataclass
-class TextConfig(model_settings.TextConfig):
-    """The sentence's length and dimension (mule_core), and where the text stage gets word vectors."""
+class VectorsConfig:
+    """Where the text stage gets each language's word vectors (text.word_dim wide; the
+    model library reads them, never these options)."""
 
-    vectors: dict[str, str] = field(default_factory=dict)  # lang -> .bin/.vec file; the others start from `init`
+    files: dict[str, str] = field(default_factory=dict)  # lang -> .bin/.vec file; the others start from `init`
     # Where the other languages' word vectors come from: "fasttext" (trained on the training
     # captions, one language at a time) or "multilingual-e5" (each vocabulary word through
     # the bundled multilingual-e5-small, every language projected by one shared PCA to
@@ -227,7 +228,8 @@ class MuleConfig:
     preset: str = "default"
     data: DataConfig = field(default_factory=DataConfig)
     features: FeaturesConfig = field(default_factory=FeaturesConfig)
-    text: TextConfig = field(default_factory=TextConfig)
+    text: model_settings.TextConfig = field(default_factory=model_settings.TextConfig)
+    vectors: VectorsConfig = field(default_factory=VectorsConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     train: TrainConfig = field(default_factory=TrainConfig)

@@ -51,10 +51,10 @@ def _features_text_and_model(cfg: MuleConfig) -> None:
         raise ConfigError(f"features.pool must be 'avg' or 'avg+grid', got {f.pool!r}")
     if f.resize and f.resize < f.input_size:
         raise ConfigError(f"features.resize ({f.resize}) must be at least features.input_size ({f.input_size})")
-    if cfg.text.init not in ("fasttext", "multilingual-e5"):
-        raise ConfigError(f"text.init must be 'fasttext' or 'multilingual-e5', got {cfg.text.init!r}")
-    if cfg.text.fasttext_buckets < 1:  # fastText takes an n-gram's row modulo the count
-        raise ConfigError(f"text.fasttext_buckets must be at least 1, got {cfg.text.fasttext_buckets}")
+    if cfg.vectors.init not in ("fasttext", "multilingual-e5"):
+        raise ConfigError(f"vectors.init must be 'fasttext' or 'multilingual-e5', got {cfg.vectors.init!r}")
+    if cfg.vectors.fasttext_buckets < 1:  # fastText takes an n-gram's row modulo the count
+        raise ConfigError(f"vectors.fasttext_buckets must be at least 1, got {cfg.vectors.fasttext_buckets}")
     if cfg.model.subwords and (not cfg.model.ngram_lengths or min(cfg.model.ngram_lengths) < 1):
         raise ConfigError(f"model.ngram_lengths must be positive lengths (e.g. 3,4,5), got {cfg.model.ngram_lengths}")
     for name, value in (("train.patience", cfg.train.patience), ("pretrain.patience", cfg.pretrain.patience)):

@@ -132,7 +132,7 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
     Entry("extractor weights", "file", _weights),
     Entry("features", "parts", _features),
     Entry("image rejects", "table", _table("rejects", ".images")),
-    Entry("vector files", "files", lambda wd, catalog, cfg: [Path(p) for p in cfg.text.vectors.values()]),
+    Entry("vector files", "files", lambda wd, catalog, cfg: [Path(p) for p in cfg.vectors.files.values()]),
     # each vocabulary word's vector, and each shared character n-gram's (model.subwords)
     Entry("word vectors", "tables", lambda wd, catalog, cfg: [wd.table_path(name, cfg.data.dataset)
                                                             for name in ("word_vectors", "subword_vectors")]),

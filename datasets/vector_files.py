@@ -1,4 +1,4 @@
-"""Word-vector files the user names (text.vectors): a fastText .bin (subword vectors for
+"""Word-vector files the user names (vectors.files): a fastText .bin (subword vectors for
 any word) or a text .vec (word2vec format).
 
 A .vec is streamed once and only the words asked for are kept: fastText's cc.<lang>.300.vec

@@ -1,6 +1,6 @@
 """Word vectors per language: a vocabulary over the dataset's captions and a vector per
 word, from a given .bin/.vec file, from fastText trained on the training captions, or
-from the multilingual-e5 encoder (text.init)."""
+from the multilingual-e5 encoder (vectors.init)."""
 
 from __future__ import annotations
 
@@ -53,12 +53,13 @@ def heartbeat(label: str, every: float = 15.0):
         thread.join()
 
 
-def fasttext_lookups(jobs: dict[str, dict[str, Any]], t) -> dict[str, dict[str, Any]]:
+def fasttext_lookups(jobs: dict[str, dict[str, Any]], t, dim: int) -> dict[str, dict[str, Any]]:
     """fastText for each language of `jobs` (lang -> its language_vocabulary, with its
     n-gram table under "ngram_table", None without subwords), each in a
     process of its own (support/fasttext_worker.py: its vectors depend on its job alone),
-    several at once when the cores allow (each keeps its text.fasttext_threads). Returns per
-    language its words' vectors and its shared n-grams' rows."""
+    several at once when the cores allow (each keeps its vectors.fasttext_threads; `t`: the
+    vectors section, `dim`: text.word_dim). Returns per language its words' vectors and its
+    shared n-grams' rows."""
 
     def one(lang: str, words: dict[str, Any]) -> dict[str, Any]:
         started = time.perf_counter()
@@ -70,7 +71,7 @@ def fasttext_lookups(jobs: dict[str, dict[str, Any]], t) -> dict[str, dict[str, 
         # a stopped worker removes the folder itself (the stage may be gone by then)
         with tempfile.TemporaryDirectory(prefix=f"mule-fasttext-{lang}-", ignore_cleanup_errors=True) as scratch:
             directory = Path(scratch)
-            fasttext_worker.write_job(directory, words["train"], vocab, grams, dim=t.word_dim, model=t.fasttext_model,
+            fasttext_worker.write_job(directory, words["train"], vocab, grams, dim=dim, model=t.fasttext_model,
                                       epochs=t.fasttext_epochs, min_count=t.fasttext_min_count,
                                       threads=t.fasttext_threads, buckets=t.fasttext_buckets)  # fmt: skip
             with heartbeat(f"fastText ({lang}) on {tokens} tokens"):
@@ -210,17 +211,18 @@ def multilingual_e5_lookups(vocabs: dict[str, list[str]], dim: int, tokenizers: 
     return {lang: table.get for lang, table in tables.items()}
 
 
-def _source(lang: str, vocab: list[str], t, e5_lookups: dict, fasttext: dict) -> tuple:
-    """Where `lang`'s word vectors come from: (origin, word -> vector or None, dim, and the
-    n-gram vectors where a .vec file brings them, else None)."""
-    if lang in t.vectors:
-        source = VectorFile(t.vectors[lang], words=set(vocab))  # a .vec's other words are not kept
+def _source(lang: str, vocab: list[str], vectors, dim: int, e5_lookups: dict, fasttext: dict) -> tuple:
+    """Where `lang`'s word vectors come from (`vectors`: the config's section; `dim`:
+    text.word_dim): (origin, word -> vector or None, dim, and the n-gram vectors where a
+    .vec file brings them, else None)."""
+    if lang in vectors.files:
+        source = VectorFile(vectors.files[lang], words=set(vocab))  # a .vec's other words are not kept
         return f"file:{source.path}", source.vector, source.dim, source.ngram_vector
     if lang in e5_lookups:
         from mule.words.encoder import encoder_version
 
-        return f"multilingual-e5:{encoder_version()}:pca{t.word_dim}", e5_lookups[lang], t.word_dim, None
-    return "fasttext:trained", fasttext[lang]["vectors"].get, t.word_dim, None
+        return f"multilingual-e5:{encoder_version()}:pca{dim}", e5_lookups[lang], dim, None
+    return "fasttext:trained", fasttext[lang]["vectors"].get, dim, None
 
 
 def _vectors_of(vocab: list[str], lookup, dim: int, rng: np.random.Generator) -> tuple[list[np.ndarray], int]:
@@ -250,10 +252,11 @@ def compute(ctx: StageContext) -> dict[str, Any]:
     dims = set()
     started = time.perf_counter()
     words = {lang: language_vocabulary(catalog, dataset, lang, cfg.data.captions) for lang in languages}
-    from_e5 = [lang for lang in languages if lang not in t.vectors] if t.init == "multilingual-e5" else []
+    v = cfg.vectors
+    from_e5 = [lang for lang in languages if lang not in v.files] if v.init == "multilingual-e5" else []
     e5_lookups = multilingual_e5_lookups({lang: words[lang]["vocab"] for lang in from_e5}, t.word_dim,
                                          t.tokenizers) if from_e5 else {}  # fmt: skip
-    trained = [lang for lang in languages if lang not in t.vectors and lang not in e5_lookups]
+    trained = [lang for lang in languages if lang not in v.files and lang not in e5_lookups]
     captionless = [lang for lang in trained if not words[lang]["train"]]
     if captionless == languages:
         raise InputError(f"no training captions in {', '.join(map(repr, captionless))} to train word vectors on")
@@ -265,11 +268,11 @@ def compute(ctx: StageContext) -> dict[str, Any]:
         trained = [lang for lang in trained if lang not in captionless]
     for lang in languages:  # built once: 2 s for the real German vocabulary
         words[lang]["ngram_table"] = ngram_table(words[lang]["vocab"], lengths) if lengths else None
-    fasttext = fasttext_lookups({lang: words[lang] for lang in trained}, t)
+    fasttext = fasttext_lookups({lang: words[lang] for lang in trained}, v, t.word_dim)
     started = time.perf_counter()
     for lang in languages:
         vocab, train_counts = words[lang]["vocab"], words[lang]["train_counts"]
-        origin, lookup, dim, ngram_vector = _source(lang, vocab, t, e5_lookups, fasttext)
+        origin, lookup, dim, ngram_vector = _source(lang, vocab, v, t.word_dim, e5_lookups, fasttext)
         dims.add(dim)
         vectors, missing = _vectors_of(vocab, lookup, dim, np.random.default_rng([cfg.data.seed, len(lang)]))
         for index, (word, vector) in enumerate(zip(vocab, vectors)):

@@ -169,7 +169,7 @@ REBUILT_TINY = {
     "data.test_images": 24,
     "data.image_size": 48,
     "features.input_size": 32,
-    "text.fasttext_epochs": 3,
+    "vectors.fasttext_epochs": 3,
     "text.word_dim": 64,  # the mechanics, not the default dimension: faster
     "pretrain.epochs": 2,
     "pretrain.batch_images": 16,

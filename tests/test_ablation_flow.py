@@ -20,8 +20,8 @@ TINY = {
     "data.test_images": 16,
     "data.image_size": 48,
     "features.input_size": 32,
-    "text.fasttext_epochs": 2,
-    "text.fasttext_buckets": 100_000,
+    "vectors.fasttext_epochs": 2,
+    "vectors.fasttext_buckets": 100_000,
     "text.word_dim": 64,  # the mechanics, not the default dimension: faster
     "pretrain.epochs": 1,
     "pretrain.batch_images": 16,

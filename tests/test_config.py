@@ -57,10 +57,10 @@ def test_cli_strings_are_converted_to_the_field_types():
 
 def test_flow_parameters_may_be_json_values():
     cfg = resolve(
-        "demo", {"train.epochs": 4, "loss.nc": False, "data.languages": ["de"], "text.vectors": {"en": "x.vec"}}
+        "demo", {"train.epochs": 4, "loss.nc": False, "data.languages": ["de"], "vectors.files": {"en": "x.vec"}}
     )
     assert cfg.train.epochs == 4 and cfg.loss.nc is False and cfg.data.languages == ("de",)
-    assert cfg.text.vectors == {"en": "x.vec"}
+    assert cfg.vectors.files == {"en": "x.vec"}
 
 
 @pytest.mark.parametrize(
@@ -75,7 +75,7 @@ def test_flow_parameters_may_be_json_values():
         ({"train.epochs": 0}, "train.epochs must be at least 1"),
         ({"pretrain.margin": 0}, r"pretrain.margin must be in \(0, 2\), got 0"),
         ({"loss.margin": 2.5}, r"loss.margin must be in \(0, 2\)"),
-        ({"text.fasttext_buckets": 0}, "text.fasttext_buckets must be at least 1, got 0"),
+        ({"vectors.fasttext_buckets": 0}, "vectors.fasttext_buckets must be at least 1, got 0"),
     ],
 )
 def test_bad_options_name_the_option(overrides, message):
@@ -264,3 +264,36 @@ def test_every_option_is_defined_once_across_the_model_library_and_the_pipeline(
             twice += [f"{section.name}.{name}" for name in vars(cls).get("__annotations__", {})
                       if name in vars(base).get("__annotations__", {})]  # fmt: skip
     assert not twice, f"defined in the library and again in the pipeline: {twice}"
+
+
+def test_options_that_moved_section_are_read_under_their_new_names_said_once(caplog):
+    """add-language's options moved from `train` to `add`, and the word vectors' from `text`
+    to `vectors`: a preset, a saved deployment or a --set with the old name still runs,
+    saying once what to write instead; a config stored with a model is read in silence."""
+    import logging
+
+    from mule.config import overrides
+
+    overrides._said_renamed.clear()
+    with caplog.at_level(logging.WARNING, logger="mule.config"):
+        cfg = resolve("demo", {"text.fasttext_epochs": 2, "text.init": "multilingual-e5", "text.vectors": {"en": "x.vec"},
+                               "train.base_model": "model", "train.add_words": 1000})  # fmt: skip
+        again = resolve("demo", {"text.fasttext_epochs": 2})
+    assert (cfg.vectors.fasttext_epochs, cfg.vectors.init, cfg.vectors.files) == (2, "multilingual-e5", {"en": "x.vec"})
+    assert (cfg.add.base_model, cfg.add.words, again.vectors.fasttext_epochs) == ("model", 1000, 2)
+    said = [r.getMessage() for r in caplog.records if "is now" in r.getMessage()]
+    assert sorted(said) == sorted(["text.fasttext_epochs is now vectors.fasttext_epochs: read as it (write vectors.fasttext_epochs=...)",
+                                   "text.init is now vectors.init: read as it (write vectors.init=...)",
+                                   "text.vectors is now vectors.files: read as it (write vectors.files=...)",
+                                   "train.base_model is now add.base_model: read as it (write add.base_model=...)",
+                                   "train.add_words is now add.words: read as it (write add.words=...)"])  # fmt: skip
+    assert not hasattr(cfg.text, "fasttext_epochs") and "fasttext_epochs" not in to_dict(cfg)["text"]
+    # a model file's config from before: its text section held the vectors' options
+    stored = to_dict(cfg)
+    stored["text"] |= stored.pop("vectors") | {"vectors": {"en": "x.vec"}}
+    stored["text"].pop("files")
+    caplog.clear()
+    overrides._said_renamed.clear()
+    with caplog.at_level(logging.WARNING, logger="mule.config"):
+        assert from_dict(stored).vectors == cfg.vectors
+    assert not [r for r in caplog.records if "is now" in r.getMessage()]

@@ -27,7 +27,7 @@ from mule.data_catalog.tables import Catalog
 from mule.storage.workdir import Workdir
 
 SIZES = ["--train-images", "32", "--val-images", "16", "--test-images", "16"]
-TINY = ["data.image_size=48", "features.input_size=32", "features.shard_images=16", "text.fasttext_epochs=2", "text.fasttext_buckets=100000", "text.word_dim=64",
+TINY = ["data.image_size=48", "features.input_size=32", "features.shard_images=16", "vectors.fasttext_epochs=2", "vectors.fasttext_buckets=100000", "text.word_dim=64",
         "pretrain.epochs=1", "pretrain.batch_images=16", "train.epochs=3", "train.batch_images=16",
         "loss.mining_warmup_steps=2", "pretrain.mining_warmup_steps=2", "eval.examples=1"]  # fmt: skip
 

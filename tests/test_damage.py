@@ -32,7 +32,7 @@ from mule.pipeline.runner import Runner, untracked
 from mule.storage.workdir import Workdir
 
 TINY = {"data.train_images": 24, "data.val_images": 8, "data.test_images": 8, "data.image_size": 48,
-        "features.input_size": 32, "features.shard_images": 16, "text.fasttext_epochs": 2, "text.fasttext_buckets": 100_000, "text.word_dim": 64, "pretrain.epochs": 1,
+        "features.input_size": 32, "features.shard_images": 16, "vectors.fasttext_epochs": 2, "vectors.fasttext_buckets": 100_000, "text.word_dim": 64, "pretrain.epochs": 1,
         "pretrain.batch_images": 8, "train.epochs": 2, "train.batch_images": 8, "eval.examples": 1}  # fmt: skip
 
 # kind -> (a file of that kind, the stage that runs again after a damage; None: none does)

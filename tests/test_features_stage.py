@@ -20,7 +20,7 @@ from tests.test_image_kinds import png_claiming_size
 pytestmark = pytest.mark.slow  # the whole file: it shares one fixture of tens of seconds, or runs real processes
 
 TINY = {"data.train_images": 24, "data.val_images": 8, "data.test_images": 8, "data.image_size": 48,
-        "features.input_size": 32, "features.shard_images": 8, "text.fasttext_epochs": 2, "text.fasttext_buckets": 100_000, "text.word_dim": 64}  # fmt: skip
+        "features.input_size": 32, "features.shard_images": 8, "vectors.fasttext_epochs": 2, "vectors.fasttext_buckets": 100_000, "text.word_dim": 64}  # fmt: skip
 
 
 def ingested(root, overrides: dict) -> tuple[Workdir, object]:

@@ -197,7 +197,7 @@ def test_a_stage_is_handed_only_the_sections_it_declares():
 VARIANTS = {  # the configs that take other paths through the stages, and the stages they change
     "LP off": ({"pretrain.enabled": False}, ("pretrain", "train", "evaluate")),
     "MT captions": ({"data.captions": "human+mt"}, ("text", "pretrain", "train")),
-    "multilingual-e5 word vectors": ({"text.init": "multilingual-e5"}, ("text",)),
+    "multilingual-e5 word vectors": ({"vectors.init": "multilingual-e5"}, ("text",)),
 }
 
 

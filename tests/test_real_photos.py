@@ -23,7 +23,7 @@ from .conftest import SHARED_MULTI30K, write_gz
 PHOTOS = SHARED_MULTI30K.parent / "flickr-photos" / "images"
 # (catalog split, task1 stem, task2 stem, photos taken)
 SLICE = (("train", "train", "train", 24), ("val", "val", "val", 8), ("test_2016", "test_2016_flickr", "test_2016", 8))
-SETTINGS = {"data.dataset": "multi30k", "text.word_dim": 64, "text.fasttext_epochs": 2, "text.fasttext_buckets": 100_000, "pretrain.enabled": False,
+SETTINGS = {"data.dataset": "multi30k", "text.word_dim": 64, "vectors.fasttext_epochs": 2, "vectors.fasttext_buckets": 100_000, "pretrain.enabled": False,
             "train.epochs": 4, "train.batch_images": 8, "loss.mining_warmup_steps": 3, "eval.examples": 0}  # fmt: skip
 
 

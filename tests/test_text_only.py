@@ -12,7 +12,7 @@ from mule.tasks.shared.context import NoImagesError
 @pytest.mark.slow
 def test_text_only_dataset(tiny_multi30k, tmp_path):
     cfg = resolve("demo", {"data.dataset": "tiny", "data.source": str(tiny_multi30k), "text.word_dim": 8,
-                           "text.fasttext_epochs": 2, "text.fasttext_buckets": 100_000, "pretrain.epochs": 2, "model.mule_dim": 8, "eval.split": "train"})  # fmt: skip
+                           "vectors.fasttext_epochs": 2, "vectors.fasttext_buckets": 100_000, "pretrain.epochs": 2, "model.mule_dim": 8, "eval.split": "train"})  # fmt: skip
     wd = Workdir.at(tmp_path / "work")
     run_alone(wd, cfg, "ingest")
     with pytest.raises(NoImagesError, match="has no image files"):
@@ -51,7 +51,7 @@ def test_word_vectors_from_the_multilingual_encoder(tiny_multi30k, tmp_path):
     from mule.data_catalog.tables import Catalog
 
     cfg = resolve("demo", {"data.dataset": "tiny", "data.source": str(tiny_multi30k), "text.word_dim": 16,
-                           "text.init": "multilingual-e5"})  # fmt: skip
+                           "vectors.init": "multilingual-e5"})  # fmt: skip
     wd = Workdir.at(tmp_path / "work")
     run_alone(wd, cfg, "ingest")
     summary = run_alone(wd, cfg, "text")

@@ -35,7 +35,7 @@ def test_the_vocabulary_and_its_ngrams_do_not_depend_on_the_validation_and_test_
     tables, summaries = [], []
     for name, source in (("as-given", tiny_multi30k), ("other", other)):
         cfg = resolve("demo", {"data.dataset": "tiny", "data.source": str(source), "text.word_dim": 8,
-                               "text.fasttext_epochs": 2, "text.fasttext_buckets": 100_000, "model.ngram_lengths": "3"})  # fmt: skip
+                               "vectors.fasttext_epochs": 2, "vectors.fasttext_buckets": 100_000, "model.ngram_lengths": "3"})  # fmt: skip
         wd = Workdir.at(tmp_path / name)
         run_alone(wd, cfg, "ingest")
         summaries.append(run_alone(wd, cfg, "text"))

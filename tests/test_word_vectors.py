@@ -39,7 +39,7 @@ print(model.get_word_vector("red").shape[0], float(np.abs(model.get_word_vector(
 
 
 def test_the_bucket_count_is_the_number_of_hashed_ngram_rows_fasttext_makes(tmp_path):
-    """text.fasttext_buckets reaches fastText: its input matrix is a row per word and one per
+    """vectors.fasttext_buckets reaches fastText: its input matrix is a row per word and one per
     bucket (fastText's 2,000,000 by default), and an n-gram's row is one of the buckets."""
     (tmp_path / "corpus.txt").write_text("a red circle\na blue square\na red square\n" * 20, encoding="utf-8")
     settings = {"dim": 4, "model": "skipgram", "epochs": 1, "min_count": 1, "threads": 1}
@@ -57,7 +57,7 @@ def test_languages_trained_side_by_side_get_the_vectors_of_a_run_alone(monkeypat
     bit for bit those of one language at a time (and those of the run before)."""
     from types import SimpleNamespace
 
-    settings = SimpleNamespace(word_dim=8, fasttext_model="skipgram", fasttext_epochs=3, fasttext_min_count=1,
+    settings = SimpleNamespace(fasttext_model="skipgram", fasttext_epochs=3, fasttext_min_count=1,
                                fasttext_threads=1, fasttext_buckets=100_000)  # fmt: skip
     jobs = {}
     for lang, words in (("en", ["a", "red", "reds", "circles", "circle"]), ("de", ["ein", "roter", "rotes", "kreis", "kreise"])):
@@ -70,7 +70,7 @@ def test_languages_trained_side_by_side_get_the_vectors_of_a_run_alone(monkeypat
     for cores in (1, 4, 4):
         monkeypatch.setattr(text.devices, "usable_cores", lambda cores=cores: cores)
         monkeypatch.setattr(text.devices, "machine_cores", lambda cores=cores: cores)  # what the stage's gate reads
-        results.append(text.fasttext_lookups(jobs, settings))
+        results.append(text.fasttext_lookups(jobs, settings, 8))
     alone, together, again = results
     # one at a time, the most characters first (German's "ein" against English's "a"); the results in the config's order
     assert started[:2] == ["de", "en"] and list(alone) == ["en", "de"]

@@ -82,7 +82,7 @@ def test_spanish_from_100_captions_is_added_and_measured_on_xflickrco_s_human_ca
         "data.dataset": "multi30k-x", "data.format": "multi30k", "data.source": str(source), "data.images": str(photos),
         "data.languages": "en,de,fr,cs,es,id", "data.extra_captions": str(XFLICKRCO),
         "data.extra_files": "es/train_100=train,test=test_xflickrco", "eval.split": "test_xflickrco,test_2016",
-        "features.input_size": 64, "text.fasttext_epochs": 3, "text.fasttext_buckets": 100_000, "text.word_dim": 32,
+        "features.input_size": 64, "vectors.fasttext_epochs": 3, "vectors.fasttext_buckets": 100_000, "text.word_dim": 32,
         "pretrain.epochs": 2, "pretrain.batch_images": 16, "train.epochs": 3, "train.batch_images": 16,
         "eval.examples": 0, "add.words": 2000,
     }  # fmt: skip

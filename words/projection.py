@@ -1,5 +1,5 @@
 """Word vectors of several languages from e5's space to a model's word dimension, kept
-aligned (text.init=multilingual-e5: the offline counterpart of the paper's pretrained
+aligned (vectors.init=multilingual-e5: the offline counterpart of the paper's pretrained
 fastText and AME's aligned vectors): each word read once a machine (words/vectors.py),
 each language centred as everywhere (words/common.py), one projection for all."""
 
