@@ -1,11 +1,14 @@
 """How a config option travels from the command line to the code that uses it: the
 stack of mule's own frames when `mule run train --set train.epochs=N` constructs the
-joint training's Trainer, with the files, the calls, the floors (rooms) it passes and
-the closures and dynamic imports on the way. Runs `mule` in this process on a fresh
-workdir at the tests' tiny sizes (the whole pipeline, 1-2 minutes on 2 cores), so it
-measures any checkout, an old commit's included (`python bench/walk_option.py --repo /tmp/before`).
+joint training's Trainer, or, with `--option add.words`, when `mule run add-language
+--lang cs --set add.words=N` hands the words of the aligned start to `aligned_start`
+(`train.add_words` in checkouts before the `add` section), with the files, the calls,
+the floors (rooms) it passes and the closures on the way. Runs `mule` in this process on
+a fresh workdir at the tests' tiny sizes (the whole pipeline, 1-2 minutes on 2 cores;
+the addition another 1-2), so it measures any checkout, an old commit's included
+(`python bench/walk_option.py --repo /tmp/before`).
 
-    python bench/walk_option.py [--repo CHECKOUT] [--workdir DIR]
+    python bench/walk_option.py [--repo CHECKOUT] [--workdir DIR] [--option train.epochs|add.words]
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repo", default=str(Path(__file__).resolve().parents[1]), help="the checkout to walk")
     parser.add_argument("--workdir", default="", help="default: a new temporary folder")
+    parser.add_argument("--option", default="train.epochs", choices=("train.epochs", "add.words"))
     args = parser.parse_args()
     repo = Path(args.repo).resolve()
     os.environ.setdefault("MULE_PREFECT_EARLY_START", "1")
@@ -41,33 +45,50 @@ def main() -> None:
 
     from mule.commands.main import main as mule  # the installed mule: point it at --repo with an editable install
 
-    # the class the train stage builds: JointTrainer since 2026-12-06, else the checkout's
-    # Trainer (in training.py before 2026-11-27)
-    if (repo / "mule_core" / "training" / "joint.py").exists():  # mule_core/training/ since 2026-12-07
-        Trainer = importlib.import_module("mule.mule_core.training.joint").JointTrainer
-    elif (repo / "mule_core" / "joint_training.py").exists():
-        Trainer = importlib.import_module("mule.mule_core.joint_training").JointTrainer
-    else:
-        name = "trainer" if (repo / "mule_core" / "trainer.py").exists() else "training"
-        Trainer = importlib.import_module(f"mule.mule_core.{name}").Trainer
     walks: list[list[Frame]] = []
-    original = Trainer.__init__
 
-    def spying(self, *a, **k):
-        stack, frame = [], sys._getframe(1)
+    def stack_here() -> list[Frame]:
+        stack, frame = [], sys._getframe(2)
         while frame is not None:  # (file, line, qualified name): a closure's name says where it was made
             stack.append(Frame(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_qualname))
             frame = frame.f_back
-        stack.reverse()
-        if any(f.filename.endswith(("/stages/train.py", "/tasks/train.py")) for f in stack):
-            walks.append(stack)
-        return original(self, *a, **k)
+        return stack[::-1]
 
-    Trainer.__init__ = spying
-    sets = [x for k, v in TINY.items() for x in ("--set", f"{k}={v}")]
-    code = mule(["run", "all", "--workdir", str(workdir), *sets])
-    Trainer.__init__ = original
-    assert code == 0 and walks, f"mule run ended {code}; Trainer for train seen {len(walks)} times"
+    sections = (repo / "config" / "sections.py").read_text()
+    old_names = {} if "class VectorsConfig" in sections else {"vectors.fasttext_epochs": "text.fasttext_epochs"}
+    sets = [x for k, v in TINY.items() for x in ("--set", f"{old_names.get(k, k)}={v}")]
+    if args.option == "train.epochs":
+        Trainer = _trainer_class(repo, importlib)
+        original = Trainer.__init__
+
+        def spying(self, *a, **k):
+            stack = stack_here()
+            if any(f.filename.endswith(("/stages/train.py", "/tasks/train.py")) for f in stack):
+                walks.append(stack)
+            return original(self, *a, **k)
+
+        Trainer.__init__ = spying
+        code = mule(["run", "all", "--workdir", str(workdir), *sets])
+        Trainer.__init__ = original
+        target = "the Trainer"
+    else:
+        import subprocess  # a command's temporary Prefect server is one a process: the rebuild in its own
+
+        subprocess.run([sys.executable, "-m", "mule.commands.main", "run", "all", "--workdir", str(workdir), *sets],
+                       check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+        extend = importlib.import_module("mule.tasks.extend")  # calls aligned_start by the name it imported
+        original = extend.aligned_start
+
+        def spying(*a, **k):
+            walks.append(stack_here())
+            return original(*a, **k)
+
+        extend.aligned_start = spying
+        name = "add.words" if "class AddConfig" in sections else "train.add_words"
+        code = mule(["run", "add-language", "--lang", "cs", "--workdir", str(workdir), *sets, "--set", f"{name}=2000"])
+        extend.aligned_start = original
+        target = f"aligned_start (as {name})"
+    assert code == 0 and walks, f"mule run ended {code}; {target} seen {len(walks)} times"
     stack = walks[0][next(i for i, f in enumerate(walks[0]) if f.filename.endswith("commands/main.py")):]
     frames = [f for f in stack if f.filename.startswith(str(repo)) and "site-packages" not in f.filename]
     libraries = len(stack) - len(frames)
@@ -75,12 +96,24 @@ def main() -> None:
     rooms = [Path(f.filename).relative_to(repo).parts[0] for f in frames]
     changes = [r for i, r in enumerate(rooms) if i == 0 or r != rooms[i - 1]]
     closures = [f"{Path(f.filename).relative_to(repo)}:{f.name}" for f in frames if "<locals>" in f.name]
-    print(f"{repo}: train.epochs from `mule run` to the Trainer")
+    print(f"{repo}: {args.option} from `mule run` to {target}")
     print(f"  {len(frames)} of mule's calls in {len(files)} files (and {libraries} of Prefect's); rooms in order: "
           f"{' -> '.join(changes)}")  # fmt: skip
     print(f"  closures and callbacks on the way: {', '.join(closures) or 'none'}")
     for f in frames:
         print(f"    {Path(f.filename).relative_to(repo)}:{f.lineno} {f.name}")
+
+
+def _trainer_class(repo: Path, importlib):
+    """The class the train stage builds: JointTrainer in mule_core/training/ (since
+    2026-12-07) or mule_core/joint_training.py, else the checkout's Trainer (in
+    training.py before 2026-11-27)."""
+    if (repo / "mule_core" / "training" / "joint.py").exists():
+        return importlib.import_module("mule.mule_core.training.joint").JointTrainer
+    if (repo / "mule_core" / "joint_training.py").exists():
+        return importlib.import_module("mule.mule_core.joint_training").JointTrainer
+    name = "trainer" if (repo / "mule_core" / "trainer.py").exists() else "training"
+    return importlib.import_module(f"mule.mule_core.{name}").Trainer
 
 
 if __name__ == "__main__":
