@@ -84,7 +84,8 @@ def _evaluation_of(workdir: Workdir, meta: dict, file: Path) -> dict | None:
     from mule.data_catalog.model_files import model_digest
 
     dataset = meta.get("dataset") or meta["config"].get("data", {}).get("dataset", "")
-    name = meta["config"].get("train", {}).get("model_name", "model")
+    stored = meta["config"]  # the model's name: in `output`, in `train` before 2026-12-07
+    name = stored.get("output", {}).get("model_name") or stored.get("train", {}).get("model_name", "model")
     path = workdir.model_results_dir(dataset, name) / "evaluation.json"
     if not path.is_file() or model_digest(workdir.model_path(dataset, name)) != model_digest(file):
         return None

@@ -2,8 +2,9 @@
 
 The model and training sections are the model library's (mule_core/settings.py: model,
 loss, train, pretrain, and the parts of text and features that using a model needs); the
-sections only the pipeline reads are here (data, the text stage's word vectors, the
-features stage's runner, eval, index, translate, ablation). These types sit low enough
+sections only the pipeline reads are here (data, output: which model a run makes or
+reads, the text stage's word vectors, the features stage's runner, add, eval, index,
+translate, ablation). These types sit low enough
 that every stage may name them; resolving a config (presets, a dataset's defaults,
 overrides) is config/resolution.py.
 """
@@ -107,10 +108,12 @@ class VectorsConfig:
 
 
 @dataclass
-class TrainConfig(model_settings.TrainConfig):
-    """Training's settings are the model library's; which model file a run trains is the pipeline's."""
+class OutputConfig:
+    """Which of the dataset's models a run makes or reads: its file, results and index."""
 
-    model_name: str = "model"  # models/<dataset>/<model_name>.pt; the ablation trains several
+    # models/<dataset>/<model_name>.pt, results/<dataset>/<model_name>/, the index's folder;
+    # the ablation's rows and seeds train several ("ablation/embn-en", "seed1")
+    model_name: str = "model"
 
 
 @dataclass
@@ -121,7 +124,7 @@ class AddConfig:
     # The languages added, in order ("es" or "es,ja"): only each one's word embeddings and
     # MULE FC train (LP, then NC + the image-sentence loss), the shared model and the other
     # languages stay bit-identical. A language the dataset's languages lack (data.languages)
-    # is added to base_model, else to the rebuild's model (train.model_name), nothing
+    # is added to base_model, else to the rebuild's model (output.model_name), nothing
     # retrained: from zero captions, from the dataset's own captions in it, or from
     # `captions`. One language of data.languages with no base_model is the study: trained
     # without it, added, and to compare, every language from scratch
@@ -227,12 +230,13 @@ class AblationConfig:
 class MuleConfig:
     preset: str = "default"
     data: DataConfig = field(default_factory=DataConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
     features: FeaturesConfig = field(default_factory=FeaturesConfig)
     text: model_settings.TextConfig = field(default_factory=model_settings.TextConfig)
     vectors: VectorsConfig = field(default_factory=VectorsConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     loss: LossConfig = field(default_factory=LossConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
+    train: model_settings.TrainConfig = field(default_factory=model_settings.TrainConfig)
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     add: AddConfig = field(default_factory=AddConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)

@@ -26,7 +26,7 @@ def _names(cfg: MuleConfig) -> None:
     """Names that become paths inside the workdir."""
     try:
         check_name(cfg.data.dataset, "data.dataset")
-        check_name(cfg.train.model_name, "train.model_name", MODEL_FOLDERS)
+        check_name(cfg.output.model_name, "output.model_name", MODEL_FOLDERS)
         if cfg.add.base_model:
             check_name(cfg.add.base_model, "add.base_model", MODEL_FOLDERS)
     except BadNameError as error:

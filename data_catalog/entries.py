@@ -137,18 +137,18 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
     Entry("word vectors", "tables", lambda wd, catalog, cfg: [wd.table_path(name, cfg.data.dataset)
                                                             for name in ("word_vectors", "subword_vectors")]),
     Entry("LP model", "model", lambda wd, catalog, cfg: [catalog.lp_model_path(cfg)]),
-    Entry("model", "model", lambda wd, catalog, cfg: [wd.model_path(cfg.data.dataset, cfg.train.model_name)]),
+    Entry("model", "model", lambda wd, catalog, cfg: [wd.model_path(cfg.data.dataset, cfg.output.model_name)]),
     Entry("base model", "model", _base_model),
     Entry("added captions", "tables", _added("captions")),
     Entry("added rejects", "tables", _added("rejects")),
     Entry("added languages' captions", "tables", _added("captions", every=True)),
     Entry("caption files", "contents", _caption_files),
     Entry("evaluation", "file",
-          lambda wd, catalog, cfg: [wd.model_results_dir(cfg.data.dataset, cfg.train.model_name) / "evaluation.json"]),
+          lambda wd, catalog, cfg: [wd.model_results_dir(cfg.data.dataset, cfg.output.model_name) / "evaluation.json"]),
     Entry("gallery index", "files",
-          lambda wd, catalog, cfg: index_files.index_files(wd, cfg.data.dataset, cfg.train.model_name)),
+          lambda wd, catalog, cfg: index_files.index_files(wd, cfg.data.dataset, cfg.output.model_name)),
     Entry("translated-query evaluation", "file",
-          lambda wd, catalog, cfg: [wd.model_results_dir(cfg.data.dataset, cfg.train.model_name) / "translated_queries.json"]),
+          lambda wd, catalog, cfg: [wd.model_results_dir(cfg.data.dataset, cfg.output.model_name) / "translated_queries.json"]),
 )}  # fmt: skip
 
 # Which catalog table each entry is, for the errors that name a missing table's stage.

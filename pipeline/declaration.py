@@ -55,7 +55,7 @@ def _any_added_from_tables(cfg) -> bool:
 
 def adds_to_a_trained_model(cfg) -> bool:
     """add-language adds its languages to a model trained before (add.base_model, else the
-    rebuild's train.model_name), training nothing else; False for the study of one language of
+    rebuild's output.model_name), training nothing else; False for the study of one language of
     data.languages (trained without it, added, and every language from scratch)."""
     return bool(cfg.add.base_model) or _any_added_from_tables(cfg) or len(cfg.add.added) > 1
 
@@ -179,10 +179,9 @@ _PLACEMENT = frozenset({"train.device", "train.threads"})
 # Where the raw files are: their content is the key's ("raw files", "lexicons"), not their path.
 _WHERE = ("data.source", "data.images", "data.dictionaries")
 # Options of the training sections LP does not use: joint training's schedule and the
-# image-sentence loss; the names of trained models.
+# image-sentence loss.
 _NOT_LP = frozenset({"train.epochs", "train.lr", "train.lr_decay", "train.decay_steps", "train.warmup_steps",
-                     "train.ema", "train.batch_images", "train.sentences_per_image_many", "train.model_name",
-                     "loss.match_weight",
+                     "train.ema", "train.batch_images", "train.sentences_per_image_many", "loss.match_weight",
                      "loss.nc", "loss.nc_weight"})  # fmt: skip
 _MT = Read("mt captions", _uses_mt, "data.captions uses MT")
 _ADDED = Read("added captions", _added_from_tables, "the language added is not in data.languages")
@@ -227,21 +226,21 @@ STAGES: tuple[Stage, ...] = (
     Stage("train", "Joint training (triplet + NC + LC), best epoch on validation mR; registers the champion.",
           task="mule.tasks.train:compute", publish=_PUBLISH + "train",
           reads=("captions", _MT, "word vectors", "images", "features", _LP), slot="model",
-          config=(*_TRAINING, "data.dataset", "data.languages", "data.captions", "text.max_tokens", "text.tokenizers", "eval.ks",
-                  *_FEATURE_IDENTITY),
+          config=(*_TRAINING, "output.model_name", "data.dataset", "data.languages", "data.captions", "text.max_tokens",
+                  "text.tokenizers", "eval.ks", *_FEATURE_IDENTITY),
           operational=_PLACEMENT, threaded=True, resumes="its checkpoint of the last finished epoch"),
     Stage("evaluate", "Recall table per language on the test split, cross-lingual retrieval, figures.",
           task="mule.tasks.evaluate:compute", publish=_PUBLISH + "evaluate",
           # the LP model is what a dataset without images is evaluated with
           reads=("captions", "images", "features", "model", _LP, _EVERY_ADDED), slot="model",
-          config=("eval.", "data.dataset", "train.model_name", "data.train_images", "data.val_images",
+          config=("eval.", "data.dataset", "output.model_name", "data.train_images", "data.val_images",
                   "data.test_images", "data.seed", "data.image_size", "data.source", "train.device",
                   "add.languages", "data.languages"),
           operational=frozenset({"train.device"}), presence=frozenset({"data.source"})),
     Stage("index", "The gallery's approximate index (FAISS HNSW or IVF, 8-bit) over the model's image vectors, for mule serve.",
           task="mule.tasks.index:compute", publish=_PUBLISH + "index",
           reads=("images", "features", "model"), slot="model",
-          config=("index.kind", "index.cells", "data.dataset", "train.model_name")),
+          config=("index.kind", "index.cells", "data.dataset", "output.model_name")),
     Stage("language-captions", "An added language's captions of the dataset's images (its rows in the dataset's "
           "files, data.extra_captions, --captions tables), in a table of their own (add-language's step).",
           task="mule.tasks.language_captions:compute", publish=_PUBLISH + "language_captions", kind="step",
@@ -256,8 +255,8 @@ STAGES: tuple[Stage, ...] = (
           reads=("captions", _MT, Read("word vectors", _from_text_stage, "add.start=captions"), "images",
                  "features", "base model", _ADDED),
           slot="model",
-          config=(*_TRAINING, "add.", "data.dataset", "data.languages", "data.captions", "text.tokenizers", "eval.ks",
-                  "eval.split", *_FEATURE_IDENTITY),
+          config=(*_TRAINING, "add.", "output.model_name", "data.dataset", "data.languages", "data.captions",
+                  "text.tokenizers", "eval.ks", "eval.split", *_FEATURE_IDENTITY),
           operational=_PLACEMENT, ignores=frozenset({"add.captions"}), threaded=True,
           resumes="its checkpoints of the last finished epoch (LP, then joint training)"),
     Stage("query-translation", "A model's English branch searched with other languages' queries translated word by word "
@@ -265,7 +264,7 @@ STAGES: tuple[Stage, ...] = (
           task="mule.tasks.query_translation:compute", publish=_PUBLISH + "query_translation",
           kind="step", reads=("captions", "word vectors", "images", "features", "model", "lexicons", _EVERY_ADDED),
           slot="model",
-          config=("eval.", "data.dataset", "data.languages", "train.model_name", "train.device", "add.languages",
+          config=("eval.", "data.dataset", "data.languages", "output.model_name", "train.device", "add.languages",
                   "translate.induced_iterations", "text.tokenizers", *_WHERE),
           operational=frozenset({"train.device"}) | frozenset(_WHERE)),
     Stage("ablation", "Baselines and MULE's parts (the paper's Table 2), one child run per model.",

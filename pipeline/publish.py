@@ -111,7 +111,7 @@ def train(wd: Workdir, cfg: MuleConfig, result: dict, run_id: str | None) -> dic
     plots.close(figure)
     path = Path(result["path"])
     tracker.artifact(path)  # weights + vocabularies, loadable without pickle (data_catalog.model_files.load_model)
-    if not run_id or cfg.train.model_name != "model":  # the ablation's and add-language's variants are not registered
+    if not run_id or cfg.output.model_name != "model":  # the ablation's and add-language's variants are not registered
         return {}
     return _register(wd, cfg, run_id, path, "train", result, tracker)
 
@@ -198,9 +198,9 @@ def evaluate(wd: Workdir, cfg: MuleConfig, result: dict, run_id: str | None) -> 
     # the stage that trained it names the model's key and runs, whether this run trained it or reused it
     if not result["table"]:
         return {}
-    if cfg.train.model_name == "model":
+    if cfg.output.model_name == "model":
         trained = decisions.read_record(wd, cfg, "train")
-    elif cfg.add.added and adds_to_a_trained_model(cfg) and cfg.train.model_name == cfg.add.added_model:
+    elif cfg.add.added and adds_to_a_trained_model(cfg) and cfg.output.model_name == cfg.add.added_model:
         trained = decisions.read_record(wd, cfg, "extend")  # a language added to a trained model: registered too
     else:
         return {}

@@ -87,7 +87,7 @@ def grid(languages: list[str], seeds: list[int] | None = None, with_mt: bool = F
     def one_seed(label: str, slug: str, seed: int, overrides: dict[str, Any]) -> Model:
         suffix = "" if seed == seeds[0] else f"-s{seed}"
         return Model(f"{label}{f' (seed {seed})' if suffix else ''}", f"{slug}{suffix}",
-                     {**overrides, "train.seed": seed, "train.model_name": model_name(f"{slug}{suffix}")})  # fmt: skip
+                     {**overrides, "train.seed": seed, "output.model_name": model_name(f"{slug}{suffix}")})  # fmt: skip
 
     def models(label: str, slug: str, **overrides: Any) -> list[Model]:
         return [one_seed(label, slug, seed, overrides) for seed in seeds]
@@ -233,7 +233,7 @@ def _ablation_variants(wd: Workdir, cfg: MuleConfig) -> list[Variant]:
             variants.append(Variant(model.label, variant, steps, row.name))
         english += english_models(row.models)
     variants += [Variant(f"translate the query with {m.label}",
-                         apply_overrides(cfg, {"train.model_name": m.overrides["train.model_name"],
+                         apply_overrides(cfg, {"output.model_name": m.overrides["output.model_name"],
                                                "train.seed": m.overrides["train.seed"]}),
                          ("query-translation",), TRANSLATED) for m in english]  # fmt: skip
     return variants
@@ -285,22 +285,22 @@ def _add_language_variants(wd: Workdir, cfg: MuleConfig) -> list[Variant]:
     lp = ("pretrain",) if cfg.pretrain.enabled else ()
     return [
         Variant(f"without {lang}", apply_overrides(cfg, {"data.languages": ",".join(others),
-                "train.model_name": base_name, "add.languages": ""}), (*lp, "train", "evaluate")),
-        Variant(f"without {lang}, then {lang} added", apply_overrides(cfg, {"train.model_name": added_name}),
+                "output.model_name": base_name, "add.languages": ""}), (*lp, "train", "evaluate")),
+        Variant(f"without {lang}, then {lang} added", apply_overrides(cfg, {"output.model_name": added_name}),
                 ("extend", "evaluate")),
-        Variant("every language from scratch", apply_overrides(cfg, {"train.model_name": "model",
+        Variant("every language from scratch", apply_overrides(cfg, {"output.model_name": "model",
                 "add.languages": ""}), (*lp, "train", "evaluate")),
     ]  # fmt: skip
 
 
 def _added_to_trained(wd: Workdir, cfg: MuleConfig, langs: tuple[str, ...]) -> list[Variant]:
-    root = cfg.add.base_model or cfg.train.model_name
+    root = cfg.add.base_model or cfg.output.model_name
     path = wd.model_path(cfg.data.dataset, root)
     if not path.is_file():
         named = f"add.base_model={root!r}" if cfg.add.base_model else f"the rebuild's model ({root!r})"
         raise ConfigError(f"{named}: no model at {path} to add {', '.join(langs)} to: train one first (mule run "
                           "all), or name one with --set add.base_model=NAME (models/<dataset>/NAME.pt)")  # fmt: skip
-    variants = [Variant(f"{root}, as trained", apply_overrides(cfg, {"train.model_name": root, "add.languages": "",
+    variants = [Variant(f"{root}, as trained", apply_overrides(cfg, {"output.model_name": root, "add.languages": "",
                                                                     "add.base_model": "", "add.captions": ""}),
                         ("evaluate",), "base")]  # fmt: skip
     def files(named) -> str:  # the --captions tables of these languages (and those given for none)
@@ -314,15 +314,15 @@ def _added_to_trained(wd: Workdir, cfg: MuleConfig, langs: tuple[str, ...]) -> l
                                     ("language-captions",), lang))  # fmt: skip
         named = apply_overrides(cfg, chain)
         variants.append(Variant(f"{lang} added to {named.add.extended_model}",
-                                apply_overrides(cfg, {**chain, "train.model_name": named.add.added_model}),
+                                apply_overrides(cfg, {**chain, "output.model_name": named.add.added_model}),
                                 ("extend",), lang))  # fmt: skip
     full = apply_overrides(cfg, {"add.base_model": root})
-    final = apply_overrides(full, {"train.model_name": full.add.added_model})
-    variants.append(Variant(f"{final.train.model_name}, measured", final, ("evaluate",), "added"))
+    final = apply_overrides(full, {"output.model_name": full.add.added_model})
+    variants.append(Variant(f"{final.output.model_name}, measured", final, ("evaluate",), "added"))
     # beside it: the added languages' queries translated into English word by word, read by the base's English branch
     if "en" in cfg.data.languages:
         variants.append(Variant(f"{', '.join(langs)} queries translated into en for {root}",
-                                apply_overrides(full, {"train.model_name": root}), ("query-translation",),
+                                apply_overrides(full, {"output.model_name": root}), ("query-translation",),
                                 "translated"))  # fmt: skip
     return variants
 
@@ -341,8 +341,8 @@ def _add_language_report(wd: Workdir, cfg: MuleConfig, variants: list[Variant], 
                  for lang in cfg.add.added if lang in steps}  # fmt: skip
         translated = next((results[v.label]["query-translation"] for v in variants if v.row == "translated"), None)
         return sweep_reports.added_languages_report(wd, cfg, results[base.label]["evaluate"],
-                                              results[final.label]["evaluate"], added, base.cfg.train.model_name,
-                                              final.cfg.train.model_name, run_id, translated)  # fmt: skip
+                                              results[final.label]["evaluate"], added, base.cfg.output.model_name,
+                                              final.cfg.output.model_name, run_id, translated)  # fmt: skip
     rows = {v.label: {"train": results[v.label].get("extend") or results[v.label].get("train"),
                       "evaluation": results[v.label]["evaluate"]} for v in variants}  # fmt: skip
     return sweep_reports.add_language_report(wd, cfg, cfg.add.languages, rows, run_id)

@@ -94,11 +94,11 @@ def compute(ctx: StageContext) -> dict[str, Any]:
         raise MissingInputError(f"eval.split={cfg.eval.split!r} names no split")
     if queries.image_file_count(catalog, dataset) == 0:
         return _evaluate_text_only(ctx, splits)
-    path = wd.model_path(dataset, cfg.train.model_name)
+    path = wd.model_path(dataset, cfg.output.model_name)
     model, meta = load_model(path)
     device = resolve_device(cfg.train.device)
     layers = ("mule", "joint") if model.has_mule else ("joint",)
-    out = wd.model_results_dir(dataset, cfg.train.model_name)
+    out = wd.model_results_dir(dataset, cfg.output.model_name)
     results = {}
     # a language added to a trained model: its captions are in a table of their own (add.languages names it)
     added = tuple(x for x in added_from_tables(cfg) if x in meta["vocabulary"].languages)

@@ -189,7 +189,7 @@ def _train(ctx: StageContext, a: Addition, model, splits: Splits) -> tuple[list,
     elif splits.val_captions != "human":
         log.warning("no human %s captions in the validation split: the epochs are chosen on its machine-"
                     "translated ones", lang, extra=SHOWN)  # fmt: skip
-    loss, device, name = replace(cfg.loss, lc=False, nc=True), resolve_device(cfg.train.device), cfg.train.model_name
+    loss, device, name = replace(cfg.loss, lc=False, nc=True), resolve_device(cfg.train.device), cfg.output.model_name
     lp_epoch = None
     if cfg.pretrain.enabled and cfg.pretrain.epochs > 0:
         lp_epoch = _lp(ctx, model, splits.lp, splits.val if validated else None, loss, device, lang,
@@ -231,7 +231,7 @@ def _save(ctx: StageContext, a: Addition, model, splits: Splits, trainable: int,
     tokenizers = {**(meta.get("tokenizers") or {}),
                   **caption_tokenizers(catalog, queries.added_dataset(dataset, lang) if a.added else dataset, [lang],
                                        cfg.text.tokenizers, "extend")}  # fmt: skip
-    path = ctx.workdir.model_path(dataset, cfg.train.model_name)
+    path = ctx.workdir.model_path(dataset, cfg.output.model_name)
     base_cfg = meta["cfg"]
     saved_cfg = replace(cfg, model=base_cfg.model, text=replace(cfg.text, word_dim=base_cfg.text.word_dim,
                                                                  max_tokens=base_cfg.text.max_tokens))  # fmt: skip

@@ -20,7 +20,7 @@ from mule.tasks.shared.context import StageContext, logger
 
 def compute(ctx: StageContext) -> dict[str, Any]:
     wd, catalog, cfg = ctx.workdir, ctx.catalog, ctx.cfg
-    dataset, name = cfg.data.dataset, cfg.train.model_name
+    dataset, name = cfg.data.dataset, cfg.output.model_name
     path = wd.model_path(dataset, name)
     model, meta = load_model(path)
     if model.image_branch is None:

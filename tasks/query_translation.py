@@ -36,11 +36,11 @@ ENGLISH = "en"
 
 def compute(ctx: StageContext) -> dict[str, Any]:
     """mR per query language (English itself, and each other language translated) of the
-    model cfg.train.model_name's English branch on the evaluation split."""
+    model cfg.output.model_name's English branch on the evaluation split."""
     wd, catalog, cfg = ctx.workdir, ctx.catalog, ctx.cfg
     dataset = cfg.data.dataset
-    out = wd.model_results_dir(dataset, cfg.train.model_name)
-    path = wd.model_path(dataset, cfg.train.model_name)
+    out = wd.model_results_dir(dataset, cfg.output.model_name)
+    path = wd.model_path(dataset, cfg.output.model_name)
     model, meta = load_model(path)
     if ENGLISH not in meta["vocabulary"].languages:
         raise UserError(f"{path} has no English branch to read translated queries: {meta['vocabulary'].languages}")

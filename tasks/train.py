@@ -104,7 +104,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
         out["val.mean_mR"] = result.score
         return out | {f"val.{lang}.mR": row["mR"] for lang, row in (result.validation or {}).items()}
 
-    path = wd.model_path(dataset, cfg.train.model_name)
+    path = wd.model_path(dataset, cfg.output.model_name)
 
     def keep(history) -> None:
         best = next((r for r in history if r.epoch == trainer.best_epoch), None)
@@ -113,7 +113,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
                    val_table=best.validation if best else None, parameters=counts, tokenizers=tokenizers,
                    extractor_numerics=(catalog.extractor_info(dataset, extractor) or {}).get("numerics"))  # fmt: skip
 
-    checkpoint = wd.checkpoint_path(dataset, cfg.train.model_name)
+    checkpoint = wd.checkpoint_path(dataset, cfg.output.model_name)
     history, seconds = fit_checkpointed(ctx, trainer, checkpoint, "train", metrics, keep)
     log.info("training done: best epoch %d of %d, val mean mR %.2f; model at %s",
              trainer.best_epoch, cfg.train.epochs, trainer.best_score, path, extra=SHOWN)  # fmt: skip

@@ -42,7 +42,7 @@ def test_the_grid_names_the_paper_rows_and_switches_one_thing_at_a_time():
     mule = {r.name: r.models[0].overrides for r in rows[2:]}
     switches = [(o["loss.nc"], o["loss.lc"], o["pretrain.enabled"]) for o in mule.values()]
     assert switches == [(False, False, False), (True, False, False), (True, True, False), (True, True, True)]
-    names = [m.overrides["train.model_name"] for r in rows for m in r.models]
+    names = [m.overrides["output.model_name"] for r in rows for m in r.models]
     assert len(names) == len(set(names))  # one model file (and one record) per model
     # Table 2 is human captions only, even under a preset that reads MT (some-photos)
     assert {m.overrides["data.captions"] for r in rows for m in r.models} == {"human"}
@@ -69,7 +69,7 @@ def test_table_4_rows_come_with_the_translate_stages_output():
     assert len(slugs) == len(set(slugs))  # every model its own file
     # translate-the-query keeps using the English EmbN trained on human captions only
     english = english_models([m for r in rows.values() for m in r.models])
-    assert [m.overrides["train.model_name"] for m in english] == ["ablation/embn-en"]
+    assert [m.overrides["output.model_name"] for m in english] == ["ablation/embn-en"]
 
 
 def test_markdown_table():
@@ -128,7 +128,7 @@ def test_several_seeds_average_each_language_and_count_parameters_once():
     embn = grid(["en", "fr"], seeds=[0, 1])[0]
     assert [m.slug for m in embn.models] == ["embn-en", "embn-en-s1", "embn-fr", "embn-fr-s1"]
     # translate-the-query reads every seed's English model, and only those
-    assert [m.overrides["train.model_name"] for m in english_models(embn.models)] == [
+    assert [m.overrides["output.model_name"] for m in english_models(embn.models)] == [
         "ablation/embn-en",
         "ablation/embn-en-s1",
     ]

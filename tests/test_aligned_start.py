@@ -56,7 +56,7 @@ def spanish_added(rebuilt, tmp_path_factory):
     from mule.pipeline.runner import Runner, untracked
 
     wd = copy_of_rebuilt(rebuilt, tmp_path_factory, "aligned")
-    cfg = resolve("demo", {**SPANISH, "train.model_name": "model+es"})
+    cfg = resolve("demo", {**SPANISH, "output.model_name": "model+es"})
     result = Runner(wd, untracked()).run(cfg, "extend", force=True)
     return wd, result, cfg
 
@@ -85,7 +85,7 @@ def test_a_language_with_no_captions_trains_on_english_translated_into_it(rebuil
     from mule.pipeline.runner import Runner, untracked
 
     wd = copy_of_rebuilt(rebuilt, tmp_path_factory, "translate-train")
-    cfg = resolve("demo", {**SPANISH, "train.model_name": "model+es-mt", "data.captions": "human+mt",
+    cfg = resolve("demo", {**SPANISH, "output.model_name": "model+es-mt", "data.captions": "human+mt",
                            "translate.backend": "aligned", "translate.pairs": "en-es",
                            "translate.aligned_words": 300})  # fmt: skip
     runner = Runner(wd, untracked())

@@ -320,8 +320,8 @@ def test_a_name_that_would_become_a_path_outside_the_workdir_is_refused_in_one_l
     assert main(["run", "ingest", "--workdir", str(work), "--dataset", str(photos)]) == 2
     err = capsys.readouterr().err
     assert f"--dataset {photos} is a folder" in err and f"--dataset photos --source {photos}" in err
-    assert main(["run", "train", "--workdir", str(work), "--set", "train.model_name=../../../x/model"]) == 2
-    assert "train.model_name='../../../x/model' is a path: a name is letters, digits and" in capsys.readouterr().err
+    assert main(["run", "train", "--workdir", str(work), "--set", "output.model_name=../../../x/model"]) == 2
+    assert "output.model_name='../../../x/model' is a path: a name is letters, digits and" in capsys.readouterr().err
     for value in ("../x", "/etc/x", "a/b", "a\\b"):
         assert main(["search", "hello", "--workdir", str(work), "--dataset", value]) == 2
         assert f"--dataset={value!r} is a path" in capsys.readouterr().err

@@ -243,9 +243,9 @@ def test_the_photos_counted_are_the_image_files_below_the_folder_named(tmp_path)
 
 
 def test_every_option_is_defined_once_across_the_model_library_and_the_pipeline():
-    """The pipeline's sections extend the model library's (features, text, train): each
-    field has one definition, the library's or the pipeline's, never both; and every
-    section the library defines is the one the pipeline's config holds or extends."""
+    """Each section is one class: the model library's own (text, model, loss, train,
+    pretrain), or the pipeline's; only features extends the library's extractor with the
+    stage's runner options, each field defined once, the library's or the pipeline's."""
     import dataclasses
 
     from mule.config.sections import MuleConfig
@@ -260,6 +260,7 @@ def test_every_option_is_defined_once_across_the_model_library_and_the_pipeline(
         cls = type(getattr(MuleConfig(), section.name))
         if section.name in library:
             assert issubclass(cls, library[section.name]), f"{section.name}: {cls} is not the library's section"
+            assert cls is library[section.name] or section.name == "features", f"{section.name}: {cls} is a second class"
         for base in cls.__mro__[1:]:
             twice += [f"{section.name}.{name}" for name in vars(cls).get("__annotations__", {})
                       if name in vars(base).get("__annotations__", {})]  # fmt: skip
@@ -267,8 +268,8 @@ def test_every_option_is_defined_once_across_the_model_library_and_the_pipeline(
 
 
 def test_options_that_moved_section_are_read_under_their_new_names_said_once(caplog):
-    """add-language's options moved from `train` to `add`, and the word vectors' from `text`
-    to `vectors`: a preset, a saved deployment or a --set with the old name still runs,
+    """add-language's options moved from `train` to `add`, the word vectors' from `text`
+    to `vectors`, and the model's name from `train` to `output`: a preset, a saved deployment or a --set with the old name still runs,
     saying once what to write instead; a config stored with a model is read in silence."""
     import logging
 
@@ -277,23 +278,27 @@ def test_options_that_moved_section_are_read_under_their_new_names_said_once(cap
     overrides._said_renamed.clear()
     with caplog.at_level(logging.WARNING, logger="mule.config"):
         cfg = resolve("demo", {"text.fasttext_epochs": 2, "text.init": "multilingual-e5", "text.vectors": {"en": "x.vec"},
-                               "train.base_model": "model", "train.add_words": 1000})  # fmt: skip
+                               "train.base_model": "model", "train.add_words": 1000, "train.model_name": "seed1"})  # fmt: skip
         again = resolve("demo", {"text.fasttext_epochs": 2})
     assert (cfg.vectors.fasttext_epochs, cfg.vectors.init, cfg.vectors.files) == (2, "multilingual-e5", {"en": "x.vec"})
     assert (cfg.add.base_model, cfg.add.words, again.vectors.fasttext_epochs) == ("model", 1000, 2)
+    assert cfg.output.model_name == "seed1" and not hasattr(cfg.train, "model_name")
     said = [r.getMessage() for r in caplog.records if "is now" in r.getMessage()]
     assert sorted(said) == sorted(["text.fasttext_epochs is now vectors.fasttext_epochs: read as it (write vectors.fasttext_epochs=...)",
                                    "text.init is now vectors.init: read as it (write vectors.init=...)",
                                    "text.vectors is now vectors.files: read as it (write vectors.files=...)",
                                    "train.base_model is now add.base_model: read as it (write add.base_model=...)",
-                                   "train.add_words is now add.words: read as it (write add.words=...)"])  # fmt: skip
+                                   "train.add_words is now add.words: read as it (write add.words=...)",
+                                   "train.model_name is now output.model_name: read as it (write output.model_name=...)"])  # fmt: skip
     assert not hasattr(cfg.text, "fasttext_epochs") and "fasttext_epochs" not in to_dict(cfg)["text"]
     # a model file's config from before: its text section held the vectors' options
     stored = to_dict(cfg)
     stored["text"] |= stored.pop("vectors") | {"vectors": {"en": "x.vec"}}
     stored["text"].pop("files")
+    stored["train"]["model_name"] = stored.pop("output")["model_name"]
     caplog.clear()
     overrides._said_renamed.clear()
     with caplog.at_level(logging.WARNING, logger="mule.config"):
-        assert from_dict(stored).vectors == cfg.vectors
+        read = from_dict(stored)
+        assert read.vectors == cfg.vectors and read.output == cfg.output
     assert not [r for r in caplog.records if "is now" in r.getMessage()]

@@ -165,15 +165,15 @@ def test_a_stage_s_computation_reads_only_options_it_declares(name, workdir):
 def test_the_sweeps_steps_read_only_options_they_declare(workdir):
     """extend (adding a language to a model trained without it) and query-translation (an
     English model read through lexicons), each on a tiny model trained for it."""
-    without_cs = {"data.languages": "en,de,fr", "train.model_name": "without-cs", "train.epochs": 2,
+    without_cs = {"data.languages": "en,de,fr", "output.model_name": "without-cs", "train.epochs": 2,
                   "pretrain.epochs": 1}  # fmt: skip
     run_recorded(workdir, "pretrain", without_cs)
     run_recorded(workdir, "train", without_cs)
-    options = run_recorded(workdir, "extend", {"add.languages": "cs", "train.model_name": "without-cs+cs",
+    options = run_recorded(workdir, "extend", {"add.languages": "cs", "output.model_name": "without-cs+cs",
                                                "train.epochs": 2, "pretrain.epochs": 1, "add.words": 1000})  # fmt: skip
     missing = undeclared("extend", options)
     assert not missing, f"extend reads {missing} without declaring them"
-    english = {"data.languages": "en", "train.model_name": "english", "train.epochs": 2, "pretrain.enabled": False}
+    english = {"data.languages": "en", "output.model_name": "english", "train.epochs": 2, "pretrain.enabled": False}
     run_recorded(workdir, "train", english)
     options = run_recorded(workdir, "query-translation", english)
     missing = undeclared("query-translation", options)
@@ -186,9 +186,9 @@ def test_a_stage_is_handed_only_the_sections_it_declares():
     from mule.config.stage_view import UndeclaredSectionError, declared_sections
 
     index = BY_NAME["index"]
-    assert index.sections == {"index", "data", "train"}
+    assert index.sections == {"index", "data", "output"}  # not train: the model's name is output's
     cfg = declared_sections(resolve("demo"), index.name, index.sections)
-    assert cfg.index.kind == "hnsw-sq8" and cfg.train.model_name == "model"
+    assert cfg.index.kind == "hnsw-sq8" and cfg.output.model_name == "model"
     with pytest.raises(UndeclaredSectionError, match=r"stage index read translate.backend, and its declaration"):
         cfg.translate.backend  # noqa: B018
     assert copy.deepcopy(cfg).features is cfg.features  # a copy of the config (a sweep's variant) keeps it so
