@@ -114,6 +114,11 @@ class OutputConfig:
     # models/<dataset>/<model_name>.pt, results/<dataset>/<model_name>/, the index's folder;
     # the ablation's rows and seeds train several ("ablation/embn-en", "seed1")
     model_name: str = "model"
+    # The trained model's word and n-gram tables (nearly all its weights) stored in float16:
+    # half the bytes of the file, its MLflow copy and its registered version. The train stage
+    # rounds its model to them when training ends, so the file evaluated and served is the
+    # model trained; training itself, LP's file and checkpoints stay float32
+    half_tables: bool = True
 
 
 @dataclass

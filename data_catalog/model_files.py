@@ -39,8 +39,9 @@ def save_model(path: Path, model: MuleModel, cfg: Any, vocabulary: Vocabulary, h
                **meta: Any) -> None:  # fmt: skip
     """`cfg`: the config it was trained under (the pipeline's MuleConfig): every section the
     training stage was given (its declared ones). `half`: languages whose word and n-gram
-    tables are stored in float16 (an added language's: half the bytes; mule_core.model.
-    half_tables rounds the model itself first, so what loads is what was measured)."""
+    tables are stored in float16 (half the bytes: output.half_tables, and an added language's
+    always; mule_core.model.half_tables rounds the model itself first, so what loads is
+    what was measured)."""
     stored = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     for lang in half:
         for name in (f"branches.{lang}.embed.weight", f"branches.{lang}.subwords.vectors.weight"):

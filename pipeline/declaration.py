@@ -226,7 +226,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("train", "Joint training (triplet + NC + LC), best epoch on validation mR; registers the champion.",
           task="mule.tasks.train:compute", publish=_PUBLISH + "train",
           reads=("captions", _MT, "word vectors", "images", "features", _LP), slot="model",
-          config=(*_TRAINING, "output.model_name", "data.dataset", "data.languages", "data.captions", "text.max_tokens",
+          config=(*_TRAINING, "output.", "data.dataset", "data.languages", "data.captions", "text.max_tokens",
                   "text.tokenizers", "eval.ks", *_FEATURE_IDENTITY),
           operational=_PLACEMENT, threaded=True, resumes="its checkpoint of the last finished epoch"),
     Stage("evaluate", "Recall table per language on the test split, cross-lingual retrieval, figures.",
