@@ -81,11 +81,16 @@ def _towers(model, meta: dict, weights: Path | None) -> tuple[dict[str, bytes], 
 def _evaluation_of(workdir: Workdir, meta: dict, file: Path) -> dict | None:
     """The evaluate stage's results for this very model (the workdir's model file holds the
     same weights and vocabularies), else None."""
+    from mule.config.overrides import from_dict
     from mule.data_catalog.model_files import model_digest
+    from mule.mule_core.settings import ConfigError
 
-    dataset = meta.get("dataset") or meta["config"].get("data", {}).get("dataset", "")
-    stored = meta["config"]  # the model's name: in `output`, in `train` before 2026-12-07
-    name = stored.get("output", {}).get("model_name") or stored.get("train", {}).get("model_name", "model")
+    try:  # the config it was trained under, its options read under today's names
+        cfg = from_dict(meta["config"])
+    except ConfigError:  # a file from another version of mule: no results of it to find here
+        return None
+    dataset = meta.get("dataset") or cfg.data.dataset
+    name = cfg.output.model_name
     path = workdir.model_results_dir(dataset, name) / "evaluation.json"
     if not path.is_file() or model_digest(workdir.model_path(dataset, name)) != model_digest(file):
         return None

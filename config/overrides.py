@@ -122,9 +122,10 @@ RETIRED_OPTIONS = {
 
 # Options renamed: the old name is read as the new one, said once a process (a preset, a
 # saved deployment or a stored config written with it still runs)
-RENAMED_OPTIONS = {"train.model_name": "output.model_name", "train.add_language": "add.languages", "train.base_model": "add.base_model",
-                   "train.add_captions": "add.captions", "train.add_start": "add.start",
-                   "train.add_words": "add.words", "text.vectors": "vectors.files", "text.init": "vectors.init",
+RENAMED_OPTIONS = {"train.model_name": "output.model_name",
+                   "train.add_language": "add.languages", "train.base_model": "add.base_model",
+                   "train.add_captions": "add.captions", "train.add_start": "add.start", "train.add_words": "add.words",
+                   "text.vectors": "vectors.files", "text.init": "vectors.init",
                    **{f"text.fasttext_{name}": f"vectors.fasttext_{name}"
                       for name in ("model", "epochs", "min_count", "buckets", "threads")}}  # fmt: skip
 _said_renamed: set[str] = set()
