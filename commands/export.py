@@ -144,7 +144,7 @@ def model_card(meta: dict, label: str, evaluation: dict | None, towers: dict | N
         'texts = model.encode_text(["a dog runs on the beach"])   # language detected from the vocabularies',
         'images = model.encode_image(["photo.jpg"])', "scores = texts @ images.T", "```", "",
         "Needs `pip install mule` (the model's code); no workdir, MLflow or network. Weights: "
-        "`model.safetensors`; words: `vocab/<lang>.txt`; image preprocessing: `visual/preprocess_cfg.json`.", "",
+        "`model.safetensors` (an int8 table `T` comes with `T_scale`, one float32 a row: `T.float() * T_scale[:, None]`); words: `vocab/<lang>.txt`; image preprocessing: `visual/preprocess_cfg.json`.", "",
         *(_onnx_lines(towers) if towers else []),
         "## Training data", "",
         f"- dataset `{dataset}`, captions in {', '.join(languages)} ({data.get('captions', 'human')} captions)",

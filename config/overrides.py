@@ -128,6 +128,9 @@ RENAMED_OPTIONS = {"train.model_name": "output.model_name",
                    "text.vectors": "vectors.files", "text.init": "vectors.init",
                    **{f"text.fasttext_{name}": f"vectors.fasttext_{name}"
                       for name in ("model", "epochs", "min_count", "buckets", "threads")}}  # fmt: skip
+# renamed options whose values changed shape too: the old value read as the new option's
+RENAMED_VALUES = {"output.half_tables": ("output.tables", lambda v: "float16" if str(v).lower() in ("true", "1")
+                                         else "float32")}  # fmt: skip
 _said_renamed: set[str] = set()
 
 
@@ -137,6 +140,9 @@ def renamed(overrides: dict[str, Any], say: bool = True) -> dict[str, Any]:
     out = {}
     for key, value in overrides.items():
         new = RENAMED_OPTIONS.get(key)
+        if key in RENAMED_VALUES:
+            new, convert = RENAMED_VALUES[key]
+            value = convert(value)
         if new is None:
             out[key] = value
             continue

@@ -5,7 +5,7 @@ from __future__ import annotations
 from mule.config.sections import IndexConfig, MuleConfig, caption_file
 from mule.datasets.formats import FORMATS
 from mule.mule_core.languages import language_code, language_pair, tokenizer_name
-from mule.mule_core.settings import ConfigError
+from mule.mule_core.settings import TABLE_PRECISIONS, ConfigError
 from mule.storage.workdir import MODEL_FOLDERS, BadNameError, check_name
 
 
@@ -31,6 +31,8 @@ def _names(cfg: MuleConfig) -> None:
             check_name(cfg.add.base_model, "add.base_model", MODEL_FOLDERS)
     except BadNameError as error:
         raise ConfigError(str(error)) from None
+    if cfg.output.tables not in TABLE_PRECISIONS:
+        raise ConfigError(f"output.tables must be one of {', '.join(TABLE_PRECISIONS)}, got {cfg.output.tables!r}")
 
 
 def _features_text_and_model(cfg: MuleConfig) -> None:

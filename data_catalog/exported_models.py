@@ -4,7 +4,8 @@ MLflow and no network (`mule export` writes them; `mule.api.load(folder)` reads 
     <folder>/
       mule_model.json        the format, the languages, the dimensions, the settings it was
                              trained under, the tokenisers' identities, the image extractor's name
-      model.safetensors      the weights (safetensors: no pickle)
+      model.safetensors      the weights (safetensors: no pickle; an int8 table T beside
+                             T_scale, a float32 per row: T = T.float() * T_scale[:, None])
       vocab/<lang>.txt       each language's words in embedding-row order, one per line
       README.md              the model card
       extractor-weights.*    the image extractor's ImageNet weights, when they could be found
@@ -47,6 +48,7 @@ from mule.mule_core.extractor_names import resize_for
 from mule.mule_core.model import MuleModel
 from mule.mule_core.progress import SHOWN
 from mule.mule_core.settings import settings_from_dict
+from mule.mule_core.table_precision import loaded_tables
 from mule.mule_core.vocabulary import Vocab, Vocabulary
 from mule.storage.locks import folder_lock
 
@@ -268,7 +270,7 @@ def read_model_folder(folder: Path) -> tuple[MuleModel, dict[str, Any]]:
     vocabulary = Vocabulary(list(data["languages"]), vocab, ngram_lengths=lengths)
     model = MuleModel(data["languages"], vocabulary.sizes, word_widths(data), data["image_dim"], cfg.model,
                       vocabulary.words)  # fmt: skip
-    model.load_state_dict(load_file(str(folder / "model.safetensors")))
+    model.load_state_dict(loaded_tables(load_file(str(folder / "model.safetensors"))))
     preprocess = json.loads((folder / PREPROCESS).read_text(encoding="utf-8"))
     if preprocess.get("weights_file"):
         data["extractor_weights_file"] = str(folder / preprocess["weights_file"])

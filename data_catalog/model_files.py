@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ import torch
 from mule.mule_core.errors import InputError, MissingInputError
 from mule.mule_core.model import MuleModel, word_dims
 from mule.mule_core.settings import settings_from_dict
+from mule.mule_core.table_precision import loaded_tables, stored_tables
 from mule.mule_core.vocabulary import Vocab, Vocabulary
 from mule.storage.atomic import write_atomic
 
@@ -35,18 +36,17 @@ def save_atomic(obj: Any, path: Path) -> None:
     write_atomic(path, lambda tmp: torch.save(obj, tmp))
 
 
-def save_model(path: Path, model: MuleModel, cfg: Any, vocabulary: Vocabulary, half: Sequence[str] = (),
+def save_model(path: Path, model: MuleModel, cfg: Any, vocabulary: Vocabulary, tables: Mapping[str, str] | None = None,
                **meta: Any) -> None:  # fmt: skip
     """`cfg`: the config it was trained under (the pipeline's MuleConfig): every section the
-    training stage was given (its declared ones). `half`: languages whose word and n-gram
-    tables are stored in float16 (half the bytes: output.half_tables, and an added language's
-    always; mule_core.model.half_tables rounds the model itself first, so what loads is
-    what was measured)."""
+    training stage was given (its declared ones). `tables`: languages whose word and n-gram
+    tables are stored in float16 or int8 (output.tables; mule_core.table_precision), the
+    others' in float32; mule_core.model.round_tables rounds the model itself first, so what
+    loads is what was measured."""
+    tables = {lang: p for lang, p in (tables or {}).items() if p != "float32"}
     stored = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    for lang in half:
-        for name in (f"branches.{lang}.embed.weight", f"branches.{lang}.subwords.vectors.weight"):
-            if name in stored:
-                stored[name] = stored[name].half()
+    stored = stored_tables(stored, {name: tables[lang] for lang in tables for name in
+                                    (f"branches.{lang}.embed.weight", f"branches.{lang}.subwords.vectors.weight")})
     dims = word_dims(model)
     save_atomic(
         {
@@ -59,7 +59,7 @@ def save_model(path: Path, model: MuleModel, cfg: Any, vocabulary: Vocabulary, h
             "vocab": vocabulary.words,
             "word_dim": dims[model.languages[0]],
             "word_dims": dims,  # each language's: an added language's is narrower
-            "half_tables": list(half),
+            "tables": tables,  # each language's tables' precision where not float32
             "image_dim": model.image_mean.numel() if model.image_branch is not None else None,
             "created": time.time(),
             **meta,
@@ -81,10 +81,16 @@ def load_model(path: Path) -> tuple[MuleModel, dict]:
                             ngram_lengths=lengths)  # fmt: skip
     model = MuleModel(data["languages"], vocabulary.sizes, word_widths(data), data["image_dim"], cfg.model,
                       vocabulary.words)  # fmt: skip
-    model.load_state_dict(data["state_dict"])  # float16 tables become the model's float32
+    model.load_state_dict(loaded_tables(data["state_dict"]))  # float16 and int8 tables become the model's float32
     data["vocabulary"] = vocabulary
     data["cfg"] = cfg
     return model.eval(), data
+
+
+def table_precisions(data: dict) -> dict[str, str]:
+    """Each language's stored table precision where not float32 (files of before int8 list
+    their float16 languages as "half_tables")."""
+    return dict(data.get("tables") or {lang: "float16" for lang in data.get("half_tables", [])})
 
 
 def word_widths(data: dict) -> int | dict[str, int]:
@@ -98,15 +104,13 @@ def model_digest(path: Path) -> str | None:
     if not Path(path).exists():
         return None
     data = torch.load(path, map_location="cpu", weights_only=True)
-    return weights_digest(data["vocab"], data["state_dict"])
+    return weights_digest(data["vocab"], loaded_tables(data["state_dict"]))
 
 
 def weights_digest(vocab: dict[str, list[str]], state_dict: dict[str, torch.Tensor]) -> str:
-    """A model's identity: its vocabularies and weights, however it was opened."""
+    """A model's identity: its vocabularies and weights (float32, as they load), however it was opened."""
     digest = hashlib.sha256(repr(sorted(vocab.items())).encode())
     for name, tensor in sorted(state_dict.items()):
         digest.update(name.encode())
-        if tensor.dtype == torch.float16:  # a table stored in half: the model it loads as is float32
-            tensor = tensor.float()
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()[:16]

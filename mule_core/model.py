@@ -24,6 +24,7 @@ from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 
 from mule.mule_core.subwords import SubwordVectors, gather_rows
+from mule.mule_core.table_precision import check_precision, rounded
 
 if TYPE_CHECKING:  # annotations only: a model is code of its own, not of the config's module
     from mule.mule_core.settings import ModelConfig
@@ -395,14 +396,21 @@ def with_added_language(base: MuleModel, cfg: ModelConfig, lang: str, vocab_size
     return model
 
 
-def half_tables(model: MuleModel, languages: Sequence[str]) -> None:
-    """Rounds these languages' word and n-gram tables to float16 precision, in place (they
-    stay float32 tensors): what a model file stores of them (data_catalog.model_files), so
-    the model measured, served and saved is one model."""
+def round_tables(model: MuleModel, precisions: Mapping[str, str]) -> dict[str, str]:
+    """Rounds each named language's word and n-gram tables to its precision (float32,
+    float16 or int8: mule_core.table_precision), in place (they stay float32 tensors): what
+    a model file stores of them (data_catalog.model_files), so the model measured, served
+    and saved is one model. Returns the tables' parameter names and their precisions."""
+    names = {}
     with torch.no_grad():
-        for lang in languages:
-            for table in model.branches[lang].word_parameters():
-                table.copy_(table.half().float())
+        for lang, precision in precisions.items():
+            check_precision(precision, f"{lang}'s tables")
+            tables = {id(t) for t in model.branches[lang].word_parameters()}
+            for name, table in model.branches[lang].named_parameters():
+                if id(table) in tables:
+                    table.copy_(rounded(table, precision))
+                    names[f"branches.{lang}.{name}"] = precision
+    return names
 
 
 def build_model(cfg: ModelConfig, vocabulary: Vocabulary, image_dim: int | None) -> MuleModel:

@@ -178,6 +178,10 @@ class ModelSettings:
 
 # Options added later whose default changed what a model is: a stored config without them
 # was trained as this value says, whatever today's default.
+# how a model file may store its word and n-gram tables (mule_core.table_precision; here,
+# without torch, for the config's check)
+TABLE_PRECISIONS = ("float32", "float16", "int8")
+
 INTRODUCED = {"model": {"subwords": False}}  # one vector per word before 2026-11-25
 
 

@@ -255,7 +255,7 @@ STAGES: tuple[Stage, ...] = (
           reads=("captions", _MT, Read("word vectors", _from_text_stage, "add.start=captions"), "images",
                  "features", "base model", _ADDED),
           slot="model",
-          config=(*_TRAINING, "add.", "output.model_name", "data.dataset", "data.languages", "data.captions",
+          config=(*_TRAINING, "add.", "output.model_name", "output.tables", "data.dataset", "data.languages", "data.captions",
                   "text.tokenizers", "eval.ks", "eval.split", *_FEATURE_IDENTITY),
           operational=_PLACEMENT, ignores=frozenset({"add.captions"}), threaded=True,
           resumes="its checkpoints of the last finished epoch (LP, then joint training)"),

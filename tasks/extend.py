@@ -13,8 +13,9 @@ must be bit-identical.
 The branch reads only the base's trained languages and its own captions: a language added
 after another (es, then ja onto <base>+es) trains as it would alone, and the model holding
 both is the two branches side by side. From an aligned start the branch is mule_dim wide
-(its words carry their MULE features and nothing else) and its tables are stored in
-float16 (mule_core.model.half_tables): an added language costs a quarter of a base one.
+(its words carry their MULE features and nothing else) and its tables are stored as the
+base's are (output.tables: int8 by default, mule_core.table_precision): an added
+language costs a quarter of a base one.
 """
 
 from __future__ import annotations
@@ -27,13 +28,13 @@ from typing import Any
 import torch
 
 from mule.data_catalog import queries
-from mule.data_catalog.model_files import load_model, save_atomic, save_model, weights_digest
+from mule.data_catalog.model_files import load_model, save_atomic, save_model, table_precisions, weights_digest
 from mule.data_catalog.splits import load_split, load_vocabulary
 from mule.mule_core.devices import resolve_device, use_cpu_threads
 from mule.mule_core.encoding import cross_lingual, encode_split, evaluate_split
 from mule.mule_core.errors import UserError
 from mule.mule_core.metrics import mean_r1
-from mule.mule_core.model import count_parameters, half_tables, with_added_language
+from mule.mule_core.model import count_parameters, round_tables, with_added_language
 from mule.mule_core.progress import SHOWN
 from mule.mule_core.training.joint import JointTrainer
 from mule.mule_core.training.lp import LPTrainer
@@ -217,7 +218,7 @@ def _save(ctx: StageContext, a: Addition, model, splits: Splits, trainable: int,
     every base-language embedding of the test split), the model saved; the step's summary."""
     catalog, cfg, log, lang, meta = ctx.catalog, ctx.cfg, logger(), a.lang, a.meta
     dataset, base_vocab = cfg.data.dataset, meta["vocabulary"]
-    half_tables(model, [lang])  # as the file stores it: the model measured is the model saved
+    round_tables(model, {lang: cfg.output.tables})  # as the file stores it: the model measured is the model saved
     model.eval()
     moved = _weights_moved(a.base, model)
     unchanged = _max_change(a.base, model, catalog, dataset, cfg, meta, meta["extractor"],
@@ -239,16 +240,17 @@ def _save(ctx: StageContext, a: Addition, model, splits: Splits, trainable: int,
     # the models it extends, its root first: the registry's champion moves to a model that extends it
     extends = [*meta.get("extends", []), weights_digest(base_vocab.words, a.base.state_dict())]
     base_val = meta.get("base_val_score", meta.get("val_score"))
-    save_model(path, model, saved_cfg, every, half=[*meta.get("half_tables", []), lang], kind="joint",
+    save_model(path, model, saved_cfg, every, tables={**table_precisions(meta), lang: cfg.output.tables}, kind="joint",
                dataset=dataset, extractor=meta["extractor"], best_epoch=kept_epoch, val_score=kept_score,
                val_table=meta.get("val_table"), parameters=count_parameters(model), base_model=str(a.base_path),
                added_language=lang, added_languages=added_languages, trained_languages=a.trained,
                unchanged=unchanged, tokenizers=tokenizers, extractor_numerics=meta.get("extractor_numerics"),
                extends=extends, base_val_score=base_val)  # fmt: skip
-    branch = sum(p.numel() * (2 if "embed" in n or "subwords" in n else 4)
+    table_bytes = {"float32": 4, "float16": 2, "int8": 1}[cfg.output.tables]
+    branch = sum(p.numel() * (table_bytes if "embed" in n or "subwords" in n else 4)
                  for n, p in model.branches[lang].named_parameters())  # fmt: skip
-    log.info("%s: the %s branch is %d words x %d wide (%.1f MiB stored, float16 tables); model at %s", lang, lang,
-             len(a.vocab) - 2, a.vectors.shape[1], branch / 2**20, path, extra=SHOWN)  # fmt: skip
+    log.info("%s: the %s branch is %d words x %d wide (%.1f MiB stored, %s tables); model at %s", lang, lang,
+             len(a.vocab) - 2, a.vectors.shape[1], branch / 2**20, cfg.output.tables, path, extra=SHOWN)  # fmt: skip
     return {"path": str(path), "language": lang, "languages": list(every.languages),
             "added_languages": added_languages, "base_model": str(a.base_path), "best_epoch": kept_epoch,
             "lp_best_epoch": lp_epoch, "val_mR": kept_score, "val_captions": splits.val_captions,

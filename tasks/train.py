@@ -20,7 +20,7 @@ from mule.mule_core.devices import resolve_device, use_cpu_threads
 from mule.mule_core.encoding import evaluate_split
 from mule.mule_core.errors import UserError
 from mule.mule_core.metrics import chance_table, mean_mr
-from mule.mule_core.model import build_model, count_parameters, half_tables
+from mule.mule_core.model import build_model, count_parameters, round_tables
 from mule.mule_core.progress import SHOWN
 from mule.mule_core.training.joint import JointTrainer
 from mule.storage.content_digests import ids_digest
@@ -110,9 +110,9 @@ def compute(ctx: StageContext) -> dict[str, Any]:
         best = next((r for r in history if r.epoch == trainer.best_epoch), None)
         # training is over: the model in hand becomes the one stored, so what the evaluate
         # stage, the registry and mule serve read is the model this stage returns
-        half = list(model.languages) if cfg.output.half_tables else []
-        half_tables(model, half)
-        save_model(path, model, cfg, vocabulary, half=half, kind="joint", dataset=dataset, extractor=extractor,
+        tables = dict.fromkeys(model.languages, cfg.output.tables)
+        round_tables(model, tables)
+        save_model(path, model, cfg, vocabulary, tables=tables, kind="joint", dataset=dataset, extractor=extractor,
                    best_epoch=trainer.best_epoch, val_score=trainer.best_score,
                    val_table=best.validation if best else None, parameters=counts, tokenizers=tokenizers,
                    extractor_numerics=(catalog.extractor_info(dataset, extractor) or {}).get("numerics"))  # fmt: skip

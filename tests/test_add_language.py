@@ -143,18 +143,21 @@ def test_mule_serve_answers_in_the_added_language_and_says_which_it_read(spanish
     assert 'id="lang"' in page and "detect language" in page  # the page: the language read, and a choice of them
 
 
-def test_an_added_branch_is_narrow_and_its_tables_are_stored_in_half(spanish_from_nothing):
+def test_an_added_branch_is_narrow_and_its_tables_are_stored_as_the_base_s(spanish_from_nothing):
     """From its aligned start a branch needs only mule_dim word coordinates (its words carry
-    their MULE features) and its tables are stored in float16: the model that loads is the
-    one measured, and the branch costs a fraction of a base language's of the same words."""
+    their MULE features) and its tables are stored as output.tables says (int8): the model
+    that loads is the one measured, the base's tables keep their bytes, and the branch costs
+    a fraction of a base language's of the same words."""
     from mule.data_catalog.model_files import load_model, model_digest, weights_digest
 
     path = spanish_from_nothing.model_path("embedded", "model+es")
     stored = torch.load(path, map_location="cpu", weights_only=True)
     table = stored["state_dict"]["branches.es.embed.weight"]
-    assert table.dtype == torch.float16 and table.shape[1] == stored["config"]["model"]["mule_dim"]
+    assert table.dtype == torch.int8 and table.shape[1] == stored["config"]["model"]["mule_dim"]
+    assert stored["tables"]["es"] == stored["tables"]["en"] == "int8"
     base = torch.load(spanish_from_nothing.model_path("embedded", "model"), map_location="cpu", weights_only=True)
-    for name in ("branches.en.embed.weight", "branches.en.subwords.vectors.weight"):  # the base's as they were
+    for name in ("branches.en.embed.weight", "branches.en.subwords.vectors.weight",
+                 "branches.en.embed.weight_scale"):  # the base's as they were, to the byte
         assert torch.equal(stored["state_dict"][name], base["state_dict"][name])
     model, meta = load_model(path)
     assert model.branches["es"].embed.weight.dtype == torch.float32
