@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -122,6 +123,7 @@ def run_demo(checkout: Path, workdir: Path, size: str, sets: list[str], preset: 
     command = [sys.executable, "-c", RUNNER, str(checkout), *arguments, "--workdir", str(workdir),
                *preset_args(checkout, size, preset), *[a for s in sets for a in ("--set", s)]]  # fmt: skip
     started = time.time()
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
     process = subprocess.Popen(command, cwd=checkout, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     peak = [0.0, 0.0]  # MB, and when (seconds since the start)
 
@@ -143,6 +145,8 @@ def run_demo(checkout: Path, workdir: Path, size: str, sets: list[str], preset: 
     process.wait()
     output = "".join(lines)
     wall = time.time() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # every process the command ran, their threads
+    cpu = (after.ru_utime - children.ru_utime) + (after.ru_stime - children.ru_stime)
     watcher.join(2)
     if process.returncode != 0:
         sys.exit(f"`mule {arguments[0]}` in {checkout} failed ({process.returncode}):\n{output[-3000:]}")
@@ -155,8 +159,10 @@ def run_demo(checkout: Path, workdir: Path, size: str, sets: list[str], preset: 
     previous = started + max(ended.values(), default=0.0)
     evaluation = json.loads((workdir / "results" / dataset / "evaluation.json").read_text())
     phases = {stage: (records.get(stage, {}).get("result") or {}).get("phases") for stage in ("pretrain", "train")}
-    return {"wall": wall, "peak_mb": peak[0], "peak_at": peak[1], "ended": ended, "phases": phases,
+    return {"wall": wall, "cpu": cpu, "peak_mb": peak[0], "peak_at": peak[1], "ended": ended, "phases": phases,
             "compute": {s: r.get("seconds") for s, r in records.items()},
+            # the stage's process's CPU-seconds over its computation (records from 2026-12-07 on)
+            "compute_cpu": {s: r.get("cpu_seconds") for s, r in records.items()},
             "mR": headline_recall(evaluation), "en->x R@1": english_r1(evaluation),
             "after_last_stage": started + wall - previous}  # fmt: skip
 
@@ -185,6 +191,7 @@ def table(results: dict[str, dict]) -> str:
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
 
     row("**wall s**", lambda r: r["wall"])
+    row("**CPU-s** (user + system, every process)", lambda r: r.get("cpu"))
     for stage in STAGES:
         def cell(r, s=stage):
             computed, ended = (r["compute"] or {}).get(s), r["ended"].get(s)
@@ -192,6 +199,7 @@ def table(results: dict[str, dict]) -> str:
                 return None
             return f"{computed:.1f} (ended at {ended:.0f})" if computed is not None else f"– (ended at {ended:.0f})"
         row(f"{stage}: computed s (ended at s)", cell)
+        row(f"{stage}: CPU-s", lambda r, s=stage: (r.get("compute_cpu") or {}).get(s))
     row("after the last stage s (reports, Prefect's exit)", lambda r: r["after_last_stage"])
     for stage in ("pretrain", "train"):
         for phase in ("batches", "forward", "backward", "optimizer", "validation"):

@@ -286,7 +286,7 @@ def _outputs_changed(wd: Workdir, hasher: FileHasher, record: dict) -> str:
 
 
 def record(wd: Workdir, cfg: MuleConfig, decision: Decision, result: Any, run_id: str | None,
-           seconds: float | None = None) -> None:  # fmt: skip
+           seconds: float | None = None, cpu_seconds: float | None = None) -> None:  # fmt: skip
     """As soon as the stage's computation returned, before anything is published: its key
     (of the inputs it started from), its outputs' digests and its result, "published":
     false. A stop while publishing then loses nothing: the next run reuses the stage and
@@ -301,7 +301,9 @@ def record(wd: Workdir, cfg: MuleConfig, decision: Decision, result: Any, run_id
     write_json_atomic({"stage": stage, "key": decision.key, "parts": decision.parts, "outputs": outputs,
                        "result": result, "run_id": run_id, "finished": time.time(), "reason": decision.reason,
                        "root": str(wd.root), "published": False, **runtime_record(cfg, BY_NAME[stage]),
-                       "seconds": None if seconds is None else round(seconds, 2)}, path)  # fmt: skip
+                       "seconds": None if seconds is None else round(seconds, 2),
+                       # this process's CPU time over the computation (its threads; not child processes')
+                       "cpu_seconds": None if cpu_seconds is None else round(cpu_seconds, 2)}, path)  # fmt: skip
     running_path(path).unlink(missing_ok=True)
 
 

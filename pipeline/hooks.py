@@ -82,6 +82,7 @@ class StageRun:
     report: Any = None  # where live metrics go (MLflow's Tracker); None: nowhere
     result: dict | None = None
     seconds: float = 0.0  # the computation's, once it returned
+    cpu_seconds: float = 0.0  # this process's CPU time (every thread) over the computation
     exits: ExitStack = field(default_factory=ExitStack)
 
 
@@ -220,7 +221,8 @@ class Timing(Hook):
         decisions.logger().info("%s: %s", run.stage.name, run.decision.describe(), extra=SHOWN)
 
     def after_stage_run(self, run: StageRun) -> None:
-        decisions.logger().info("%s: computed in %.1f s", run.stage.name, run.seconds, extra=SHOWN)
+        decisions.logger().info("%s: computed in %.1f s (%.0f CPU-s)", run.stage.name, run.seconds, run.cpu_seconds,
+                                extra=SHOWN)  # fmt: skip
 
     def on_stage_reused(self, run: StageRun) -> None:
         decisions.logger().info("%s: %s", run.stage.name, run.decision.describe(), extra=SHOWN)

@@ -76,14 +76,14 @@ class Runner:
         compute: Callable[[StageContext], dict] = stage.load_task()
         for hook in self.hooks:
             compute = hook.around_compute(run, compute)
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         decisions.mark_running(self.workdir, run.cfg, decision)  # a stop before the record: the next run says so
         try:
             run.result = compute(ctx)
-            run.seconds = time.perf_counter() - started
+            run.seconds, run.cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
             # Recorded before any hook publishes: a stop or an MLflow error while publishing
             # (seconds, for a registered model) keeps the work; the next run publishes it.
-            decisions.record(self.workdir, run.cfg, decision, run.result, run.run_id, run.seconds)
+            decisions.record(self.workdir, run.cfg, decision, run.result, run.run_id, run.seconds, run.cpu_seconds)
         finally:
             end_commit(self.workdir)  # readers (mule serve, search) may read what it wrote
         for cleanup in ctx.after_record:  # what only a recorded result may let go (a checkpoint)

@@ -14,6 +14,7 @@ ablation model after an edit its training reaches)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
@@ -219,7 +220,10 @@ def test_keys_name_the_device_and_arithmetic_a_model_trains_in_not_the_machine_s
     for name in ("pretrain", "train", "text", "evaluate"):
         assert not decisions.decide(workdir, cfg, name).run, name
     assert not decisions.decide(workdir, apply_overrides(cfg, {"train.threads": used + 2}), "train").run
-    assert decisions.read_record(workdir, cfg, "train")["cpu_threads"] == used  # recorded, not keyed
+    record = decisions.read_record(workdir, cfg, "train")
+    assert record["cpu_threads"] == used  # recorded, not keyed
+    # its CPU-seconds beside its seconds: this process's threads, at most every core busy all along
+    assert 0 < record["cpu_seconds"] <= record["seconds"] * os.cpu_count() + 1.0
     on_gpu = apply_overrides(cfg, {"train.device": "cuda"})
     for name in ("pretrain", "train"):
         assert decisions.decide(workdir, on_gpu, name).reason == "runtime arithmetic cpu float32 -> cuda float16-autocast"
