@@ -450,19 +450,29 @@ def machine_ratio(cfg, workdir: Path, dataset: str, steps: int = 10) -> dict:
     for _ in range(steps):
         trainer._step(next(batches), lambda phase: None)
     step_s = (time.perf_counter() - started) / steps
-    stepped = sum(p.numel() for group in trainer.optimizer.param_groups for p in group["params"])
-    averaged = sum(a.numel() for a, _ in trainer.average.pairs) if trainer.average is not None else 0
+    stepped = averaged = 0
+    rowwise = cfg.train.word_updates == "rows"
+    tables = {id(t) for t in trainer.updates.tables} if rowwise else set()
+    for group in trainer.optimizer.param_groups:
+        for p in group["params"]:
+            # train.word_updates=rows: a table steps (and its average moves) only the rows the last batch read
+            n = p.grad.coalesce().values().numel() if id(p) in tables and p.grad is not None else p.numel()
+            stepped += n
+    if trainer.average is not None:  # the tables averaged row by row (rows) are not among its pairs
+        averaged = sum(a.numel() for a, _ in trainer.average.pairs) + sum(
+            p.grad.coalesce().values().numel() for p in trainer.updates.tables
+            if id(p) in trainer.average.rows and p.grad is not None)  # fmt: skip
     moved = 4 * (7 * stepped + 3 * averaged)  # float32: Adam 4 read + 3 written, the average 2 + 1
     matmul, bandwidth = bare_matmul_flops(), bare_bandwidth()
     rate = flops / step_s
-    print(f"\n5. the machine: a joint step ({threads} threads, batch {cfg.train.batch_images} images, mining on), "
-          f"{step_s * 1000:.0f} ms a step")
+    print(f"\n5. the machine: a joint step ({threads} threads, batch {cfg.train.batch_images} images, mining on, "
+          f"train.word_updates={cfg.train.word_updates}), {step_s * 1000:.0f} ms a step")
     print(f"   arithmetic: {flops / 1e9:.2f} GFLOP a step (matrix products, forward and backward) = {rate / 1e9:.1f} "
           f"GFLOP/s; a bare {2048}x{2048} float32 matmul {matmul / 1e9:.1f} GFLOP/s: step / matmul = {rate / matmul:.2f}")
     print(f"   memory: the optimizer and the average move {moved / 1e9:.2f} GB a step ({stepped / 1e6:.1f} M parameters "
           f"stepped, {averaged / 1e6:.1f} M averaged); a bare elementwise pass {bandwidth / 1e9:.1f} GB/s, so "
           f"{moved / bandwidth * 1000:.0f} ms of the step ({moved / bandwidth / step_s:.0%}) at best")  # fmt: skip
-    return {"step_s": step_s, "flops": flops, "flop_rate": rate, "matmul_flop_rate": matmul,
+    return {"word_updates": cfg.train.word_updates, "step_s": step_s, "flops": flops, "flop_rate": rate, "matmul_flop_rate": matmul,
             "bytes_moved": moved, "bandwidth": bandwidth, "stepped": stepped, "averaged": averaged}  # fmt: skip
 
 
@@ -487,7 +497,7 @@ def main() -> None:
         parser.error("--dataset needs --source")
     import torch
 
-    from mule.config.overrides import from_dict
+    from mule.config.overrides import apply_overrides, from_dict
 
     print(f"machine: {platform.node()}, {cpu_line()}, torch {torch.__version__} ({torch.get_num_threads()} threads), "
           f"{time.strftime('%Y-%m-%d %H:%M')}", flush=True)  # fmt: skip
@@ -508,6 +518,8 @@ def main() -> None:
             timed(command(args, workdir), workdir.parent / f"{workdir.name}-rebuild.log")
         model_file = workdir / "models" / dataset / "model.pt"
         cfg = from_dict(torch.load(model_file, map_location="cpu", weights_only=True)["config"])
+        if "5" in args.ratios and args.set:  # the step measured under the options given (train.word_updates=rows)
+            cfg = apply_overrides(cfg, dict(item.split("=", 1) for item in args.set))
         if "2" in args.ratios:
             figures["features"] = features_ratio(cfg, workdir, dataset, args.feature_images, Path(tmp))
         if "3" in args.ratios:
