@@ -367,7 +367,10 @@ def test_a_swallowed_stop_is_raised_again_only_once_an_import_in_hand_is_done(tm
     )
     process = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert process.returncode == 143, process.stdout + process.stderr
-    assert process.stdout.splitlines() == ["imported True", "unwound, the module whole: True"], process.stdout
+    # the import ended whole before the stop landed; where after it (inside the print, on a
+    # loaded host: "importedunwound, ...") is not the point
+    assert process.stdout.startswith("imported"), process.stdout
+    assert process.stdout.rstrip().endswith("unwound, the module whole: True"), process.stdout
 
 
 def test_a_stop_while_a_stage_s_mlflow_run_is_set_up_ends_it_killed(tmp_path, monkeypatch):
