@@ -450,18 +450,12 @@ def machine_ratio(cfg, workdir: Path, dataset: str, steps: int = 10) -> dict:
     for _ in range(steps):
         trainer._step(next(batches), lambda phase: None)
     step_s = (time.perf_counter() - started) / steps
-    stepped = averaged = 0
-    rowwise = cfg.train.word_updates == "rows"
-    tables = {id(t) for t in trainer.updates.tables} if rowwise else set()
-    for group in trainer.optimizer.param_groups:
-        for p in group["params"]:
-            # train.word_updates=rows: a table steps (and its average moves) only the rows the last batch read
-            n = p.grad.coalesce().values().numel() if id(p) in tables and p.grad is not None else p.numel()
-            stepped += n
-    if trainer.average is not None:  # the tables averaged row by row (rows) are not among its pairs
-        averaged = sum(a.numel() for a, _ in trainer.average.pairs) + sum(
-            p.grad.coalesce().values().numel() for p in trainer.updates.tables
-            if id(p) in trainer.average.rows and p.grad is not None)  # fmt: skip
+    # train.word_updates=rows: a table (updates.tables, empty when dense) steps, and its average
+    # moves, only the rows the last batch read; every other parameter whole
+    read = {id(p): p.grad.coalesce().values().numel() for p in trainer.updates.tables if p.grad is not None}
+    stepped = sum(read.get(id(p), p.numel()) for group in trainer.optimizer.param_groups for p in group["params"])
+    averaged = 0 if trainer.average is None else (sum(a.numel() for a, _ in trainer.average.pairs)
+                                                  + sum(read.get(key, 0) for key in trainer.average.rows))  # fmt: skip
     moved = 4 * (7 * stepped + 3 * averaged)  # float32: Adam 4 read + 3 written, the average 2 + 1
     matmul, bandwidth = bare_matmul_flops(), bare_bandwidth()
     rate = flops / step_s

@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+from stage_times import cpu_model  # bench/ is on the path
 
 
 def run(workdir: Path, preset: str, seed: int, precision: str, extra: list[str]) -> dict:
@@ -60,13 +61,6 @@ def val_mr(workdir: Path, model_file: Path) -> float:
     return mean_mr(evaluate_split(model, val, torch.device("cpu"), (1, 5, 10)))
 
 
-def cpu() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", default="table-precision", help="one workdir per seed below it (kept, resumable)")
@@ -83,7 +77,7 @@ def main() -> None:
         rows.append((seed, row))
         print(f"seed {seed}: " + "; ".join(f"{p} {r['mib']:.2f} MiB, val {r['val']:.3f}, test {r['test']:.3f}"
                                           for p, r in row.items()), flush=True)  # fmt: skip
-    print(f"\n{cpu()}, {len(rows)} seed(s), preset {args.preset}\n")
+    print(f"\n{cpu_model()}, {len(rows)} seed(s), preset {args.preset}\n")
     print("| seed | " + " | ".join(f"{p}: MiB, val mR, test mR" for p in precisions) + " |")
     print("|---|" + "---|" * len(precisions))
     for seed, row in rows:

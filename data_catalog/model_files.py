@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from mule.mule_core.errors import InputError, MissingInputError
-from mule.mule_core.model import MuleModel, word_dims
+from mule.mule_core.model import MuleModel, table_names, word_dims
 from mule.mule_core.settings import settings_from_dict
 from mule.mule_core.table_precision import loaded_tables, stored_tables
 from mule.mule_core.vocabulary import Vocab, Vocabulary
@@ -45,8 +45,7 @@ def save_model(path: Path, model: MuleModel, cfg: Any, vocabulary: Vocabulary, t
     loads is what was measured."""
     tables = {lang: p for lang, p in (tables or {}).items() if p != "float32"}
     stored = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    stored = stored_tables(stored, {name: tables[lang] for lang in tables for name in
-                                    (f"branches.{lang}.embed.weight", f"branches.{lang}.subwords.vectors.weight")})
+    stored = stored_tables(stored, {name: p for lang, p in tables.items() for name in table_names(model, lang)})
     dims = word_dims(model)
     save_atomic(
         {

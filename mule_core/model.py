@@ -396,20 +396,25 @@ def with_added_language(base: MuleModel, cfg: ModelConfig, lang: str, vocab_size
     return model
 
 
+def table_names(model: MuleModel, lang: str) -> list[str]:
+    """The state-dict names of a language's word and n-gram tables: what output.tables stores."""
+    tables = {id(t) for t in model.branches[lang].word_parameters()}
+    return [f"branches.{lang}.{name}" for name, p in model.branches[lang].named_parameters() if id(p) in tables]
+
+
 def round_tables(model: MuleModel, precisions: Mapping[str, str]) -> dict[str, str]:
     """Rounds each named language's word and n-gram tables to its precision (float32,
     float16 or int8: mule_core.table_precision), in place (they stay float32 tensors): what
     a model file stores of them (data_catalog.model_files), so the model measured, served
     and saved is one model. Returns the tables' parameter names and their precisions."""
     names = {}
+    parameters = dict(model.named_parameters())
     with torch.no_grad():
         for lang, precision in precisions.items():
             check_precision(precision, f"{lang}'s tables")
-            tables = {id(t) for t in model.branches[lang].word_parameters()}
-            for name, table in model.branches[lang].named_parameters():
-                if id(table) in tables:
-                    table.copy_(rounded(table, precision))
-                    names[f"branches.{lang}.{name}"] = precision
+            for name in table_names(model, lang):
+                parameters[name].copy_(rounded(parameters[name], precision))
+                names[name] = precision
     return names
 
 

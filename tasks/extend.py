@@ -34,8 +34,9 @@ from mule.mule_core.devices import resolve_device, use_cpu_threads
 from mule.mule_core.encoding import cross_lingual, encode_split, evaluate_split
 from mule.mule_core.errors import UserError
 from mule.mule_core.metrics import mean_r1
-from mule.mule_core.model import count_parameters, round_tables, with_added_language
+from mule.mule_core.model import count_parameters, round_tables, table_names, with_added_language
 from mule.mule_core.progress import SHOWN
+from mule.mule_core.table_precision import stored_tables
 from mule.mule_core.training.joint import JointTrainer
 from mule.mule_core.training.lp import LPTrainer
 from mule.mule_core.vocabulary import Vocab, Vocabulary
@@ -246,9 +247,9 @@ def _save(ctx: StageContext, a: Addition, model, splits: Splits, trainable: int,
                added_language=lang, added_languages=added_languages, trained_languages=a.trained,
                unchanged=unchanged, tokenizers=tokenizers, extractor_numerics=meta.get("extractor_numerics"),
                extends=extends, base_val_score=base_val)  # fmt: skip
-    table_bytes = {"float32": 4, "float16": 2, "int8": 1}[cfg.output.tables]
-    branch = sum(p.numel() * (table_bytes if "embed" in n or "subwords" in n else 4)
-                 for n, p in model.branches[lang].named_parameters())  # fmt: skip
+    mine = {k: v for k, v in model.state_dict().items() if k.startswith(f"branches.{lang}.")}
+    branch = sum(t.numel() * t.element_size() for t in stored_tables(
+        mine, dict.fromkeys(table_names(model, lang), cfg.output.tables)).values())  # as the file stores it
     log.info("%s: the %s branch is %d words x %d wide (%.1f MiB stored, %s tables); model at %s", lang, lang,
              len(a.vocab) - 2, a.vectors.shape[1], branch / 2**20, cfg.output.tables, path, extra=SHOWN)  # fmt: skip
     return {"path": str(path), "language": lang, "languages": list(every.languages),
