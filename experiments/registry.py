@@ -8,7 +8,9 @@ protocol: mule_core.metrics.measure_of). `champion` moves to a new version only 
 beats the champion's validation mR on all three; a worse model, or one measured otherwise,
 is registered and left where it is, with the reason as a tag. A rebuild never demotes a
 better model. A model is its weights and vocabularies (their digest): the same weights
-trained again are the same version, whoever publishes them.
+trained again are the same version, whoever publishes them; the champion's training stored
+anew at another precision (output.tables: its tables rounded otherwise) takes its place, as
+the file the user configured now.
 
 Languages added to a trained model (`mule run add-language`) make a model that reads more:
 its version names the models it extends (`mule.extends`), and one that extends the
@@ -79,13 +81,17 @@ class Candidate:
     measure: str = ""  # what val_mR measures (mule_core.metrics.measure_of: the Ks and the protocol)
     # the identities of the models it extends, its root first: a language added to them, theirs unchanged
     extends: tuple[str, ...] = ()
+    # its weights' digest before the tables were rounded to output.tables: the same training
+    # stored at another precision has another model_identity and this one
+    trained_identity: str = ""
 
 
 def _tags(c: Candidate) -> dict[str, str]:
     return {"mule.val_mR": f"{c.val_mR:.4f}", "mule.languages": ",".join(c.languages),
             "mule.val_split": c.val_split, "mule.eval_split": c.eval_split, "mule.dataset": c.dataset,
             "mule.train_run_id": c.run_id, "mule.model_identity": c.model_identity,
-            "mule.val_measure": c.measure, **({"mule.extends": ",".join(c.extends)} if c.extends else {})}  # fmt: skip
+            "mule.val_measure": c.measure, **({"mule.extends": ",".join(c.extends)} if c.extends else {}),
+            **({"mule.trained_identity": c.trained_identity} if c.trained_identity else {})}  # fmt: skip
 
 
 def model_identity(train_record: dict | None) -> str:
@@ -263,6 +269,14 @@ def _decide(client, name: str, version, workdir: Workdir | None = None) -> tuple
         more = sorted(set(_language_set(mine) or ()) - set(_language_set(tags) or ()))
         return True, (f"champion v{champion.version} with {', '.join(more)} added (its languages read by the same "
                       "weights: bit-identical)")  # fmt: skip
+    # The champion's very training stored anew (its tables at another precision, or a champion
+    # stored before tables were rounded: its weights are its training's): the model the user
+    # configured now serves, measured as the champion was.
+    trained = mine.get("mule.trained_identity")
+    stored = _identity(workdir, client, champion) if workdir is not None else tags.get("mule.model_identity")
+    if trained and trained in (tags.get("mule.trained_identity"), stored):
+        return True, (f"the training of champion v{champion.version}, stored anew (another output.tables): it serves in "
+                      "its place")  # fmt: skip
     # Comparable: the same set of languages, measured on the same validation images by the
     # same measure. The split a model's test mR is named by (eval.split) is not its
     # validation: it never blocks.

@@ -250,7 +250,7 @@ def _register(wd: Workdir, cfg: MuleConfig, run_id: str, path: Path, stage: str,
                                         _carried_weights(wd, f))  # fmt: skip
         candidate = registry.Candidate(dataset, run_id, source, result["val_mean_mR"], tuple(result["languages"]),
                                        result["val_images"], cfg.eval.split, identity, measure_of(cfg.eval.ks),
-                                       tuple(result.get("extends", ())))  # fmt: skip
+                                       tuple(result.get("extends", ())), result.get("trained_digest", ""))  # fmt: skip
         registered = registry.register(wd, candidate)
     tracker.tags({"mule.registered_version": str(registered["version"]),
                   "mule.champion": str(registered["champion"]).lower()})  # fmt: skip

@@ -105,9 +105,13 @@ def compute(ctx: StageContext) -> dict[str, Any]:
         return out | {f"val.{lang}.mR": row["mR"] for lang, row in (result.validation or {}).items()}
 
     path = wd.model_path(dataset, cfg.output.model_name)
+    trained = {}
 
     def keep(history) -> None:
         best = next((r for r in history if r.epoch == trainer.best_epoch), None)
+        # the training's identity, whatever precision stores it: the registry lets the same
+        # training stored anew (another output.tables) serve in its place
+        trained["digest"] = weights_digest(vocabulary.words, model.state_dict())
         # training is over: the model in hand becomes the one stored, so what the evaluate
         # stage, the registry and mule serve read is the model this stage returns
         tables = dict.fromkeys(model.languages, cfg.output.tables)
@@ -127,6 +131,7 @@ def compute(ctx: StageContext) -> dict[str, Any]:
             "sentences_per_image": trainer.sentences_per_image, "extractor": extractor,
             "languages": list(train.languages), "val_images": ids_digest(val.image_ids),
             "weights_digest": weights_digest(vocabulary.words, model.state_dict()),  # the model's identity
+            "trained_digest": trained.get("digest", ""),  # its weights before the tables were rounded
             "examples": example_sentences(catalog, dataset, val), "phases": phase_seconds(history),
             "history": history_records(history)}  # fmt: skip
 

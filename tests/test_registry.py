@@ -85,6 +85,33 @@ def test_a_model_extending_the_champion_takes_its_place_and_one_reading_fewer_la
     assert client.get_model_version("mule-toy", "2").tags["mule.extends"] == "base-1"
 
 
+def test_the_champion_s_training_stored_at_another_precision_takes_its_place_and_a_tie_never_does(tmp_path):
+    """Upgrading: the champion stored its tables in float32 (its weights are its training's);
+    the same training stored in int8 is another file, but the same model measured the same:
+    it serves in its place, as does a float16 store after it. Another training tying on
+    validation stays behind, as a tie always does."""
+    wd = Workdir.at(tmp_path)
+    client = tracking.client(wd)
+    experiment = tracking.experiment_id(wd, "toy")
+    val = registry.split_digest(["img-1", "img-2"])
+
+    def candidate(identity: str, trained: str = "") -> registry.Candidate:
+        run = toy_run(client, experiment)
+        return registry.Candidate("toy", run, f"runs:/{run}/model", 61.5, ("en", "de"), val, "test", identity,
+                                  MEASURE, trained_identity=trained)  # fmt: skip
+
+    float32 = registry.register(wd, candidate("a" * 16))  # stored before tables were rounded: no trained identity
+    int8 = registry.register(wd, candidate("b" * 16, trained="a" * 16))
+    other = registry.register(wd, candidate("c" * 16, trained="c" * 16))  # another training, the same val mR
+    float16 = registry.register(wd, candidate("d" * 16, trained="a" * 16))
+    assert [d["champion"] for d in (float32, int8, other, float16)] == [True, True, False, True]
+    assert int8["why"] == "the training of champion v1, stored anew (another output.tables): it serves in its place"
+    assert other["why"] == "val mR 61.50 does not beat champion v2 (61.50)"
+    assert float16["why"].startswith("the training of champion v2, stored anew")
+    assert client.get_model_version("mule-toy", "2").tags["mule.trained_identity"] == "a" * 16
+    assert client.get_model_version_by_alias("mule-toy", "champion").version == 4
+
+
 def test_a_trained_model_is_registered_once_whoever_publishes_it(tmp_path):
     """The train publisher asks first whether its model (train key and weights' digest) is
     registered already: a run stopped after registering, before its record said so, leaves
