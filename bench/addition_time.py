@@ -3,7 +3,12 @@
 each stage's and step's seconds (what ran, what was reused), the added model's bytes.
 
     python bench/addition_time.py --workdir W --dataset multi30k --source S --images I \
-        --lang es [--captions es=FILE ...] [--seed 0] [--cold] [--log FILE] [--set KEY=VALUE ...]
+        --lang es [--captions es=FILE ...] [--seed 0] [--cold] [--log FILE] [--set KEY=VALUE ...] \
+        [--checkout DIR]
+
+--checkout: run another checkout's `mule` (a worktree of an older commit) with this
+interpreter, onto a workdir that checkout built, to set an addition beside today's in one
+sitting (run them one after the other: baseline, this, baseline).
 
 --cold: the user's cache starts empty (XDG_CACHE_HOME a new temporary folder), as on a
 machine that never added a language: multilingual-e5 reads the language's words (and the
@@ -26,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from stage_times import cpu_model  # bench/ is on the path
+from stage_times import RUNNER, cpu_model  # bench/ is on the path
 
 LINE = re.compile(r"^\d\d:\d\d:\d\d (?P<stage>[\w-]+): (?:computed in (?P<seconds>[\d.]+) s"
                   r"(?: \((?P<cpu>[\d.]+) CPU-s\))?|(?P<reused>reused))")  # fmt: skip
@@ -57,11 +62,15 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--log", type=Path, help="the command's output (default: beside the workdir)")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--checkout", type=Path, help="another checkout's code (default: this one's)")
     args = parser.parse_args()
-    command = [sys.executable, "-m", "mule.commands.main", "run", "add-language", "--lang", args.lang,
+    mule = [sys.executable, "-c", RUNNER, str(args.checkout)] if args.checkout else [sys.executable, "-m", "mule.commands.main"]
+    # the base and the seed only when not the defaults: an older checkout named those options otherwise
+    defaults = (["--set", f"add.base_model={args.base_model}"] if args.base_model != "model" else []) + (
+        ["--set", f"train.seed={args.seed}"] if args.seed else [])  # fmt: skip
+    command = [*mule, "run", "add-language", "--lang", args.lang,
                "--workdir", str(args.workdir), "--dataset", args.dataset, "--source", args.source,
-               *(["--images", args.images] if args.images else []),
-               "--set", f"add.base_model={args.base_model}", "--set", f"train.seed={args.seed}",
+               *(["--images", args.images] if args.images else []), *defaults,
                *(a for item in args.captions for a in ("--captions", item)),
                *(a for item in args.set for a in ("--set", item))]  # fmt: skip
     env = dict(os.environ)
@@ -72,7 +81,7 @@ def main() -> None:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
         with log.open("w") as out:
-            code = subprocess.call(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+            code = subprocess.call(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=args.checkout)
         wall = time.perf_counter() - started
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if code:
@@ -81,7 +90,8 @@ def main() -> None:
     stages = stage_lines(log.read_text())
     name = args.base_model + "".join(f"+{x}" for x in args.lang.split(","))
     model = args.workdir / "models" / args.dataset / f"{name}.pt"
-    print(f"{cpu_model()}; mule run add-language --lang {args.lang} onto {args.base_model} "
+    code_of = f"the checkout at {args.checkout}" if args.checkout else "this checkout"
+    print(f"{cpu_model()}; {code_of}: mule run add-language --lang {args.lang} onto {args.base_model} "
           f"({len(args.captions)} caption table(s), seed {args.seed}, {'cold' if args.cold else 'warm'} cache)")
     for stage, seconds, cpu_s in stages:
         print(f"  {stage:<20} {'reused' if seconds is None else f'{seconds:8.1f} s, {cpu_s or 0:6.0f} CPU-s'}")
@@ -90,7 +100,8 @@ def main() -> None:
           f"{model.name} {model.stat().st_size / 2**20:.1f} MiB; log {log}")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps({"cpu": cpu_model(), "wall_s": wall, "cpu_s": cpu, "stages": stages,
-                                         "cold": args.cold, "model_bytes": model.stat().st_size}, indent=1))  # fmt: skip
+                                         "cold": args.cold, "checkout": str(args.checkout or ""),
+                                         "model_bytes": model.stat().st_size}, indent=1))  # fmt: skip
 
 
 if __name__ == "__main__":
