@@ -82,7 +82,7 @@ class StageRun:
     report: Any = None  # where live metrics go (MLflow's Tracker); None: nowhere
     result: dict | None = None
     seconds: float = 0.0  # the computation's, once it returned
-    cpu_seconds: float = 0.0  # this process's CPU time (every thread) over the computation
+    cpu_seconds: float = 0.0  # CPU time over the computation: this process's threads and the children it waited for
     exits: ExitStack = field(default_factory=ExitStack)
 
 

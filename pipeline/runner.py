@@ -13,6 +13,7 @@ way it is reused.
 
 from __future__ import annotations
 
+import resource
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,14 @@ from mule.pipeline.hooks import Hook, Publishing, StageRun, Timing, check_hooks
 from mule.storage.locks import end_commit, holds_lock, workdir_lock
 from mule.storage.workdir import Workdir
 from mule.tasks.shared.context import Silent, StageContext
+
+
+def cpu_time() -> float:
+    """CPU-seconds so far: this process's threads and the child processes it waited for (the
+    text stage's fastText runs in processes of its own; a worker pool kept across stages is
+    counted when it ends)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
 
 
 def prepare(wd: Workdir, cfg: MuleConfig, name: str, act: bool = True) -> bool:
@@ -76,11 +85,11 @@ class Runner:
         compute: Callable[[StageContext], dict] = stage.load_task()
         for hook in self.hooks:
             compute = hook.around_compute(run, compute)
-        started, cpu_started = time.perf_counter(), time.process_time()
+        started, cpu_started = time.perf_counter(), cpu_time()
         decisions.mark_running(self.workdir, run.cfg, decision)  # a stop before the record: the next run says so
         try:
             run.result = compute(ctx)
-            run.seconds, run.cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
+            run.seconds, run.cpu_seconds = time.perf_counter() - started, cpu_time() - cpu_started
             # Recorded before any hook publishes: a stop or an MLflow error while publishing
             # (seconds, for a registered model) keeps the work; the next run publishes it.
             decisions.record(self.workdir, run.cfg, decision, run.result, run.run_id, run.seconds, run.cpu_seconds)

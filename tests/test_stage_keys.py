@@ -208,6 +208,22 @@ def test_the_features_identity_is_the_extraction_code_not_the_stage_s(workdir, r
     assert len({extractor_identity(f, weights, arithmetic)[0] for arithmetic in made_in}) == 3
 
 
+def test_a_stage_s_cpu_seconds_count_the_processes_it_waited_for():
+    """The text stage trains fastText in processes of its own: their CPU-seconds are the
+    stage's too, though they are not this process's."""
+    import subprocess
+    import sys
+    import time
+
+    from mule.pipeline.runner import cpu_time
+
+    before, own_before = cpu_time(), time.process_time()
+    subprocess.run([sys.executable, "-c", "import time\nend = time.process_time() + 0.5\nwhile time.process_time() < end: pass"],
+                   check=True)  # fmt: skip
+    assert time.process_time() - own_before < 0.2  # this process only waited
+    assert cpu_time() - before >= 0.5
+
+
 def test_keys_name_the_device_and_arithmetic_a_model_trains_in_not_the_machine_s_threads(workdir, monkeypatch):
     """A workdir copied to a bigger machine, taskset or a container's CPU limit change the
     threads torch takes: nothing retrains. Training on CUDA (in float16 autocast, or in
@@ -222,7 +238,7 @@ def test_keys_name_the_device_and_arithmetic_a_model_trains_in_not_the_machine_s
     assert not decisions.decide(workdir, apply_overrides(cfg, {"train.threads": used + 2}), "train").run
     record = decisions.read_record(workdir, cfg, "train")
     assert record["cpu_threads"] == used  # recorded, not keyed
-    # its CPU-seconds beside its seconds: this process's threads, at most every core busy all along
+    # its CPU-seconds beside its seconds: at most every core busy all along
     assert 0 < record["cpu_seconds"] <= record["seconds"] * os.cpu_count() + 1.0
     on_gpu = apply_overrides(cfg, {"train.device": "cuda"})
     for name in ("pretrain", "train"):
