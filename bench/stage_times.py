@@ -152,9 +152,12 @@ def run_demo(checkout: Path, workdir: Path, size: str, sets: list[str], preset: 
         sys.exit(f"`mule {arguments[0]}` in {checkout} failed ({process.returncode}):\n{output[-3000:]}")
     records = {}
     for stage in STAGES:
-        path = workdir / "state" / "stages" / dataset / f"{stage}.json"
-        if path.exists():
-            records[stage] = json.loads(path.read_text())
+        folder = workdir / "state" / "stages" / dataset
+        # a stage run in a variant has it in its record's name (pretrain.pretrain.human-mt.json)
+        paths = [folder / f"{stage}.json", *sorted(folder.glob(f"{stage}.*.json"))]
+        found = [path for path in paths if path.exists()]
+        if found:
+            records[stage] = json.loads(found[0].read_text())
     ended = {stage: records[stage]["finished"] - started for stage in STAGES if stage in records}
     previous = started + max(ended.values(), default=0.0)
     evaluation = json.loads((workdir / "results" / dataset / "evaluation.json").read_text())
